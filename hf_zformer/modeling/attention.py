@@ -1,0 +1,380 @@
+"""The attention family: full (softmax), Zformer, Xformer and Fastformer.
+
+Every class maps hidden states `(B, N, D)` to a context `(B, N, D)` (the layer applies the output
+projection and the residual). `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
+0/False at padding; padded positions never influence real ones, so outputs at real positions are
+exactly invariant to extra padding. Sums over the sequence run in fp32 with autocast disabled
+(linear-attention sums overflow fp16 and lose precision in bf16).
+
+Causal (decoder) forms take and return a recurrent `state` whose size does not depend on the
+number of tokens seen: feeding a sequence in one call or token by token gives the same outputs.
+
+This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and stdlib only.
+"""
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch import nn
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+# Zformer's causal form is computed in blocks of this many tokens: quadratic inside a block,
+# recurrent across blocks, so training memory is O(N * block) instead of O(N * d_h^2).
+ZFORMER_CAUSAL_BLOCK = 64
+
+
+def _fp32(*tensors):
+    return [t.float() for t in tensors]
+
+
+def _no_autocast(device_type: str):
+    return torch.autocast(device_type=device_type, enabled=False)
+
+
+def _split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, H * d) -> (B, H, N, d)"""
+    batch, length, width = x.shape
+    return x.view(batch, length, num_heads, width // num_heads).transpose(1, 2)
+
+
+def _merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, d) -> (B, N, H * d)"""
+    batch, heads, length, dim = x.shape
+    return x.transpose(1, 2).reshape(batch, length, heads * dim)
+
+
+def _zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Zero `x` (B, N, ...) at padded positions so sums over the sequence ignore them."""
+    if attention_mask is None:
+        return x
+    return x * attention_mask.to(x.dtype).view(*attention_mask.shape, *([1] * (x.dim() - 2)))
+
+
+# ----------------------------------------------------------------------------------------------
+# full softmax attention
+# ----------------------------------------------------------------------------------------------
+
+
+def einsum_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+):
+    """Reference softmax attention written with einsum (`attn_implementation="eager"`).
+
+    query (B, H, Nq, d), key/value (B, H, Nk, d); `attention_mask` is boolean, broadcastable to
+    (B, H, Nq, Nk), True where attending is allowed. Masked scores are -inf (not the einsum seed's
+    1e-12, which let padding leak into the softmax). Returns (B, Nq, H, d) like transformers'
+    attention functions.
+    """
+    scores = torch.einsum("bhid,bhjd->bhij", query, key) * scaling
+    if attention_mask is not None:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probs = nn.functional.dropout(probs, p=dropout, training=module.training)
+    output = torch.einsum("bhij,bhjd->bhid", probs, value)
+    return output.transpose(1, 2).contiguous(), probs
+
+
+class FullAttention(nn.Module):
+    """Softmax attention, `softmax(Q K^T / sqrt(d_h) + mask) V`, through transformers'
+    `ALL_ATTENTION_FUNCTIONS` (fused `scaled_dot_product_attention` by default).
+
+    As self-attention it is optionally causal; as cross-attention (`is_cross=True`) keys and values
+    come from `encoder_hidden_states`. Decoding caches keys/values (transformers' cache classes).
+    """
+
+    def __init__(self, config, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
+        super().__init__()
+        self.config = config
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.scaling = self.head_dim**-0.5
+        self.is_causal = is_causal
+        self.is_cross = is_cross
+        self.layer_idx = layer_idx
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dropout = config.attention_probs_dropout_prob
+
+    def project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None):
+        """Keys and values (B, H, Nk, d) of `memory` (B, Nk, D)."""
+        return _split_heads(self.key(memory), self.num_heads), _split_heads(self.value(memory), self.num_heads)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        key_value: tuple[torch.Tensor, torch.Tensor] | None = None,
+        key_mask: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        """hidden_states (B, Nq, D). Self-attention: `attention_mask` (B, Nq) masks the keys.
+        With `key_value` (keys and values (B, H, Nk, d), from `project_memory` or a cache),
+        attends to those instead, masked by `key_mask` (B, Nk); a causal module then aligns the
+        queries with the last Nq keys. Returns the context (B, Nq, D) and the weights (or None).
+        """
+        query = _split_heads(self.query(hidden_states), self.num_heads)  # (B, H, Nq, d)
+        if key_value is None:
+            key, value = self.project_memory(hidden_states, attention_mask)
+            key_mask = attention_mask
+        else:
+            key, value = key_value
+        batch, _, q_len, _ = query.shape
+        k_len = key.shape[2]
+        mask = None
+        if key_mask is not None:
+            mask = key_mask.bool().view(batch, 1, 1, k_len)
+        if self.is_causal and q_len > 1:
+            causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
+            mask = causal.view(1, 1, q_len, k_len) if mask is None else mask & causal
+        if mask is not None:
+            mask = mask.expand(batch, 1, q_len, k_len)
+
+        attention_function: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
+            self.config._attn_implementation, einsum_attention_forward
+        )
+        output, weights = attention_function(
+            self,
+            query,
+            key,
+            value,
+            mask,
+            dropout=self.dropout if self.training else 0.0,
+            scaling=self.scaling,
+            is_causal=False,  # causality is in `mask`
+        )
+        return output.reshape(batch, q_len, -1), weights
+
+
+# ----------------------------------------------------------------------------------------------
+# Zformer: softmax-free linear attention
+# ----------------------------------------------------------------------------------------------
+
+
+class ZformerAttention(nn.Module):
+    """Zformer linear attention (the Zformer_Pytorch code): with Q = X W_q / sqrt(d_h),
+    K = X W_k, V = X W_v per head, `out = Q (K^T V) / s`, `s` a learnable scalar (init
+    `config.zformer_scale_init`). K^T V is d_h x d_h: cost O(N d_h^2), linear in N.
+
+    Causal form: `out_i = q_i (sum_{j<=i} k_j^T v_j) / s`, with the running sum as recurrent state
+    (B, H, d_h, d_h) in fp32. As cross-attention K^T V of the source is computed once.
+    """
+
+    def __init__(self, config, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.is_causal = is_causal
+        self.is_cross = is_cross
+        self.layer_idx = layer_idx
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.scale = nn.Parameter(torch.tensor(float(config.zformer_scale_init)))
+        self.scale_init = float(config.zformer_scale_init)
+
+    def _queries(self, hidden_states):
+        return _split_heads(self.query(hidden_states), self.num_heads) * self.head_dim**-0.5
+
+    def project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
+        """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D)."""
+        key = _split_heads(_zero_padding(self.key(memory), memory_mask), self.num_heads)
+        value = _split_heads(self.value(memory), self.num_heads)
+        with _no_autocast(memory.device.type):
+            key, value = _fp32(key, value)
+            return torch.einsum("bhnd,bhne->bhde", key, value)
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        key_value: torch.Tensor | None = None,
+        state: torch.Tensor | None = None,
+        **kwargs,
+    ):
+        """Bidirectional self-attention by default; `key_value` = a precomputed K^T V (cross-attention);
+        causal modules take and return `state` (the K^T V prefix sum). Returns (context, state)."""
+        query = self._queries(hidden_states)  # (B, H, N, d)
+        if self.is_causal:
+            key = _split_heads(_zero_padding(self.key(hidden_states), attention_mask), self.num_heads)
+            value = _split_heads(self.value(hidden_states), self.num_heads)
+            context, state = self._causal(query, key, value, state)
+        else:
+            kv = self.project_memory(hidden_states, attention_mask) if key_value is None else key_value
+            with _no_autocast(hidden_states.device.type):
+                context = torch.einsum("bhnd,bhde->bhne", query.float(), kv)
+        context = (context / self.scale.float()).to(query.dtype)
+        return _merge_heads(context), state
+
+    @staticmethod
+    def _causal(query, key, value, state):
+        """Blockwise causal linear attention. query/key/value (B, H, N, d); state (B, H, d, d) or None."""
+        batch, heads, length, dim = query.shape
+        with _no_autocast(query.device.type):
+            query, key, value = _fp32(query, key, value)
+            if state is None:
+                state = query.new_zeros(batch, heads, dim, dim)
+            outputs = []
+            for start in range(0, length, ZFORMER_CAUSAL_BLOCK):
+                q = query[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
+                k = key[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
+                v = value[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
+                scores = (q @ k.transpose(-1, -2)).tril()  # (B, H, b, b): no softmax, only causality
+                outputs.append(q @ state + scores @ v)
+                state = state + k.transpose(-1, -2) @ v
+        return torch.cat(outputs, dim=2), state
+
+
+# ----------------------------------------------------------------------------------------------
+# Xformer: Linformer-like attention with keys projected from queries
+# ----------------------------------------------------------------------------------------------
+
+
+class XformerAttention(nn.Module):
+    """Xformer attention (Xformer_Pytorch). Q' = X W_q has width D / alpha. A projection E along
+    the sequence (max_position_embeddings -> k = ceil(max_position_embeddings / beta) rows, no bias)
+    is shared by keys and values: K = E Q', V = E X, summing over real positions only, so k does
+    not depend on the padded length. Q' and K split into H heads of D / (alpha H), V into H heads of
+    D / H; softmax attention of every query over the k compressed keys. Not causal.
+    """
+
+    def __init__(self, config, layer_idx: int | None = None, **kwargs):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.query_width = config.hidden_size // config.xformer_alpha
+        self.scaling = (self.query_width // self.num_heads) ** -0.5
+        self.max_length = config.max_position_embeddings
+        self.compressed_length = math.ceil(config.max_position_embeddings / config.xformer_beta)
+        self.layer_idx = layer_idx
+        self.query = nn.Linear(config.hidden_size, self.query_width)
+        self.sequence_projection = nn.Parameter(torch.empty(self.compressed_length, self.max_length))  # E
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+        length = hidden_states.shape[1]
+        if length > self.max_length:
+            raise ValueError(
+                f"xformer attention got a sequence of {length} tokens, longer than max_position_embeddings="
+                f"{self.max_length}"
+            )
+        query = _zero_padding(self.query(hidden_states), attention_mask)  # (B, N, D/alpha)
+        inputs = _zero_padding(hidden_states, attention_mask)  # (B, N, D)
+        with _no_autocast(hidden_states.device.type):
+            projection = self.sequence_projection[:, :length].float()  # (k, N)
+            key = projection @ query.float()  # (B, k, D/alpha)
+            value = projection @ inputs.float()  # (B, k, D)
+        query, key, value = (_split_heads(t.to(query.dtype), self.num_heads) for t in (query, key, value))
+        scores = (query @ key.transpose(-1, -2)) * self.scaling  # (B, H, N, k)
+        probs = self.dropout(torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype))
+        return _merge_heads(probs @ value), None
+
+
+# ----------------------------------------------------------------------------------------------
+# Fastformer: additive attention
+# ----------------------------------------------------------------------------------------------
+
+
+def _pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """sum_i softmax_i(scores) values_i over real positions. scores (B, H, N), values (B, H, N, d)."""
+    if mask is not None:
+        scores = scores.masked_fill(~mask.bool()[:, None, :], float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return torch.einsum("bhn,bhnd->bhd", weights, values)
+
+
+def _prefix_pool(scores, values, mask, state):
+    """Causal `_pool`: output i pools positions j <= i. state = (running max (B, H),
+    denominator (B, H), numerator (B, H, d)) of the positions before this call, or None."""
+    batch, heads, length, dim = values.shape
+    if mask is not None:
+        scores = scores.masked_fill(~mask.bool()[:, None, :], float("-inf"))
+    if state is None:
+        state = (scores.new_full((batch, heads), float("-inf")), scores.new_zeros(batch, heads),
+                 values.new_zeros(batch, heads, dim))
+    old_max, old_den, old_num = state
+    new_max = torch.maximum(old_max, scores.amax(dim=-1))
+    new_max = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+    rescale = torch.exp(old_max - new_max)  # 0 when nothing was seen yet
+    weights = torch.exp(scores - new_max[..., None])  # (B, H, N)
+    den = old_den[..., None] * rescale[..., None] + weights.cumsum(dim=-1)
+    num = old_num[:, :, None] * rescale[..., None, None] + (weights[..., None] * values).cumsum(dim=2)
+    # A prefix with no real token yet (only padding) pools to zero instead of 0/0.
+    pooled = num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
+    return pooled, (new_max, den[..., -1], num[:, :, -1])
+
+
+class FastformerAttention(nn.Module):
+    """Fastformer additive attention (Wu et al. 2021, arXiv 2108.09084), per head:
+
+        alpha_i = softmax_i(w_q . q_i / sqrt(d_h));  q_g = sum_i alpha_i q_i
+        p_i = q_g * k_i;  beta_i = softmax_i(w_k . p_i / sqrt(d_h));  k_g = sum_i beta_i p_i
+        u_i = k_g * v_i;  r_i = W_r u_i + q_i
+
+    `fastformer_pooling="mean"` replaces both softmax poolings by the plain mean over real tokens
+    (the FastFormer seed; w_q and w_k then do not exist). `fastformer_share_qv=True` uses the query
+    projection for the values (the official code). Cost O(N D).
+
+    Causal form: the poolings become prefix poolings (running max, numerator and denominator),
+    an O(1) state per generated token.
+    """
+
+    def __init__(self, config, is_causal: bool = False, layer_idx: int | None = None, **kwargs):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.is_causal = is_causal
+        self.layer_idx = layer_idx
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = None if config.fastformer_share_qv else nn.Linear(config.hidden_size, config.hidden_size)
+        self.additive = config.fastformer_pooling == "additive"
+        if self.additive:
+            self.query_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_q per head
+            self.key_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_k per head
+        self.transform = nn.Linear(config.hidden_size, config.hidden_size)  # W_r
+
+    def _scores(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+        """(B, H, N, d) -> pooling scores (B, H, N); zero scores give the plain mean."""
+        if weight is None:
+            return x.new_zeros(x.shape[:-1])
+        return torch.einsum("bhnd,hd->bhn", x, weight.float()) * self.head_dim**-0.5
+
+    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, state=None, **kwargs):
+        """Returns (context (B, N, D), state); state is a pair of prefix-pool states when causal."""
+        query_proj = self.query(hidden_states)
+        value_proj = query_proj if self.value is None else self.value(hidden_states)
+        query = _split_heads(query_proj, self.num_heads)
+        key = _split_heads(self.key(hidden_states), self.num_heads)
+        value = _split_heads(value_proj, self.num_heads)
+        w_q = self.query_score if self.additive else None
+        w_k = self.key_score if self.additive else None
+        with _no_autocast(hidden_states.device.type):
+            query32, key32 = _fp32(query, key)
+            if self.is_causal:
+                query_state, key_state = state if state is not None else (None, None)
+                global_query, query_state = _prefix_pool(self._scores(query32, w_q), query32, attention_mask, query_state)
+                mixed = global_query * key32  # p_i  (B, H, N, d)
+                global_key, key_state = _prefix_pool(self._scores(mixed, w_k), mixed, attention_mask, key_state)
+                state = (query_state, key_state)
+            else:
+                global_query = _pool(self._scores(query32, w_q), query32, attention_mask)[:, :, None]  # (B, H, 1, d)
+                mixed = global_query * key32
+                global_key = _pool(self._scores(mixed, w_k), mixed, attention_mask)[:, :, None]
+        mixed_value = _merge_heads(global_key.to(value.dtype) * value)  # u_i  (B, N, D)
+        return self.transform(mixed_value) + query_proj, state
+
+
+ATTENTION_CLASSES = {
+    "full": FullAttention,
+    "zformer": ZformerAttention,
+    "xformer": XformerAttention,
+    "fastformer": FastformerAttention,
+}

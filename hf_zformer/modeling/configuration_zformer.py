@@ -1,0 +1,203 @@
+"""Configuration of the Zformer family (full, Zformer, Xformer and Fastformer attention).
+
+This file ships to the Hugging Face Hub with every saved checkpoint: it imports only the
+standard library and transformers.
+"""
+
+from transformers import PreTrainedConfig
+
+ATTENTION_TYPES = ("full", "zformer", "xformer", "fastformer")
+# Attention types that have an exact causal form (xformer's sequence projection mixes the future in).
+CAUSAL_ATTENTION_TYPES = ("full", "zformer", "fastformer")
+CROSS_ATTENTION_TYPES = ("full", "zformer")
+POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
+POSITION_EMBEDDING_MERGES = ("add", "concat")
+FASTFORMER_POOLINGS = ("additive", "mean")
+CLASSIFIER_POOLINGS = ("mean", "first", "attention")
+
+
+def _check_choice(field, value, choices):
+    if value not in choices:
+        raise ValueError(f"{field}={value!r} is not supported; choose one of {list(choices)}")
+
+
+def _check_positive(field, value, allow_zero=False):
+    ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ValueError(f"{field}={value!r} must be a {'non-negative' if allow_zero else 'positive'} integer")
+
+
+def _check_probability(field, value):
+    if value is not None and not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
+        raise ValueError(f"{field}={value!r} must be a probability in [0, 1)")
+
+
+def _per_layer(field, value, num_layers, choices):
+    """Expand `value` (one type, or a list with one type per layer) into a validated list."""
+    if isinstance(value, str):
+        _check_choice(field, value, choices)
+        return [value] * num_layers
+    if not isinstance(value, (list, tuple)):
+        raise ValueError(f"{field}={value!r} must be one of {list(choices)} or a list with one entry per layer")
+    if len(value) != num_layers:
+        raise ValueError(f"{field} has {len(value)} entries ({list(value)}) but the model has {num_layers} layers")
+    for i, entry in enumerate(value):
+        _check_choice(f"{field}[{i}]", entry, choices)
+    return list(value)
+
+
+class ZformerConfig(PreTrainedConfig):
+    r"""
+    Configuration for Zformer-family models: a BERT-sized Transformer encoder (and, for
+    `ZformerForConditionalGeneration`, a decoder) whose self-attention is one of
+
+    - `"full"`: softmax attention through transformers' attention functions (fused SDPA by default,
+      `attn_implementation="eager"` for the einsum reference);
+    - `"zformer"`: softmax-free linear attention `Q (K^T V) / s` with a learnable scale `s`;
+    - `"xformer"`: Linformer-like attention whose keys are projected from the queries and whose
+      keys/values are compressed along the sequence by a shared projection;
+    - `"fastformer"`: additive attention (Wu et al. 2021).
+
+    `attention_type` may also be a list with one entry per layer, for hybrid models.
+
+    Args:
+        vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, hidden_act,
+        hidden_dropout_prob, attention_probs_dropout_prob, max_position_embeddings, initializer_range,
+        layer_norm_eps: as in BERT.
+        attention_type (`str` or `list[str]`): encoder self-attention type(s).
+        zformer_scale_init (`float`): initial value of Zformer's learnable output scale `s` (seed: 700).
+        xformer_alpha (`int`): Xformer divides the query/key width by `alpha`.
+        xformer_beta (`int`): Xformer compresses the sequence from `max_position_embeddings` to
+            `ceil(max_position_embeddings / beta)` keys (`beta > 1`).
+        fastformer_pooling (`"additive"` or `"mean"`): softmax pooling of the paper, or the plain mean.
+        fastformer_share_qv (`bool`): use the query projection as value projection (official code).
+        position_embedding_type (`"sinusoidal"` or `"learned"`): absolute positions.
+        position_embedding_merge (`"add"` or `"concat"`): add positions to the token embeddings, or
+            concatenate them and project back to `hidden_size`.
+        scale_embedding (`bool`): multiply token embeddings by `sqrt(hidden_size)`.
+        classifier_pooling (`"mean"`, `"first"` or `"attention"`): how the sequence classifier pools tokens.
+        classifier_dropout (`float`, optional): dropout before the classifier (default `hidden_dropout_prob`).
+        num_decoder_layers (`int`): decoder depth of `ZformerForConditionalGeneration`.
+        decoder_attention_type (`str` or `list[str]`): decoder self-attention, causal: `"full"`, `"zformer"`
+            or `"fastformer"` (per layer allowed).
+        cross_attention_type (`"full"` or `"zformer"`): decoder-to-encoder attention.
+        label_smoothing (`float`): label smoothing of the seq2seq loss.
+
+    Example:
+
+    ```python
+    >>> import hf_zformer
+    >>> from transformers import AutoConfig, AutoModel
+    >>> config = AutoConfig.for_model("zformer", attention_type="zformer", hidden_size=256,
+    ...                               num_hidden_layers=2, num_attention_heads=4, intermediate_size=512)
+    >>> model = AutoModel.from_config(config)
+    ```
+    """
+
+    model_type = "zformer"
+    keys_to_ignore_at_inference = ["past_key_values"]
+
+    vocab_size: int = 16000
+    hidden_size: int = 512
+    num_hidden_layers: int = 6
+    num_attention_heads: int = 8
+    intermediate_size: int = 2048
+    hidden_act: str = "gelu"
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+    max_position_embeddings: int = 512
+    initializer_range: float = 0.02
+    layer_norm_eps: float = 1e-5
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | None = 2
+    decoder_start_token_id: int | None = 1
+    attention_type: str | list[str] = "zformer"
+    zformer_scale_init: float = 700.0
+    xformer_alpha: int = 2
+    xformer_beta: int = 4
+    fastformer_pooling: str = "additive"
+    fastformer_share_qv: bool = False
+    position_embedding_type: str = "sinusoidal"
+    position_embedding_merge: str = "add"
+    scale_embedding: bool = True
+    classifier_pooling: str = "mean"
+    classifier_dropout: float | None = None
+    num_decoder_layers: int = 6
+    decoder_attention_type: str | list[str] = "full"
+    cross_attention_type: str = "full"
+    label_smoothing: float = 0.0
+    use_cache: bool = True
+    tie_word_embeddings: bool = True
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self._validate()
+
+    def _validate(self):
+        for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
+            _check_positive(field, getattr(self, field))
+        _check_positive("num_decoder_layers", self.num_decoder_layers, allow_zero=True)
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
+            )
+        for field in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "label_smoothing"):
+            _check_probability(field, getattr(self, field))
+        if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
+            raise ValueError(f"layer_norm_eps={self.layer_norm_eps!r} must be positive")
+        for field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
+            value = getattr(self, field)
+            if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
+                raise ValueError(f"{field}={value!r} must be None or a token id in [0, vocab_size={self.vocab_size})")
+
+        encoder_types = _per_layer("attention_type", self.attention_type, self.num_hidden_layers, ATTENTION_TYPES)
+        decoder_value = self.decoder_attention_type
+        if decoder_value == "xformer" or (isinstance(decoder_value, (list, tuple)) and "xformer" in decoder_value):
+            raise ValueError(
+                f"decoder_attention_type={decoder_value!r}: xformer cannot be causal (its sequence projection mixes "
+                f"future tokens into every key); choose one of {list(CAUSAL_ATTENTION_TYPES)}"
+            )
+        _per_layer("decoder_attention_type", decoder_value, self.num_decoder_layers, CAUSAL_ATTENTION_TYPES)
+        _check_choice("cross_attention_type", self.cross_attention_type, CROSS_ATTENTION_TYPES)
+        _check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
+        _check_choice("position_embedding_merge", self.position_embedding_merge, POSITION_EMBEDDING_MERGES)
+        _check_choice("fastformer_pooling", self.fastformer_pooling, FASTFORMER_POOLINGS)
+        _check_choice("classifier_pooling", self.classifier_pooling, CLASSIFIER_POOLINGS)
+        if not (isinstance(self.zformer_scale_init, (int, float)) and self.zformer_scale_init > 0):
+            raise ValueError(f"zformer_scale_init={self.zformer_scale_init!r} must be a positive number")
+        _check_positive("max_position_embeddings", self.max_position_embeddings)
+
+        if "xformer" in encoder_types:
+            _check_positive("xformer_alpha", self.xformer_alpha)
+            _check_positive("xformer_beta", self.xformer_beta)
+            if self.xformer_beta < 2:
+                raise ValueError(f"xformer_beta={self.xformer_beta} must be > 1 (it divides the sequence length)")
+            query_width, rest = divmod(self.hidden_size, self.xformer_alpha)
+            if rest or query_width % self.num_attention_heads:
+                raise ValueError(
+                    f"xformer_alpha={self.xformer_alpha} must divide hidden_size={self.hidden_size} into a width "
+                    f"divisible by num_attention_heads={self.num_attention_heads}"
+                )
+
+    def layer_attention_types(self, decoder: bool = False) -> list[str]:
+        """The attention type of each encoder (or decoder) layer, the single-string form expanded."""
+        if decoder:
+            return _per_layer(
+                "decoder_attention_type", self.decoder_attention_type, self.num_decoder_layers, CAUSAL_ATTENTION_TYPES
+            )
+        return _per_layer("attention_type", self.attention_type, self.num_hidden_layers, ATTENTION_TYPES)
+
+
+class FastformerConfig(ZformerConfig):
+    r"""The Zformer architecture with Fastformer (additive) attention by default: model type `"fastformer"`.
+
+    Accepts every argument of [`ZformerConfig`].
+    """
+
+    model_type = "fastformer"
+
+    attention_type: str | list[str] = "fastformer"
+
+
+__all__ = ["ZformerConfig", "FastformerConfig"]
