@@ -164,6 +164,10 @@ class ZformerAttention(nn.Module):
     K = X W_k, V = X W_v per head, `out = Q (K^T V) / s`, `s` a learnable scalar (init
     `config.zformer_scale_init`). K^T V is d_h x d_h: cost O(N d_h^2), linear in N.
 
+    `s` is stored as `log_scale = log(s)`: the gradient of the loss with respect to `s` itself is
+    ~1/s^2 (tiny at s = 700), below Adam's epsilon, so `s` would never move; in log space each
+    optimizer step changes `s` by a relative amount.
+
     Causal form: `out_i = q_i (sum_{j<=i} k_j^T v_j) / s`, with the running sum as recurrent state
     (B, H, d_h, d_h) in fp32. As cross-attention K^T V of the source is computed once.
     """
@@ -178,8 +182,8 @@ class ZformerAttention(nn.Module):
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
-        self.scale = nn.Parameter(torch.tensor(float(config.zformer_scale_init)))
         self.scale_init = float(config.zformer_scale_init)
+        self.log_scale = nn.Parameter(torch.tensor(math.log(self.scale_init)))
 
     def _queries(self, hidden_states):
         return _split_heads(self.query(hidden_states), self.num_heads) * self.head_dim**-0.5
@@ -211,7 +215,7 @@ class ZformerAttention(nn.Module):
             kv = self.project_memory(hidden_states, attention_mask) if key_value is None else key_value
             with _no_autocast(hidden_states.device.type):
                 context = torch.einsum("bhnd,bhde->bhne", query.float(), kv)
-        context = (context / self.scale.float()).to(query.dtype)
+        context = (context * torch.exp(-self.log_scale.float())).to(query.dtype)
         return _merge_heads(context), state
 
     @staticmethod

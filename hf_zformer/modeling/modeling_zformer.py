@@ -117,7 +117,7 @@ class ZformerPreTrainedModel(PreTrainedModel):
         super()._init_weights(module)
         std = self.config.initializer_range
         if isinstance(module, ZformerAttention):
-            init.constant_(module.scale, module.scale_init)
+            init.constant_(module.log_scale, math.log(module.scale_init))
         elif isinstance(module, XformerAttention):
             init.normal_(module.sequence_projection, mean=0.0, std=std)
         elif isinstance(module, FastformerAttention) and module.additive:

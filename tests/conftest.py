@@ -1,0 +1,77 @@
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_zformer  # noqa: F401  (registers the Auto classes)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
+ATTENTION_TYPES = ["full", "zformer", "xformer", "fastformer"]
+
+TINY = dict(
+    vocab_size=97,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+)
+
+
+def tiny_config(**overrides):
+    from transformers import AutoConfig
+
+    model_type = overrides.pop("model_type", "zformer")
+    return AutoConfig.for_model(model_type, **{**TINY, **overrides})
+
+
+def random_batch(lengths, vocab_size=97, pad_to=None, seed=0):
+    """input_ids/attention_mask for sequences of the given lengths, right-padded (pad id 0)."""
+    generator = torch.Generator().manual_seed(seed)
+    width = pad_to or max(lengths)
+    ids = torch.zeros(len(lengths), width, dtype=torch.long)
+    mask = torch.zeros(len(lengths), width, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = torch.randint(5, vocab_size, (length,), generator=generator)
+        mask[row, :length] = 1
+    return ids, mask
+
+
+def repad(ids, mask, width):
+    """The same batch right-padded to `width`."""
+    extra = width - ids.shape[1]
+    return (
+        torch.nn.functional.pad(ids, (0, extra), value=0),
+        torch.nn.functional.pad(mask, (0, extra), value=0),
+    )
+
+
+def run_isolated(code: str, cwd, timeout=600):
+    """Run `code` in a fresh interpreter where `hf_zformer` cannot be imported (as on a machine
+    that only has transformers), with the Hub switched off. Returns the completed process."""
+    prelude = "import sys\nsys.modules['hf_zformer'] = None  # importing hf_zformer now fails\n"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env["HF_MODULES_CACHE"] = str(Path(cwd) / "hf_modules")
+    result = subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(code)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert result.returncode == 0, f"isolated run failed:\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

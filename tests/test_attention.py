@@ -1,0 +1,188 @@
+"""Each attention class against a naive, loop-based reading of the equations in DESIGN.md."""
+
+import math
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from hf_zformer.modeling.attention import (
+    FastformerAttention,
+    FullAttention,
+    XformerAttention,
+    ZformerAttention,
+)
+
+B, N, D, H = 2, 11, 32, 4
+DH = D // H
+
+
+def _inputs(seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(B, N, D, generator=generator)
+    mask = torch.ones(B, N, dtype=torch.long)
+    mask[1, 7:] = 0
+    return x, mask
+
+
+def _heads(t, h=H):
+    return t.view(t.shape[0], h, t.shape[1] // h)
+
+
+def _randomize(module, std=0.3):
+    torch.manual_seed(1)
+    for p in module.parameters():
+        torch.nn.init.normal_(p, std=std)
+    return module
+
+
+def test_full_sdpa_equals_einsum_reference():
+    x, mask = _inputs()
+    sdpa_config = tiny_config(attention_type="full")
+    eager_config = tiny_config(attention_type="full", attn_implementation="eager")
+    sdpa_config._attn_implementation = "sdpa"
+    eager_config._attn_implementation = "eager"
+    fused = _randomize(FullAttention(sdpa_config)).eval()
+    reference = FullAttention(eager_config).eval()
+    reference.load_state_dict(fused.state_dict())
+    for causal in (False, True):
+        fused.is_causal = reference.is_causal = causal
+        out_fused, _ = fused(x, mask)
+        out_ref, weights = reference(x, mask)
+        real = mask.bool()
+        torch.testing.assert_close(out_fused[real], out_ref[real], atol=1e-5, rtol=1e-5)
+        # padded keys get exactly zero weight (the einsum seed's 1e-12 fill leaked them in)
+        assert weights[1, :, :, 7:].abs().max() == 0
+
+
+def test_zformer_matches_equation_and_causal_state():
+    x, mask = _inputs()
+    attention = _randomize(ZformerAttention(tiny_config(attention_type="zformer")))
+    out, _ = attention(x, mask)
+    q = attention.query(x) / math.sqrt(DH)
+    k = attention.key(x) * mask[..., None]
+    v = attention.value(x)
+    for b in range(B):
+        for h in range(H):
+            sl = slice(h * DH, (h + 1) * DH)
+            expected = q[b, :, sl] @ (k[b, :, sl].T @ v[b, :, sl]) / attention.log_scale.exp()
+            torch.testing.assert_close(out[b, :, sl], expected, atol=1e-4, rtol=1e-4)
+
+    attention.is_causal = True
+    causal, state = attention(x, mask)
+    for i in range(N):
+        for h in range(H):
+            sl = slice(h * DH, (h + 1) * DH)
+            expected = q[:, i, sl][:, None] @ (k[:, : i + 1, sl].transpose(1, 2) @ v[:, : i + 1, sl])
+            torch.testing.assert_close(causal[:, i, sl], expected[:, 0] / attention.log_scale.exp(), atol=1e-4, rtol=1e-4)
+    # token by token through the recurrent state gives the same outputs and final state
+    step_state, steps = None, []
+    for i in range(N):
+        step, step_state = attention(x[:, i : i + 1], mask[:, i : i + 1], state=step_state)
+        steps.append(step)
+    torch.testing.assert_close(torch.cat(steps, 1), causal, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(step_state, state, atol=1e-4, rtol=1e-4)
+    assert state.shape == (B, H, DH, DH)
+
+
+def test_zformer_causal_blocks_cover_long_sequences(monkeypatch):
+    import hf_zformer.modeling.attention as attention_module
+
+    x = torch.randn(1, 40, D)
+    attention = _randomize(ZformerAttention(tiny_config(), is_causal=True))
+    one_block, _ = attention(x)
+    monkeypatch.setattr(attention_module, "ZFORMER_CAUSAL_BLOCK", 7)
+    many_blocks, _ = attention(x)
+    torch.testing.assert_close(many_blocks, one_block, atol=1e-4, rtol=1e-4)
+
+
+def _naive_pool(scores, values):
+    weights = torch.softmax(scores, dim=0)
+    return (weights[:, None] * values).sum(0)
+
+
+@pytest.mark.parametrize("pooling", ["additive", "mean"])
+@pytest.mark.parametrize("share_qv", [False, True])
+def test_fastformer_matches_equation(pooling, share_qv):
+    x, mask = _inputs()
+    config = tiny_config(attention_type="fastformer", fastformer_pooling=pooling, fastformer_share_qv=share_qv)
+    attention = _randomize(FastformerAttention(config))
+    out, _ = attention(x, mask)
+    attention.is_causal = True
+    causal, _ = attention(x, mask)
+
+    q_all, k_all = attention.query(x), attention.key(x)
+    v_all = q_all if share_qv else attention.value(x)
+
+    def score(values, weight):
+        return values @ weight / math.sqrt(DH) if pooling == "additive" else values[:, 0] * 0
+
+    for b in range(B):
+        n = int(mask[b].sum())
+        u_bidirectional, u_causal = torch.zeros(n, D), torch.zeros(n, D)
+        for h in range(H):
+            sl = slice(h * DH, (h + 1) * DH)
+            q, k, v = q_all[b, :n, sl], k_all[b, :n, sl], v_all[b, :n, sl]
+            w_q = attention.query_score[h] if pooling == "additive" else None
+            w_k = attention.key_score[h] if pooling == "additive" else None
+            # bidirectional: one global query and key for the whole sequence
+            p = _naive_pool(score(q, w_q), q) * k
+            u_bidirectional[:, sl] = _naive_pool(score(p, w_k), p) * v
+            # causal: position i pools positions j <= i; p_j uses the global query of its own prefix
+            p = torch.stack([_naive_pool(score(q[: j + 1], w_q), q[: j + 1]) * k[j] for j in range(n)])
+            for i in range(n):
+                u_causal[i, sl] = _naive_pool(score(p[: i + 1], w_k), p[: i + 1]) * v[i]
+        for u, got in ((u_bidirectional, out), (u_causal, causal)):
+            expected = attention.transform(u) + q_all[b, :n]
+            torch.testing.assert_close(got[b, :n], expected, atol=1e-4, rtol=1e-4)
+
+
+def test_fastformer_causal_state_is_constant_size_and_exact():
+    x, mask = _inputs()
+    attention = _randomize(FastformerAttention(tiny_config(attention_type="fastformer"), is_causal=True))
+    full, state = attention(x, mask)
+    step_state, steps = None, []
+    for i in range(N):
+        step, step_state = attention(x[:, i : i + 1], mask[:, i : i + 1], state=step_state)
+        steps.append(step)
+    torch.testing.assert_close(torch.cat(steps, 1)[mask.bool()], full[mask.bool()], atol=1e-5, rtol=1e-5)
+    sizes = [t.shape for pool_state in step_state for t in pool_state]
+    assert sizes == [(B, H), (B, H), (B, H, DH)] * 2
+
+
+def test_xformer_matches_equation():
+    x, mask = _inputs()
+    config = tiny_config(attention_type="xformer", xformer_alpha=2, xformer_beta=4, max_position_embeddings=16)
+    attention = _randomize(XformerAttention(config))
+    assert attention.sequence_projection.shape == (4, 16)  # ceil(16 / 4) compressed keys, no bias
+    out, _ = attention(x, mask)
+    e = attention.sequence_projection[:, :N]
+    dq = D // 2 // H
+    for b in range(B):
+        real = mask[b].bool()
+        q = attention.query(x[b])  # (N, D/alpha)
+        key = e[:, real] @ q[real]  # K = E Q' over real positions only
+        value = e[:, real] @ x[b, real]  # V = E X
+        for h in range(H):
+            qs, vs = slice(h * dq, (h + 1) * dq), slice(h * DH, (h + 1) * DH)
+            probs = torch.softmax(q[:, qs] @ key[:, qs].T / math.sqrt(dq), dim=-1)
+            torch.testing.assert_close(out[b, real, vs], (probs @ value[:, vs])[real], atol=1e-4, rtol=1e-4)
+
+
+def test_xformer_rejects_sequences_longer_than_its_projection():
+    attention = XformerAttention(tiny_config(attention_type="xformer", max_position_embeddings=8))
+    with pytest.raises(ValueError, match="max_position_embeddings=8"):
+        attention(torch.randn(1, 9, D))
+
+
+@pytest.mark.parametrize("cls", [ZformerAttention, FastformerAttention, XformerAttention])
+def test_linear_attention_sums_stay_fp32_under_autocast(cls):
+    # Large activations: a bf16 sum over 4096 positions loses most of its digits.
+    x = torch.randn(1, 4096, D) * 4
+    config = tiny_config(attention_type="zformer", max_position_embeddings=4096)
+    attention = _randomize(cls(config), std=0.05).eval()
+    reference, _ = attention(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low, _ = attention(x)
+    error = (low.float() - reference).norm() / reference.norm()
+    assert error < 0.05, error

@@ -1,0 +1,261 @@
+"""Encoder models through the public Auto API, for every attention type."""
+
+import json
+
+import pytest
+import torch
+from conftest import ATTENTION_TYPES, TINY, random_batch, repad, run_isolated, tiny_config
+from transformers import (
+    AutoConfig,
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForSequenceClassification,
+)
+
+import hf_zformer
+
+AUTO_CLASSES = [AutoModel, AutoModelForSequenceClassification, AutoModelForMaskedLM]
+HYBRID = ["fastformer", "xformer"]  # a per-layer list: one entry per layer
+
+
+def _output(model, ids, mask):
+    out = model(input_ids=ids, attention_mask=mask)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+def _real(tensor, mask):
+    """Per-token outputs at real positions; pooled (B, C) outputs unchanged."""
+    return tensor[mask.bool()] if tensor.dim() == 3 else tensor
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [HYBRID])
+@pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
+@pytest.mark.parametrize("pooling", ["mean", "first", "attention"])
+def test_padding_invariance(attention_type, auto_class, pooling):
+    if pooling != "mean" and auto_class is not AutoModelForSequenceClassification:
+        pytest.skip("pooling only matters for the classifier")
+    model = auto_class.from_config(tiny_config(attention_type=attention_type, classifier_pooling=pooling)).eval()
+    ids, mask = random_batch([7, 10, 3])
+    base = _output(model, ids, mask)
+    # extra padding
+    padded = _output(model, *repad(ids, mask, 23))
+    torch.testing.assert_close(_real(padded, repad(ids, mask, 23)[1]), _real(base, mask), atol=1e-4, rtol=1e-4)
+    # a padded row vs the same row alone, unpadded
+    alone = _output(model, ids[2:3, :3], mask[2:3, :3])
+    torch.testing.assert_close(_real(base[2:3], mask[2:3]), _real(alone, mask[2:3, :3]), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+@pytest.mark.parametrize("pooling", ["mean", "attention"])
+def test_every_parameter_gets_a_gradient(attention_type, pooling):
+    # DDP without find_unused_parameters needs every parameter in the graph.
+    config = tiny_config(attention_type=attention_type, classifier_pooling=pooling, position_embedding_type="learned",
+                         position_embedding_merge="concat")
+    for auto_class in AUTO_CLASSES:
+        model = auto_class.from_config(config).train()
+        ids, mask = random_batch([9, 5])
+        out = _output(model, ids, mask)
+        out.float().pow(2).mean().backward()
+        missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+        assert not missing, f"{auto_class.__name__}: no gradient for {missing}"
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_heads_losses(attention_type):
+    ids, mask = random_batch([6, 4, 8])
+    mlm = AutoModelForMaskedLM.from_config(tiny_config(attention_type=attention_type))
+    labels = ids.masked_fill(mask == 0, -100)
+    assert mlm(input_ids=ids, attention_mask=mask, labels=labels).loss > 0
+    assert mlm.lm_head.decoder.weight is mlm.zformer.embeddings.word_embeddings.weight  # tied
+
+    for problem, labels, num_labels in [
+        ("single_label_classification", torch.tensor([0, 2, 1]), 3),
+        ("regression", torch.tensor([0.5, -1.0, 2.0]), 1),
+        ("multi_label_classification", torch.tensor([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]]), 2),
+    ]:
+        clf = AutoModelForSequenceClassification.from_config(
+            tiny_config(attention_type=attention_type, num_labels=num_labels)
+        )
+        out = clf(input_ids=ids, attention_mask=mask, labels=labels)
+        assert clf.config.problem_type == problem
+        assert out.logits.shape == (3, num_labels) and torch.isfinite(out.loss)
+
+
+def test_outputs_hidden_states_and_tuples():
+    model = AutoModel.from_config(tiny_config(attention_type="zformer")).eval()
+    ids, mask = random_batch([5, 3])
+    out = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    assert len(out.hidden_states) == TINY["num_hidden_layers"] + 1
+    torch.testing.assert_close(out.hidden_states[-1], out.last_hidden_state)
+    as_tuple = model(input_ids=ids, attention_mask=mask, return_dict=False)
+    torch.testing.assert_close(as_tuple[0], out.last_hidden_state)
+    embeds = model.get_input_embeddings()(ids)
+    torch.testing.assert_close(model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state, out.last_hidden_state)
+    with pytest.raises(ValueError, match="exactly one"):
+        model(attention_mask=mask)
+    with pytest.raises(ValueError, match="max_position_embeddings=64"):
+        model(input_ids=torch.ones(1, 65, dtype=torch.long))
+
+
+def test_fastformer_model_type():
+    config = AutoConfig.for_model("fastformer", **TINY)
+    assert isinstance(config, hf_zformer.FastformerConfig) and config.attention_type == "fastformer"
+    model = AutoModelForSequenceClassification.from_config(config)
+    assert isinstance(model, hf_zformer.FastformerForSequenceClassification)
+    assert all(type(layer.attention).__name__ == "FastformerAttention" for layer in model.zformer.encoder.layers)
+
+
+def test_hybrid_layers_use_their_types():
+    model = AutoModel.from_config(tiny_config(attention_type=HYBRID))
+    assert [type(layer.attention).__name__ for layer in model.encoder.layers] == [
+        "FastformerAttention",
+        "XformerAttention",
+    ]
+
+
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(hidden_size=30), "hidden_size=30 is not divisible by num_attention_heads=4"),
+        (dict(attention_type="linear"), "attention_type='linear'"),
+        (dict(attention_type=["full"]), "attention_type has 1 entries"),
+        (dict(attention_type=["full", "bogus"]), r"attention_type\[1\]='bogus'"),
+        (dict(attention_type="xformer", xformer_alpha=3), "xformer_alpha=3"),
+        (dict(attention_type="xformer", xformer_alpha=16), "xformer_alpha=16"),
+        (dict(attention_type="xformer", xformer_beta=1), "xformer_beta=1"),
+        (dict(attention_type="xformer", max_position_embeddings=0), "max_position_embeddings=0"),
+        (dict(decoder_attention_type="xformer"), "xformer cannot be causal"),
+        (dict(num_decoder_layers=2, decoder_attention_type=["full", "xformer"]), "xformer cannot be causal"),
+        (dict(fastformer_pooling="max"), "fastformer_pooling='max'"),
+        (dict(position_embedding_type="rotary"), "position_embedding_type='rotary'"),
+        (dict(position_embedding_merge="expand"), "position_embedding_merge='expand'"),
+        (dict(classifier_pooling="cls"), "classifier_pooling='cls'"),
+        (dict(cross_attention_type="fastformer"), "cross_attention_type='fastformer'"),
+        (dict(hidden_dropout_prob=1.5), "hidden_dropout_prob=1.5"),
+        (dict(zformer_scale_init=0), "zformer_scale_init=0"),
+        (dict(pad_token_id=500), "pad_token_id=500"),
+        (dict(num_attention_heads=0), "num_attention_heads=0"),
+    ],
+)
+def test_bad_configs_raise(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        tiny_config(**overrides)
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_save_load_identical(tmp_path, attention_type):
+    ids, mask = random_batch([6, 9])
+    for auto_class in AUTO_CLASSES:
+        model = auto_class.from_config(tiny_config(attention_type=attention_type)).eval()
+        model.save_pretrained(tmp_path / auto_class.__name__)
+        loaded = auto_class.from_pretrained(tmp_path / auto_class.__name__).eval()
+        assert type(loaded) is type(model)
+        torch.testing.assert_close(_output(loaded, ids, mask), _output(model, ids, mask), atol=0, rtol=0)
+
+
+def test_remote_code_round_trip_in_clean_process(tmp_path):
+    """Every type and head reloads with trust_remote_code=True where hf_zformer is not importable."""
+    ids, mask = random_batch([6, 9])
+    expected = {}
+    for attention_type in ATTENTION_TYPES:
+        for auto_class in AUTO_CLASSES:
+            name = f"{attention_type}-{auto_class.__name__}"
+            model = auto_class.from_config(tiny_config(attention_type=attention_type)).eval()
+            model.save_pretrained(tmp_path / name)
+            expected[name] = _output(model, ids, mask)
+    fast = AutoModelForSequenceClassification.from_config(AutoConfig.for_model("fastformer", **TINY)).eval()
+    fast.save_pretrained(tmp_path / "fastformer-type")
+    expected["fastformer-type-AutoModelForSequenceClassification"] = _output(fast, ids, mask)
+
+    saved = json.loads((tmp_path / "full-AutoModel" / "config.json").read_text())
+    assert set(saved["auto_map"]) == {
+        "AutoConfig", "AutoModel", "AutoModelForSequenceClassification", "AutoModelForMaskedLM"
+    }
+    assert sorted(p.name for p in (tmp_path / "full-AutoModel").glob("*.py")) == [
+        "attention.py", "configuration_zformer.py", "modeling_zformer.py"
+    ]
+    torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
+    run_isolated(
+        """
+        import torch, transformers
+        from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForMaskedLM
+        batch = torch.load("batch.pt")
+        results = {}
+        for name in %r:
+            folder = name if not name.startswith("fastformer-type") else "fastformer-type"
+            auto_class = getattr(transformers, name.split("-")[-1])
+            model = auto_class.from_pretrained(folder, trust_remote_code=True).eval()
+            assert model.__module__.startswith("transformers_modules"), model.__module__
+            out = model(input_ids=batch["ids"], attention_mask=batch["mask"])
+            results[name] = out.logits if hasattr(out, "logits") else out.last_hidden_state
+        torch.save(results, "remote.pt")
+        """
+        % (list(expected),),
+        cwd=tmp_path,
+    )
+    remote = torch.load(tmp_path / "remote.pt")
+    for name, value in expected.items():
+        torch.testing.assert_close(remote[name], value, atol=0, rtol=0, msg=name)
+
+
+def test_text_classification_pipeline(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast, pipeline
+
+    words = "<pad> <s> </s> <unk> <mask> good bad movie great awful plot".split()
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>")
+    config = tiny_config(attention_type="fastformer", vocab_size=len(words), id2label={0: "NEG", 1: "POS"},
+                         label2id={"NEG": 0, "POS": 1})
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    classify = pipeline("text-classification", model=str(tmp_path))
+    results = classify(["good movie", "awful plot great"])
+    assert [r["label"] in {"NEG", "POS"} for r in results] == [True, True]
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_trainer_step(tmp_path, attention_type):
+    from datasets import Dataset
+    from transformers import Trainer, TrainingArguments
+
+    ids, mask = random_batch([7, 5, 9, 4], pad_to=9)
+    data = Dataset.from_dict({"input_ids": ids.tolist(), "attention_mask": mask.tolist(), "labels": [0, 1, 1, 0]})
+    model = AutoModelForSequenceClassification.from_config(tiny_config(attention_type=attention_type))
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    args = TrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=4, max_steps=1, use_cpu=True, report_to=[],
+        save_strategy="no", learning_rate=1e-2,
+    )
+    result = Trainer(model=model, args=args, train_dataset=data).train()
+    assert result.global_step == 1 and result.training_loss > 0
+    changed = [n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])]
+    assert len(changed) == len(before)
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_bf16_autocast_close_to_fp32(attention_type):
+    model = AutoModelForSequenceClassification.from_config(tiny_config(attention_type=attention_type)).eval()
+    ids, mask = random_batch([12, 30], pad_to=40)
+    reference = _output(model, ids, mask)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = _output(model, ids, mask)
+    torch.testing.assert_close(low.float(), reference, atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_gradient_checkpointing_equals_plain_backward(attention_type):
+    ids, mask = random_batch([8, 5])
+    grads = []
+    for checkpointing in (False, True):
+        torch.manual_seed(0)
+        model = AutoModelForMaskedLM.from_config(tiny_config(attention_type=attention_type)).train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+            assert model.is_gradient_checkpointing
+        loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
+        loss.backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
