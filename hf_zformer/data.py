@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import csv
 import gzip
+import hashlib
 import io
 import json
 import numbers
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import datasets
+import pyarrow as pa
 
 __all__ = [
     "dataset_source",
@@ -158,6 +160,22 @@ def _find_file(base: Path) -> Path | None:
     return None
 
 
+def _fingerprint(*parts: Any) -> str:
+    """A cheap deterministic dataset fingerprint (``datasets`` would otherwise hash all the data)."""
+    return hashlib.sha256(repr(parts).encode("utf-8")).hexdigest()[:16]
+
+
+def _file_identity(path: Path) -> tuple[str, int, int]:
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+
+
+def _in_memory_dataset(table: pa.Table, features: datasets.Features, fingerprint: str) -> datasets.Dataset:
+    return datasets.Dataset(
+        table.cast(features.arrow_schema), info=datasets.DatasetInfo(features=features), fingerprint=fingerprint
+    )
+
+
 # --------------------------------------------------------------------------------------------
 # shared post-processing: validation carving and subsetting
 # --------------------------------------------------------------------------------------------
@@ -212,15 +230,17 @@ def _carve_validation(
     count = _validation_count(len(train), validation_size)
     rng = random.Random(seed)
     if stratify_column is not None:
-        picked = _stratified_pick(list(train[stratify_column]), count, rng)
+        labels = train.select_columns([stratify_column])[:][stratify_column]  # fast: no per-row Column access
+        picked = _stratified_pick(labels, count, rng)
     else:
         picked = rng.sample(range(len(train)), count)
     picked_set = set(picked)
     validation_rows = sorted(picked_set)
     train_rows = [i for i in range(len(train)) if i not in picked_set]
     result = dict(splits)
-    result["train"] = train.select(train_rows)
-    result["validation"] = train.select(validation_rows)
+    parts = (train._fingerprint, validation_size, seed, stratify_column)
+    result["train"] = train.select(train_rows, new_fingerprint=_fingerprint("carve-train", *parts))
+    result["validation"] = train.select(validation_rows, new_fingerprint=_fingerprint("carve-validation", *parts))
     return result
 
 
@@ -247,7 +267,7 @@ def _subset(
         ds = splits[name]
         if limit < len(ds):
             rows = sorted(random.Random(f"{seed}-{name}").sample(range(len(ds)), limit))
-            result[name] = ds.select(rows)
+            result[name] = ds.select(rows, new_fingerprint=_fingerprint("subset", ds._fingerprint, seed, limit))
     return result
 
 
@@ -302,7 +322,7 @@ def _load_local_translation(
     split_files: Mapping[str, str] | None,
 ) -> dict[str, datasets.Dataset]:
     if not directory.is_dir():
-        raise NotADirectoryError(
+        raise ValueError(
             f"A translation corpus must be a directory of <split>.<lang>[.gz] files, got the file {directory}"
         )
     stems = dict(split_files) if split_files is not None else _discover_translation_stems(directory, source_lang, target_lang)
@@ -326,8 +346,12 @@ def _load_local_translation(
                 f"Split {split!r}: {paths[source_lang]} has {n_src} lines but {paths[target_lang]} has {n_tgt}; "
                 "parallel files must be line-aligned."
             )
-        pairs = [{source_lang: s, target_lang: t} for s, t in zip(texts[source_lang], texts[target_lang])]
-        splits[split] = datasets.Dataset.from_dict({"translation": pairs}, features=features)
+        column = pa.StructArray.from_arrays(
+            [pa.array(texts[source_lang], pa.string()), pa.array(texts[target_lang], pa.string())],
+            names=[source_lang, target_lang],
+        )
+        fingerprint = _fingerprint("translation", source_lang, target_lang, *(_file_identity(paths[lang]) for lang in paths))
+        splits[split] = _in_memory_dataset(pa.table({"translation": column}), features, fingerprint)
     return splits
 
 
@@ -550,11 +574,16 @@ def _load_local_classification(
     splits: dict[str, datasets.Dataset] = {}
     for split, file in files.items():
         columns = _read_records(file, text_column, label_column, extra_columns)
-        data = {"text": columns[text_column], "label": columns[label_column]}
-        data.update({name: columns[name] for name in extra_columns})
-        ds = datasets.Dataset.from_dict(data)
-        features = _classification_features({n: ds.features[n] for n in extra_columns})
-        splits[split] = ds if ds.features == features else ds.cast(features)
+        arrays = {"text": pa.array(columns[text_column], pa.string()), "label": pa.array(columns[label_column], pa.int64())}
+        for name in extra_columns:
+            try:
+                arrays[name] = pa.array(columns[name])
+            except (pa.ArrowInvalid, pa.ArrowTypeError) as err:
+                raise ValueError(f"{file}: extra column {name!r} has values of mixed types ({err})") from None
+        table = pa.table(arrays)
+        features = datasets.Features.from_arrow_schema(table.schema)
+        fingerprint = _fingerprint("classification", text_column, label_column, tuple(extra_columns), _file_identity(file))
+        splits[split] = _in_memory_dataset(table, features, fingerprint)
     return splits
 
 
