@@ -9,6 +9,7 @@ from transformers import (
     AutoConfig,
     AutoModel,
     AutoModelForMaskedLM,
+    AutoModelForSeq2SeqLM,
     AutoModelForSequenceClassification,
 )
 
@@ -16,6 +17,7 @@ from .modeling import (
     ATTENTION_CLASSES,
     FastformerAttention,
     FastformerConfig,
+    FastformerForConditionalGeneration,
     FastformerForMaskedLM,
     FastformerForSequenceClassification,
     FastformerModel,
@@ -23,6 +25,8 @@ from .modeling import (
     XformerAttention,
     ZformerAttention,
     ZformerConfig,
+    ZformerDecodingState,
+    ZformerForConditionalGeneration,
     ZformerForMaskedLM,
     ZformerForSequenceClassification,
     ZformerModel,
@@ -35,6 +39,7 @@ _REGISTRY = (
     (AutoModel, ZformerModel, FastformerModel),
     (AutoModelForSequenceClassification, ZformerForSequenceClassification, FastformerForSequenceClassification),
     (AutoModelForMaskedLM, ZformerForMaskedLM, FastformerForMaskedLM),
+    (AutoModelForSeq2SeqLM, ZformerForConditionalGeneration, FastformerForConditionalGeneration),
 )
 
 

@@ -8,6 +8,7 @@ from conftest import tiny_config
 
 from hf_zformer.modeling.attention import (
     FastformerAttention,
+    einsum_attention_forward,
     FullAttention,
     XformerAttention,
     ZformerAttention,
@@ -39,7 +40,7 @@ def _randomize(module, std=0.3):
 def test_full_sdpa_equals_einsum_reference():
     x, mask = _inputs()
     sdpa_config = tiny_config(attention_type="full")
-    eager_config = tiny_config(attention_type="full", attn_implementation="eager")
+    eager_config = tiny_config(attention_type="full")
     sdpa_config._attn_implementation = "sdpa"
     eager_config._attn_implementation = "eager"
     fused = _randomize(FullAttention(sdpa_config)).eval()
@@ -48,11 +49,35 @@ def test_full_sdpa_equals_einsum_reference():
     for causal in (False, True):
         fused.is_causal = reference.is_causal = causal
         out_fused, _ = fused(x, mask)
-        out_ref, weights = reference(x, mask)
+        out_ref, _ = reference(x, mask)
         real = mask.bool()
         torch.testing.assert_close(out_fused[real], out_ref[real], atol=1e-5, rtol=1e-5)
-        # padded keys get exactly zero weight (the einsum seed's 1e-12 fill leaked them in)
-        assert weights[1, :, :, 7:].abs().max() == 0
+
+
+def test_einsum_reference_gives_padding_exactly_zero_weight():
+    q, k, v = torch.randn(3, B, H, N, DH).unbind(0)
+    key_mask = torch.ones(B, 1, 1, N, dtype=torch.bool)
+    key_mask[1, ..., 7:] = False
+    output, weights = einsum_attention_forward(torch.nn.Identity(), q, k, v, key_mask, scaling=DH**-0.5)
+    # the einsum seed filled masked scores with 1e-12, which let padding into the softmax
+    assert weights[1, :, :, 7:].abs().max() == 0
+    torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, N))
+    expected = torch.softmax(q[1] @ k[1, :, :7].transpose(-1, -2) * DH**-0.5, dim=-1) @ v[1, :, :7]
+    torch.testing.assert_close(output[1].transpose(0, 1), expected)
+
+
+def test_full_causal_cache_equals_one_pass():
+    from transformers.cache_utils import DynamicLayer
+
+    x, _ = _inputs()
+    attention = _randomize(FullAttention(tiny_config(attention_type="full"), is_causal=True)).eval()
+    one_pass, _ = attention(x)
+    state, steps = DynamicLayer(), []
+    for i in range(N):
+        step, state = attention(x[:, i : i + 1], state=state)
+        steps.append(step)
+    torch.testing.assert_close(torch.cat(steps, 1), one_pass, atol=1e-5, rtol=1e-5)
+    assert state.get_seq_length() == N
 
 
 def test_zformer_matches_equation_and_causal_state():

@@ -9,9 +9,12 @@ from .attention import (
 )
 from .configuration_zformer import FastformerConfig, ZformerConfig
 from .modeling_zformer import (
+    FastformerForConditionalGeneration,
     FastformerForMaskedLM,
     FastformerForSequenceClassification,
     FastformerModel,
+    ZformerDecodingState,
+    ZformerForConditionalGeneration,
     ZformerForMaskedLM,
     ZformerForSequenceClassification,
     ZformerModel,

@@ -114,17 +114,21 @@ class FullAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         key_value: tuple[torch.Tensor, torch.Tensor] | None = None,
         key_mask: torch.Tensor | None = None,
+        state=None,
         **kwargs,
     ):
-        """hidden_states (B, Nq, D). Self-attention: `attention_mask` (B, Nq) masks the keys.
-        With `key_value` (keys and values (B, H, Nk, d), from `project_memory` or a cache),
-        attends to those instead, masked by `key_mask` (B, Nk); a causal module then aligns the
-        queries with the last Nq keys. Returns the context (B, Nq, D) and the weights (or None).
+        """hidden_states (B, Nq, D). Self-attention: `attention_mask` (B, Nq) masks the keys; a causal
+        module appends its keys/values to `state` (a transformers `DynamicLayer`, when decoding) and
+        attends to all of them. Cross-attention: `key_value` = keys and values (B, H, Nk, d) from
+        `project_memory`, masked by `key_mask` (B, Nk). Returns (context (B, Nq, D), state).
         """
         query = _split_heads(self.query(hidden_states), self.num_heads)  # (B, H, Nq, d)
         if key_value is None:
             key, value = self.project_memory(hidden_states, attention_mask)
             key_mask = attention_mask
+            if state is not None:
+                key, value = state.update(key, value)
+                key_mask = None  # right padding: causality already hides padded positions from real ones
         else:
             key, value = key_value
         batch, _, q_len, _ = query.shape
@@ -141,7 +145,7 @@ class FullAttention(nn.Module):
         attention_function: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
             self.config._attn_implementation, einsum_attention_forward
         )
-        output, weights = attention_function(
+        output, _ = attention_function(
             self,
             query,
             key,
@@ -151,7 +155,7 @@ class FullAttention(nn.Module):
             scaling=self.scaling,
             is_causal=False,  # causality is in `mask`
         )
-        return output.reshape(batch, q_len, -1), weights
+        return output.reshape(batch, q_len, -1), state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -278,7 +282,7 @@ class XformerAttention(nn.Module):
         query, key, value = (_split_heads(t.to(query.dtype), self.num_heads) for t in (query, key, value))
         scores = (query @ key.transpose(-1, -2)) * self.scaling  # (B, H, N, k)
         probs = self.dropout(torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype))
-        return _merge_heads(probs @ value), None
+        return _merge_heads(probs @ value), None  # no state: xformer is never causal
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,11 +10,17 @@ import math
 import torch
 from torch import nn
 from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
-from transformers import PreTrainedModel
+from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
+from transformers.cache_utils import DynamicLayer
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import BaseModelOutput, MaskedLMOutput, SequenceClassifierOutput
+from transformers.modeling_outputs import (
+    BaseModelOutput,
+    MaskedLMOutput,
+    Seq2SeqLMOutput,
+    SequenceClassifierOutput,
+)
 
 from .attention import ATTENTION_CLASSES, FastformerAttention, XformerAttention, ZformerAttention
 from .configuration_zformer import FastformerConfig, ZformerConfig
@@ -331,6 +337,259 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
 
 
 # ----------------------------------------------------------------------------------------------
+# encoder-decoder
+# ----------------------------------------------------------------------------------------------
+
+
+class ZformerDecodingState:
+    """Everything a decoder keeps between generation steps, per layer:
+
+    - self-attention: a transformers `DynamicLayer` of keys/values for `full` layers (grows with
+      the output); a fixed-size recurrent state for `zformer` (the d_h x d_h sum of k^T v) and
+      `fastformer` (running max, numerator and denominator of both poolings) layers;
+    - cross-attention: the projected source, computed at the first step and reused (keys/values
+      for `full`, K^T V for `zformer`).
+
+    `generate()` receives it as `past_key_values`; beam search calls `reorder_cache`.
+    """
+
+    is_compileable = False
+
+    def __init__(self, layer_types: list[str]):
+        self.self_states = [DynamicLayer() if kind == "full" else None for kind in layer_types]
+        self.memories = [None] * len(layer_types)
+        self.num_tokens = 0
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """Number of target tokens decoded so far."""
+        return self.num_tokens
+
+    def recurrent_state_numel(self) -> int:
+        """Elements held by the self-attention states (the part that depends on the output length)."""
+        total = 0
+        for state in self.self_states:
+            if isinstance(state, DynamicLayer):
+                total += sum(t.numel() for t in (state.keys, state.values) if t is not None and t.dim() > 1)
+            else:
+                total += sum(t.numel() for t in _tensors(state))
+        return total
+
+    def _map(self, function):
+        for i, state in enumerate(self.self_states):
+            if isinstance(state, DynamicLayer):
+                if state.is_initialized:
+                    state.keys, state.values = function(state.keys), function(state.values)
+            else:
+                self.self_states[i] = _map_tensors(state, function)
+        self.memories = [_map_tensors(memory, function) for memory in self.memories]
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        """Keep, for every row, the state of the beam it continues."""
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int):
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        self._map(lambda t: t[indices])
+
+
+def _tensors(structure):
+    if structure is None:
+        return []
+    if torch.is_tensor(structure):
+        return [structure]
+    return [t for item in structure for t in _tensors(item)]
+
+
+def _map_tensors(structure, function):
+    if structure is None:
+        return None
+    if torch.is_tensor(structure):
+        return function(structure)
+    return type(structure)(_map_tensors(item, function) for item in structure)
+
+
+class ZformerDecoderLayer(GradientCheckpointingLayer):
+    """Pre-LayerNorm decoder layer: causal self-attention, cross-attention to the encoder, FFN."""
+
+    def __init__(self, config, attention_type: str, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        width, eps = config.hidden_size, config.layer_norm_eps
+        self.self_attention_norm = nn.LayerNorm(width, eps=eps)
+        self.self_attention = ATTENTION_CLASSES[attention_type](config, is_causal=True, layer_idx=layer_idx)
+        self.self_attention_output = nn.Linear(width, width)
+        self.cross_attention_norm = nn.LayerNorm(width, eps=eps)
+        self.cross_attention = ATTENTION_CLASSES[config.cross_attention_type](config, is_cross=True, layer_idx=layer_idx)
+        self.cross_attention_output = nn.Linear(width, width)
+        self.feed_forward_norm = nn.LayerNorm(width, eps=eps)
+        self.feed_forward = ZformerFeedForward(config)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+
+    def forward(self, hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values=None):
+        cache = past_key_values
+        state = cache.self_states[self.layer_idx] if cache is not None else None
+        context, state = self.self_attention(self.self_attention_norm(hidden_states), state=state)
+        if cache is not None:
+            cache.self_states[self.layer_idx] = state
+        hidden_states = hidden_states + self.dropout(self.self_attention_output(context))
+
+        memory = cache.memories[self.layer_idx] if cache is not None else None
+        if memory is None:
+            memory = self.cross_attention.project_memory(encoder_hidden_states, encoder_attention_mask)
+            if cache is not None:
+                cache.memories[self.layer_idx] = memory
+        context, _ = self.cross_attention(
+            self.cross_attention_norm(hidden_states), key_value=memory, key_mask=encoder_attention_mask
+        )
+        hidden_states = hidden_states + self.dropout(self.cross_attention_output(context))
+        return hidden_states + self.feed_forward(self.feed_forward_norm(hidden_states))
+
+
+class ZformerDecoder(nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.layer_types = config.layer_attention_types(decoder=True)
+        self.embeddings = ZformerEmbeddings(config)
+        self.layers = nn.ModuleList(ZformerDecoderLayer(config, kind, i) for i, kind in enumerate(self.layer_types))
+        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+
+    def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, past_key_values=None,
+                inputs_embeds=None, output_hidden_states=False):
+        past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
+        hidden_states = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds, past_length=past_length)
+        all_hidden = (hidden_states,) if output_hidden_states else None
+        for layer in self.layers:
+            hidden_states = layer(hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values)
+            if output_hidden_states:
+                all_hidden += (hidden_states,)
+        if past_key_values is not None:
+            past_key_values.num_tokens += hidden_states.shape[1]
+        hidden_states = self.final_norm(hidden_states)
+        if output_hidden_states:
+            all_hidden = all_hidden[:-1] + (hidden_states,)
+        return hidden_states, all_hidden
+
+
+def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_token_id: int) -> torch.Tensor:
+    """Decoder inputs from labels: prepend the start token, drop the last label, -100 -> pad."""
+    shifted = labels.new_full(labels.shape, pad_token_id)
+    shifted[:, 1:] = labels[:, :-1]
+    shifted[:, 0] = decoder_start_token_id
+    return shifted.masked_fill(shifted == -100, pad_token_id)
+
+
+class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
+    """Encoder-decoder for translation/summarisation. The encoder takes any attention type (or a
+    per-layer list); decoder self-attention is `full`, `zformer` or `fastformer` in causal form;
+    cross-attention is `full` or `zformer`. One embedding matrix is shared by source, target and
+    the output projection (joint vocabulary).
+
+    `generate()` supports greedy, beam search and sampling. Zformer/Fastformer decoders keep a
+    recurrent state whose size does not depend on the generated length (see `ZformerDecodingState`).
+    Decoder inputs must be right-padded (causality then hides padding from real tokens).
+    """
+
+    _tied_weights_keys = {
+        "decoder.embeddings.word_embeddings.weight": "encoder.embeddings.word_embeddings.weight",
+        "lm_head.weight": "encoder.embeddings.word_embeddings.weight",
+    }
+
+    def __init__(self, config):
+        config.is_encoder_decoder = True
+        super().__init__(config)
+        self.encoder = ZformerModel(config)
+        self.decoder = ZformerDecoder(config)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.post_init()
+
+    @classmethod
+    def _supports_default_dynamic_cache(cls) -> bool:
+        # generate() must not build a DynamicCache: the first forward creates a ZformerDecodingState.
+        return False
+
+    def get_encoder(self, modality=None):
+        return self.encoder
+
+    def get_input_embeddings(self):
+        return self.encoder.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.encoder.embeddings.word_embeddings = value
+        self.decoder.embeddings.word_embeddings = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
+        return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        decoder_input_ids: torch.LongTensor | None = None,
+        encoder_outputs=None,
+        past_key_values: ZformerDecodingState | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        decoder_inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        **kwargs,
+    ):
+        """input_ids/attention_mask (B, S): the source; decoder_input_ids (B, T), or `labels` (B, T)
+        shifted right; `past_key_values`: the decoding state of earlier steps. Returns
+        `Seq2SeqLMOutput` with logits (B, T, vocab) and the loss when labels are given."""
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if labels is not None:
+            use_cache = False
+            if decoder_input_ids is None and decoder_inputs_embeds is None:
+                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        if encoder_outputs is None:
+            encoder_outputs = self.encoder(
+                input_ids, attention_mask, inputs_embeds, output_hidden_states=output_hidden_states, return_dict=True
+            )
+        elif not isinstance(encoder_outputs, BaseModelOutput):
+            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        encoder_hidden = encoder_outputs.last_hidden_state
+        attention_mask = _hidden_mask(attention_mask, None, encoder_hidden)
+        if use_cache and past_key_values is None:
+            past_key_values = ZformerDecodingState(self.decoder.layer_types)
+        if not use_cache:
+            past_key_values = None
+
+        hidden_states, decoder_hidden = self.decoder(
+            decoder_input_ids, encoder_hidden, attention_mask, past_key_values, decoder_inputs_embeds,
+            output_hidden_states,
+        )
+        logits = self.lm_head(hidden_states)
+        loss = None
+        if labels is not None:
+            loss = CrossEntropyLoss(label_smoothing=self.config.label_smoothing)(
+                logits.view(-1, self.config.vocab_size).float(), labels.view(-1)
+            )
+        output = Seq2SeqLMOutput(
+            loss=loss,
+            logits=logits,
+            past_key_values=past_key_values,
+            decoder_hidden_states=decoder_hidden,
+            encoder_last_hidden_state=encoder_hidden,
+            encoder_hidden_states=encoder_outputs.hidden_states,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+# ----------------------------------------------------------------------------------------------
 # "fastformer" model type: the same classes bound to FastformerConfig
 # ----------------------------------------------------------------------------------------------
 
@@ -350,11 +609,17 @@ class FastformerForMaskedLM(ZformerForMaskedLM):
     config_class = FastformerConfig
 
 
+class FastformerForConditionalGeneration(ZformerForConditionalGeneration):
+    config: FastformerConfig
+    config_class = FastformerConfig
+
+
 # Auto class -> model class name (without the model-type prefix) for every Auto class we support.
 AUTO_CLASSES = {
     "AutoModel": "Model",
     "AutoModelForSequenceClassification": "ForSequenceClassification",
     "AutoModelForMaskedLM": "ForMaskedLM",
+    "AutoModelForSeq2SeqLM": "ForConditionalGeneration",
 }
 MODEL_TYPE_PREFIX = {"zformer": "Zformer", "fastformer": "Fastformer"}
 
@@ -388,4 +653,7 @@ __all__ = [
     "FastformerModel",
     "FastformerForSequenceClassification",
     "FastformerForMaskedLM",
+    "ZformerForConditionalGeneration",
+    "FastformerForConditionalGeneration",
+    "ZformerDecodingState",
 ]
