@@ -169,7 +169,8 @@ def test_remote_code_round_trip_in_clean_process(tmp_path):
 
     saved = json.loads((tmp_path / "full-AutoModel" / "config.json").read_text())
     assert set(saved["auto_map"]) == {
-        "AutoConfig", "AutoModel", "AutoModelForSequenceClassification", "AutoModelForMaskedLM"
+        "AutoConfig", "AutoModel", "AutoModelForSequenceClassification", "AutoModelForMaskedLM",
+        "AutoModelForSeq2SeqLM",
     }
     assert sorted(p.name for p in (tmp_path / "full-AutoModel").glob("*.py")) == [
         "attention.py", "configuration_zformer.py", "modeling_zformer.py"

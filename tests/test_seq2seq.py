@@ -1,0 +1,213 @@
+"""The encoder-decoder: all 12 encoder x decoder combinations through AutoModelForSeq2SeqLM."""
+
+import itertools
+
+import pytest
+import torch
+from conftest import ATTENTION_TYPES, TINY, random_batch, repad, run_isolated
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+from hf_zformer import ZformerDecodingState
+from hf_zformer.modeling.modeling_zformer import shift_tokens_right
+
+DECODER_TYPES = ["full", "zformer", "fastformer"]
+COMBINATIONS = list(itertools.product(ATTENTION_TYPES, DECODER_TYPES))
+
+
+def seq2seq(encoder="zformer", decoder="zformer", **overrides):
+    config = AutoConfig.for_model(
+        "zformer",
+        **{**TINY, "attention_type": encoder, "decoder_attention_type": decoder, "num_decoder_layers": 2, **overrides},
+    )
+    torch.manual_seed(0)
+    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    # The small default init makes a random decoder repeat its input token; wider weights make
+    # every output depend on the source and on the whole target prefix.
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if parameter.dim() == 2 and "sequence_projection" not in name:
+                parameter.normal_(std=0.2)
+    return model
+
+
+def _source():
+    return random_batch([9, 5, 7], seed=1)
+
+
+def _greedy(model, src, mask, **kwargs):
+    # special tokens suppressed so that the random model produces 10 varied tokens
+    return model.generate(input_ids=src, attention_mask=mask, max_new_tokens=10, min_new_tokens=10,
+                          suppress_tokens=[0, 1, 2, 3, 4], no_repeat_ngram_size=2, **kwargs)
+
+
+@pytest.mark.parametrize("encoder, decoder", COMBINATIONS)
+def test_cache_equals_no_cache(encoder, decoder):
+    model = seq2seq(encoder, decoder)
+    src, mask = _source()
+    # logits: one pass over the whole target vs token by token through the decoding state
+    target = torch.randint(5, TINY["vocab_size"], (3, 8))
+    full = model(input_ids=src, attention_mask=mask, decoder_input_ids=target, use_cache=False).logits
+    encoder_outputs = model.get_encoder()(input_ids=src, attention_mask=mask)
+    state, steps = None, []
+    for i in range(target.shape[1]):
+        out = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=target[:, i : i + 1],
+                    past_key_values=state, use_cache=True)
+        state = out.past_key_values
+        steps.append(out.logits)
+    assert isinstance(state, ZformerDecodingState) and state.get_seq_length() == 8
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)
+    # tokens: greedy and beam search with and without the cache
+    for kwargs in (dict(num_beams=1, do_sample=False), dict(num_beams=3, do_sample=False)):
+        cached = _greedy(model, src, mask, use_cache=True, **kwargs)
+        uncached = _greedy(model, src, mask, use_cache=False, **kwargs)
+        assert torch.equal(cached, uncached), kwargs
+        assert len(set(cached[0, 1:].tolist())) > 1  # a real, varied output
+
+
+@pytest.mark.parametrize("encoder, decoder", COMBINATIONS)
+def test_no_peeking_and_source_padding(encoder, decoder):
+    model = seq2seq(encoder, decoder)
+    src, mask = _source()
+    target = torch.randint(5, TINY["vocab_size"], (3, 9))
+    base = model(input_ids=src, attention_mask=mask, decoder_input_ids=target).logits
+    # changing future target tokens never changes earlier logits
+    changed = target.clone()
+    changed[:, 5:] = torch.randint(5, TINY["vocab_size"], (3, 4))
+    logits = model(input_ids=src, attention_mask=mask, decoder_input_ids=changed).logits
+    torch.testing.assert_close(logits[:, :5], base[:, :5], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(logits[:, 5:], base[:, 5:])
+    # extra source padding changes nothing
+    padded_src, padded_mask = repad(src, mask, 20)
+    padded = model(input_ids=padded_src, attention_mask=padded_mask, decoder_input_ids=target).logits
+    torch.testing.assert_close(padded, base, atol=1e-4, rtol=1e-4)
+    # nor does it change beam search
+    assert torch.equal(_greedy(model, src, mask, num_beams=3), _greedy(model, padded_src, padded_mask, num_beams=3))
+
+
+@pytest.mark.parametrize("decoder", ["zformer", "fastformer"])
+def test_decoding_state_does_not_grow(decoder):
+    model = seq2seq("full", decoder, max_position_embeddings=256)
+    src, mask = _source()
+    sizes = {}
+    for length in (8, 200):
+        out = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=length, min_new_tokens=length,
+                             return_dict_in_generate=True)
+        assert out.sequences.shape[1] == length + 1
+        sizes[length] = out.past_key_values.recurrent_state_numel()
+    assert sizes[8] == sizes[200] > 0
+
+
+def test_full_decoder_cache_grows_with_output():
+    model = seq2seq("full", "full", max_position_embeddings=256)
+    src, mask = _source()
+    out = [model.generate(input_ids=src, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
+                          return_dict_in_generate=True).past_key_values.recurrent_state_numel() for n in (8, 40)]
+    assert out[1] > out[0]
+
+
+def test_hybrid_decoder_and_zformer_cross_attention():
+    model = seq2seq(["xformer", "fastformer"], ["zformer", "full"], cross_attention_type="zformer")
+    src, mask = _source()
+    assert type(model.decoder.layers[0].cross_attention).__name__ == "ZformerAttention"
+    for kwargs in (dict(num_beams=1), dict(num_beams=3)):
+        assert torch.equal(_greedy(model, src, mask, **kwargs), _greedy(model, src, mask, use_cache=False, **kwargs))
+
+
+def test_labels_shift_loss_and_sampling():
+    model = seq2seq(label_smoothing=0.1)
+    src, mask = _source()
+    labels = torch.randint(5, TINY["vocab_size"], (3, 6))
+    labels[2, 4:] = -100
+    decoder_inputs = shift_tokens_right(labels, 0, 1)
+    assert decoder_inputs[:, 0].tolist() == [1, 1, 1] and decoder_inputs[2, 5] == 0
+    assert torch.equal(decoder_inputs[:, 1:4], labels[:, :3])
+    out = model(input_ids=src, attention_mask=mask, labels=labels)
+    explicit = model(input_ids=src, attention_mask=mask, decoder_input_ids=decoder_inputs).logits
+    torch.testing.assert_close(out.logits, explicit)
+    smoothed = torch.nn.functional.cross_entropy(explicit.view(-1, TINY["vocab_size"]), labels.view(-1),
+                                                 label_smoothing=0.1)
+    torch.testing.assert_close(out.loss, smoothed)
+    # sampling is reproducible under a seed
+    torch.manual_seed(3)
+    first = model.generate(input_ids=src, attention_mask=mask, do_sample=True, top_k=10, max_new_tokens=8)
+    torch.manual_seed(3)
+    second = model.generate(input_ids=src, attention_mask=mask, do_sample=True, top_k=10, max_new_tokens=8)
+    assert torch.equal(first, second)
+    # shared embeddings: source, target and output projection are one matrix
+    shared = model.get_input_embeddings().weight
+    assert model.decoder.embeddings.word_embeddings.weight is shared and model.lm_head.weight is shared
+
+
+def test_every_parameter_gets_a_gradient():
+    for encoder, decoder, cross in [("xformer", "fastformer", "zformer"), ("zformer", "zformer", "full")]:
+        model = seq2seq(encoder, decoder, cross_attention_type=cross).train()
+        src, mask = _source()
+        model(input_ids=src, attention_mask=mask, labels=torch.randint(5, 97, (3, 6))).loss.backward()
+        missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
+        assert not missing
+
+
+def test_seq2seq_trainer_predict_with_generate(tmp_path):
+    from datasets import Dataset
+    from transformers import DataCollatorForSeq2Seq, Seq2SeqTrainer, Seq2SeqTrainingArguments
+
+    model = seq2seq("fastformer", "zformer")
+    rows = [{"input_ids": list(range(5, 5 + n)), "labels": list(range(20, 20 + n))} for n in (3, 6, 4, 8)]
+    data = Dataset.from_list(rows)
+
+    class PadOnly:  # DataCollatorForSeq2Seq needs only a tokenizer's `pad`
+        pad_token_id = 0
+        padding_side = "right"
+
+        def pad(self, features, return_tensors="pt", **kwargs):
+            width = max(len(f["input_ids"]) for f in features)
+            ids = [f["input_ids"] + [0] * (width - len(f["input_ids"])) for f in features]
+            mask = [[1] * len(f["input_ids"]) + [0] * (width - len(f["input_ids"])) for f in features]
+            return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
+
+    args = Seq2SeqTrainingArguments(
+        output_dir=str(tmp_path), per_device_train_batch_size=2, per_device_eval_batch_size=2, max_steps=2,
+        predict_with_generate=True, generation_max_length=6, use_cpu=True, report_to=[], save_strategy="no",
+    )
+    trainer = Seq2SeqTrainer(model=model, args=args, train_dataset=data, eval_dataset=data,
+                             data_collator=DataCollatorForSeq2Seq(PadOnly(), model=model))
+    assert trainer.train().global_step == 2
+    prediction = trainer.predict(data)
+    assert prediction.predictions.shape[0] == 4
+    assert (prediction.predictions[:, 0] == model.config.decoder_start_token_id).all()  # generated sequences
+    assert "test_loss" in prediction.metrics
+
+
+def test_remote_code_generate_in_clean_process(tmp_path):
+    src, mask = _source()
+    expected = {}
+    for encoder, decoder in [("xformer", "zformer"), ("fastformer", "fastformer"), ("zformer", "full")]:
+        name = f"{encoder}-{decoder}"
+        model = seq2seq(encoder, decoder)
+        model.save_pretrained(tmp_path / name)
+        expected[name] = _greedy(model, src, mask, num_beams=3)
+    fast = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model("fastformer", **TINY)).eval()
+    fast.save_pretrained(tmp_path / "fastformer-type")
+    expected["fastformer-type"] = _greedy(fast, src, mask, num_beams=2)
+    torch.save({"src": src, "mask": mask}, tmp_path / "batch.pt")
+    run_isolated(
+        """
+        import torch
+        from transformers import AutoModelForSeq2SeqLM
+        batch = torch.load("batch.pt")
+        results = {}
+        for name in %r:
+            model = AutoModelForSeq2SeqLM.from_pretrained(name, trust_remote_code=True).eval()
+            assert model.__module__.startswith("transformers_modules"), model.__module__
+            beams = 2 if name == "fastformer-type" else 3
+            results[name] = model.generate(input_ids=batch["src"], attention_mask=batch["mask"], num_beams=beams,
+                                           max_new_tokens=10, min_new_tokens=10, suppress_tokens=[0, 1, 2, 3, 4],
+                                           no_repeat_ngram_size=2)
+        torch.save(results, "remote.pt")
+        """
+        % (list(expected),),
+        cwd=tmp_path,
+    )
+    remote = torch.load(tmp_path / "remote.pt")
+    for name, tokens in expected.items():
+        assert torch.equal(remote[name], tokens), name
