@@ -325,7 +325,11 @@ def _load_local_translation(
         raise ValueError(
             f"A translation corpus must be a directory of <split>.<lang>[.gz] files, got the file {directory}"
         )
-    stems = dict(split_files) if split_files is not None else _discover_translation_stems(directory, source_lang, target_lang)
+    stems = (
+        dict(split_files)
+        if split_files is not None
+        else _discover_translation_stems(directory, source_lang, target_lang)
+    )
     if not stems:
         raise ValueError("split_files is empty")
     features = datasets.Features({"translation": datasets.Translation(languages=[source_lang, target_lang])})
@@ -350,7 +354,9 @@ def _load_local_translation(
             [pa.array(texts[source_lang], pa.string()), pa.array(texts[target_lang], pa.string())],
             names=[source_lang, target_lang],
         )
-        fingerprint = _fingerprint("translation", source_lang, target_lang, *(_file_identity(paths[lang]) for lang in paths))
+        fingerprint = _fingerprint(
+            "translation", source_lang, target_lang, *(_file_identity(paths[lang]) for lang in paths)
+        )
         splits[split] = _in_memory_dataset(pa.table({"translation": column}), features, fingerprint)
     return splits
 
@@ -363,9 +369,13 @@ def _hub_translation(
     for split, ds in loaded.items():
         columns = ds.column_names
         if "translation" in columns:
-            languages = set(ds.features["translation"].languages) if isinstance(
-                ds.features["translation"], datasets.Translation
-            ) else set(ds[0]["translation"]) if len(ds) else set()
+            languages = (
+                set(ds.features["translation"].languages)
+                if isinstance(ds.features["translation"], datasets.Translation)
+                else set(ds[0]["translation"])
+                if len(ds)
+                else set()
+            )
             missing = [lang for lang in (source_lang, target_lang) if lang not in languages]
             if missing:
                 raise ValueError(
@@ -374,7 +384,11 @@ def _hub_translation(
                 )
 
             def convert(batch: dict[str, list]) -> dict[str, list]:
-                return {"translation": [{source_lang: p[source_lang], target_lang: p[target_lang]} for p in batch["translation"]]}
+                return {
+                    "translation": [
+                        {source_lang: p[source_lang], target_lang: p[target_lang]} for p in batch["translation"]
+                    ]
+                }
 
         else:
             missing = [lang for lang in (source_lang, target_lang) if lang not in columns]
@@ -438,7 +452,9 @@ def load_translation_dataset(
         raise ValueError(f"source_lang and target_lang are both {source_lang!r}")
     if dataset_source(path) == "local":
         if hub_kwargs or config_name is not None:
-            raise ValueError(f"config_name/hub arguments {sorted(hub_kwargs)} only apply to Hub datasets, not to {path}")
+            raise ValueError(
+                f"config_name/hub arguments {sorted(hub_kwargs)} only apply to Hub datasets, not to {path}"
+            )
         splits = _load_local_translation(Path(path).expanduser(), source_lang, target_lang, split_files)
     else:
         if split_files is not None:
@@ -574,7 +590,10 @@ def _load_local_classification(
     splits: dict[str, datasets.Dataset] = {}
     for split, file in files.items():
         columns = _read_records(file, text_column, label_column, extra_columns)
-        arrays = {"text": pa.array(columns[text_column], pa.string()), "label": pa.array(columns[label_column], pa.int64())}
+        arrays = {
+            "text": pa.array(columns[text_column], pa.string()),
+            "label": pa.array(columns[label_column], pa.int64()),
+        }
         for name in extra_columns:
             try:
                 arrays[name] = pa.array(columns[name])
@@ -582,7 +601,9 @@ def _load_local_classification(
                 raise ValueError(f"{file}: extra column {name!r} has values of mixed types ({err})") from None
         table = pa.table(arrays)
         features = datasets.Features.from_arrow_schema(table.schema)
-        fingerprint = _fingerprint("classification", text_column, label_column, tuple(extra_columns), _file_identity(file))
+        fingerprint = _fingerprint(
+            "classification", text_column, label_column, tuple(extra_columns), _file_identity(file)
+        )
         splits[split] = _in_memory_dataset(table, features, fingerprint)
     return splits
 
@@ -602,11 +623,14 @@ def _hub_classification(
             _as_int_label(value, where, label_column)  # raises on the first bad value
         features = _classification_features({n: ds.features[n] for n in extra_columns})
 
-        def convert(batch: dict[str, list]) -> dict[str, list]:
+        def convert(batch: dict[str, list], where: str = where) -> dict[str, list]:
             for text in batch[text_column]:
                 if not isinstance(text, str):
                     raise ValueError(f"{where}: text column {text_column!r} has the non-string value {text!r}")
-            out = {"text": batch[text_column], "label": [_as_int_label(v, where, label_column) for v in batch[label_column]]}
+            out = {
+                "text": batch[text_column],
+                "label": [_as_int_label(v, where, label_column) for v in batch[label_column]],
+            }
             out.update({n: batch[n] for n in extra_columns})
             return out
 
@@ -661,7 +685,9 @@ def load_classification_dataset(
         raise ValueError(f"extra_columns must not contain the output columns {sorted(clash)}")
     if dataset_source(path) == "local":
         if hub_kwargs or config_name is not None:
-            raise ValueError(f"config_name/hub arguments {sorted(hub_kwargs)} only apply to Hub datasets, not to {path}")
+            raise ValueError(
+                f"config_name/hub arguments {sorted(hub_kwargs)} only apply to Hub datasets, not to {path}"
+            )
         splits = _load_local_classification(
             Path(path).expanduser(), text_column, label_column, split_files, tuple(extra_columns)
         )

@@ -317,7 +317,9 @@ def test_classification_jsonl_stratified_split(tmp_path: Path) -> None:
     plain = load_classification_dataset(tmp_path, validation_size=0.2)
     assert plain["train"].column_names == ["text", "label"]
     unstratified = [
-        collections.Counter(load_classification_dataset(tmp_path, validation_size=14, stratify=False, seed=s)["validation"]["label"])
+        collections.Counter(
+            load_classification_dataset(tmp_path, validation_size=14, stratify=False, seed=s)["validation"]["label"]
+        )
         for s in range(6)
     ]
     assert any(c != {1: 8, 0: 6} for c in unstratified)  # not stratified -> shares vary with the seed
@@ -400,7 +402,7 @@ def test_classification_errors(tmp_path: Path) -> None:
     (broken / "train.jsonl").write_text('{"text": "a", "label": 0}\n{"text": \n', encoding="utf-8")
     with pytest.raises(ValueError, match="line 2: invalid JSON"):
         load_classification_dataset(broken)
-    (broken / "train.jsonl").write_text('[1, 2]\n', encoding="utf-8")
+    (broken / "train.jsonl").write_text("[1, 2]\n", encoding="utf-8")
     with pytest.raises(ValueError, match="expected a JSON object"):
         load_classification_dataset(broken)
     (broken / "train.jsonl").write_text('{"text": 5, "label": 0}\n', encoding="utf-8")
@@ -434,9 +436,7 @@ def test_classification_errors(tmp_path: Path) -> None:
 
 
 def fake_imdb(path, name=None, **kwargs):
-    features = datasets.Features(
-        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
-    )
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
     unsup_features = datasets.Features(
         {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
     )
@@ -453,7 +453,9 @@ def test_classification_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     ds = load_classification_dataset("stanfordnlp/imdb", validation_size=0.25)
     assert list(ds) == ["train", "validation", "test"]
     assert {name: len(split) for name, split in ds.items()} == {"train": 30, "validation": 10, "test": 2}
-    assert ds["train"].features == datasets.Features({"text": datasets.Value("string"), "label": datasets.Value("int64")})
+    assert ds["train"].features == datasets.Features(
+        {"text": datasets.Value("string"), "label": datasets.Value("int64")}
+    )
     assert collections.Counter(column(ds["validation"], "label")) == {0: 5, 1: 5}
     assert ds["test"][0] == {"text": "t0", "label": 1}
     with pytest.raises(ValueError, match=r"split 'train' has no column\(s\) \['sentence'\]"):

@@ -7,7 +7,7 @@ network:
 
 >>> from hf_zformer import metrics
 >>> bleu = metrics.load("sacrebleu")
->>> bleu.compute(predictions=["the cat sat"], references=[["the cat sat"]])["score"]
+>>> round(bleu.compute(predictions=["the cat sat on the mat"], references=[["the cat sat on the mat"]])["score"], 4)
 100.0
 
 Available: ``"sacrebleu"`` (alias ``"bleu"``), ``"accuracy"``, ``"f1"``.

@@ -38,9 +38,7 @@ class Accuracy(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
-            ),
+            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
         )
 
     def _compute(self, predictions, references, normalize=True, sample_weight=None):

@@ -45,9 +45,7 @@ class F1(evaluate.Metric):
             description=_DESCRIPTION,
             citation=_CITATION,
             inputs_description=_KWARGS_DESCRIPTION,
-            features=datasets.Features(
-                {"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}
-            ),
+            features=datasets.Features({"predictions": datasets.Value("int64"), "references": datasets.Value("int64")}),
         )
 
     def _compute(self, predictions, references, labels=None, pos_label=1, average="binary", sample_weight=None):
@@ -72,13 +70,17 @@ class F1(evaluate.Metric):
                     f"{present.tolist()}; choose average='micro', 'macro' or 'weighted'"
                 )
             if len(present) == 2 and pos_label not in present:
-                raise ValueError(f"pos_label={pos_label!r} is not a valid label: it should be one of {present.tolist()}")
+                raise ValueError(
+                    f"pos_label={pos_label!r} is not a valid label: it should be one of {present.tolist()}"
+                )
             scored = np.asarray([pos_label], dtype=np.int64)
         else:
             scored = present if labels is None else np.asarray(labels, dtype=np.int64)
 
         # weighted true-positive / predicted / true counts for each scored label
-        tp = np.array([np.sum(weights * ((predictions == lab) & (references == lab))) for lab in scored], dtype=np.float64)
+        tp = np.array(
+            [np.sum(weights * ((predictions == lab) & (references == lab))) for lab in scored], dtype=np.float64
+        )
         pred = np.array([np.sum(weights * (predictions == lab)) for lab in scored], dtype=np.float64)
         true = np.array([np.sum(weights * (references == lab)) for lab in scored], dtype=np.float64)
 
