@@ -1,0 +1,159 @@
+#!/usr/bin/env python
+"""Time per generated token against the generated length, for full and linear-attention decoders.
+
+A full-attention decoder attends to every earlier token, so each new token costs more than the
+last; Zformer and Fastformer decoders carry a fixed-size state, so the cost per token stays flat.
+The decoders step in lockstep (one token of each type in turn, same source, same batch), so
+machine noise hits them alike and their ratio is measured side by side.
+
+    python scripts/benchmark_generation.py --max-length 4096 --output docs/bench/generation
+"""
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
+import hf_zformer  # noqa: F401  (registers the model types)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--decoders", default="full,zformer,fastformer", help="decoder attention types, comma-separated")
+    parser.add_argument("--max-length", type=int, default=2048, help="tokens to generate")
+    parser.add_argument("--checkpoints", default=None,
+                        help="lengths at which to report the step time (default: powers of two up to --max-length)")
+    parser.add_argument("--window", type=int, default=16, help="steps around each checkpoint whose median is reported")
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--source-length", type=int, default=32)
+    parser.add_argument("--hidden-size", type=int, default=512)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers")
+    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 runs under autocast")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--output", type=Path, default=None, help="write <output>.json, .md and .png")
+    args = parser.parse_args(argv)
+    args.decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    if args.checkpoints:
+        args.checkpoints = sorted({int(c) for c in args.checkpoints.split(",")})
+    else:
+        args.checkpoints = [2**k for k in range(4, 32) if 2**k <= args.max_length]
+    bad = [c for c in args.checkpoints if not args.window <= c <= args.max_length]
+    if bad:
+        raise SystemExit(f"--checkpoints {bad} must lie in [--window={args.window}, --max-length={args.max_length}]")
+    return args
+
+
+def build_model(args, decoder_type):
+    config = AutoConfig.for_model(
+        "zformer",
+        attention_type="full",
+        decoder_attention_type=decoder_type,
+        vocab_size=args.vocab_size,
+        hidden_size=args.hidden_size,
+        num_attention_heads=args.heads,
+        intermediate_size=4 * args.hidden_size,
+        num_hidden_layers=args.layers,
+        num_decoder_layers=args.layers,
+        max_position_embeddings=max(args.max_length, args.source_length) + 1,
+    )
+    torch.manual_seed(args.seed)
+    return AutoModelForSeq2SeqLM.from_config(config).eval()
+
+
+@torch.inference_mode()
+def measure(args):
+    """Step all decoders in lockstep; returns {decoder: [seconds of step t for t in 1..max_length]}."""
+    models = {kind: build_model(args, kind) for kind in args.decoders}
+    generator = torch.Generator().manual_seed(args.seed)
+    source = torch.randint(5, args.vocab_size, (args.batch_size, args.source_length), generator=generator)
+    mask = torch.ones_like(source)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+    steps = {kind: [] for kind in models}
+    with autocast:
+        encoded = {kind: model.get_encoder()(input_ids=source, attention_mask=mask) for kind, model in models.items()}
+        tokens = {kind: torch.full((args.batch_size, 1), model.config.decoder_start_token_id)
+                  for kind, model in models.items()}
+        states = dict.fromkeys(models)
+        for _ in tqdm(range(args.max_length), desc="decoding", unit="token"):
+            for kind, model in models.items():
+                start = time.perf_counter()
+                out = model(encoder_outputs=encoded[kind], attention_mask=mask, decoder_input_ids=tokens[kind],
+                            past_key_values=states[kind], use_cache=True)
+                tokens[kind] = out.logits[:, -1:].argmax(-1)  # greedy
+                steps[kind].append(time.perf_counter() - start)
+                states[kind] = out.past_key_values
+    state_sizes = {kind: state.recurrent_state_numel() for kind, state in states.items()}
+    return steps, state_sizes
+
+
+def summarize(args, steps):
+    rows = []
+    for length in args.checkpoints:
+        row = {"length": length}
+        for kind, times in steps.items():
+            row[kind] = statistics.median(times[length - args.window : length]) * 1000  # ms per step
+        rows.append(row)
+    return rows
+
+
+def markdown(args, rows, state_sizes):
+    kinds = args.decoders
+    header = "| generated length | " + " | ".join(f"{k} ms/token" for k in kinds)
+    ratios = [k for k in kinds if k != "full"] if "full" in kinds else []
+    header += "".join(f" | full / {k}" for k in ratios) + " |"
+    lines = [header, "|" + "---|" * (1 + len(kinds) + len(ratios))]
+    for row in rows:
+        cells = [str(row["length"])] + [f"{row[k]:.2f}" for k in kinds]
+        cells += [f"{row['full'] / row[k]:.2f}x" for k in ratios]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append("Decoder self-attention state after the last token (elements, whole batch): "
+                 + ", ".join(f"{k}: {state_sizes[k]:,}" for k in kinds))
+    return "\n".join(lines)
+
+
+def plot(args, rows, path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for kind in args.decoders:
+        axis.plot([r["length"] for r in rows], [r[kind] for r in rows], marker="o", label=f"{kind} decoder")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("generated length (tokens)")
+    axis.set_ylabel("time per generated token (ms)")
+    axis.set_title(f"Greedy decoding, batch {args.batch_size}, d={args.hidden_size}, {args.layers} layers, {args.dtype}")
+    axis.grid(True, which="both", alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    steps, state_sizes = measure(args)
+    rows = summarize(args, steps)
+    table = markdown(args, rows, state_sizes)
+    print(table)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+        record = {"settings": settings, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                  "rows": rows, "state_numel": state_sizes}
+        args.output.with_suffix(".json").write_text(json.dumps(record, indent=2))
+        args.output.with_suffix(".md").write_text(table + "\n")
+        plot(args, rows, args.output.with_suffix(".png"))
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,27 @@
+import json
+import runpy
+import sys
+
+import pytest
+
+from conftest import REPO_ROOT
+
+
+def test_generation_benchmark_runs_and_writes_results(tmp_path, monkeypatch):
+    script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
+    output = tmp_path / "gen"
+    rows = script["main"](["--max-length", "32", "--window", "4", "--layers", "1", "--hidden-size", "32",
+                           "--heads", "4", "--batch-size", "2", "--vocab-size", "50", "--output", str(output)])
+    assert [r["length"] for r in rows] == [16, 32]
+    assert all(r[k] > 0 for r in rows for k in ("full", "zformer", "fastformer"))
+    record = json.loads(output.with_suffix(".json").read_text())
+    # the linear decoders' state is fixed-size and smaller than the full decoder's KV cache at 32 tokens
+    assert record["state_numel"]["fastformer"] < record["state_numel"]["zformer"] < record["state_numel"]["full"]
+    assert "full / zformer" in output.with_suffix(".md").read_text()
+    assert output.with_suffix(".png").stat().st_size > 1000
+
+
+def test_generation_benchmark_rejects_bad_checkpoints():
+    script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
+    with pytest.raises(SystemExit, match="--checkpoints"):
+        script["parse_args"](["--max-length", "64", "--checkpoints", "8,128"])
