@@ -67,7 +67,7 @@ def iter_texts(
     * ``DatasetDict``: uses its ``split`` split (``train`` by default: train tokenizers on training
       data only).
     * ``Dataset`` with a ``translation`` column (see :func:`hf_zformer.data.load_translation_dataset`):
-      yields both sides of every pair, source then target (or only ``languages``), for one joint
+      yields every language of every pair (or only ``languages``, in that order), for one joint
       vocabulary.
     * ``Dataset`` otherwise: yields the ``text_column`` column.
     * any other iterable: its items, which must be strings.

@@ -355,6 +355,14 @@ def test_classification_single_file_and_split_files(tmp_path: Path) -> None:
     assert len(mapped_abs["train"]) == 20
 
 
+def test_classification_extra_column_mixed_types(tmp_path: Path) -> None:
+    write_jsonl(tmp_path / "train.jsonl", [{"text": "a", "label": 0, "id": 7}, {"text": "b", "label": 1, "id": "x"}])
+    with pytest.raises(ValueError, match="extra column 'id' has values of mixed types"):
+        load_classification_dataset(tmp_path, extra_columns=("id",))
+    with pytest.raises(ValueError, match=r"missing column\(s\) \['rating'\]"):
+        load_classification_dataset(tmp_path, extra_columns=("rating",))
+
+
 def test_classification_labels(tmp_path: Path) -> None:
     rows = [{"text": "a", "label": 1.0}, {"text": "b", "label": " 2 "}, {"text": "c", "label": -1}]
     write_jsonl(tmp_path / "train.jsonl", rows)
