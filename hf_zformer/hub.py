@@ -1,0 +1,137 @@
+"""Model cards (with ``model-index`` metadata) and Hub uploads for trained hf_zformer models.
+
+>>> card = model_card(config=config, results={"eval_accuracy": 0.87}, task="text-classification",
+...                   dataset_name="stanfordnlp/imdb", metric_name="accuracy", command="accelerate launch ...")
+>>> push_to_hub("runs/imdb-zformer", "me/imdb-zformer")   # create_repo + upload_folder
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from huggingface_hub import EvalResult, HfApi, ModelCardData
+
+__all__ = ["model_card", "push_to_hub", "UPLOAD_IGNORE"]
+
+#: Files of an output folder that are not part of the model (resumable checkpoints, temp folders, logs).
+UPLOAD_IGNORE = ["step_*/**", "epoch_*/**", ".tmp-*/**", ".old-*/**", "runs/**", "hf_modules/**", "*.pkl"]
+
+_TASK_NAMES = {"translation": "Translation", "text-classification": "Text Classification"}
+_METRIC_NAMES = {"bleu": "BLEU (sacreBLEU)", "accuracy": "Accuracy"}
+
+
+def _attention_summary(config) -> str:
+    encoder = config.attention_type if isinstance(config.attention_type, str) else "|".join(config.attention_type)
+    if getattr(config, "is_encoder_decoder", False):
+        decoder = config.decoder_attention_type
+        decoder = decoder if isinstance(decoder, str) else "|".join(decoder)
+        return f"encoder {encoder}, decoder {decoder}, cross-attention {config.cross_attention_type}"
+    return encoder
+
+
+def model_card(
+    *,
+    config,
+    results: dict[str, Any],
+    task: str,
+    dataset_name: str,
+    metric_name: str,
+    command: str,
+    model_name: str | None = None,
+    dataset_config: str | None = None,
+    languages: list[str] | None = None,
+    base_model: str | None = None,
+) -> str:
+    """A model card: YAML front matter with ``model-index`` (task, dataset, metric name and value for
+    every split found in ``results`` as ``<split>_<metric_name>``), ``library_name: transformers``,
+    tags (hf_zformer, the attention types, the task), then a short description, the results table,
+    the exact training command and how to load the model (``trust_remote_code=True``)."""
+    attention_types = set()
+    for field in ("attention_type", "decoder_attention_type") if getattr(config, "is_encoder_decoder", False) else ("attention_type",):
+        value = getattr(config, field)
+        attention_types.update([value] if isinstance(value, str) else value)
+    model_name = model_name or f"{config.model_type}-{task}"
+    eval_results = []
+    for split, key in (("test", f"test_{metric_name}"), ("validation", f"eval_{metric_name}")):
+        if key in results:
+            eval_results.append(
+                EvalResult(
+                    task_type=task,
+                    task_name=_TASK_NAMES.get(task, task),
+                    dataset_type=dataset_name,
+                    dataset_name=dataset_name,
+                    dataset_config=dataset_config,
+                    dataset_split=split,
+                    metric_type=metric_name,
+                    metric_name=_METRIC_NAMES.get(metric_name, metric_name),
+                    metric_value=round(float(results[key]), 4),
+                )
+            )
+    data = ModelCardData(
+        model_name=model_name,
+        library_name="transformers",
+        pipeline_tag=task,
+        tags=["hf_zformer", config.model_type, *sorted(f"{t}-attention" for t in attention_types), task],
+        datasets=[dataset_name],
+        language=languages,
+        base_model=base_model,
+        eval_results=eval_results or None,
+    )
+    rows = "\n".join(f"| {k} | {v} |" for k, v in results.items())
+    loader = "AutoModelForSeq2SeqLM" if task == "translation" else "AutoModelForSequenceClassification"
+    return f"""---
+{data.to_yaml()}
+---
+
+# {model_name}
+
+A {config.model_type} model ({_attention_summary(config)} attention; hidden size {config.hidden_size},
+{config.num_hidden_layers} encoder layers{f", {config.num_decoder_layers} decoder layers" if getattr(config, "is_encoder_decoder", False) else ""},
+{config.num_attention_heads} heads) trained for {task} on `{dataset_name}` with
+the hf_zformer scripts{f", fine-tuned from `{base_model}`" if base_model else ""}.
+
+## Results
+
+| metric | value |
+| --- | --- |
+{rows}
+
+## Training command
+
+```bash
+{command}
+```
+
+## Usage
+
+The model code ships with the checkpoint:
+
+```python
+from transformers import AutoTokenizer, {loader}
+tokenizer = AutoTokenizer.from_pretrained("{model_name}")
+model = {loader}.from_pretrained("{model_name}", trust_remote_code=True)
+```
+"""
+
+
+def push_to_hub(
+    folder: str | os.PathLike,
+    repo_id: str,
+    *,
+    token: str | None = None,
+    private: bool | None = None,
+    commit_message: str = "Upload model trained with hf_zformer",
+) -> str:
+    """Create ``repo_id`` (if needed) and upload ``folder`` (model, tokenizer, card, results),
+    leaving out resumable checkpoints and logs (:data:`UPLOAD_IGNORE`). Returns the commit URL."""
+    api = HfApi(token=token)
+    api.create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+    info = api.upload_folder(
+        repo_id=repo_id,
+        folder_path=os.fspath(folder),
+        repo_type="model",
+        commit_message=commit_message,
+        ignore_patterns=UPLOAD_IGNORE,
+    )
+    return str(getattr(info, "commit_url", info))

@@ -1,0 +1,621 @@
+"""Shared machinery of the training/evaluation scripts in ``scripts/`` (library side, never shipped).
+
+The scripts follow transformers' ``examples/pytorch/*_no_trainer.py``: a plain Accelerate loop that
+runs unchanged on one process, N GPUs (DDP, FSDP, DeepSpeed) or N CPU processes (gloo), with mixed
+precision and the process count chosen by ``accelerate launch``. This module holds what both
+scripts need:
+
+* argument groups and their validation (:func:`add_data_args`, :func:`add_model_args`,
+  :func:`add_training_args`, :func:`validate_args`) so that bad arguments fail before any training;
+* :func:`parse_config_overrides` / :func:`build_config`: ``"k=v,..."`` typed by the config field;
+* batching: :class:`LengthGroupedBatchSampler` (length-bucketed, seeded per epoch, resumable) and
+  :func:`pad_collate` (dynamic padding per batch);
+* checkpoints: :func:`save_checkpoint` (``accelerator.save_state`` into a temporary folder, then an
+  atomic rename) and :func:`load_checkpoint`;
+* :func:`train` -- the loop itself (gradient accumulation, clipping, per-epoch evaluation,
+  step/epoch checkpointing, exact resume with ``skip_first_batches``);
+* :func:`finish_run` -- ``save_pretrained`` + tokenizer + ``all_results.json`` + model card + push.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shlex
+import shutil
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .modeling.configuration_zformer import ATTENTION_TYPES, CAUSAL_ATTENTION_TYPES, ZformerConfig
+
+__all__ = [
+    "LengthGroupedBatchSampler",
+    "add_data_args",
+    "add_model_args",
+    "add_training_args",
+    "build_config",
+    "finish_run",
+    "load_checkpoint",
+    "pad_collate",
+    "parse_config_overrides",
+    "save_checkpoint",
+    "train",
+    "validate_args",
+]
+
+SCHEDULER_TYPES = (
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+)
+TRAINING_STATE_FILE = "training_state.json"
+
+
+# --------------------------------------------------------------------------------------------
+# arguments
+# --------------------------------------------------------------------------------------------
+
+
+def add_data_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data")
+    group.add_argument("--dataset_name", default=None, help="Hugging Face Hub dataset name (exclusive with --data_dir).")
+    group.add_argument("--dataset_config_name", default=None, help="Hub dataset configuration name.")
+    group.add_argument("--data_dir", default=None, help="Local dataset directory (exclusive with --dataset_name).")
+    group.add_argument("--max_train_samples", type=int, default=None, help="Truncate the training set (debugging).")
+    group.add_argument("--max_eval_samples", type=int, default=None, help="Truncate the validation/test sets.")
+    group.add_argument("--preprocessing_num_workers", type=int, default=None, help="Processes for dataset.map.")
+
+
+def add_model_args(parser: argparse.ArgumentParser, seq2seq: bool) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument(
+        "--model_name_or_path",
+        default=None,
+        help="Fine-tune this checkpoint (folder or Hub id). Without it a new model is built from "
+        "--attention_type and --config_overrides.",
+    )
+    group.add_argument("--attention_type", default=None, choices=ATTENTION_TYPES, help="Encoder attention of a new model.")
+    if seq2seq:
+        group.add_argument(
+            "--decoder_attention_type",
+            default="full",
+            choices=CAUSAL_ATTENTION_TYPES,
+            help="Causal decoder self-attention of a new model.",
+        )
+    group.add_argument(
+        "--config_overrides",
+        default=None,
+        help='Config fields of a new model, "k=v,k2=v2" (e.g. "hidden_size=256,num_hidden_layers=3"); values are '
+        "typed by the field's default; a per-layer list is written a|b|c.",
+    )
+    group.add_argument("--tokenizer_name", default=None, help="Tokenizer folder/Hub id (default: the model's, or train one).")
+    group.add_argument("--vocab_size", type=int, default=8000, help="Vocabulary size of a tokenizer trained on the data.")
+    group.add_argument("--trust_remote_code", action="store_true", help="Allow remote code of Hub checkpoints.")
+
+
+def add_training_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--output_dir", required=True, help="Where the model, results and checkpoints go.")
+    group.add_argument("--per_device_train_batch_size", type=int, default=32)
+    group.add_argument("--per_device_eval_batch_size", type=int, default=64)
+    group.add_argument("--learning_rate", type=float, default=5e-4)
+    group.add_argument("--weight_decay", type=float, default=0.01)
+    group.add_argument("--max_grad_norm", type=float, default=1.0, help="Gradient clipping (0: off).")
+    group.add_argument("--num_train_epochs", type=int, default=3)
+    group.add_argument("--max_train_steps", type=int, default=None, help="Overrides --num_train_epochs.")
+    group.add_argument("--gradient_accumulation_steps", type=int, default=1)
+    group.add_argument("--lr_scheduler_type", default="linear", choices=SCHEDULER_TYPES)
+    group.add_argument("--num_warmup_steps", type=int, default=0)
+    group.add_argument("--seed", type=int, default=42)
+    group.add_argument(
+        "--checkpointing_steps", default=None, help='Save a resumable checkpoint every N optimizer steps, or "epoch".'
+    )
+    group.add_argument(
+        "--resume_from_checkpoint",
+        default=None,
+        help='Checkpoint folder to resume from, or "latest" for the newest one in --output_dir.',
+    )
+    group.add_argument("--with_tracking", action="store_true", help="Log metrics through accelerate's trackers.")
+    group.add_argument(
+        "--report_to", default="tensorboard", help='Trackers for --with_tracking: "tensorboard", "wandb", ..., or "all".'
+    )
+    group.add_argument("--logging_steps", type=int, default=50, help="Log the training loss every N optimizer steps.")
+    group.add_argument("--push_to_hub", action="store_true", help="Upload the output folder to the Hub at the end.")
+    group.add_argument("--hub_model_id", default=None, help="Repository of --push_to_hub, e.g. me/imdb-zformer.")
+    group.add_argument("--hub_token", default=None, help="Token of --push_to_hub (default: the cached login).")
+
+
+def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq2seq: bool) -> argparse.Namespace:
+    """Check the arguments shared by the scripts; ``parser.error`` (exit code 2) with a clear
+    message on the first problem. Also builds the model config of a new model once, so invalid
+    model settings (``ValueError`` of the config class) surface here, before any data is read."""
+    if args.dataset_name and args.data_dir:
+        parser.error("--dataset_name and --data_dir are exclusive: give one dataset source")
+    if not args.dataset_name and not args.data_dir:
+        parser.error("no data: pass --dataset_name (Hub) or --data_dir (local folder)")
+    if args.data_dir and not Path(args.data_dir).expanduser().is_dir():
+        parser.error(f"--data_dir {args.data_dir!r} is not a directory")
+    for name in (
+        "per_device_train_batch_size",
+        "per_device_eval_batch_size",
+        "gradient_accumulation_steps",
+        "num_train_epochs",
+        "vocab_size",
+        "logging_steps",
+    ):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name in ("max_train_steps", "max_train_samples", "max_eval_samples"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    if args.num_warmup_steps < 0:
+        parser.error(f"--num_warmup_steps must be >= 0, got {args.num_warmup_steps}")
+    if args.learning_rate <= 0:
+        parser.error(f"--learning_rate must be > 0, got {args.learning_rate}")
+    if args.checkpointing_steps is not None:
+        if args.checkpointing_steps != "epoch":
+            if not args.checkpointing_steps.isdigit() or int(args.checkpointing_steps) < 1:
+                parser.error(f'--checkpointing_steps must be a positive integer or "epoch", got {args.checkpointing_steps!r}')
+            args.checkpointing_steps = int(args.checkpointing_steps)
+    if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
+        if not (Path(args.resume_from_checkpoint) / TRAINING_STATE_FILE).is_file():
+            parser.error(
+                f"--resume_from_checkpoint {args.resume_from_checkpoint!r} is not a checkpoint folder "
+                f"(no {TRAINING_STATE_FILE}); checkpoints are the step_N/epoch_N folders of --output_dir"
+            )
+    if args.push_to_hub and not args.hub_model_id:
+        parser.error("--push_to_hub needs --hub_model_id (the repository to create, e.g. your-name/imdb-zformer)")
+    if args.model_name_or_path:
+        if args.attention_type or args.config_overrides or (seq2seq and args.decoder_attention_type != "full"):
+            parser.error(
+                "--model_name_or_path fine-tunes an existing model; --attention_type, --decoder_attention_type and "
+                "--config_overrides only describe a new model: drop one side"
+            )
+    else:
+        if not args.attention_type:
+            parser.error(f"pass --model_name_or_path, or --attention_type (one of {list(ATTENTION_TYPES)}) for a new model")
+        try:
+            args.config_kwargs = parse_config_overrides(args.config_overrides)
+            build_config(args, vocab_size=max(args.vocab_size, 8), seq2seq=seq2seq)
+        except ValueError as error:
+            parser.error(f"invalid model configuration: {error}")
+    return args
+
+
+def _config_fields() -> dict[str, Any]:
+    """``{field: default}`` of every dataclass field of :class:`ZformerConfig`."""
+    import dataclasses
+
+    fields = {}
+    for field in dataclasses.fields(ZformerConfig):
+        if field.name.startswith("_") or not field.init:
+            continue
+        if field.default is not dataclasses.MISSING:
+            fields[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            fields[field.name] = field.default_factory()
+        else:
+            fields[field.name] = None
+    return fields
+
+
+def _convert(key: str, raw: str, default: Any) -> Any:
+    text = raw.strip()
+    if text.lower() in ("none", "null"):
+        return None
+    if "|" in text:  # per-layer list, e.g. attention_type=fastformer|full
+        return [part.strip() for part in text.split("|")]
+    try:
+        if isinstance(default, bool):
+            if text.lower() in ("true", "1", "yes"):
+                return True
+            if text.lower() in ("false", "0", "no"):
+                return False
+            raise ValueError
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+    except ValueError:
+        raise ValueError(f"config override {key}={raw!r}: expected a {type(default).__name__}") from None
+    if default is None:  # optional field without a typed default: int, then float, else str
+        for kind in (int, float):
+            try:
+                return kind(text)
+            except ValueError:
+                pass
+    return text
+
+
+def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
+    """Parse ``"k=v,k2=v2"`` into typed config kwargs.
+
+    Each value is converted to the type of the :class:`ZformerConfig` field's default (int, float,
+    bool as true/false, str); ``none`` for optional fields; ``a|b|c`` for per-layer lists (e.g.
+    ``attention_type=fastformer|full``). Unknown keys raise ``ValueError`` listing the valid ones.
+    """
+    if not overrides:
+        return {}
+    fields = _config_fields()
+    result: dict[str, Any] = {}
+    for item in overrides.split(","):
+        if not item.strip():
+            continue
+        if "=" not in item:
+            raise ValueError(f"config override {item!r} is not of the form key=value")
+        key, value = (part.strip() for part in item.split("=", 1))
+        if key not in fields:
+            raise ValueError(
+                f"unknown config field {key!r} in --config_overrides; valid fields: {', '.join(sorted(fields))}"
+            )
+        result[key] = _convert(key, value, fields[key])
+    return result
+
+
+def build_config(args: argparse.Namespace, vocab_size: int, seq2seq: bool, **extra: Any) -> ZformerConfig:
+    """The config of a new model: ``--attention_type`` (+ ``--decoder_attention_type``), the parsed
+    ``--config_overrides`` (which win), the tokenizer's vocabulary size and ``extra`` task fields."""
+    kwargs: dict[str, Any] = {"attention_type": args.attention_type, "vocab_size": vocab_size, **extra}
+    if seq2seq:
+        kwargs["decoder_attention_type"] = args.decoder_attention_type
+    kwargs.update(getattr(args, "config_kwargs", None) or parse_config_overrides(args.config_overrides))
+    return ZformerConfig(**kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# batching
+# --------------------------------------------------------------------------------------------
+
+
+class LengthGroupedBatchSampler(torch.utils.data.Sampler):
+    """Batches of similar length, in a random order that depends only on ``(seed, epoch)``.
+
+    Each epoch: shuffle all indices, cut them into buckets of ``batch_size * bucket_batches``
+    examples, sort every bucket by length, cut buckets into batches, shuffle the batches. Padding
+    then stays small while the data order stays random. The order is a pure function of the epoch
+    (:meth:`set_epoch`), so a resumed run sees the same batches, and it consumes no global RNG.
+    Without ``shuffle`` the batches are the dataset sorted by length (for evaluation).
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                 bucket_batches: int = 50, drop_last: bool = False):
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.bucket_batches = bucket_batches
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[list[int]]:
+        n = len(self.lengths)
+        if not self.shuffle:
+            order = sorted(range(n), key=lambda i: -self.lengths[i])
+            return [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        indices = torch.randperm(n, generator=generator).tolist()
+        bucket = self.batch_size * self.bucket_batches
+        batches = []
+        for start in range(0, n, bucket):
+            chunk = sorted(indices[start : start + bucket], key=lambda i: -self.lengths[i])
+            batches += [chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        permutation = torch.randperm(len(batches), generator=generator).tolist()
+        return [batches[i] for i in permutation]
+
+    def __iter__(self):
+        return iter(self.batches())
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return len(self.lengths) // self.batch_size
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+
+def pad_collate(pad_token_id: int, label_pad_id: int = -100) -> Callable[[list[dict]], dict[str, torch.Tensor]]:
+    """Collate function padding each batch to its own longest sequence (right padding).
+
+    Features: ``input_ids`` (pad ``pad_token_id``), ``attention_mask`` (pad 0), ``labels`` (a list:
+    pad ``label_pad_id``; a scalar: stacked), other scalars (e.g. ``index``) stacked.
+    """
+
+    def collate(features: list[dict]) -> dict[str, torch.Tensor]:
+        batch: dict[str, torch.Tensor] = {}
+        for key in features[0]:
+            values = [f[key] for f in features]
+            if isinstance(values[0], (list, tuple)):
+                pad = {"input_ids": pad_token_id, "attention_mask": 0, "labels": label_pad_id}.get(key, 0)
+                width = max(len(v) for v in values)
+                batch[key] = torch.tensor([list(v) + [pad] * (width - len(v)) for v in values], dtype=torch.long)
+            else:
+                batch[key] = torch.tensor(values)
+        return batch
+
+    return collate
+
+
+def make_dataloader(dataset, lengths, batch_size, collate_fn, *, shuffle, seed):
+    """DataLoader with length-grouped batches and its own RNG (iterating it never draws from the
+    global torch RNG, which dropout uses: resumed runs stay bit-identical)."""
+    sampler = LengthGroupedBatchSampler(lengths, batch_size, shuffle=shuffle, seed=seed)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collate_fn, generator=torch.Generator().manual_seed(seed)
+    )
+    return loader, sampler
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoints
+# --------------------------------------------------------------------------------------------
+
+
+def save_checkpoint(accelerator, output_dir: str | os.PathLike, name: str, state: dict[str, Any]) -> Path:
+    """Save a resumable checkpoint ``output_dir/name`` atomically.
+
+    Every process calls this (``save_state`` writes one RNG file per process). Everything goes to
+    ``output_dir/.tmp-name`` first; the main process adds ``training_state.json`` (step counter,
+    epoch, batches done in the epoch) and renames the folder into place, so a crash never leaves a
+    half-written ``name`` behind.
+    """
+    final = Path(output_dir) / name
+    tmp = Path(output_dir) / f".tmp-{name}"
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        (tmp / TRAINING_STATE_FILE).write_text(json.dumps(state, indent=2))
+        old = None
+        if final.exists():
+            old = Path(output_dir) / f".old-{name}"
+            if old.exists():
+                shutil.rmtree(old)
+            os.replace(final, old)
+        os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old)
+    accelerator.wait_for_everyone()
+    return final
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The most recent complete checkpoint folder in ``output_dir`` (by modification time)."""
+    candidates = [p for p in Path(output_dir).glob("*") if (p / TRAINING_STATE_FILE).is_file() and not p.name.startswith(".")]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+def load_checkpoint(accelerator, path: str | os.PathLike) -> dict[str, Any]:
+    """Restore model/optimizer/scheduler/RNG states; returns the saved training state."""
+    accelerator.load_state(str(path))
+    return json.loads((Path(path) / TRAINING_STATE_FILE).read_text())
+
+
+# --------------------------------------------------------------------------------------------
+# the loop
+# --------------------------------------------------------------------------------------------
+
+
+def setup_logging(accelerator) -> None:
+    import logging
+
+    import datasets
+    import transformers
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    if accelerator.is_local_main_process:
+        datasets.utils.logging.set_verbosity_warning()
+        transformers.utils.logging.set_verbosity_warning()
+    else:
+        logging.getLogger().setLevel(logging.ERROR)
+        datasets.utils.logging.set_verbosity_error()
+        transformers.utils.logging.set_verbosity_error()
+
+
+def make_optimizer(model, args) -> torch.optim.Optimizer:
+    """AdamW without weight decay on biases, norms and the Zformer scale (as in the examples)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 else decay).append(param)
+    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    return torch.optim.AdamW(groups, lr=args.learning_rate)
+
+
+def _tracker_config(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in vars(args).items() if k != "hub_token"}
+
+
+def train(
+    args: argparse.Namespace,
+    accelerator,
+    model,
+    optimizer,
+    train_dataloader,
+    train_sampler: LengthGroupedBatchSampler,
+    evaluate_fn: Callable[[], dict[str, float]],
+    logger,
+) -> dict[str, Any]:
+    """Run the training loop on prepared ``model``/``optimizer``/``train_dataloader``.
+
+    Builds and prepares the LR scheduler, resumes from ``--resume_from_checkpoint``, evaluates with
+    ``evaluate_fn`` (returns ``{"bleu": ...}``-style metrics) after every epoch, checkpoints every
+    ``--checkpointing_steps``. Returns the last evaluation metrics prefixed ``eval_`` plus
+    ``train_loss``, ``train_steps``, ``epoch``, ``train_runtime_s``.
+    """
+    from tqdm.auto import tqdm
+    from transformers import get_scheduler
+
+    updates_per_epoch = math.ceil(len(train_dataloader) / args.gradient_accumulation_steps)
+    if args.max_train_steps is None:
+        args.max_train_steps = args.num_train_epochs * updates_per_epoch
+    args.num_train_epochs = math.ceil(args.max_train_steps / updates_per_epoch)
+    # A prepared scheduler steps once per process per optimizer step (the examples' convention).
+    lr_scheduler = get_scheduler(
+        args.lr_scheduler_type,
+        optimizer=optimizer,
+        num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
+        num_training_steps=args.max_train_steps * accelerator.num_processes,
+    )
+    lr_scheduler = accelerator.prepare(lr_scheduler)
+
+    if args.with_tracking:
+        accelerator.init_trackers(Path(args.output_dir).name or "run", _tracker_config(args))
+
+    total_batch = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
+    logger.info(
+        f"Training: {len(train_sampler.lengths)} examples, {args.num_train_epochs} epochs, {args.max_train_steps} "
+        f"optimizer steps, batch {args.per_device_train_batch_size}/device x {accelerator.num_processes} processes x "
+        f"{args.gradient_accumulation_steps} accumulation = {total_batch}"
+    )
+
+    completed_steps, start_epoch, resume_batches = 0, 0, 0
+    if args.resume_from_checkpoint:
+        path = args.resume_from_checkpoint
+        if path == "latest":
+            path = latest_checkpoint(args.output_dir)
+            if path is None:
+                raise FileNotFoundError(f"--resume_from_checkpoint latest: no checkpoint in {args.output_dir}")
+        state = load_checkpoint(accelerator, path)
+        completed_steps, start_epoch, resume_batches = state["completed_steps"], state["epoch"], state["batches_done"]
+        if resume_batches >= len(train_dataloader):
+            start_epoch, resume_batches = start_epoch + 1, 0
+        logger.info(f"Resumed from {path}: step {completed_steps}, epoch {start_epoch}, batch {resume_batches}")
+
+    progress = tqdm(range(args.max_train_steps), disable=not accelerator.is_local_main_process, desc="train")
+    progress.update(completed_steps)
+    started = time.perf_counter()
+    metrics: dict[str, Any] = {}
+    running_loss, running_count, last_loss = torch.zeros((), device=accelerator.device), 0, float("nan")
+    epoch = start_epoch
+    for epoch in range(start_epoch, args.num_train_epochs):
+        if completed_steps >= args.max_train_steps:
+            break
+        model.train()
+        train_sampler.set_epoch(epoch)
+        skip = resume_batches if epoch == start_epoch else 0
+        loader = accelerator.skip_first_batches(train_dataloader, skip) if skip else train_dataloader
+        for batches_done, batch in enumerate(loader, start=skip + 1):
+            with accelerator.accumulate(model):
+                loss = model(**batch).loss
+                accelerator.backward(loss)
+                if accelerator.sync_gradients and args.max_grad_norm > 0:
+                    accelerator.clip_grad_norm_(model.parameters(), args.max_grad_norm)
+                optimizer.step()
+                lr_scheduler.step()
+                optimizer.zero_grad()
+            running_loss += loss.detach().float()
+            running_count += 1
+            if not accelerator.sync_gradients:
+                continue
+            completed_steps += 1
+            progress.update(1)
+            if completed_steps % args.logging_steps == 0 or completed_steps == args.max_train_steps:
+                last_loss = accelerator.gather(running_loss).mean().item() / running_count
+                running_loss.zero_()
+                running_count = 0
+                progress.set_postfix(loss=f"{last_loss:.4f}")
+                if args.with_tracking:
+                    accelerator.log({"train_loss": last_loss, "lr": lr_scheduler.get_last_lr()[0]}, step=completed_steps)
+            if isinstance(args.checkpointing_steps, int) and completed_steps % args.checkpointing_steps == 0:
+                save_checkpoint(
+                    accelerator,
+                    args.output_dir,
+                    f"step_{completed_steps}",
+                    {"completed_steps": completed_steps, "epoch": epoch, "batches_done": batches_done},
+                )
+            if completed_steps >= args.max_train_steps:
+                break
+        metrics = {f"eval_{k}": v for k, v in evaluate_fn().items()}
+        logger.info(f"epoch {epoch} (step {completed_steps}): {metrics}")
+        if args.with_tracking:
+            accelerator.log({**metrics, "epoch": epoch}, step=completed_steps)
+        if args.checkpointing_steps == "epoch":
+            save_checkpoint(
+                accelerator,
+                args.output_dir,
+                f"epoch_{epoch}",
+                {"completed_steps": completed_steps, "epoch": epoch + 1, "batches_done": 0},
+            )
+    progress.close()
+    if not metrics:  # resumed from a checkpoint at the very end: still report evaluation
+        metrics = {f"eval_{k}": v for k, v in evaluate_fn().items()}
+    if running_count:
+        last_loss = accelerator.gather(running_loss).mean().item() / running_count
+    if args.with_tracking:
+        accelerator.end_training()
+    return {
+        **metrics,
+        "train_loss": last_loss,
+        "train_steps": completed_steps,
+        "epoch": epoch,
+        "train_runtime_s": round(time.perf_counter() - started, 1),
+        "num_processes": accelerator.num_processes,
+        "mixed_precision": accelerator.mixed_precision,
+    }
+
+
+def command_line() -> str:
+    """The command that started this process, as it would be typed (``accelerate launch`` noted)."""
+    argv = [Path(sys.argv[0]).as_posix()] + sys.argv[1:]
+    script = " ".join(shlex.quote(a) for a in argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 or "ACCELERATE_MIXED_PRECISION" in os.environ:
+        options = []
+        if world > 1:
+            options.append(f"--multi_gpu --num_processes {world}")
+        precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        if precision != "no":
+            options.append(f"--mixed_precision {precision}")
+        return f"accelerate launch {' '.join(options)} {script}".replace("  ", " ")
+    return f"python {script}"
+
+
+def finish_run(
+    args: argparse.Namespace,
+    accelerator,
+    model,
+    tokenizer,
+    results: dict[str, Any],
+    card_kwargs: dict[str, Any],
+    logger,
+) -> None:
+    """Write the final model (loadable with ``trust_remote_code=True``), tokenizer,
+    ``all_results.json`` and the model card into ``--output_dir``; push it if asked."""
+    from . import hub
+
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.save_pretrained(
+        args.output_dir,
+        is_main_process=accelerator.is_main_process,
+        save_function=accelerator.save,
+        state_dict=accelerator.get_state_dict(model),
+    )
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(args.output_dir)
+        with open(Path(args.output_dir) / "all_results.json", "w") as f:
+            json.dump(results, f, indent=2)
+        card = hub.model_card(config=unwrapped.config, results=results, command=command_line(), **card_kwargs)
+        (Path(args.output_dir) / "README.md").write_text(card)
+        logger.info(f"results: {json.dumps(results)}")
+        if args.push_to_hub:
+            url = hub.push_to_hub(args.output_dir, args.hub_model_id, token=args.hub_token)
+            logger.info(f"pushed to {url}")
+    accelerator.wait_for_everyone()

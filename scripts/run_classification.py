@@ -1,0 +1,178 @@
+#!/usr/bin/env python
+"""Train or fine-tune a Zformer-family text classifier with a plain Accelerate loop.
+
+Works as ``python scripts/run_classification.py ...`` (one process) and under
+``accelerate launch`` (N GPUs / N CPU processes, mixed precision from the launcher), e.g.
+
+    accelerate launch --mixed_precision bf16 scripts/run_classification.py --dataset_name stanfordnlp/imdb \
+        --attention_type fastformer --max_length 256 --output_dir runs/imdb-fastformer
+
+Writes the model (loads with ``trust_remote_code=True``), tokenizer, ``all_results.json``
+(``eval_accuracy``) and a model card into ``--output_dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+
+from hf_zformer import training  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    training.add_data_args(parser)
+    parser.add_argument("--text_column", default="text")
+    parser.add_argument("--label_column", default="label")
+    parser.add_argument("--max_length", type=int, default=256, help="Truncate texts to this many tokens.")
+    training.add_model_args(parser, seq2seq=False)
+    training.add_training_args(parser)
+    args = parser.parse_args(argv)
+    if args.max_length < 2:
+        parser.error(f"--max_length must be >= 2, got {args.max_length}")
+    return training.validate_args(parser, args, seq2seq=False)
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+
+    from accelerate import Accelerator
+    from accelerate.logging import get_logger
+    from accelerate.utils import set_seed
+    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+
+    import hf_zformer  # noqa: F401  (registers the Auto classes)
+    from hf_zformer.data import load_classification_dataset
+    from hf_zformer.tokenization import train_tokenizer
+
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        log_with=args.report_to if args.with_tracking else None,
+        project_dir=args.output_dir,
+    )
+    training.setup_logging(accelerator)
+    logger = get_logger(__name__)
+    logger.info(accelerator.state, main_process_only=True)
+    set_seed(args.seed)
+    if accelerator.is_main_process:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+
+    # ---- data
+    hub_kwargs = {"config_name": args.dataset_config_name} if args.dataset_config_name else {}
+    raw = load_classification_dataset(
+        args.data_dir or args.dataset_name,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        seed=args.seed,
+        **hub_kwargs,
+    )
+    eval_split = "validation" if "validation" in raw else "test"
+    for split, limit in (("train", args.max_train_samples), (eval_split, args.max_eval_samples)):
+        if limit is not None and limit < len(raw[split]):
+            raw[split] = raw[split].shuffle(seed=args.seed).select(range(limit))
+    labels = sorted(set(raw["train"]["label"]))
+    names = getattr(raw["train"].features["label"], "names", None)
+
+    # ---- tokenizer and model
+    base = args.model_name_or_path
+    if args.tokenizer_name or base:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or base, trust_remote_code=args.trust_remote_code)
+    else:
+        if accelerator.is_main_process:
+            train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, model_max_length=args.max_length)
+        accelerator.wait_for_everyone()
+        tokenizer = AutoTokenizer.from_pretrained(args.output_dir)
+    if base:
+        config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code)
+        num_labels = max(labels) + 1
+        if getattr(config, "num_labels", None) != num_labels:
+            logger.warning(f"{base} has {config.num_labels} labels, the data {num_labels}: new classifier head")
+        model = AutoModelForSequenceClassification.from_pretrained(
+            base, num_labels=num_labels, ignore_mismatched_sizes=True, trust_remote_code=args.trust_remote_code,
+            dtype=torch.float32,
+        )
+    else:
+        num_labels = max(labels) + 1
+        id2label = {i: (names[i] if names and i < len(names) else f"LABEL_{i}") for i in range(num_labels)}
+        config = training.build_config(
+            args,
+            vocab_size=len(tokenizer),
+            seq2seq=False,
+            num_labels=num_labels,
+            id2label=id2label,
+            label2id={v: k for k, v in id2label.items()},
+            **({"max_position_embeddings": max(512, args.max_length)} if "max_position_embeddings" not in args.config_kwargs else {}),
+        )
+        model = AutoModelForSequenceClassification.from_config(config)
+    max_length = min(args.max_length, model.config.max_position_embeddings)
+
+    def tokenize(batch):
+        encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)
+        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": batch["label"]}
+
+    with accelerator.main_process_first():
+        processed = {
+            split: raw[split].map(
+                tokenize,
+                batched=True,
+                remove_columns=raw[split].column_names,
+                num_proc=args.preprocessing_num_workers,
+                desc=f"tokenize {split}",
+            )
+            for split in ("train", eval_split)
+        }
+    collate = training.pad_collate(tokenizer.pad_token_id)
+    train_lengths = [len(x) for x in processed["train"]["input_ids"]]
+    train_dataloader, train_sampler = training.make_dataloader(
+        processed["train"], train_lengths, args.per_device_train_batch_size, collate, shuffle=True, seed=args.seed
+    )
+    eval_lengths = [len(x) for x in processed[eval_split]["input_ids"]]
+    eval_dataloader, _ = training.make_dataloader(
+        processed[eval_split], eval_lengths, args.per_device_eval_batch_size, collate, shuffle=False, seed=args.seed
+    )
+
+    optimizer = training.make_optimizer(model, args)
+    model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
+        model, optimizer, train_dataloader, eval_dataloader
+    )
+
+    def evaluate() -> dict:
+        model.eval()
+        correct, total = 0, 0
+        for batch in eval_dataloader:
+            with torch.no_grad():
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            predictions, references = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
+            correct += (predictions == references).sum().item()
+            total += references.numel()
+        model.train()
+        return {"accuracy": correct / max(total, 1), "samples": total}
+
+    results = training.train(args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger)
+    results["eval_split"] = eval_split
+    training.finish_run(
+        args,
+        accelerator,
+        model,
+        tokenizer,
+        results,
+        card_kwargs=dict(
+            task="text-classification",
+            dataset_name=args.dataset_name or Path(args.data_dir).name,
+            metric_name="accuracy",
+            model_name=args.hub_model_id or Path(args.output_dir).name,
+            base_model=base,
+        ),
+        logger=logger,
+    )
+    return results
+
+
+if __name__ == "__main__":
+    main()

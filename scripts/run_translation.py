@@ -1,0 +1,224 @@
+#!/usr/bin/env python
+"""Train or fine-tune a Zformer-family translation model with a plain Accelerate loop.
+
+Works as ``python scripts/run_translation.py ...`` (one process) and under
+``accelerate launch`` (N GPUs / N CPU processes, mixed precision from the launcher), e.g.
+
+    accelerate launch --mixed_precision bf16 scripts/run_translation.py --dataset_name bentrevett/multi30k \
+        --attention_type zformer --decoder_attention_type zformer --output_dir runs/multi30k-zformer
+
+Evaluates sacreBLEU on detokenized text after every epoch (validation) and at the end on the test
+split when there is one; writes the model (loads with ``trust_remote_code=True``), tokenizer,
+generation config, ``all_results.json`` (``eval_bleu``, ``test_bleu``) and a model card.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+
+from hf_zformer import training  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    training.add_data_args(parser)
+    parser.add_argument("--source_lang", default="de")
+    parser.add_argument("--target_lang", default="en")
+    parser.add_argument("--max_source_length", type=int, default=128, help="Truncate sources to this many tokens.")
+    parser.add_argument(
+        "--max_target_length", type=int, default=128, help="Truncate targets; also the generation max_length."
+    )
+    parser.add_argument("--num_beams", type=int, default=1, help="Beam size for evaluation (saved in generation_config).")
+    parser.add_argument("--label_smoothing", type=float, default=0.0, help="Label smoothing of the loss.")
+    training.add_model_args(parser, seq2seq=True)
+    training.add_training_args(parser)
+    args = parser.parse_args(argv)
+    if args.source_lang == args.target_lang:
+        parser.error(f"--source_lang and --target_lang are both {args.source_lang!r}")
+    for name in ("max_source_length", "max_target_length"):
+        if getattr(args, name) < 2:
+            parser.error(f"--{name} must be >= 2, got {getattr(args, name)}")
+    if args.num_beams < 1:
+        parser.error(f"--num_beams must be >= 1, got {args.num_beams}")
+    if not 0.0 <= args.label_smoothing < 1.0:
+        parser.error(f"--label_smoothing must be in [0, 1), got {args.label_smoothing}")
+    return training.validate_args(parser, args, seq2seq=True)
+
+
+def generate_and_score(accelerator, model, dataloader, tokenizer, *, num_beams, max_length, metric):
+    """Greedy/beam generation over ``dataloader`` on every process, gathered with
+    ``gather_for_metrics``; returns (metric scores, predictions and references in dataset order)."""
+    unwrapped = accelerator.unwrap_model(model)
+    model.eval()
+    indices, predictions, references = [], [], []
+    for batch in dataloader:
+        with torch.no_grad(), accelerator.autocast():
+            generated = unwrapped.generate(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                num_beams=num_beams,
+                max_length=max_length,
+            )
+        generated = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
+        labels = accelerator.pad_across_processes(batch["labels"], dim=1, pad_index=-100)
+        generated, labels, index = accelerator.gather_for_metrics((generated, labels, batch["index"]))
+        labels = labels.masked_fill(labels == -100, tokenizer.pad_token_id)
+        predictions += tokenizer.batch_decode(generated, skip_special_tokens=True)
+        references += tokenizer.batch_decode(labels, skip_special_tokens=True)
+        indices += index.tolist()
+    model.train()
+    # Sorted-by-length batches: put rows back in dataset order (duplicates, if any, collapse).
+    rows = dict(zip(indices, zip(predictions, references)))
+    ordered = [rows[i] for i in sorted(rows)]
+    predictions, references = [p for p, _ in ordered], [r for _, r in ordered]
+    scores = metric.compute(predictions=[p.strip() for p in predictions], references=[[r.strip()] for r in references])
+    return {"bleu": scores["score"], "samples": len(predictions)}, sorted(rows), predictions, references
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+
+    from accelerate import Accelerator
+    from accelerate.logging import get_logger
+    from accelerate.utils import set_seed
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+
+    import hf_zformer  # noqa: F401  (registers the Auto classes)
+    from hf_zformer import metrics as hf_metrics
+    from hf_zformer.data import load_translation_dataset
+    from hf_zformer.tokenization import train_tokenizer
+
+    accelerator = Accelerator(
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        log_with=args.report_to if args.with_tracking else None,
+        project_dir=args.output_dir,
+    )
+    training.setup_logging(accelerator)
+    logger = get_logger(__name__)
+    logger.info(accelerator.state, main_process_only=True)
+    set_seed(args.seed)
+    if accelerator.is_main_process:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+
+    # ---- data
+    hub_kwargs = {"config_name": args.dataset_config_name} if args.dataset_config_name else {}
+    raw = load_translation_dataset(
+        args.data_dir or args.dataset_name, args.source_lang, args.target_lang, seed=args.seed, **hub_kwargs
+    )
+    eval_splits = [s for s in ("validation", "test") if s in raw]
+    if not eval_splits:
+        raise ValueError(f"the dataset has no validation or test split (splits: {list(raw)})")
+    for split in ["train", *eval_splits]:
+        limit = args.max_train_samples if split == "train" else args.max_eval_samples
+        if limit is not None and limit < len(raw[split]):
+            raw[split] = raw[split].shuffle(seed=args.seed).select(range(limit))
+
+    # ---- tokenizer and model
+    base = args.model_name_or_path
+    if args.tokenizer_name or base:
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or base, trust_remote_code=args.trust_remote_code)
+    else:
+        if accelerator.is_main_process:
+            train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir)
+        accelerator.wait_for_everyone()
+        tokenizer = AutoTokenizer.from_pretrained(args.output_dir)
+    if base:
+        config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code, label_smoothing=args.label_smoothing)
+        model = AutoModelForSeq2SeqLM.from_pretrained(
+            base, config=config, trust_remote_code=args.trust_remote_code, dtype=torch.float32
+        )
+    else:
+        extra = {"label_smoothing": args.label_smoothing}
+        if "max_position_embeddings" not in args.config_kwargs:
+            extra["max_position_embeddings"] = max(512, args.max_source_length, args.max_target_length)
+        config = training.build_config(args, vocab_size=len(tokenizer), seq2seq=True, **extra)
+        model = AutoModelForSeq2SeqLM.from_config(config)
+    max_source = min(args.max_source_length, model.config.max_position_embeddings)
+    max_target = min(args.max_target_length, model.config.max_position_embeddings)
+    model.generation_config.num_beams = args.num_beams
+    model.generation_config.max_length = max_target
+    model.generation_config.decoder_start_token_id = model.config.decoder_start_token_id
+
+    def tokenize(batch, indices):
+        sources = [pair[args.source_lang] for pair in batch["translation"]]
+        targets = [pair[args.target_lang] for pair in batch["translation"]]
+        inputs = tokenizer(sources, truncation=True, max_length=max_source)
+        labels = tokenizer(text_target=targets, truncation=True, max_length=max_target)
+        return {
+            "input_ids": inputs["input_ids"],
+            "attention_mask": inputs["attention_mask"],
+            "labels": labels["input_ids"],
+            "index": indices,
+        }
+
+    with accelerator.main_process_first():
+        processed = {
+            split: raw[split].map(
+                tokenize,
+                batched=True,
+                with_indices=True,
+                remove_columns=raw[split].column_names,
+                num_proc=args.preprocessing_num_workers,
+                desc=f"tokenize {split}",
+            )
+            for split in ["train", *eval_splits]
+        }
+    collate = training.pad_collate(tokenizer.pad_token_id)
+    train_set = processed["train"].remove_columns(["index"])
+    train_lengths = [len(s) + len(t) for s, t in zip(train_set["input_ids"], train_set["labels"])]
+    train_dataloader, train_sampler = training.make_dataloader(
+        train_set, train_lengths, args.per_device_train_batch_size, collate, shuffle=True, seed=args.seed
+    )
+    eval_dataloaders = {}
+    for split in eval_splits:
+        lengths = [len(s) for s in processed[split]["input_ids"]]
+        eval_dataloaders[split], _ = training.make_dataloader(
+            processed[split], lengths, args.per_device_eval_batch_size, collate, shuffle=False, seed=args.seed
+        )
+
+    optimizer = training.make_optimizer(model, args)
+    model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+    eval_dataloaders = {split: accelerator.prepare(loader) for split, loader in eval_dataloaders.items()}
+    bleu = hf_metrics.load("sacrebleu")
+
+    def evaluate(split: str = eval_splits[0]) -> dict:
+        scores, *_ = generate_and_score(
+            accelerator, model, eval_dataloaders[split], tokenizer, num_beams=args.num_beams, max_length=max_target,
+            metric=bleu,
+        )
+        return scores
+
+    results = training.train(args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger)
+    results["eval_split"] = eval_splits[0]
+    if "test" in eval_splits and eval_splits[0] != "test":
+        results.update({f"test_{k}": v for k, v in evaluate("test").items()})
+        logger.info(f"test: bleu {results['test_bleu']:.2f}")
+    results["num_beams"] = args.num_beams
+    training.finish_run(
+        args,
+        accelerator,
+        model,
+        tokenizer,
+        results,
+        card_kwargs=dict(
+            task="translation",
+            dataset_name=args.dataset_name or Path(args.data_dir).name,
+            metric_name="bleu",
+            model_name=args.hub_model_id or Path(args.output_dir).name,
+            languages=[args.source_lang, args.target_lang],
+            base_model=base,
+        ),
+        logger=logger,
+    )
+    return results
+
+
+if __name__ == "__main__":
+    main()
