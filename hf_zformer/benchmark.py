@@ -1,0 +1,682 @@
+"""Speed and memory benchmarks of the attention family against PyTorch's fused attention.
+
+Library side of `scripts/benchmark_attention.py` (never shipped with a checkpoint). Two levels:
+
+- ``"attention"``: the attention module alone (the Zformer_Pytorch seed's experiment). The seed feeds
+  a tensor of shape (n, batch, d); we create it in that layout and transpose it to our (B, N, D)
+  layout *before* the timed region (`.transpose(0, 1).contiguous()`), so every type pays the same.
+- ``"model"``: a one-layer ``ZformerModel`` with the feed-forward shrunk away
+  (``intermediate_size=1``): embeddings, LayerNorms, attention, output projection and residuals.
+
+Types: ``full`` (our `FullAttention` through transformers' SDPA integration, i.e. PyTorch's fused
+`scaled_dot_product_attention`), ``full_eager`` (our einsum reference), ``zformer``, ``xformer`` and
+``fastformer``. Modes: ``forward`` (under `torch.inference_mode`) and ``train`` (forward+backward).
+
+Every configuration reports the median wall time of several timed calls after warm-up, the peak
+extra memory of one call, and the achieved FLOP/s as a fraction of the measured matrix-multiply
+FLOP/s of the machine (see `attention_flops` for the counting). Nothing is hard-coded: every
+number comes from the run that writes it.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+import torch
+
+from .modeling.attention import ATTENTION_CLASSES
+from .modeling.configuration_zformer import ZformerConfig
+
+TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer")
+MODES = ("forward", "train")
+LEVELS = ("attention", "model")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Baseline of every speedup column: PyTorch's fused attention.
+BASELINE = "full"
+
+
+# ----------------------------------------------------------------------------------------------
+# FLOP counting
+# ----------------------------------------------------------------------------------------------
+
+
+def attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None) -> int:
+    """Nominal forward FLOPs of one self-attention call (a multiply-add counts 2), by the equations
+    of docs/DESIGN (not by whatever an implementation happens to execute):
+
+    - projections: a Linear D -> D' on B*N tokens costs 2 B N D D'.
+    - full / full_eager: Q, K, V projections + Q K^T + P V = 6 B N D^2 + 4 B N^2 D (softmax ignored).
+    - zformer: Q, K, V projections + K^T V + Q (K^T V) = 6 B N D^2 + 4 B N D d_h.
+    - xformer: Q' (D -> D/alpha) + K = E Q' + V = E X + scores + P V with k = ceil(max_pos / beta)
+      compressed keys: 2 B N D^2/alpha + 2 B k N (D/alpha + D + D/alpha + D).
+    - fastformer: Q, K, V (unless shared with Q) and W_r projections, 2 B N D^2 each, plus the
+      O(B N D) pooling/elementwise work: 2 scores + 2 poolings (2 B N D each) + 3 elementwise
+      (B N D each) = 11 B N D.
+    """
+    config = config if config is not None else make_config(attention_type, length, width, heads)
+    b, n, d = batch, length, width
+    head_dim = d // heads
+    if attention_type in ("full", "full_eager"):
+        return 6 * b * n * d * d + 4 * b * n * n * d
+    if attention_type == "zformer":
+        return 6 * b * n * d * d + 4 * b * n * d * head_dim
+    if attention_type == "xformer":
+        query_width = d // config.xformer_alpha
+        k = math.ceil(config.max_position_embeddings / config.xformer_beta)
+        return 2 * b * n * d * query_width + 2 * b * k * n * (2 * query_width + 2 * d)
+    if attention_type == "fastformer":
+        projections = 3 if config.fastformer_share_qv else 4
+        return 2 * projections * b * n * d * d + 11 * b * n * d
+    raise ValueError(f"unknown attention type {attention_type!r}; choose one of {list(TYPES)}")
+
+
+def model_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config) -> int:
+    """Nominal forward FLOPs of the one-layer model: attention, the output projection (2 B N D^2)
+    and the shrunk feed-forward (4 B N D I); embeddings and LayerNorms are ignored."""
+    b, n, d = batch, length, width
+    return (
+        attention_flops(attention_type, b, n, d, heads, config)
+        + 2 * b * n * d * d
+        + 4 * b * n * d * config.intermediate_size
+    )
+
+
+def step_flops(forward_flops: int, mode: str) -> int:
+    """FLOPs of one timed step: forward, or forward+backward counted as 3x forward (the backward
+    of a matmul is two matmuls of the same size)."""
+    return forward_flops if mode == "forward" else 3 * forward_flops
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine measurements
+# ----------------------------------------------------------------------------------------------
+
+
+def synchronize(device: torch.device):
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def measure_matmul_flops(device: torch.device, dtype: torch.dtype, max_size: int = 4096, target_seconds: float = 0.3,
+                         repeats: int = 5) -> dict:
+    """FLOP/s of a square `dtype` matmul on `device`: the size doubles from 256 until one product
+    takes `target_seconds` (or reaches `max_size`), then the median of `repeats` products is taken."""
+    size = 256
+    while True:
+        a = torch.randn(size, size, device=device).to(dtype)
+        b = torch.randn(size, size, device=device).to(dtype)
+        a @ b  # warm-up
+        synchronize(device)
+        start = time.perf_counter()
+        a @ b
+        synchronize(device)
+        elapsed = time.perf_counter() - start
+        if elapsed >= target_seconds or size >= max_size:
+            break
+        size *= 2
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        a @ b
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    seconds = statistics.median(times)
+    return {"size": size, "dtype": str(dtype).replace("torch.", ""), "seconds": seconds, "flops": 2 * size**3 / seconds}
+
+
+def machine_info(device: torch.device) -> dict:
+    info = {
+        "date": datetime.date.today().isoformat(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        "threads": torch.get_num_threads(),
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "device": str(device),
+    }
+    try:
+        import transformers
+
+        info["transformers"] = transformers.__version__
+    except ImportError:  # pragma: no cover - transformers is a dependency
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        output = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
+        for line in output.splitlines():
+            if line.strip().startswith("Model name:"):
+                return line.split(":", 1)[1].strip()
+    except (OSError, subprocess.CalledProcessError):
+        pass
+    return platform.processor() or "unknown"
+
+
+def available_memory_bytes() -> int | None:
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+# ----------------------------------------------------------------------------------------------
+# Building what is timed
+# ----------------------------------------------------------------------------------------------
+
+
+def make_config(attention_type: str, length: int, width: int, heads: int, **overrides) -> ZformerConfig:
+    """A dropout-free config for `attention_type` with max_position_embeddings = `length` (xformer's
+    projection E has ceil(max_pos / beta) rows, so k grows with the benchmarked length)."""
+    if attention_type not in TYPES:
+        raise ValueError(f"unknown attention type {attention_type!r}; choose one of {list(TYPES)}")
+    kwargs = dict(
+        hidden_size=width,
+        num_attention_heads=heads,
+        num_hidden_layers=1,
+        attention_type="full" if attention_type.startswith("full") else attention_type,
+        max_position_embeddings=length,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        vocab_size=1000,
+        intermediate_size=1,  # the FFN shrunk away (model level)
+        attn_implementation="eager" if attention_type == "full_eager" else "sdpa",
+    )
+    kwargs.update(overrides)
+    return ZformerConfig(**kwargs)
+
+
+def build_module(attention_type: str, config: ZformerConfig, level: str, device: torch.device) -> torch.nn.Module:
+    """The attention module (initialised like a model's) or a one-layer `ZformerModel`."""
+    from .modeling.modeling_zformer import ZformerModel
+
+    model = ZformerModel(config)  # runs the model's _init_weights on every submodule
+    if level == "model":
+        return model.to(device)
+    attention = model.encoder.layers[0].attention
+    if not isinstance(attention, ATTENTION_CLASSES[config.layer_attention_types()[0]]):  # pragma: no cover
+        raise TypeError(f"unexpected attention module {type(attention).__name__}")
+    return attention.to(device)
+
+
+@dataclass
+class BenchCase:
+    level: str
+    attention_type: str
+    mode: str
+    batch: int
+    length: int
+    width: int
+    heads: int
+    dtype: str
+    device: str
+    mask: bool
+
+
+@dataclass
+class BenchResult:
+    level: str
+    attention_type: str
+    mode: str
+    batch: int
+    length: int
+    width: int
+    heads: int
+    dtype: str
+    device: str
+    mask: bool
+    status: str = "ok"  # ok | skipped | oom | error
+    note: str = ""
+    time_ms: float | None = None
+    times_ms: list = field(default_factory=list)
+    peak_memory_mb: float | None = None
+    flops: int | None = None
+    tflops: float | None = None
+    flops_fraction: float | None = None
+    speedup_vs_full: float | None = None
+
+
+def _make_inputs(case: BenchCase, config, device: torch.device):
+    """Inputs of one call; the (n, B, D) -> (B, N, D) transpose happens here, before timing."""
+    generator = torch.Generator().manual_seed(0)
+    mask = torch.ones(case.batch, case.length, dtype=torch.long, device=device) if case.mask else None
+    if case.level == "model":
+        ids = torch.randint(3, config.vocab_size, (case.batch, case.length), generator=generator).to(device)
+        return {"input_ids": ids, "attention_mask": mask}
+    seed_layout = torch.randn(case.length, case.batch, case.width, generator=generator)  # (n, B, D) like the seed
+    hidden = seed_layout.transpose(0, 1).contiguous().to(device)  # (B, N, D)
+    hidden.requires_grad_(case.mode == "train")
+    return {"hidden_states": hidden, "attention_mask": mask}
+
+
+def _make_step(module, inputs: dict, case: BenchCase, device: torch.device) -> Callable[[], None]:
+    autocast_dtype = DTYPES[case.dtype]
+    use_autocast = autocast_dtype != torch.float32
+
+    def output_of(result):
+        if case.level == "model":
+            return result.last_hidden_state
+        return result[0]
+
+    if case.mode == "forward":
+        module.eval()
+
+        def step():
+            with torch.inference_mode(), torch.autocast(device.type, dtype=autocast_dtype, enabled=use_autocast):
+                output_of(module(**inputs))
+
+        return step
+
+    module.train()
+    grad = None
+
+    def step():
+        nonlocal grad
+        for p in module.parameters():
+            p.grad = None
+        if "hidden_states" in inputs:
+            inputs["hidden_states"].grad = None
+        with torch.autocast(device.type, dtype=autocast_dtype, enabled=use_autocast):
+            output = output_of(module(**inputs))
+        if grad is None or grad.shape != output.shape or grad.dtype != output.dtype:
+            grad = torch.randn(output.shape, generator=torch.Generator().manual_seed(1)).to(device, output.dtype)
+        output.backward(grad)
+
+    return step
+
+
+def _timed_call(step: Callable[[], None], device: torch.device) -> float:
+    synchronize(device)
+    start = time.perf_counter()
+    step()
+    synchronize(device)
+    return time.perf_counter() - start
+
+
+def peak_memory_bytes(step: Callable[[], None], device: torch.device) -> int | None:
+    """Peak extra memory of one call above what was allocated before it.
+
+    CUDA: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`, minus the memory
+    allocated before the call. CPU: the torch profiler with `profile_memory=True` records every
+    allocation and free of PyTorch's CPU allocator with the running total allocated since the
+    profile started; the peak is the maximum of that running total. Buffers that libraries
+    allocate outside PyTorch's allocator (e.g. MKL/oneDNN scratch space) are not seen.
+    """
+    if device.type == "cuda":
+        synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        step()
+        synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        step()
+    try:
+        from torch._C._profiler import _EventType
+
+        peak = 0
+        stack = list(prof.profiler.kineto_results.experimental_event_tree())
+        while stack:
+            node = stack.pop()
+            stack.extend(node.children)
+            if node.tag == _EventType.Allocation and node.extra_fields.device.type == "cpu":
+                peak = max(peak, node.extra_fields.total_allocated)
+        return peak
+    except (AttributeError, ImportError):  # pragma: no cover - private profiler API moved
+        events = sorted((e for e in prof.events() if e.cpu_memory_usage), key=lambda e: e.time_range.start)
+        total = peak = 0
+        for event in events:
+            total += event.cpu_memory_usage
+            peak = max(peak, total)
+        return peak
+
+
+def case_flops(case: BenchCase, config=None) -> int:
+    """Nominal FLOPs of one timed call of `case`."""
+    config = config if config is not None else make_config(case.attention_type, case.length, case.width, case.heads)
+    count = model_flops if case.level == "model" else attention_flops
+    return step_flops(count(case.attention_type, case.batch, case.length, case.width, case.heads, config), case.mode)
+
+
+def _quadratic_bytes(case: BenchCase, config) -> int:
+    """Rough size of what eager full attention materialises: N x N scores and probabilities per
+    head (x2 more for the backward); other types stay linear (xformer uses fused SDPA or k << N)."""
+    if case.attention_type != "full_eager":
+        return 0
+    itemsize = 4
+    per_matrix = case.batch * case.heads * case.length * case.length * itemsize
+    return per_matrix * (3 if case.mode == "forward" else 5)
+
+
+def _is_oom(error: Exception) -> bool:
+    message = str(error).lower()
+    return isinstance(error, torch.OutOfMemoryError) or "out of memory" in message or "can't allocate" in message
+
+
+class _Runner:
+    """One configuration being measured: the module, its inputs and the step that is timed."""
+
+    def __init__(self, case: BenchCase, max_memory_bytes: int | None):
+        self.case, self.device = case, torch.device(case.device)
+        self.result = BenchResult(**asdict(case))
+        self.config = make_config(case.attention_type, case.length, case.width, case.heads)
+        self.result.flops = case_flops(case, self.config)
+        self.step = None
+        self.times = []
+        needed = _quadratic_bytes(case, self.config)
+        if max_memory_bytes is not None and needed > max_memory_bytes:
+            self.result.status = "skipped"
+            self.result.note = f"memory guard: needs ~{needed / 2**30:.1f} GiB > {max_memory_bytes / 2**30:.1f} GiB"
+
+    @property
+    def active(self) -> bool:
+        return self.result.status == "ok"
+
+    def guarded(self, action: Callable[[], None]):
+        """Run `action`, turning out-of-memory errors into an "oom" result."""
+        if not self.active:
+            return
+        try:
+            action()
+        except (torch.OutOfMemoryError, RuntimeError) as error:
+            if not _is_oom(error):
+                raise
+            self.result.status, self.result.note = "oom", str(error).splitlines()[0][:200]
+            self.release()
+
+    def build(self):
+        def action():
+            torch.manual_seed(0)
+            module = build_module(self.case.attention_type, self.config, self.case.level, self.device)
+            self.step = _make_step(module, _make_inputs(self.case, self.config, self.device), self.case, self.device)
+
+        self.guarded(action)
+
+    def call(self, record: bool) -> float | None:
+        elapsed = []
+        self.guarded(lambda: elapsed.append(_timed_call(self.step, self.device)))
+        if elapsed and record:
+            self.times.append(elapsed[0])
+        return elapsed[0] if elapsed else None
+
+    def finish(self, measure_memory: bool, matmul_flops: float | None):
+        if not self.active:
+            return
+        r = self.result
+        r.times_ms = [t * 1e3 for t in self.times]
+        r.time_ms = statistics.median(r.times_ms)
+        r.tflops = r.flops / (r.time_ms / 1e3) / 1e12
+        if matmul_flops:
+            r.flops_fraction = r.flops / (r.time_ms / 1e3) / matmul_flops
+        if measure_memory:
+            self.guarded(lambda: setattr(r, "peak_memory_mb", peak_memory_bytes(self.step, self.device) / 2**20))
+
+    def release(self):
+        self.step = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def run_cases(cases: list[BenchCase], warmup: int = 1, repeats: int = 5, max_seconds: float = 30.0,
+              measure_memory: bool = True, max_memory_bytes: int | None = None,
+              matmul_flops: float | None = None) -> list[BenchResult]:
+    """Measure configurations side by side: after each one's warm-up, the timed calls go round-robin
+    over them (call 1 of every case, then call 2, ...), so that load from other processes on a shared
+    machine hits every type alike and the speedups compare like with like. A configuration whose
+    warm-up call is slow gets fewer timed calls (about `max_seconds` worth, but at least
+    min(3, repeats)). The memory of each is measured after its timed calls."""
+    runners = [_Runner(case, max_memory_bytes) for case in cases]
+    counts = {}
+    for runner in runners:
+        runner.build()
+        last = None
+        for _ in range(warmup):
+            last = runner.call(record=False)
+        counts[id(runner)] = repeats if not last else max(min(3, repeats), min(repeats, int(max_seconds / last)))
+    for index in range(repeats):
+        for runner in runners:
+            if index < counts[id(runner)]:
+                runner.call(record=True)
+    for runner in runners:
+        runner.finish(measure_memory, matmul_flops)
+        runner.release()
+    return [runner.result for runner in runners]
+
+
+
+def sweep(
+    types: Iterable[str],
+    lengths: Iterable[int],
+    widths: Iterable[int] = (512,),
+    heads: Iterable[int] = (8,),
+    batch: int = 4,
+    modes: Iterable[str] = ("forward",),
+    level: str = "attention",
+    device: str = "cpu",
+    dtype: str = "fp32",
+    mask: bool = False,
+    warmup: int = 1,
+    repeats: int = 5,
+    max_seconds: float = 30.0,
+    max_memory_bytes: int | None = None,
+    measure_memory: bool = True,
+    matmul_flops: float | None = None,
+    progress: bool = True,
+) -> list[BenchResult]:
+    """Every (mode, width, heads, length) with all `types` measured side by side (`run_cases`),
+    lengths ascending. Once a type takes longer than `max_seconds` per call (or runs out of
+    memory), its longer lengths in the same (mode, width, heads) are recorded as skipped."""
+    from tqdm.auto import tqdm
+
+    types, lengths, modes = list(types), sorted(lengths), list(modes)
+    for attention_type in types:
+        if attention_type not in TYPES:
+            raise ValueError(f"unknown attention type {attention_type!r}; choose one of {list(TYPES)}")
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
+    if level not in LEVELS:
+        raise ValueError(f"unknown level {level!r}; choose one of {list(LEVELS)}")
+    groups = [(mode, w, h, n) for mode in modes for w in widths for h in heads for n in lengths]
+    results, stopped = [], {}
+    bar = tqdm(total=len(groups) * len(types), disable=not progress, desc="benchmark", dynamic_ncols=True)
+    for mode, w, h, n in groups:
+        bar.set_postfix_str(f"{mode} n={n} d={w} h={h}")
+        cases, group_results = [], []
+        for t in types:
+            case = BenchCase(level, t, mode, batch, n, w, h, dtype, device, mask)
+            if (mode, w, h, t) in stopped:
+                result = BenchResult(**asdict(case))
+                result.status, result.note, result.flops = "skipped", stopped[(mode, w, h, t)], case_flops(case)
+                group_results.append(result)
+            else:
+                cases.append(case)
+        group_results += run_cases(cases, warmup, repeats, max_seconds, measure_memory, max_memory_bytes,
+                                   matmul_flops)
+        for result in sorted(group_results, key=lambda r: types.index(r.attention_type)):
+            key = (mode, w, h, result.attention_type)
+            if result.status == "oom":
+                stopped[key] = f"out of memory at n={result.length}"
+            elif result.status == "ok" and result.time_ms / 1e3 > max_seconds and key not in stopped:
+                stopped[key] = f"n={result.length} took {result.time_ms / 1e3:.1f} s > --max-seconds {max_seconds:g}"
+            results.append(result)
+        bar.update(len(types))
+    bar.close()
+    add_speedups(results)
+    return results
+
+
+
+def add_speedups(results: list[BenchResult]):
+    """speedup_vs_full = time of fused SDPA `full` / time of this type, same configuration."""
+    baseline = {
+        _group(r): r.time_ms for r in results if r.attention_type == BASELINE and r.status == "ok"
+    }
+    for r in results:
+        base = baseline.get(_group(r))
+        r.speedup_vs_full = base / r.time_ms if base and r.status == "ok" else None
+
+
+def set_flops_fractions(results: list[BenchResult], matmul_flops: float):
+    """flops_fraction = achieved FLOP/s / the measured matmul FLOP/s."""
+    for r in results:
+        if r.status == "ok" and r.time_ms:
+            r.flops_fraction = r.flops / (r.time_ms / 1e3) / matmul_flops
+
+
+def _group(r: BenchResult):
+    return (r.level, r.mode, r.batch, r.length, r.width, r.heads, r.dtype, r.device, r.mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# Reports
+# ----------------------------------------------------------------------------------------------
+
+CSV_FIELDS = [
+    "level", "attention_type", "mode", "batch", "length", "width", "heads", "dtype", "device", "mask", "status",
+    "time_ms", "speedup_vs_full", "peak_memory_mb", "flops", "tflops", "flops_fraction", "note", "times_ms",
+]
+
+
+def write_csv(results: list[BenchResult], path: str):
+    with open(path, "w", newline="") as handle:
+        writer = csv.DictWriter(handle, fieldnames=CSV_FIELDS)
+        writer.writeheader()
+        for r in results:
+            row = asdict(r)
+            row["times_ms"] = " ".join(f"{t:.3f}" for t in r.times_ms)
+            writer.writerow({k: row[k] for k in CSV_FIELDS})
+
+
+def write_json(results: list[BenchResult], path: str, metadata: dict):
+    with open(path, "w") as handle:
+        json.dump({"metadata": metadata, "results": [asdict(r) for r in results]}, handle, indent=1)
+
+
+def _fmt(value, spec):
+    return "—" if value is None else format(value, spec)
+
+
+def markdown_table(results: list[BenchResult]) -> str:
+    """One table per (level, mode, width, heads, dtype, device): rows = n, one column group per type."""
+    out = []
+    groups = {}
+    for r in results:
+        groups.setdefault((r.level, r.mode, r.batch, r.width, r.heads, r.dtype, r.device, r.mask), []).append(r)
+    for (level, mode, batch, width, heads, dtype, device, mask), rows in groups.items():
+        types = list(dict.fromkeys(r.attention_type for r in rows))
+        lengths = sorted({r.length for r in rows})
+        by_key = {(r.length, r.attention_type): r for r in rows}
+        out.append(
+            f"**{level}, {mode}, batch {batch}, width {width}, {heads} heads, {dtype}, {device}"
+            f"{', all-ones padding mask' if mask else ''}** — time ms (speedup vs fused SDPA `full`) · "
+            f"peak extra memory MiB · FLOP/s as % of matmul\n"
+        )
+        out.append("| n | " + " | ".join(types) + " |")
+        out.append("|---:|" + "---|" * len(types))
+        for n in lengths:
+            cells = []
+            for t in types:
+                r = by_key.get((n, t))
+                if r is None:
+                    cells.append("")
+                elif r.status != "ok":
+                    cells.append(f"{r.status}")
+                else:
+                    speed = f" ({r.speedup_vs_full:.2f}x)" if r.speedup_vs_full is not None else ""
+                    frac = f" · {100 * r.flops_fraction:.0f}%" if r.flops_fraction is not None else ""
+                    cells.append(f"{r.time_ms:.1f}{speed} · {_fmt(r.peak_memory_mb, '.0f')}{frac}")
+            out.append(f"| {n} | " + " | ".join(cells) + " |")
+        notes = sorted({f"{r.attention_type} n={r.length}: {r.note}" for r in rows if r.status != "ok" and r.note})
+        if notes:
+            out.append("")
+            out.extend(f"- {note}" for note in notes)
+        out.append("")
+    return "\n".join(out)
+
+
+def plot(results: list[BenchResult], path: str):
+    """Time and peak memory vs n, log-log, one line per type; one row of panels per
+    (level, mode, width, heads, dtype)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    groups = {}
+    for r in results:
+        groups.setdefault((r.level, r.mode, r.batch, r.width, r.heads, r.dtype, r.device), []).append(r)
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 4 * len(groups)), squeeze=False)
+    for row, (key, rows) in enumerate(groups.items()):
+        level, mode, batch, width, heads, dtype, device = key
+        for col, (attr, label) in enumerate((("time_ms", "time per call (ms)"), ("peak_memory_mb", "peak extra memory (MiB)"))):
+            ax = axes[row][col]
+            for t in dict.fromkeys(r.attention_type for r in rows):
+                points = sorted((r.length, getattr(r, attr)) for r in rows
+                                if r.attention_type == t and r.status == "ok" and getattr(r, attr))
+                if points:
+                    ax.plot(*zip(*points), marker="o", label=t)
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xlabel("sequence length n")
+            ax.set_ylabel(label)
+            ax.set_title(f"{level} {mode}, B={batch}, d={width}, h={heads}, {dtype}, {device}", fontsize=9)
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def write_reports(results: list[BenchResult], output_prefix: str, metadata: dict, make_plot: bool = True) -> dict:
+    """Write `<prefix>.csv`, `<prefix>.json`, `<prefix>.md` (and `<prefix>.png`); returns the paths."""
+    directory = os.path.dirname(output_prefix)
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    paths = {"csv": output_prefix + ".csv", "json": output_prefix + ".json", "md": output_prefix + ".md"}
+    write_csv(results, paths["csv"])
+    write_json(results, paths["json"], metadata)
+    with open(paths["md"], "w") as handle:
+        handle.write(markdown_header(metadata) + "\n" + markdown_table(results))
+    if make_plot:
+        paths["png"] = output_prefix + ".png"
+        plot(results, paths["png"])
+    return paths
+
+
+def markdown_header(metadata: dict) -> str:
+    matmul = metadata.get("matmul", {})
+    lines = [
+        f"Command: `{metadata.get('command', '')}`",
+        "",
+        f"Machine: {metadata.get('cpu', '?')} ({metadata.get('cpu_count', '?')} CPUs, {metadata.get('threads', '?')} "
+        f"torch threads){', ' + metadata['gpu'] if 'gpu' in metadata else ''}; torch {metadata.get('torch', '?')}, "
+        f"transformers {metadata.get('transformers', '?')}; {metadata.get('date', '')}.",
+    ]
+    if matmul:
+        lines.append(
+            f"Measured matmul: {matmul['size']}x{matmul['size']} {matmul['dtype']}, "
+            f"{matmul['flops'] / 1e9:.1f} GFLOP/s (the 100% of the FLOP/s column)."
+        )
+    return "\n".join(lines) + "\n"
+
+
+def command_line() -> str:
+    return " ".join([os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else "python"] + sys.argv[1:])

@@ -1,0 +1,118 @@
+#!/usr/bin/env python
+"""Benchmark the attention family against PyTorch's fused attention (SDPA).
+
+The Zformer_Pytorch seed's experiment: the attention module alone on input of shape (n, batch, d),
+transposed to our (B, N, D) layout before the timed region. Reports the median time per call,
+the speedup against fused SDPA (`full`), the peak extra memory and the achieved FLOP/s as a
+fraction of this machine's measured matmul FLOP/s, as CSV, JSON, a markdown table and a PNG plot.
+
+    python scripts/benchmark_attention.py                                   # CPU fp32 forward sweep
+    python scripts/benchmark_attention.py --modes forward train --widths 512 768 1024
+    python scripts/benchmark_attention.py --level model --mask              # one-layer models, FFN shrunk away
+    python scripts/benchmark_attention.py --device cuda --dtype bf16 --lengths 1024 4096 16384
+
+See docs/benchmarks.md for the method and measured results.
+"""
+
+import argparse
+import os
+import sys
+
+import torch
+
+from hf_zformer import benchmark
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--level", choices=benchmark.LEVELS, default="attention",
+                        help="'attention': the attention module alone; 'model': a one-layer ZformerModel with "
+                             "intermediate_size=1 (the FFN shrunk away), fed token ids")
+    parser.add_argument("--types", nargs="+", choices=benchmark.TYPES, default=list(benchmark.TYPES),
+                        help="attention types; 'full' is fused SDPA (the baseline of every speedup), "
+                             "'full_eager' our einsum reference")
+    parser.add_argument("--lengths", nargs="+", type=int, default=[128, 256, 512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--widths", nargs="+", type=int, default=[512])
+    parser.add_argument("--heads", nargs="+", type=int, default=[8])
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--modes", nargs="+", choices=benchmark.MODES, default=["forward"],
+                        help="'forward': inference under torch.inference_mode; 'train': forward+backward")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--dtype", choices=list(benchmark.DTYPES), default="fp32",
+                        help="bf16 runs fp32 parameters and inputs under torch.autocast(dtype=bfloat16)")
+    parser.add_argument("--mask", action="store_true",
+                        help="pass an all-ones (B, N) padding mask, as the models do (default: no mask, "
+                             "SDPA's best case)")
+    parser.add_argument("--warmup", type=int, default=1)
+    parser.add_argument("--repeats", type=int, default=5, help="timed calls per configuration (median reported)")
+    parser.add_argument("--max-seconds", type=float, default=30.0,
+                        help="once a call of a type takes longer, its longer lengths are recorded as skipped")
+    parser.add_argument("--max-memory-gb", type=float, default=None,
+                        help="skip eager full attention when its N x N matrices would exceed this "
+                             "(default: half the free RAM on CPU, none on CUDA)")
+    parser.add_argument("--matmul-size", type=int, default=4096,
+                        help="largest square matmul tried when measuring the machine's FLOP/s")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--output", default="bench/attention",
+                        help="prefix of the .csv, .json, .md and .png files written")
+    parser.add_argument("--plot", default=None, help="PNG path (default: <output>.png)")
+    parser.add_argument("--no-plot", action="store_true")
+    parser.add_argument("--no-progress", action="store_true")
+    return parser.parse_args(argv)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda given but CUDA is not available")
+    max_memory = args.max_memory_gb * 2**30 if args.max_memory_gb is not None else None
+    if max_memory is None and device.type == "cpu":
+        free = benchmark.available_memory_bytes()
+        max_memory = free / 2 if free else None
+
+    metadata = benchmark.machine_info(device)
+    metadata["command"] = "python " + benchmark.command_line()
+    metadata["args"] = vars(args)
+    dtype = benchmark.DTYPES[args.dtype]
+    print(f"measuring {args.dtype} matmul FLOP/s on {device} ...", file=sys.stderr)
+    metadata["matmul_start"] = benchmark.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
+    print(f"matmul: {metadata['matmul_start']['flops'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
+
+    results = benchmark.sweep(
+        types=args.types,
+        lengths=args.lengths,
+        widths=args.widths,
+        heads=args.heads,
+        batch=args.batch,
+        modes=args.modes,
+        level=args.level,
+        device=str(device),
+        dtype=args.dtype,
+        mask=args.mask,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        max_seconds=args.max_seconds,
+        max_memory_bytes=max_memory,
+        measure_memory=not args.no_memory,
+        matmul_flops=metadata["matmul_start"]["flops"],
+        progress=not args.no_progress,
+    )
+    # Measured again at the end; the FLOP/s fractions use the faster of the two (conservative on a
+    # machine shared with other work).
+    metadata["matmul_end"] = benchmark.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
+    metadata["matmul"] = max(metadata["matmul_start"], metadata["matmul_end"], key=lambda m: m["flops"])
+    benchmark.set_flops_fractions(results, metadata["matmul"]["flops"])
+    paths = benchmark.write_reports(results, args.output, metadata, make_plot=False)
+    if not args.no_plot:
+        paths["png"] = args.plot or args.output + ".png"
+        benchmark.plot(results, paths["png"])
+    print(benchmark.markdown_table(results))
+    print("wrote " + ", ".join(os.path.relpath(p) for p in paths.values()), file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

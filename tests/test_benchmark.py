@@ -1,0 +1,92 @@
+"""The benchmark script runs end to end on a tiny size and writes sane reports (no timing assertions)."""
+
+import csv
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from hf_zformer import benchmark
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_attention.py"
+TINY = ["--matmul-size", "256", "--lengths", "16", "32", "--widths", "32", "--heads", "4", "--batch", "2", "--repeats", "1",
+        "--no-progress"]
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("benchmark_attention", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def read_csv(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+def test_script_writes_csv_json_markdown_png(tmp_path):
+    prefix = tmp_path / "bench" / "tiny"
+    load_script().main(TINY + ["--modes", "forward", "train", "--output", str(prefix)])
+
+    rows = read_csv(f"{prefix}.csv")
+    assert len(rows) == 2 * 2 * len(benchmark.TYPES)  # modes x lengths x types
+    assert {r["attention_type"] for r in rows} == set(benchmark.TYPES)
+    for row in rows:
+        assert row["status"] == "ok", row
+        assert float(row["time_ms"]) > 0
+        assert float(row["peak_memory_mb"]) >= 0
+        assert 0 < float(row["flops_fraction"])
+        assert int(row["flops"]) > 0
+        assert len(row["times_ms"].split()) >= 1
+    for row in rows:
+        if row["attention_type"] == "full":
+            assert float(row["speedup_vs_full"]) == pytest.approx(1.0)
+        else:
+            assert float(row["speedup_vs_full"]) > 0
+
+    data = json.loads(Path(f"{prefix}.json").read_text())
+    assert data["metadata"]["matmul"]["flops"] > 0
+    assert data["metadata"]["torch"]
+    assert len(data["results"]) == len(rows)
+
+    markdown = Path(f"{prefix}.md").read_text()
+    assert "| n | full | full_eager | zformer | xformer | fastformer |" in markdown
+    assert "attention, train" in markdown and "attention, forward" in markdown
+    assert Path(f"{prefix}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_model_level_with_mask(tmp_path):
+    prefix = tmp_path / "model"
+    load_script().main(TINY + ["--level", "model", "--mask", "--types", "full", "zformer", "fastformer",
+                               "--no-plot", "--no-memory", "--output", str(prefix)])
+    rows = read_csv(f"{prefix}.csv")
+    assert {r["level"] for r in rows} == {"model"}
+    assert all(r["status"] == "ok" and r["mask"] == "True" for r in rows)
+    assert not Path(f"{prefix}.png").exists()
+
+
+def test_slow_and_memory_hungry_configurations_are_skipped(tmp_path):
+    prefix = tmp_path / "skip"
+    load_script().main(TINY + ["--types", "full", "full_eager", "--max-seconds", "0", "--max-memory-gb", "0",
+                               "--no-plot", "--output", str(prefix)])
+    rows = {(r["attention_type"], int(r["length"])): r for r in read_csv(f"{prefix}.csv")}
+    # full ran at the first length, then exceeded the (zero) time budget: the longer length is skipped
+    assert rows[("full", 16)]["status"] == "ok"
+    assert rows[("full", 32)]["status"] == "skipped" and "max-seconds" in rows[("full", 32)]["note"]
+    # eager full attention's N x N matrices exceed the (zero) memory guard
+    assert rows[("full_eager", 16)]["status"] == "skipped" and "memory guard" in rows[("full_eager", 16)]["note"]
+    assert rows[("full", 32)]["speedup_vs_full"] == ""
+
+
+def test_flop_counts_follow_the_documented_formulas():
+    b, n, d, h = 2, 64, 32, 4
+    assert benchmark.attention_flops("full", b, n, d, h) == 6 * b * n * d * d + 4 * b * n * n * d
+    assert benchmark.attention_flops("zformer", b, n, d, h) == 6 * b * n * d * d + 4 * b * n * d * (d // h)
+    config = benchmark.make_config("xformer", n, d, h)
+    k = -(-n // config.xformer_beta)
+    q = d // config.xformer_alpha
+    assert benchmark.attention_flops("xformer", b, n, d, h) == 2 * b * n * d * q + 2 * b * k * n * (2 * q + 2 * d)
+    assert benchmark.attention_flops("fastformer", b, n, d, h) == 8 * b * n * d * d + 11 * b * n * d
+    assert benchmark.step_flops(10, "train") == 30
