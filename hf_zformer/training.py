@@ -411,6 +411,23 @@ def load_checkpoint(accelerator, path: str | os.PathLike) -> dict[str, Any]:
 # --------------------------------------------------------------------------------------------
 
 
+def make_accelerator(args: argparse.Namespace):
+    """The scripts' ``Accelerator``. A multi-process launch on a machine without accelerator
+    (``accelerate launch --multi_gpu --num_processes N`` on CPU) becomes DDP over gloo: accelerate
+    only picks its MULTI_CPU mode when asked for ``cpu=True``, and would otherwise run N
+    independent single-process jobs."""
+    from accelerate import Accelerator
+
+    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return Accelerator(
+        cpu=multi_process and not has_accelerator,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        log_with=args.report_to if args.with_tracking else None,
+        project_dir=args.output_dir,
+    )
+
+
 def setup_logging(accelerator) -> None:
     import logging
 

@@ -41,7 +41,6 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
 
-    from accelerate import Accelerator
     from accelerate.logging import get_logger
     from accelerate.utils import set_seed
     from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
@@ -50,11 +49,7 @@ def main(argv=None) -> dict:
     from hf_zformer.data import load_classification_dataset
     from hf_zformer.tokenization import train_tokenizer
 
-    accelerator = Accelerator(
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        log_with=args.report_to if args.with_tracking else None,
-        project_dir=args.output_dir,
-    )
+    accelerator = training.make_accelerator(args)
     training.setup_logging(accelerator)
     logger = get_logger(__name__)
     logger.info(accelerator.state, main_process_only=True)
