@@ -1,0 +1,167 @@
+#!/usr/bin/env python
+"""Evaluate a saved model folder or Hub id on a dataset split.
+
+The task follows the checkpoint: sequence-to-sequence models (config ``is_encoder_decoder`` or a
+``*ForConditionalGeneration`` architecture) are scored with sacreBLEU on generated, detokenized
+text; sequence classifiers with accuracy. Writes ``<split>_predictions.jsonl`` (one row per
+example, in dataset order) and ``<split>_results.json`` into ``--output_dir``. Runs on one process
+or under ``accelerate launch`` (predictions gathered across processes).
+
+    python scripts/evaluate_model.py --model_name_or_path runs/multi30k-zformer \
+        --data_dir ../shared/data/multi30k --split test --output_dir runs/multi30k-zformer/eval
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser.add_argument("--model_name_or_path", required=True, help="Saved folder or Hub id.")
+    parser.add_argument("--tokenizer_name", default=None, help="Default: the model's tokenizer.")
+    parser.add_argument("--dataset_name", default=None, help="Hub dataset (exclusive with --data_dir).")
+    parser.add_argument("--dataset_config_name", default=None)
+    parser.add_argument("--data_dir", default=None, help="Local dataset folder (exclusive with --dataset_name).")
+    parser.add_argument("--split", default=None, help="Default: test if the dataset has one, else validation.")
+    parser.add_argument("--output_dir", required=True, help="Where predictions and metrics go.")
+    parser.add_argument("--per_device_eval_batch_size", type=int, default=64)
+    parser.add_argument("--max_eval_samples", type=int, default=None)
+    parser.add_argument("--source_lang", default="de")
+    parser.add_argument("--target_lang", default="en")
+    parser.add_argument("--text_column", default="text")
+    parser.add_argument("--label_column", default="label")
+    parser.add_argument("--max_source_length", type=int, default=128, help="Seq2seq: truncate sources.")
+    parser.add_argument("--max_target_length", type=int, default=None, help="Seq2seq: generation max_length (default: generation config).")
+    parser.add_argument("--num_beams", type=int, default=None, help="Seq2seq: beams (default: generation config).")
+    parser.add_argument("--max_length", type=int, default=512, help="Classification: truncate texts.")
+    parser.add_argument("--seed", type=int, default=42, help="Seed of carved validation splits / subsets.")
+    parser.add_argument("--no_trust_remote_code", dest="trust_remote_code", action="store_false",
+                        help="Refuse the checkpoint's own code (then hf_zformer must be installed).")
+    args = parser.parse_args(argv)
+    if bool(args.dataset_name) == bool(args.data_dir):
+        parser.error("pass exactly one of --dataset_name (Hub) and --data_dir (local folder)")
+    if args.data_dir and not Path(args.data_dir).is_dir():
+        parser.error(f"--data_dir {args.data_dir!r} is not a directory")
+    for name in ("per_device_eval_batch_size", "max_eval_samples", "num_beams", "max_target_length"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be >= 1, got {value}")
+    return args
+
+
+def is_seq2seq(config) -> bool:
+    return bool(getattr(config, "is_encoder_decoder", False)) or any(
+        arch.endswith("ForConditionalGeneration") for arch in (config.architectures or [])
+    )
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+
+    from accelerate.logging import get_logger
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer
+
+    import hf_zformer  # noqa: F401
+    from hf_zformer import training
+    from hf_zformer.data import load_classification_dataset, load_translation_dataset
+
+    args.gradient_accumulation_steps, args.with_tracking = 1, False
+    accelerator = training.make_accelerator(args)
+    training.setup_logging(accelerator)
+    logger = get_logger(__name__)
+    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    seq2seq = is_seq2seq(config)
+    source = args.data_dir or args.dataset_name
+    hub_kwargs = {"config_name": args.dataset_config_name} if args.dataset_config_name else {}
+    if seq2seq:
+        raw = load_translation_dataset(source, args.source_lang, args.target_lang, seed=args.seed, **hub_kwargs)
+    else:
+        raw = load_classification_dataset(
+            source, text_column=args.text_column, label_column=args.label_column, seed=args.seed, **hub_kwargs
+        )
+    split = args.split or ("test" if "test" in raw else "validation")
+    if split not in raw:
+        raise SystemExit(f"error: split {split!r} not in the dataset (splits: {list(raw)})")
+    data = raw[split]
+    if args.max_eval_samples is not None and args.max_eval_samples < len(data):
+        data = data.select(range(args.max_eval_samples))
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
+    model = auto.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code, dtype=torch.float32)
+    limit = model.config.max_position_embeddings
+
+    def tokenize(batch, indices):
+        if seq2seq:
+            sources = [p[args.source_lang] for p in batch["translation"]]
+            encoded = tokenizer(sources, truncation=True, max_length=min(args.max_source_length, limit))
+            labels = tokenizer(text_target=[p[args.target_lang] for p in batch["translation"]])["input_ids"]
+        else:
+            encoded = tokenizer(batch["text"], truncation=True, max_length=min(args.max_length, limit))
+            labels = batch["label"]
+        return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": labels,
+                "index": indices}
+
+    processed = data.map(tokenize, batched=True, with_indices=True, remove_columns=data.column_names)
+    loader, _ = training.make_dataloader(
+        processed, [len(x) for x in processed["input_ids"]], args.per_device_eval_batch_size,
+        training.pad_collate(tokenizer.pad_token_id), shuffle=False, seed=args.seed,
+    )
+    model, loader = accelerator.prepare(model, loader)
+
+    if seq2seq:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from run_translation import generate_and_score
+
+        from hf_zformer import metrics as hf_metrics
+
+        generation = accelerator.unwrap_model(model).generation_config
+        num_beams = args.num_beams or generation.num_beams or 1
+        max_length = min(args.max_target_length or generation.max_length or 128, limit)
+        scores, indices, predictions, _ = generate_and_score(
+            accelerator, model, loader, tokenizer, num_beams=num_beams, max_length=max_length,
+            metric=hf_metrics.load("sacrebleu"),
+        )
+        results = {f"{split}_bleu": scores["bleu"], f"{split}_samples": scores["samples"], "num_beams": num_beams}
+        rows = [
+            {"index": i, "source": data[i]["translation"][args.source_lang], "prediction": p,
+             "reference": data[i]["translation"][args.target_lang]}
+            for i, p in zip(indices, predictions)
+        ]
+    else:
+        model.eval()
+        found = {}
+        for batch in loader:
+            with torch.no_grad():
+                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+            predicted, labels, index = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"], batch["index"]))
+            found.update(zip(index.tolist(), zip(predicted.tolist(), labels.tolist())))
+        id2label = model.config.id2label
+        rows = [
+            {"index": i, "prediction": p, "prediction_label": id2label.get(p, str(p)), "label": y}
+            for i, (p, y) in sorted(found.items())
+        ]
+        accuracy = sum(r["prediction"] == r["label"] for r in rows) / max(len(rows), 1)
+        results = {f"{split}_accuracy": accuracy, f"{split}_samples": len(rows)}
+    results.update(model=args.model_name_or_path, dataset=source, split=split,
+                   task="translation" if seq2seq else "text-classification")
+    if accelerator.is_main_process:
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        with open(out / f"{split}_predictions.jsonl", "w") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        (out / f"{split}_results.json").write_text(json.dumps(results, indent=2))
+        logger.info(f"results: {json.dumps(results)}")
+    return results
+
+
+if __name__ == "__main__":
+    main()
