@@ -1,0 +1,420 @@
+"""Tests of the training/evaluation scripts (scripts/*.py) and their library side
+(hf_zformer.training, hf_zformer.hub), on tiny data written into tmp folders.
+
+Default run: single-process end-to-end runs of both scripts (with a mocked Hub push), loading the
+saved folders in a clean process, evaluate_model.py, exact resume, argument errors, unit tests.
+`-m slow`: 2-process CPU DDP runs under `accelerate launch --multi_gpu --num_processes 2`, and the
+acceptance run on ../shared/data.
+"""
+
+import importlib.util
+import json
+import os
+import random
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT, SHARED_DATA, run_isolated
+
+SCRIPTS = REPO_ROOT / "scripts"
+TINY_CLF = "hidden_size=32,num_hidden_layers=1,num_attention_heads=2,intermediate_size=64"
+TINY_MT = "hidden_size=32,num_hidden_layers=1,num_decoder_layers=1,num_attention_heads=2,intermediate_size=64"
+
+
+def _env():
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "WORLD_SIZE", "RANK", "LOCAL_RANK"))}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return env
+
+
+def run_script(name, *args, launcher=(), timeout=600, prelude=None):
+    """Run scripts/<name> in a subprocess (optionally under a launcher, or after `prelude` code
+    that patches things in the same process); assert success; return the completed process."""
+    script = str(SCRIPTS / name)
+    if prelude is not None:
+        code = prelude + f"\nimport runpy, sys\nsys.argv = {[script, *map(str, args)]!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"
+        command = [sys.executable, "-c", code]
+    else:
+        command = [*launcher, script, *map(str, args)] if launcher else [sys.executable, script, *map(str, args)]
+    result = subprocess.run(command, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    assert result.returncode == 0, f"{name} failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+    return result
+
+
+def load_script(name):
+    spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def tiny_data(tmp_path_factory):
+    """Tiny local datasets: <root>/clf/train.jsonl and <root>/mt/{train,val,test}.{de,en}."""
+    root = tmp_path_factory.mktemp("data")
+    rng = random.Random(0)
+    words = "the a movie film plot actor scene story music ending".split()
+    (root / "clf").mkdir()
+    with open(root / "clf" / "train.jsonl", "w") as f:
+        for i in range(120):
+            label = i % 2
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 20)))
+            f.write(json.dumps({"text": f"{text} {'great fun' if label else 'awful bore'}", "label": label}) + "\n")
+    de = "ein mann hund katze läuft spielt auf der straße im park".split()
+    en = "a man dog cat runs plays on the street in park".split()
+    (root / "mt").mkdir()
+    for split, n in (("train", 80), ("val", 12), ("test", 12)):
+        with open(root / "mt" / f"{split}.de", "w") as fde, open(root / "mt" / f"{split}.en", "w") as fen:
+            for _ in range(n):
+                idx = [rng.randrange(len(de)) for _ in range(rng.randint(2, 8))]
+                fde.write(" ".join(de[j] for j in idx) + "\n")
+                fen.write(" ".join(en[j] for j in idx) + "\n")
+    return root
+
+
+PUSH_PRELUDE = """
+import json, os, huggingface_hub
+calls = []
+def record(name):
+    def fake(self, *args, **kwargs):
+        calls.append({"method": name, "args": [str(a) for a in args],
+                      "kwargs": {k: (v if isinstance(v, (str, int, bool, list, type(None))) else str(v)) for k, v in kwargs.items()}})
+        json.dump(calls, open(os.environ["PUSH_LOG"], "w"))
+        return f"https://huggingface.co/{kwargs.get('repo_id')}/commit/0"
+    return fake
+huggingface_hub.HfApi.create_repo = record("create_repo")
+huggingface_hub.HfApi.upload_folder = record("upload_folder")
+"""
+
+
+@pytest.fixture(scope="module")
+def clf_run(tiny_data, tmp_path_factory):
+    """Single-process classification run, pushed to a mocked Hub."""
+    out = tmp_path_factory.mktemp("clf") / "out"
+    push_log = out.parent / "push.json"
+    os.environ["PUSH_LOG"] = str(push_log)
+    try:
+        run_script(
+            "run_classification.py",
+            "--data_dir", tiny_data / "clf", "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
+            "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 8, "--max_train_steps", 4,
+            "--checkpointing_steps", 2, "--with_tracking", "--output_dir", out,
+            "--push_to_hub", "--hub_model_id", "someone/tiny-clf", "--hub_token", "hf_fake",
+            prelude=PUSH_PRELUDE,
+        )
+    finally:
+        os.environ.pop("PUSH_LOG", None)
+    return out, json.loads(push_log.read_text())
+
+
+@pytest.fixture(scope="module")
+def mt_run(tiny_data, tmp_path_factory):
+    out = tmp_path_factory.mktemp("mt") / "out"
+    run_script(
+        "run_translation.py",
+        "--data_dir", tiny_data / "mt", "--attention_type", "zformer", "--decoder_attention_type", "fastformer",
+        "--config_overrides", TINY_MT, "--vocab_size", 120, "--max_target_length", 16, "--num_beams", 2,
+        "--label_smoothing", 0.1, "--per_device_train_batch_size", 16, "--max_train_steps", 6, "--output_dir", out,
+    )
+    return out
+
+
+def _card_metadata(readme: Path) -> str:
+    text = readme.read_text()
+    assert text.startswith("---\n")
+    return text.split("---\n")[1]
+
+
+# --------------------------------------------------------------------------------------------
+# end to end (single process)
+# --------------------------------------------------------------------------------------------
+
+
+def test_classification_end_to_end(clf_run):
+    out, _ = clf_run
+    results = json.loads((out / "all_results.json").read_text())
+    assert 0.0 <= results["eval_accuracy"] <= 1.0 and results["train_steps"] == 4
+    assert results["eval_samples"] == 12  # 10% of 120 carved as validation
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"] and config["num_labels"] == 2 and config["attention_type"] == "fastformer"
+    assert config["hidden_size"] == 32
+    for name in ("model.safetensors", "tokenizer.json", "modeling_zformer.py", "configuration_zformer.py"):
+        assert (out / name).is_file(), name
+    meta = _card_metadata(out / "README.md")
+    for needle in ("library_name: transformers", "model-index", "type: text-classification", "type: accuracy",
+                   f"value: {round(results['eval_accuracy'], 4)}", "fastformer-attention", "hf_zformer"):
+        assert needle in meta, needle
+    card = (out / "README.md").read_text()
+    assert "run_classification.py" in card and "--attention_type fastformer" in card
+    assert (out / "step_2" / "training_state.json").is_file() and (out / "step_4").is_dir()
+    assert not list(out.glob(".tmp-*")), "temporary checkpoint folders left behind"
+    assert list(out.rglob("events.out.tfevents*")), "--with_tracking wrote no TensorBoard events"
+
+
+def test_translation_end_to_end(mt_run):
+    results = json.loads((mt_run / "all_results.json").read_text())
+    assert results["eval_bleu"] >= 0.0 and results["test_bleu"] >= 0.0
+    assert results["eval_samples"] == 12 and results["test_samples"] == 12
+    generation = json.loads((mt_run / "generation_config.json").read_text())
+    assert generation["num_beams"] == 2 and generation["max_length"] == 16
+    config = json.loads((mt_run / "config.json").read_text())
+    assert config["decoder_attention_type"] == "fastformer" and config["label_smoothing"] == 0.1
+    meta = _card_metadata(mt_run / "README.md")
+    for needle in ("type: translation", "type: bleu", "split: test", "split: validation", "zformer-attention",
+                   "fastformer-attention", "- de", "- en"):
+        assert needle in meta, needle
+    assert "run_translation.py" in (mt_run / "README.md").read_text()
+
+
+def test_push_to_hub_mocked(clf_run):
+    out, calls = clf_run
+    assert [c["method"] for c in calls] == ["create_repo", "upload_folder"]
+    assert calls[0]["kwargs"]["repo_id"] == "someone/tiny-clf" and calls[0]["kwargs"]["exist_ok"] is True
+    upload = calls[1]["kwargs"]
+    assert upload["repo_id"] == "someone/tiny-clf" and Path(upload["folder_path"]) == out
+    assert any(p.startswith("step_") for p in upload["ignore_patterns"])  # checkpoints stay local
+
+
+def test_push_to_hub_function(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    from hf_zformer import hub
+
+    seen = []
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", lambda self, **kw: seen.append(("create", kw, self.token)))
+    monkeypatch.setattr(huggingface_hub.HfApi, "upload_folder", lambda self, **kw: seen.append(("upload", kw)) or "url")
+    assert hub.push_to_hub(tmp_path, "me/model", token="hf_x") == "url"
+    assert seen[0][0] == "create" and seen[0][1]["repo_id"] == "me/model" and seen[0][2] == "hf_x"
+    assert seen[1][1]["folder_path"] == str(tmp_path)
+
+
+def test_saved_models_load_in_clean_process(clf_run, mt_run, tmp_path):
+    clf_out, _ = clf_run
+    result = run_isolated(
+        f"""
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(mt_run)!r}, trust_remote_code=True)
+        assert type(model).__module__.startswith("transformers_modules"), type(model).__module__
+        tokenizer = AutoTokenizer.from_pretrained({str(mt_run)!r})
+        batch = tokenizer(["ein mann im park", "ein hund"], return_tensors="pt", padding=True)
+        out = model.generate(**batch)
+        assert out.shape[0] == 2 and out.shape[1] <= 16, out.shape   # generation_config max_length
+        print("translation:", tokenizer.batch_decode(out, skip_special_tokens=True))
+        classify = pipeline("text-classification", model={str(clf_out)!r}, trust_remote_code=True)
+        predictions = classify(["the movie was great fun", "awful bore"])
+        assert all(p["label"] in ("LABEL_0", "LABEL_1") for p in predictions), predictions
+        print("classification:", predictions)
+        """,
+        cwd=tmp_path,
+    )
+    assert "classification:" in result.stdout
+
+
+def test_evaluate_model_script(clf_run, mt_run, tiny_data, tmp_path):
+    clf_out, _ = clf_run
+    run_script("evaluate_model.py", "--model_name_or_path", mt_run, "--data_dir", tiny_data / "mt",
+               "--output_dir", tmp_path / "mt")
+    metrics = json.loads((tmp_path / "mt" / "test_results.json").read_text())
+    trained = json.loads((mt_run / "all_results.json").read_text())
+    assert metrics["task"] == "translation" and metrics["num_beams"] == 2  # from the saved generation config
+    assert metrics["test_bleu"] == pytest.approx(trained["test_bleu"])  # same model, data and decoding
+    rows = [json.loads(line) for line in (tmp_path / "mt" / "test_predictions.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in rows] == list(range(12)) and {"source", "prediction", "reference"} <= set(rows[0])
+
+    run_script("evaluate_model.py", "--model_name_or_path", clf_out, "--data_dir", tiny_data / "clf",
+               "--split", "validation", "--output_dir", tmp_path / "clf")
+    metrics = json.loads((tmp_path / "clf" / "validation_results.json").read_text())
+    trained = json.loads((clf_out / "all_results.json").read_text())
+    assert metrics["validation_accuracy"] == pytest.approx(trained["eval_accuracy"])
+    rows = (tmp_path / "clf" / "validation_predictions.jsonl").read_text().splitlines()
+    assert len(rows) == 12
+
+
+def test_resume_matches_uninterrupted_run(tiny_data, tmp_path):
+    """A run resumed from a mid-epoch checkpoint (model, optimizer, scheduler, RNG, step counter,
+    dataloader position) ends with exactly the weights of the uninterrupted run (dropout on,
+    across an epoch boundary: 108 examples / 16 = 7 batches per epoch, 10 steps)."""
+    from safetensors.torch import load_file
+
+    common = ["--data_dir", tiny_data / "clf", "--attention_type", "zformer", "--config_overrides", TINY_CLF,
+              "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 16, "--max_train_steps", 10,
+              "--gradient_accumulation_steps", 1]
+    run_script("run_classification.py", *common, "--checkpointing_steps", 3, "--output_dir", tmp_path / "a")
+    state = json.loads((tmp_path / "a" / "step_3" / "training_state.json").read_text())
+    assert state == {"completed_steps": 3, "epoch": 0, "batches_done": 3}
+    run_script("run_classification.py", *common, "--resume_from_checkpoint", tmp_path / "a" / "step_3",
+               "--output_dir", tmp_path / "b")
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys()
+    for key in a:
+        assert (a[key] == b[key]).all(), f"{key} differs after resume"
+    results_a = json.loads((tmp_path / "a" / "all_results.json").read_text())
+    results_b = json.loads((tmp_path / "b" / "all_results.json").read_text())
+    assert results_a["eval_accuracy"] == results_b["eval_accuracy"] and results_b["train_steps"] == 10
+
+
+# --------------------------------------------------------------------------------------------
+# argument errors (in-process: parse_args only, nothing trains)
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "script, extra, message",
+    [
+        ("run_classification.py", ["--dataset_name", "stanfordnlp/imdb", "--data_dir", "{clf}"], "exclusive"),
+        ("run_classification.py", [], "no data"),
+        ("run_classification.py", ["--data_dir", "{missing}"], "is not a directory"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--attention_type", "softmax"], "invalid choice: 'softmax'"),
+        ("run_classification.py", ["--data_dir", "{clf}"], "--attention_type"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--attention_type", "full", "--config_overrides", "hidden_sise=64"],
+         "unknown config field 'hidden_sise'"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--attention_type", "full", "--config_overrides", "hidden_size=big"],
+         "expected a int"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--attention_type", "full", "--config_overrides",
+                                   "hidden_size=30,num_attention_heads=4"], "not divisible by num_attention_heads=4"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--attention_type", "full", "--push_to_hub"], "--hub_model_id"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--attention_type", "full", "--checkpointing_steps", "often"],
+         "--checkpointing_steps"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--attention_type", "full", "--resume_from_checkpoint", "{missing}"],
+         "is not a checkpoint folder"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--model_name_or_path", "x", "--attention_type", "full"],
+         "drop one side"),
+        ("run_translation.py", ["--data_dir", "{mt}", "--attention_type", "full", "--decoder_attention_type", "xformer"],
+         "invalid choice: 'xformer'"),
+        ("run_translation.py", ["--data_dir", "{mt}", "--attention_type", "full", "--label_smoothing", "1.5"],
+         "--label_smoothing"),
+        ("run_translation.py", ["--data_dir", "{mt}", "--attention_type", "full", "--source_lang", "en"], "both 'en'"),
+        ("evaluate_model.py", ["--model_name_or_path", "x"], "exactly one of --dataset_name"),
+    ],
+)
+def test_bad_arguments_fail_before_training(script, extra, message, tiny_data, tmp_path, capsys):
+    paths = {"clf": tiny_data / "clf", "mt": tiny_data / "mt", "missing": tmp_path / "nope"}
+    argv = [a.format(**paths) for a in extra] + ["--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as error:
+        load_script(script).parse_args(argv)
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+# --------------------------------------------------------------------------------------------
+# library units
+# --------------------------------------------------------------------------------------------
+
+
+def test_config_overrides_are_typed_by_field():
+    from hf_zformer.training import parse_config_overrides
+
+    parsed = parse_config_overrides(
+        "hidden_size=64, classifier_dropout=0.2,scale_embedding=false,attention_type=fastformer|full,"
+        "position_embedding_type=learned,zformer_scale_init=10,classifier_dropout=none"
+    )
+    assert parsed == {"hidden_size": 64, "classifier_dropout": None, "scale_embedding": False,
+                      "attention_type": ["fastformer", "full"], "position_embedding_type": "learned",
+                      "zformer_scale_init": 10.0}
+    assert isinstance(parsed["zformer_scale_init"], float)
+    assert parse_config_overrides(None) == {} and parse_config_overrides("") == {}
+    with pytest.raises(ValueError, match="key=value"):
+        parse_config_overrides("hidden_size")
+    with pytest.raises(ValueError, match="expected a bool"):
+        parse_config_overrides("scale_embedding=maybe")
+
+
+def test_length_grouped_batches():
+    from hf_zformer.training import LengthGroupedBatchSampler, pad_collate
+
+    rng = random.Random(0)
+    lengths = [rng.randint(1, 200) for _ in range(1000)]
+    sampler = LengthGroupedBatchSampler(lengths, 16, seed=3, bucket_batches=8)
+    epoch0 = list(sampler)
+    assert sorted(i for b in epoch0 for i in b) == list(range(1000)) and len(epoch0) == len(sampler) == 63
+    assert list(sampler) == epoch0  # a pure function of (seed, epoch)
+    sampler.set_epoch(1)
+    assert list(sampler) != epoch0
+    padded = sum(len(b) * max(lengths[i] for i in b) for b in epoch0)
+    random_padded = sum(16 * max(lengths[i : i + 16]) for i in range(0, 1000, 16))
+    assert padded < 0.75 * random_padded and padded < 1.15 * sum(lengths)
+    ordered = list(LengthGroupedBatchSampler(lengths, 16, shuffle=False))
+    assert [lengths[i] for b in ordered for i in b] == sorted(lengths, reverse=True)
+
+    batch = pad_collate(0)([{"input_ids": [5, 6, 2], "attention_mask": [1, 1, 1], "labels": [7, 2], "index": 0},
+                            {"input_ids": [5, 2], "attention_mask": [1, 1], "labels": [7, 8, 9, 2], "index": 1}])
+    assert batch["input_ids"].tolist() == [[5, 6, 2], [5, 2, 0]]
+    assert batch["attention_mask"].tolist() == [[1, 1, 1], [1, 1, 0]]
+    assert batch["labels"].tolist() == [[7, 2, -100, -100], [7, 8, 9, 2]] and batch["index"].tolist() == [0, 1]
+
+
+def test_model_card_metadata():
+    from huggingface_hub import ModelCard
+
+    from conftest import tiny_config
+    from hf_zformer.hub import model_card
+
+    config = tiny_config(attention_type="zformer", decoder_attention_type="fastformer", num_decoder_layers=1,
+                         is_encoder_decoder=True)
+    text = model_card(config=config, results={"eval_bleu": 12.34567, "test_bleu": 11.0}, task="translation",
+                      dataset_name="bentrevett/multi30k", metric_name="bleu", command="python x.py --a 1",
+                      model_name="me/mt", languages=["de", "en"])
+    card = ModelCard(text)
+    data = card.data
+    assert data.library_name == "transformers" and data.pipeline_tag == "translation"
+    assert {"hf_zformer", "zformer-attention", "fastformer-attention", "translation"} <= set(data.tags)
+    values = {r.dataset_split: r.metric_value for r in data.eval_results}
+    assert values == {"test": 11.0, "validation": 12.3457}
+    assert all(r.task_type == "translation" and r.metric_type == "bleu" for r in data.eval_results)
+    assert "python x.py --a 1" in text and "trust_remote_code=True" in text
+
+
+# --------------------------------------------------------------------------------------------
+# multi-process (slow)
+# --------------------------------------------------------------------------------------------
+
+DDP = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2")
+
+
+@pytest.mark.slow
+def test_ddp_two_cpu_processes(tiny_data, tmp_path):
+    run_script("run_classification.py", "--data_dir", tiny_data / "clf", "--attention_type", "fastformer",
+               "--config_overrides", TINY_CLF, "--vocab_size", 120, "--per_device_train_batch_size", 8,
+               "--max_train_steps", 4, "--checkpointing_steps", 2, "--output_dir", tmp_path / "clf", launcher=DDP)
+    run_script("run_translation.py", "--data_dir", tiny_data / "mt", "--attention_type", "zformer",
+               "--config_overrides", TINY_MT, "--vocab_size", 120, "--max_target_length", 16,
+               "--per_device_train_batch_size", 8, "--max_train_steps", 4, "--output_dir", tmp_path / "mt", launcher=DDP)
+    clf = json.loads((tmp_path / "clf" / "all_results.json").read_text())
+    mt = json.loads((tmp_path / "mt" / "all_results.json").read_text())
+    assert clf["num_processes"] == 2 and mt["num_processes"] == 2  # real DDP, not two independent jobs
+    assert clf["eval_samples"] == 12 and mt["eval_samples"] == 12  # gather_for_metrics drops duplicates
+    assert "eval_bleu" in mt and "eval_accuracy" in clf
+    assert sorted(p.name for p in (tmp_path / "clf" / "step_2").glob("random_states_*")) == [
+        "random_states_0.pkl", "random_states_1.pkl"]
+    for out in ("clf", "mt"):
+        assert "accelerate launch --multi_gpu --num_processes 2" in (tmp_path / out / "README.md").read_text()
+    run_isolated(
+        f"""
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer, pipeline
+        model = AutoModelForSeq2SeqLM.from_pretrained({str(tmp_path / 'mt')!r}, trust_remote_code=True)
+        tokenizer = AutoTokenizer.from_pretrained({str(tmp_path / 'mt')!r})
+        model.generate(**tokenizer(["ein hund"], return_tensors="pt"))
+        pipeline("text-classification", model={str(tmp_path / 'clf')!r}, trust_remote_code=True)("great fun")
+        """,
+        cwd=tmp_path,
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_DATA / "imdb").is_dir(), reason="shared data not present")
+def test_acceptance_on_shared_data(tmp_path):
+    run_script("run_classification.py", "--data_dir", SHARED_DATA / "imdb", "--attention_type", "fastformer",
+               "--max_train_samples", 256, "--max_eval_samples", 128, "--max_train_steps", 12, "--config_overrides",
+               "hidden_size=64,num_hidden_layers=2,num_attention_heads=4,intermediate_size=128",
+               "--output_dir", tmp_path / "clf", launcher=DDP)
+    run_script("run_translation.py", "--data_dir", SHARED_DATA / "multi30k", "--attention_type", "zformer",
+               "--max_train_samples", 256, "--max_eval_samples", 128, "--max_train_steps", 12, "--config_overrides",
+               "hidden_size=64,num_hidden_layers=2,num_attention_heads=4,intermediate_size=128",
+               "--output_dir", tmp_path / "mt", launcher=DDP)
+    assert "eval_accuracy" in json.loads((tmp_path / "clf" / "all_results.json").read_text())
+    assert "eval_bleu" in json.loads((tmp_path / "mt" / "all_results.json").read_text())
