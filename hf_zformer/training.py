@@ -284,7 +284,8 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
     Each epoch: shuffle all indices, cut them into buckets of ``batch_size * bucket_batches``
     examples, sort every bucket by length, cut buckets into batches, shuffle the batches. Padding
     then stays small while the data order stays random. The order is a pure function of the epoch
-    (:meth:`set_epoch`), so a resumed run sees the same batches, and it consumes no global RNG.
+    (:meth:`use_epoch`; not named ``set_epoch``, which accelerate calls with its own iteration count that
+    restarts at 0 in a resumed run), so a resumed run sees the same batches; it consumes no global RNG.
     Without ``shuffle`` the batches are the dataset sorted by length (for evaluation).
     """
 
@@ -298,7 +299,7 @@ class LengthGroupedBatchSampler(torch.utils.data.Sampler):
         self.drop_last = drop_last
         self.epoch = 0
 
-    def set_epoch(self, epoch: int) -> None:
+    def use_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
     def batches(self) -> list[list[int]]:
@@ -525,7 +526,7 @@ def train(
         if completed_steps >= args.max_train_steps:
             break
         model.train()
-        train_sampler.set_epoch(epoch)
+        train_sampler.use_epoch(epoch)
         skip = resume_batches if epoch == start_epoch else 0
         loader = accelerator.skip_first_batches(train_dataloader, skip) if skip else train_dataloader
         for batches_done, batch in enumerate(loader, start=skip + 1):
