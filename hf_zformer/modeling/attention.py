@@ -51,6 +51,18 @@ def _zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch
     return x * attention_mask.to(x.dtype).view(*attention_mask.shape, *([1] * (x.dim() - 2)))
 
 
+def _use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
+    """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
+    `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences) and
+    the whole computation runs in fp32/fp64 anyway (no autocast, which keeps the plain form with
+    its low-precision projections and fp32 sequence sums)."""
+    return (
+        pays_off
+        and hidden_states.dtype in (torch.float32, torch.float64)
+        and not torch.is_autocast_enabled(hidden_states.device.type)
+    )
+
+
 # ----------------------------------------------------------------------------------------------
 # full softmax attention
 # ----------------------------------------------------------------------------------------------
@@ -133,6 +145,8 @@ class FullAttention(nn.Module):
             key, value = key_value
         batch, _, q_len, _ = query.shape
         k_len = key.shape[2]
+        if key_mask is not None and not torch.compiler.is_compiling() and bool(key_mask.all()):
+            key_mask = None  # no padding: SDPA can take its unmasked (fastest) kernel
         mask = None
         if key_mask is not None:
             mask = key_mask.bool().view(batch, 1, 1, k_len)
@@ -174,6 +188,9 @@ class ZformerAttention(nn.Module):
 
     Causal form: `out_i = q_i (sum_{j<=i} k_j^T v_j) / s`, with the running sum as recurrent state
     (B, H, d_h, d_h) in fp32. As cross-attention K^T V of the source is computed once.
+
+    Bidirectional self-attention on sequences longer than the width takes a folded form with the
+    same result (`_folded`): 4 N D^2 + 2 D^3 FLOPs per sequence instead of 6 N D^2 + 4 N D d_h.
     """
 
     def __init__(self, config, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
@@ -210,6 +227,10 @@ class ZformerAttention(nn.Module):
     ):
         """Bidirectional self-attention by default; `key_value` = a precomputed K^T V (cross-attention);
         causal modules take and return `state` (the K^T V prefix sum). Returns (context, state)."""
+        if not self.is_causal and key_value is None:
+            # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
+            if _use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
+                return self._folded(hidden_states, attention_mask), state
         query = self._queries(hidden_states)  # (B, H, N, d)
         if self.is_causal:
             key = _split_heads(_zero_padding(self.key(hidden_states), attention_mask), self.num_heads)
@@ -221,6 +242,36 @@ class ZformerAttention(nn.Module):
                 context = torch.einsum("bhnd,bhde->bhne", query.float(), kv)
         context = (context * torch.exp(-self.log_scale.float())).to(query.dtype)
         return _merge_heads(context), state
+
+    def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Bidirectional self-attention `Q (K^T V) / s` folded into one (D, D) matrix per sequence.
+
+        Write [W | b] for a projection with its bias as a column (D, D+1) and x' = [x; 1]. Over the
+        real positions (mask m_i), per head h,
+            K^T V = sum_i m_i k_i v_i^T = [W_k | b_k]_h S [W_v | b_v]_h^T,   S = sum_i m_i x'_i x'_i^T,
+        where S (D+1, D+1) holds the Gram matrix G = sum_i m_i x_i x_i^T, t = sum_i m_i x_i and the
+        number of real tokens. Then out_i = (W_q x_i + b_q) K^T V / (sqrt(d_h) s) = x_i A + c, with
+        [A; c] per head = [W_q | b_q]_h^T K^T V / (sqrt(d_h) s). Cost 4 N D^2 (G and x_i A) + 2 D^3
+        instead of the 6 N D^2 of three projections: K and V are never formed. The sums over the
+        sequence run in the input's precision (fp32 or fp64).
+        """
+        x = hidden_states  # (B, N, D)
+        batch, length, width = x.shape
+        heads, dim = self.num_heads, self.head_dim
+        masked = _zero_padding(x, attention_mask)
+        gram = masked.transpose(1, 2) @ x  # G (B, D, D)
+        total = masked.sum(1, keepdim=True)  # t (B, 1, D)
+        if attention_mask is None:
+            count = x.new_full((batch, 1, 1), float(length))
+        else:
+            count = attention_mask.sum(1).to(x.dtype).view(batch, 1, 1)
+        moments = torch.cat([torch.cat([gram, total], 1), torch.cat([total, count], 2).transpose(1, 2)], 2)  # S
+        key, value, query = (torch.cat([p.weight, p.bias[:, None]], 1) for p in (self.key, self.value, self.query))
+        value_moments = (value @ moments).view(batch, heads, dim, width + 1)  # [W_v | b_v] S, per head
+        kv_t = value_moments @ key.view(heads, dim, width + 1).transpose(1, 2)  # (K^T V)^T (B, H, d, d)
+        kv_t = kv_t * (dim**-0.5 * torch.exp(-self.log_scale))
+        folded = (kv_t @ query.view(heads, dim, width + 1)).view(batch, width, width + 1)  # [A^T | c]
+        return torch.baddbmm(folded[:, None, :, width], x, folded[:, :, :width].transpose(1, 2))  # (B, N, D)
 
     @staticmethod
     def _causal(query, key, value, state):
@@ -280,9 +331,15 @@ class XformerAttention(nn.Module):
             key = projection @ query.float()  # (B, k, D/alpha)
             value = projection @ inputs.float()  # (B, k, D)
         query, key, value = (_split_heads(t.to(query.dtype), self.num_heads) for t in (query, key, value))
-        scores = (query @ key.transpose(-1, -2)) * self.scaling  # (B, H, N, k)
-        probs = self.dropout(torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype))
-        return _merge_heads(probs @ value), None  # no state: xformer is never causal
+        # Fused attention (no (B, H, N, k) score matrix: memory linear in N) needs query/key heads as
+        # wide as value heads: zero channels leave the scores unchanged.
+        padding = value.shape[-1] - query.shape[-1]
+        if padding:
+            query, key = nn.functional.pad(query, (0, padding)), nn.functional.pad(key, (0, padding))
+        context = nn.functional.scaled_dot_product_attention(
+            query, key, value, dropout_p=self.dropout.p if self.training else 0.0, scale=self.scaling
+        )  # (B, H, N, D/H)
+        return _merge_heads(context), None  # no state: xformer is never causal
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,6 +389,9 @@ class FastformerAttention(nn.Module):
 
     Causal form: the poolings become prefix poolings (running max, numerator and denominator),
     an O(1) state per generated token.
+
+    Bidirectional attention on all but short sequences takes a folded form with the same result
+    (`_folded`): 2 N D^2 + 2 D^3 FLOPs per sequence instead of the 8 N D^2 of four projections.
     """
 
     def __init__(self, config, is_causal: bool = False, layer_idx: int | None = None, **kwargs):
@@ -357,6 +417,12 @@ class FastformerAttention(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, state=None, **kwargs):
         """Returns (context (B, N, D), state); state is a pair of prefix-pool states when causal."""
+        if not self.is_causal:
+            projections = 3 if self.value is None else 4
+            # fewer FLOPs when 2 (projections - 1) N D^2 > 2 D^3
+            length, width = hidden_states.shape[1:]
+            if _use_folded_form(hidden_states, pays_off=(projections - 1) * length > width):
+                return self._folded(hidden_states, attention_mask), state
         query_proj = self.query(hidden_states)
         value_proj = query_proj if self.value is None else self.value(hidden_states)
         query = _split_heads(query_proj, self.num_heads)
@@ -378,6 +444,50 @@ class FastformerAttention(nn.Module):
                 global_key = _pool(self._scores(mixed, w_k), mixed, attention_mask)[:, :, None]
         mixed_value = _merge_heads(global_key.to(value.dtype) * value)  # u_i  (B, N, D)
         return self.transform(mixed_value) + query_proj, state
+
+    def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        """Bidirectional Fastformer with every step linear in the tokens x_i, per head:
+
+            w_q . q_i = x_i . (W_q^T w_q) + const        (scores without forming Q; a constant
+                                                          shift per head leaves the softmax unchanged)
+            q_g = sum_i alpha_i q_i = W_q (sum_i alpha_i x_i) + b_q      (sum_i alpha_i = 1)
+            w_k . (q_g * k_i) = x_i . (W_k^T (w_k * q_g)) + const
+            k_g = sum_i beta_i (q_g * k_i) = q_g * (W_k (sum_i beta_i x_i) + b_k)
+            r_i = W_r (k_g * (W_v x_i + b_v)) + b_r + W_q x_i + b_q = (W_r diag(k_g) W_v + W_q) x_i + c
+
+        (with the 1/sqrt(d_h) score scaling). The output is one (D, D) matrix per sequence applied
+        to X: 2 N D^2 + 2 D^3 FLOPs, plus 8 N D H for the scores and poolings, instead of 8 N D^2;
+        Q, K, V and the other (B, N, D) intermediates are never formed.
+        """
+        x = hidden_states  # (B, N, D)
+        batch, length, width = x.shape
+        heads, dim = self.num_heads, self.head_dim
+        value_layer = self.query if self.value is None else self.value
+        w_q, w_k = self.query.weight.view(heads, dim, width), self.key.weight.view(heads, dim, width)
+        b_q, b_k = self.query.bias.view(heads, dim), self.key.bias.view(heads, dim)
+        tokens = x.transpose(1, 2)  # (B, D, N)
+
+        def pool(direction):
+            """sum_i softmax_i(direction . x_i) x_i over real positions; direction (B or 1, H, D)."""
+            if direction is None:  # mean pooling
+                scores = x.new_zeros(batch, heads, length)
+            else:
+                scores = direction @ tokens  # (B, H, N)
+            if attention_mask is not None:
+                scores = scores.masked_fill(~attention_mask.bool()[:, None, :], float("-inf"))
+            return torch.softmax(scores, dim=-1) @ x  # (B, H, D)
+
+        scale = dim**-0.5
+        direction = torch.einsum("hkD,hk->hD", w_q, self.query_score)[None] * scale if self.additive else None
+        global_query = torch.einsum("hkD,bhD->bhk", w_q, pool(direction)) + b_q  # q_g (B, H, d)
+        if self.additive:
+            direction = torch.einsum("hkD,bhk->bhD", w_k, self.key_score * global_query * scale)
+        global_key = global_query * (torch.einsum("hkD,bhD->bhk", w_k, pool(direction)) + b_k)  # k_g
+
+        scaled_transform = self.transform.weight * global_key.reshape(batch, 1, width)  # W_r diag(k_g)  (B, D, D)
+        matrix = torch.baddbmm(self.query.weight, scaled_transform, value_layer.weight.expand(batch, -1, -1))
+        offset = scaled_transform @ value_layer.bias + self.transform.bias + self.query.bias  # c (B, D)
+        return torch.baddbmm(offset[:, None, :], x, matrix.transpose(1, 2))  # (B, N, D)
 
 
 ATTENTION_CLASSES = {
