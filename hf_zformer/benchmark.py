@@ -53,7 +53,7 @@ BASELINE = "full"
 
 def attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None) -> int:
     """Nominal forward FLOPs of one self-attention call (a multiply-add counts 2), by the equations
-    of docs/DESIGN (not by whatever an implementation happens to execute):
+    of the design (whatever an implementation executes):
 
     - projections: a Linear D -> D' on B*N tokens costs 2 B N D D'.
     - full / full_eager: Q, K, V projections + Q K^T + P V = 6 B N D^2 + 4 B N^2 D (softmax ignored).
@@ -76,17 +76,59 @@ def attention_flops(attention_type: str, batch: int, length: int, width: int, he
         k = math.ceil(config.max_position_embeddings / config.xformer_beta)
         return 2 * b * n * d * query_width + 2 * b * k * n * (2 * query_width + 2 * d)
     if attention_type == "fastformer":
-        projections = 3 if config.fastformer_share_qv else 4
-        return 2 * projections * b * n * d * d + 11 * b * n * d
+        return 2 * _fastformer_projections(config) * b * n * d * d + 11 * b * n * d
     raise ValueError(f"unknown attention type {attention_type!r}; choose one of {list(TYPES)}")
 
 
-def model_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config) -> int:
-    """Nominal forward FLOPs of the one-layer model: attention, the output projection (2 B N D^2)
-    and the shrunk feed-forward (4 B N D I); embeddings and LayerNorms are ignored."""
+def _fastformer_projections(config) -> int:
+    return 3 if config.fastformer_share_qv else 4
+
+
+def folded(attention_type: str, length: int, width: int, config, dtype: str = "fp32") -> bool:
+    """Whether hf_zformer's bidirectional zformer/fastformer take their folded form (the rule of
+    `attention.py`: fp32 outside autocast, and fewer FLOPs than the plain form)."""
+    if dtype != "fp32":
+        return False
+    if attention_type == "zformer":
+        return length > width
+    if attention_type == "fastformer":
+        return (_fastformer_projections(config) - 1) * length > width
+    return False
+
+
+def executed_attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None,
+                             dtype: str = "fp32") -> int:
+    """Forward FLOPs that hf_zformer's implementation actually executes (matmuls only):
+
+    - full, full_eager, and zformer/fastformer in their plain form: as `attention_flops`.
+    - zformer folded (fp32, N > D): Gram matrix 2 B N D^2 + [W_v|b_v] S 2 B D (D+1)^2 + per-head
+      products 4 B D (D+1) d_h + x_i A 2 B N D^2.
+    - fastformer folded (fp32, (projections - 1) N > D): 2 score products and 2 poolings
+      (2 B H N D each) + W_r diag(k_g) W_v 2 B D^3 + x_i A 2 B N D^2.
+    - xformer: as nominal, but fused attention scores run on value-wide heads (zero-padded query
+      and key channels): scores cost 2 B N k D instead of 2 B N k D/alpha.
+    """
+    config = config if config is not None else make_config(attention_type, length, width, heads)
+    b, n, d = batch, length, width
+    if folded(attention_type, n, d, config, dtype):
+        if attention_type == "zformer":
+            return 4 * b * n * d * d + 2 * b * d * (d + 1) ** 2 + 4 * b * d * (d + 1) * (d // heads)
+        return 8 * b * heads * n * d + 2 * b * d**3 + 2 * b * n * d * d
+    if attention_type == "xformer":
+        query_width = d // config.xformer_alpha
+        k = math.ceil(config.max_position_embeddings / config.xformer_beta)
+        return 2 * b * n * d * query_width + 2 * b * k * n * (query_width + 3 * d)
+    return attention_flops(attention_type, batch, length, width, heads, config)
+
+
+def model_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config,
+                attention_count=attention_flops) -> int:
+    """Forward FLOPs of the one-layer model: attention (counted by `attention_count`), the output
+    projection (2 B N D^2) and the shrunk feed-forward (4 B N D I); embeddings and LayerNorms are
+    ignored."""
     b, n, d = batch, length, width
     return (
-        attention_flops(attention_type, b, n, d, heads, config)
+        attention_count(attention_type, b, n, d, heads, config)
         + 2 * b * n * d * d
         + 4 * b * n * d * config.intermediate_size
     )
@@ -145,6 +187,7 @@ def machine_info(device: torch.device) -> dict:
         "cpu": _cpu_model(),
         "cpu_count": os.cpu_count(),
         "device": str(device),
+        "load_average": load_average(),
     }
     try:
         import transformers
@@ -155,6 +198,14 @@ def machine_info(device: torch.device) -> dict:
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
     return info
+
+
+def load_average():
+    """1/5/15-minute load averages: other work on a shared machine slows every measurement."""
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except (OSError, AttributeError):
+        return None
 
 
 def _cpu_model() -> str:
@@ -246,8 +297,10 @@ class BenchResult:
     times_ms: list = field(default_factory=list)
     peak_memory_mb: float | None = None
     flops: int | None = None
+    executed_flops: int | None = None
     tflops: float | None = None
     flops_fraction: float | None = None
+    executed_fraction: float | None = None
     speedup_vs_full: float | None = None
 
 
@@ -348,11 +401,19 @@ def peak_memory_bytes(step: Callable[[], None], device: torch.device) -> int | N
         return peak
 
 
-def case_flops(case: BenchCase, config=None) -> int:
-    """Nominal FLOPs of one timed call of `case`."""
+def case_flops(case: BenchCase, config=None) -> tuple[int, int]:
+    """(nominal, executed) FLOPs of one timed call of `case`."""
     config = config if config is not None else make_config(case.attention_type, case.length, case.width, case.heads)
-    count = model_flops if case.level == "model" else attention_flops
-    return step_flops(count(case.attention_type, case.batch, case.length, case.width, case.heads, config), case.mode)
+    shape = (case.attention_type, case.batch, case.length, case.width, case.heads, config)
+
+    def executed(*args):
+        return executed_attention_flops(*args, dtype=case.dtype)
+
+    if case.level == "model":
+        counts = model_flops(*shape), model_flops(*shape, attention_count=executed)
+    else:
+        counts = attention_flops(*shape), executed(*shape)
+    return tuple(step_flops(count, case.mode) for count in counts)
 
 
 def _quadratic_bytes(case: BenchCase, config) -> int:
@@ -377,7 +438,7 @@ class _Runner:
         self.case, self.device = case, torch.device(case.device)
         self.result = BenchResult(**asdict(case))
         self.config = make_config(case.attention_type, case.length, case.width, case.heads)
-        self.result.flops = case_flops(case, self.config)
+        self.result.flops, self.result.executed_flops = case_flops(case, self.config)
         self.step = None
         self.times = []
         needed = _quadratic_bytes(case, self.config)
@@ -424,7 +485,7 @@ class _Runner:
         r.time_ms = statistics.median(r.times_ms)
         r.tflops = r.flops / (r.time_ms / 1e3) / 1e12
         if matmul_flops:
-            r.flops_fraction = r.flops / (r.time_ms / 1e3) / matmul_flops
+            set_flops_fractions([r], matmul_flops)
         if measure_memory:
             self.guarded(lambda: setattr(r, "peak_memory_mb", peak_memory_bytes(self.step, self.device) / 2**20))
 
@@ -504,7 +565,8 @@ def sweep(
             case = BenchCase(level, t, mode, batch, n, w, h, dtype, device, mask)
             if (mode, w, h, t) in stopped:
                 result = BenchResult(**asdict(case))
-                result.status, result.note, result.flops = "skipped", stopped[(mode, w, h, t)], case_flops(case)
+                result.status, result.note = "skipped", stopped[(mode, w, h, t)]
+                result.flops, result.executed_flops = case_flops(case)
                 group_results.append(result)
             else:
                 cases.append(case)
@@ -535,10 +597,13 @@ def add_speedups(results: list[BenchResult]):
 
 
 def set_flops_fractions(results: list[BenchResult], matmul_flops: float):
-    """flops_fraction = achieved FLOP/s / the measured matmul FLOP/s."""
+    """flops_fraction = nominal FLOPs per second / the measured matmul FLOP/s (can exceed 1 where
+    the implementation does less work than the equations); executed_fraction the same with the
+    FLOPs actually executed (the hardware efficiency)."""
     for r in results:
         if r.status == "ok" and r.time_ms:
             r.flops_fraction = r.flops / (r.time_ms / 1e3) / matmul_flops
+            r.executed_fraction = r.executed_flops / (r.time_ms / 1e3) / matmul_flops
 
 
 def _group(r: BenchResult):
@@ -551,7 +616,8 @@ def _group(r: BenchResult):
 
 CSV_FIELDS = [
     "level", "attention_type", "mode", "batch", "length", "width", "heads", "dtype", "device", "mask", "status",
-    "time_ms", "speedup_vs_full", "peak_memory_mb", "flops", "tflops", "flops_fraction", "note", "times_ms",
+    "time_ms", "speedup_vs_full", "peak_memory_mb", "flops", "executed_flops", "tflops", "flops_fraction",
+    "executed_fraction", "note", "times_ms",
 ]
 
 
@@ -587,7 +653,7 @@ def markdown_table(results: list[BenchResult]) -> str:
         out.append(
             f"**{level}, {mode}, batch {batch}, width {width}, {heads} heads, {dtype}, {device}"
             f"{', all-ones padding mask' if mask else ''}** — time ms (speedup vs fused SDPA `full`) · "
-            f"peak extra memory MiB · FLOP/s as % of matmul\n"
+            f"peak extra memory MiB · nominal FLOP/s as % of matmul (executed FLOP/s %, where it differs)\n"
         )
         out.append("| n | " + " | ".join(types) + " |")
         out.append("|---:|" + "---|" * len(types))
@@ -601,7 +667,11 @@ def markdown_table(results: list[BenchResult]) -> str:
                     cells.append(f"{r.status}")
                 else:
                     speed = f" ({r.speedup_vs_full:.2f}x)" if r.speedup_vs_full is not None else ""
-                    frac = f" · {100 * r.flops_fraction:.0f}%" if r.flops_fraction is not None else ""
+                    frac = ""
+                    if r.flops_fraction is not None:
+                        frac = f" · {100 * r.flops_fraction:.0f}%"
+                        if r.executed_flops != r.flops:
+                            frac += f" ({100 * r.executed_fraction:.0f}%)"
                     cells.append(f"{r.time_ms:.1f}{speed} · {_fmt(r.peak_memory_mb, '.0f')}{frac}")
             out.append(f"| {n} | " + " | ".join(cells) + " |")
         notes = sorted({f"{r.attention_type} n={r.length}: {r.note}" for r in rows if r.status != "ok" and r.note})

@@ -104,6 +104,7 @@ def main(argv=None):
     # Measured again at the end; the FLOP/s fractions use the faster of the two (conservative on a
     # machine shared with other work).
     metadata["matmul_end"] = benchmark.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
+    metadata["load_average_end"] = benchmark.load_average()
     metadata["matmul"] = max(metadata["matmul_start"], metadata["matmul_end"], key=lambda m: m["flops"])
     benchmark.set_flops_fractions(results, metadata["matmul"]["flops"])
     paths = benchmark.write_reports(results, args.output, metadata, make_plot=False)
