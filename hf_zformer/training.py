@@ -592,6 +592,11 @@ def train(
 def command_line() -> str:
     """The command that started this process, as it would be typed (``accelerate launch`` noted)."""
     argv = [Path(sys.argv[0]).as_posix()] + sys.argv[1:]
+    for i, arg in enumerate(argv):  # never write a token into a model card
+        if arg == "--hub_token" and i + 1 < len(argv):
+            argv[i + 1] = "REDACTED"
+        elif arg.startswith("--hub_token="):
+            argv[i] = "--hub_token=REDACTED"
     script = " ".join(shlex.quote(a) for a in argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 or "ACCELERATE_MIXED_PRECISION" in os.environ:

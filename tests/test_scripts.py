@@ -149,6 +149,7 @@ def test_classification_end_to_end(clf_run):
         assert needle in meta, needle
     card = (out / "README.md").read_text()
     assert "run_classification.py" in card and "--attention_type fastformer" in card
+    assert "hf_fake" not in card and "--hub_token REDACTED" in card  # the token stays secret
     assert (out / "step_2" / "training_state.json").is_file() and (out / "step_4").is_dir()
     assert not list(out.glob(".tmp-*")), "temporary checkpoint folders left behind"
     assert list(out.rglob("events.out.tfevents*")), "--with_tracking wrote no TensorBoard events"
