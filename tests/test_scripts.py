@@ -215,8 +215,7 @@ def test_saved_models_load_in_clean_process(clf_run, mt_run, tmp_path):
     assert "classification:" in result.stdout
 
 
-def test_evaluate_model_script(clf_run, mt_run, tiny_data, tmp_path):
-    clf_out, _ = clf_run
+def test_evaluate_model_script_translation(mt_run, tiny_data, tmp_path):
     run_script("evaluate_model.py", "--model_name_or_path", mt_run, "--data_dir", tiny_data / "mt",
                "--output_dir", tmp_path / "mt")
     metrics = json.loads((tmp_path / "mt" / "test_results.json").read_text())
@@ -226,6 +225,10 @@ def test_evaluate_model_script(clf_run, mt_run, tiny_data, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "mt" / "test_predictions.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(12)) and {"source", "prediction", "reference"} <= set(rows[0])
 
+
+@pytest.mark.slow  # the classification branch is the simpler one; keeps the default run short
+def test_evaluate_model_script_classification(clf_run, tiny_data, tmp_path):
+    clf_out, _ = clf_run
     run_script("evaluate_model.py", "--model_name_or_path", clf_out, "--data_dir", tiny_data / "clf",
                "--split", "validation", "--output_dir", tmp_path / "clf")
     metrics = json.loads((tmp_path / "clf" / "validation_results.json").read_text())
