@@ -10,6 +10,7 @@ fraction of this machine's measured matmul FLOP/s, as CSV, JSON, a markdown tabl
     python scripts/benchmark_attention.py --modes forward train --widths 512 768 1024
     python scripts/benchmark_attention.py --level model --mask              # one-layer models, FFN shrunk away
     python scripts/benchmark_attention.py --device cuda --dtype bf16 --lengths 1024 4096 16384
+    python scripts/benchmark_attention.py --level seq2seq --batch 16 --source-length 32   # vs BART
 
 See docs/benchmarks.md for the method and measured results.
 """
@@ -27,7 +28,8 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--level", choices=benchmark.LEVELS, default="attention",
                         help="'attention': the attention module alone; 'model': a one-layer ZformerModel with "
-                             "intermediate_size=1 (the FFN shrunk away), fed token ids")
+                             "intermediate_size=1 (the FFN shrunk away), fed token ids; 'seq2seq': training "
+                             "tokens/s and greedy sentences/s of our encoder-decoder against BART of identical size")
     parser.add_argument("--types", nargs="+", choices=benchmark.TYPES, default=list(benchmark.TYPES),
                         help="attention types; 'full' is fused SDPA (the baseline of every speedup), "
                              "'full_eager' our einsum reference")
@@ -43,6 +45,14 @@ def parse_args(argv=None):
     parser.add_argument("--mask", action="store_true",
                         help="pass an all-ones (B, N) padding mask, as the models do (default: no mask, "
                              "SDPA's best case)")
+    seq2seq = parser.add_argument_group("--level seq2seq (width and heads: the first of --widths / --heads)")
+    seq2seq.add_argument("--seq2seq-models", nargs="+", choices=benchmark.SEQ2SEQ_MODELS,
+                         default=list(benchmark.SEQ2SEQ_MODELS))
+    seq2seq.add_argument("--source-length", type=int, default=32)
+    seq2seq.add_argument("--target-length", type=int, default=32, help="also the number of tokens generated")
+    seq2seq.add_argument("--layers", type=int, default=6, help="encoder layers = decoder layers")
+    seq2seq.add_argument("--ffn", type=int, default=2048)
+    seq2seq.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=5, help="timed calls per configuration (median reported)")
     parser.add_argument("--max-seconds", type=float, default=30.0,
@@ -77,6 +87,8 @@ def main(argv=None):
     metadata = benchmark.machine_info(device)
     metadata["command"] = "python " + benchmark.command_line()
     metadata["args"] = vars(args)
+    if args.level == "seq2seq":
+        return run_seq2seq(args, device, metadata)
     dtype = benchmark.DTYPES[args.dtype]
     print(f"measuring {args.dtype} matmul FLOP/s on {device} ...", file=sys.stderr)
     metadata["matmul_start"] = benchmark.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
@@ -112,6 +124,19 @@ def main(argv=None):
         paths["png"] = args.plot or args.output + ".png"
         benchmark.plot(results, paths["png"])
     print(benchmark.markdown_table(results))
+    print("wrote " + ", ".join(os.path.relpath(p) for p in paths.values()), file=sys.stderr)
+
+
+def run_seq2seq(args, device, metadata):
+    shape = benchmark.Seq2SeqShape(
+        batch=args.batch, source_length=args.source_length, target_length=args.target_length,
+        width=args.widths[0], layers=args.layers, heads=args.heads[0], ffn=args.ffn, vocab=args.vocab,
+    )
+    results = benchmark.seq2seq_benchmark(args.seq2seq_models, shape, device=str(device), dtype=args.dtype,
+                                          warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress)
+    metadata["load_average_end"] = benchmark.load_average()
+    paths = benchmark.write_seq2seq_reports(results, args.output, metadata)
+    print(benchmark.seq2seq_markdown(results))
     print("wrote " + ", ".join(os.path.relpath(p) for p in paths.values()), file=sys.stderr)
 
 

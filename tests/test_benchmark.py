@@ -67,6 +67,22 @@ def test_model_level_with_mask(tmp_path):
     assert not Path(f"{prefix}.png").exists()
 
 
+def test_seq2seq_level_compares_with_bart(tmp_path):
+    prefix = tmp_path / "seq2seq"
+    load_script().main(["--level", "seq2seq", "--widths", "32", "--heads", "4", "--layers", "1", "--ffn", "64",
+                        "--vocab", "50", "--batch", "2", "--source-length", "6", "--target-length", "4",
+                        "--repeats", "1", "--no-progress", "--output", str(prefix)])
+    rows = {r["model"]: r for r in read_csv(f"{prefix}.csv")}
+    assert set(rows) == set(benchmark.SEQ2SEQ_MODELS)
+    assert float(rows["bart"]["train_speedup_vs_bart"]) == pytest.approx(1.0)
+    for row in rows.values():
+        assert float(row["train_tokens_per_s"]) > 0 and float(row["sentences_per_s"]) > 0
+    # identical size: BART and our full-attention model differ only in small per-layer extras
+    # (final LayerNorms, BART's embedding LayerNorm and learned positions)
+    assert abs(int(rows["full"]["parameters"]) - int(rows["bart"]["parameters"])) < 0.1 * int(rows["bart"]["parameters"])
+    assert "BartForConditionalGeneration" in Path(f"{prefix}.md").read_text()
+
+
 def test_slow_and_memory_hungry_configurations_are_skipped(tmp_path):
     prefix = tmp_path / "skip"
     load_script().main(TINY + ["--types", "full", "full_eager", "--max-seconds", "0", "--max-memory-gb", "0",
