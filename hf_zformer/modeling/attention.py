@@ -51,6 +51,13 @@ def _zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch
     return x * attention_mask.to(x.dtype).view(*attention_mask.shape, *([1] * (x.dim() - 2)))
 
 
+def _drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """None when `attention_mask` has no padding (saves masking passes over the sequence)."""
+    if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
+        return None
+    return attention_mask
+
+
 def _use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
     """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
     `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences) and
@@ -145,8 +152,7 @@ class FullAttention(nn.Module):
             key, value = key_value
         batch, _, q_len, _ = query.shape
         k_len = key.shape[2]
-        if key_mask is not None and not torch.compiler.is_compiling() and bool(key_mask.all()):
-            key_mask = None  # no padding: SDPA can take its unmasked (fastest) kernel
+        key_mask = _drop_full_mask(key_mask)  # no padding: SDPA can take its unmasked (fastest) kernel
         mask = None
         if key_mask is not None:
             mask = key_mask.bool().view(batch, 1, 1, k_len)
@@ -258,6 +264,7 @@ class ZformerAttention(nn.Module):
         x = hidden_states  # (B, N, D)
         batch, length, width = x.shape
         heads, dim = self.num_heads, self.head_dim
+        attention_mask = _drop_full_mask(attention_mask)
         masked = _zero_padding(x, attention_mask)
         gram = masked.transpose(1, 2) @ x  # G (B, D, D)
         total = masked.sum(1, keepdim=True)  # t (B, 1, D)
@@ -462,6 +469,7 @@ class FastformerAttention(nn.Module):
         x = hidden_states  # (B, N, D)
         batch, length, width = x.shape
         heads, dim = self.num_heads, self.head_dim
+        attention_mask = _drop_full_mask(attention_mask)
         value_layer = self.query if self.value is None else self.value
         w_q, w_k = self.query.weight.view(heads, dim, width), self.key.weight.view(heads, dim, width)
         b_q, b_k = self.query.bias.view(heads, dim), self.key.bias.view(heads, dim)
