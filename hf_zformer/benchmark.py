@@ -190,6 +190,10 @@ def machine_info(device: torch.device) -> dict:
         "cpu_count": os.cpu_count(),
         "device": str(device),
         "load_average": load_average(),
+        # allocator/threading settings that change CPU timings (THP_MEM_ALLOC_ENABLE=1: transparent
+        # huge pages for PyTorch's CPU allocations, far fewer page faults on fresh tensors)
+        "environment": {k: os.environ[k] for k in ("THP_MEM_ALLOC_ENABLE", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+                        if k in os.environ},
     }
     try:
         import transformers
@@ -304,6 +308,7 @@ class BenchResult:
     flops_fraction: float | None = None
     executed_fraction: float | None = None
     speedup_vs_full: float | None = None
+    profile: str = ""  # torch.profiler table of one call (--profile); not in the CSV
 
 
 def _make_inputs(case: BenchCase, config, device: torch.device):
@@ -479,6 +484,23 @@ class _Runner:
             self.times.append(elapsed[0])
         return elapsed[0] if elapsed else None
 
+    def profile(self, rows: int = 12):
+        """torch.profiler table (self CPU/CUDA time per op and input shape) of one call."""
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+
+        def action():
+            with profile(activities=activities, record_shapes=True) as prof:
+                self.step()
+                synchronize(self.device)
+            sort = "self_cuda_time_total" if self.device.type == "cuda" else "self_cpu_time_total"
+            self.result.profile = prof.key_averages(group_by_input_shape=True).table(
+                sort_by=sort, row_limit=rows, max_name_column_width=28, max_shapes_column_width=64
+            )
+
+        self.guarded(action)
+
     def finish(self, measure_memory: bool, matmul_flops: float | None):
         if not self.active:
             return
@@ -499,7 +521,7 @@ class _Runner:
 
 def run_cases(cases: list[BenchCase], warmup: int = 1, repeats: int = 5, max_seconds: float = 30.0,
               measure_memory: bool = True, max_memory_bytes: int | None = None,
-              matmul_flops: float | None = None) -> list[BenchResult]:
+              matmul_flops: float | None = None, profile: bool = False) -> list[BenchResult]:
     """Measure configurations side by side: after each one's warm-up, the timed calls go round-robin
     over them (call 1 of every case, then call 2, ...), so that load from other processes on a shared
     machine hits every type alike and the speedups compare like with like. A configuration whose
@@ -519,6 +541,8 @@ def run_cases(cases: list[BenchCase], warmup: int = 1, repeats: int = 5, max_sec
                 runner.call(record=True)
     for runner in runners:
         runner.finish(measure_memory, matmul_flops)
+        if profile:
+            runner.profile()
         runner.release()
     return [runner.result for runner in runners]
 
@@ -542,6 +566,7 @@ def sweep(
     measure_memory: bool = True,
     matmul_flops: float | None = None,
     progress: bool = True,
+    profile: bool = False,
 ) -> list[BenchResult]:
     """Every (mode, width, heads, length) with all `types` measured side by side (`run_cases`),
     lengths ascending. Once a type takes longer than `max_seconds` per call (or runs out of
@@ -573,7 +598,7 @@ def sweep(
             else:
                 cases.append(case)
         group_results += run_cases(cases, warmup, repeats, max_seconds, measure_memory, max_memory_bytes,
-                                   matmul_flops)
+                                   matmul_flops, profile)
         for result in sorted(group_results, key=lambda r: types.index(r.attention_type)):
             key = (mode, w, h, result.attention_type)
             if result.status == "oom":
@@ -884,6 +909,10 @@ def markdown_table(results: list[BenchResult]) -> str:
             out.append("")
             out.extend(f"- {note}" for note in notes)
         out.append("")
+        for r in rows:
+            if r.profile:
+                out.append(f"<details><summary>profile: {r.attention_type}, n={r.length}</summary>\n")
+                out.append("```\n" + r.profile.strip() + "\n```\n</details>\n")
     return "\n".join(out)
 
 
@@ -944,6 +973,8 @@ def markdown_header(metadata: dict) -> str:
         f"Machine: {metadata.get('cpu', '?')} ({metadata.get('cpu_count', '?')} CPUs, {metadata.get('threads', '?')} "
         f"torch threads){', ' + metadata['gpu'] if 'gpu' in metadata else ''}; torch {metadata.get('torch', '?')}, "
         f"transformers {metadata.get('transformers', '?')}; {metadata.get('date', '')}.",
+        f"Environment: {metadata.get('environment') or 'defaults'}; load average at start "
+        f"{metadata.get('load_average')}, at end {metadata.get('load_average_end')}.",
     ]
     if matmul:
         lines.append(

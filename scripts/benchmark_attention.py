@@ -63,6 +63,8 @@ def parse_args(argv=None):
     parser.add_argument("--matmul-size", type=int, default=4096,
                         help="largest square matmul tried when measuring the machine's FLOP/s")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--profile", action="store_true",
+                        help="also profile one call per configuration (torch.profiler) into the markdown report")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     parser.add_argument("--output", default="bench/attention",
                         help="prefix of the .csv, .json, .md and .png files written")
@@ -112,6 +114,7 @@ def main(argv=None):
         measure_memory=not args.no_memory,
         matmul_flops=metadata["matmul_start"]["flops"],
         progress=not args.no_progress,
+        profile=args.profile,
     )
     # Measured again at the end; the FLOP/s fractions use the faster of the two (conservative on a
     # machine shared with other work).
