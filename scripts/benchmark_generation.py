@@ -36,6 +36,8 @@ def parse_args(argv=None):
     parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 runs under autocast")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads (default: torch's choice; 1 is steadier on a shared machine)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--output", type=Path, default=None, help="write <output>.json, .md and .png")
     args = parser.parse_args(argv)
@@ -140,6 +142,8 @@ def plot(args, rows, path):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     steps, state_sizes = measure(args)
     rows = summarize(args, steps)
     table = markdown(args, rows, state_sizes)
