@@ -46,6 +46,9 @@ LEVELS = ("attention", "model", "seq2seq")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Baseline of every speedup column: PyTorch's fused attention.
 BASELINE = "full"
+# Environment variables that change CPU timings (THP_MEM_ALLOC_ENABLE=1: transparent huge pages for
+# torch's CPU allocations); recorded in the metadata and in front of the recorded command line.
+TIMING_ENVIRONMENT = ("THP_MEM_ALLOC_ENABLE", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -183,10 +186,7 @@ def machine_info(device: torch.device) -> dict:
         "cpu_count": os.cpu_count(),
         "device": str(device),
         "load_average": load_average(),
-        # allocator/threading settings that change CPU timings (THP_MEM_ALLOC_ENABLE=1: transparent
-        # huge pages for PyTorch's CPU allocations, far fewer page faults on fresh tensors)
-        "environment": {k: os.environ[k] for k in ("THP_MEM_ALLOC_ENABLE", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-                        if k in os.environ},
+        "environment": {k: os.environ[k] for k in TIMING_ENVIRONMENT if k in os.environ},
     }
     try:
         import transformers
@@ -978,4 +978,7 @@ def markdown_header(metadata: dict) -> str:
 
 
 def command_line() -> str:
-    return " ".join([os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else "python"] + sys.argv[1:])
+    """`python <script> <args>`, prefixed by the timing-relevant environment variables that are set."""
+    environment = [f"{k}={os.environ[k]}" for k in TIMING_ENVIRONMENT if k in os.environ]
+    script = os.path.relpath(sys.argv[0]) if sys.argv and sys.argv[0] else ""
+    return " ".join(environment + ["python", script] + sys.argv[1:])

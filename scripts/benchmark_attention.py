@@ -87,7 +87,7 @@ def main(argv=None):
         max_memory = free / 2 if free else None
 
     metadata = benchmark.machine_info(device)
-    metadata["command"] = "python " + benchmark.command_line()
+    metadata["command"] = benchmark.command_line()
     metadata["args"] = vars(args)
     if args.level == "seq2seq":
         return run_seq2seq(args, device, metadata)
