@@ -127,16 +127,20 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
 
 
 def model_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config,
-                attention_count=attention_flops) -> int:
-    """Forward FLOPs of the one-layer model: attention (counted by `attention_count`), the output
-    projection (2 B N D^2) and the shrunk feed-forward (4 B N D I); embeddings and LayerNorms are
-    ignored."""
+                executed: bool = False, dtype: str = "fp32") -> int:
+    """Forward FLOPs of the one-layer model: attention (`attention_flops`, or
+    `executed_attention_flops` when `executed`), the output projection (2 B N D^2) and the shrunk
+    feed-forward (4 B N D I); embeddings and LayerNorms are ignored. Executed, a folded attention
+    form merges the output projection into its per-sequence matrix when N > D, for 2 B D^3."""
     b, n, d = batch, length, width
-    return (
-        attention_count(attention_type, b, n, d, heads, config)
-        + 2 * b * n * d * d
-        + 4 * b * n * d * config.intermediate_size
-    )
+    if not executed:
+        attention, projection = attention_flops(attention_type, b, n, d, heads, config), 2 * b * n * d * d
+    else:
+        attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype=dtype)
+        projection = 2 * b * n * d * d
+        if folded(attention_type, n, d, config, dtype) and n > d:
+            projection = 2 * b * d**3
+    return attention + projection + 4 * b * n * d * config.intermediate_size
 
 
 def step_flops(forward_flops: int, mode: str) -> int:
@@ -406,13 +410,10 @@ def case_flops(case: BenchCase, config=None) -> tuple[int, int]:
     config = config if config is not None else make_config(case.attention_type, case.length, case.width, case.heads)
     shape = (case.attention_type, case.batch, case.length, case.width, case.heads, config)
 
-    def executed(*args):
-        return executed_attention_flops(*args, dtype=case.dtype)
-
     if case.level == "model":
-        counts = model_flops(*shape), model_flops(*shape, attention_count=executed)
+        counts = model_flops(*shape), model_flops(*shape, executed=True, dtype=case.dtype)
     else:
-        counts = attention_flops(*shape), executed(*shape)
+        counts = attention_flops(*shape), executed_attention_flops(*shape, dtype=case.dtype)
     return tuple(step_flops(count, case.mode) for count in counts)
 
 

@@ -211,3 +211,91 @@ def test_linear_attention_sums_stay_fp32_under_autocast(cls):
         low, _ = attention(x)
     error = (low.float() - reference).norm() / reference.norm()
     assert error < 0.05, error
+
+
+# Folded forms. Bidirectional zformer/fastformer self-attention on long fp32 sequences takes a
+# folded form (one (D, D) map per sequence, `_folded`), which also absorbs the layer's output
+# projection when N > D (`_apply_folded`). It must compute the same function, gradients included,
+# as the plain form, and stay exact with padding.
+
+
+def _folding(monkeypatch, enabled):
+    import hf_zformer.modeling.attention as attention_module
+
+    monkeypatch.setattr(attention_module, "_use_folded_form", lambda hidden_states, pays_off: enabled)
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(attention_type="zformer"),
+        dict(attention_type="fastformer"),
+        dict(attention_type="fastformer", fastformer_pooling="mean"),
+        dict(attention_type="fastformer", fastformer_share_qv=True),
+    ],
+)
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("length, projected", [(13, False), (13, True), (40, True)])
+def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_mask, length, projected):
+    """length 40 > D = 32 folds the output projection into the per-sequence map; 13 applies it after.
+    In fp64, so that the two forms' different summation orders stay far below the tolerance."""
+    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=64, **overrides)
+    attention = _randomize(ZformerAttention(config) if config.attention_type == "zformer" else FastformerAttention(config))
+    if hasattr(attention, "log_scale"):
+        torch.nn.init.constant_(attention.log_scale, 1.0)
+    attention.double()
+    projection = _randomize(torch.nn.Linear(D, D)).double() if projected else None
+    parameters = [*attention.parameters(), *(projection.parameters() if projected else [])]
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(3, length, D, generator=generator, dtype=torch.float64).requires_grad_()
+    mask = torch.ones(3, length, dtype=torch.long)
+    mask[1, 7:] = 0
+    mask[2, 2:] = 0
+    mask = mask if with_mask else None
+    results = []
+    for enabled in (True, False):
+        _folding(monkeypatch, enabled)
+        output, _ = attention(x, mask, output_projection=projection)
+        loss = (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum() + output.pow(2).sum()
+        results.append((output, torch.autograd.grad(loss, [x, *parameters])))
+    (folded_out, folded_grads), (plain_out, plain_grads) = results
+    torch.testing.assert_close(folded_out, plain_out, atol=1e-10, rtol=1e-10)
+    for folded_grad, plain_grad in zip(folded_grads, plain_grads):
+        torch.testing.assert_close(folded_grad, plain_grad, atol=1e-9, rtol=1e-10)
+
+    # padding invariance of the folded form: extra padding leaves real positions unchanged
+    if with_mask:
+        _folding(monkeypatch, True)
+        padded_x = torch.cat([x, torch.randn(3, 5, D, generator=generator, dtype=torch.float64)], 1)
+        padded_mask = torch.cat([mask, torch.zeros(3, 5, dtype=torch.long)], 1)
+        padded, _ = attention(padded_x, padded_mask, output_projection=projection)
+        real = mask.bool()
+        torch.testing.assert_close(padded[:, :length][real], folded_out[real], atol=1e-10, rtol=1e-10)
+
+
+def test_folded_form_is_taken_for_long_fp32_sequences_only():
+    import hf_zformer.modeling.attention as attention_module
+
+    long = torch.randn(1, 64, 32)
+    assert attention_module._use_folded_form(long, pays_off=True)
+    assert not attention_module._use_folded_form(long, pays_off=False)
+    assert not attention_module._use_folded_form(long.bfloat16(), pays_off=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert not attention_module._use_folded_form(long, pays_off=True)
+
+
+@pytest.mark.parametrize("attention_type", ["full", "zformer", "xformer", "fastformer"])
+def test_output_projection_is_applied_by_every_type(attention_type):
+    """`output_projection` gives the projection of the plain context, folded or not."""
+    from hf_zformer.modeling.attention import ATTENTION_CLASSES
+
+    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=64, attention_type=attention_type)
+    attention = _randomize(ATTENTION_CLASSES[attention_type](config)).eval()
+    projection = _randomize(torch.nn.Linear(D, D))
+    x = torch.randn(2, 48, D)  # N > D: zformer/fastformer fold the projection in
+    mask = torch.ones(2, 48, dtype=torch.long)
+    mask[1, 30:] = 0
+    with torch.no_grad():
+        context, _ = attention(x, mask)
+        projected, _ = attention(x, mask, output_projection=projection)
+    torch.testing.assert_close(projected, projection(context), atol=1e-4, rtol=1e-4)

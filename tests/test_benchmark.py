@@ -116,76 +116,16 @@ def test_flop_counts_follow_the_documented_formulas():
             benchmark.attention_flops(attention_type, b, long, d, h)
         )
     assert benchmark.executed_attention_flops("full", b, n, d, h) == benchmark.attention_flops("full", b, n, d, h)
-
-
-# The speedups measured above rest on the folded forms of bidirectional zformer/fastformer attention
-# (hf_zformer/modeling/attention.py, taken for long fp32 sequences) computing the same function,
-# gradients included, as the plain forms.
-
-
-def _folding(monkeypatch, enabled):
-    import hf_zformer.modeling.attention as attention_module
-
-    monkeypatch.setattr(attention_module, "_use_folded_form", lambda hidden_states, pays_off: enabled)
-
-
-@pytest.mark.parametrize(
-    "overrides",
-    [
-        dict(attention_type="zformer"),
-        dict(attention_type="fastformer"),
-        dict(attention_type="fastformer", fastformer_pooling="mean"),
-        dict(attention_type="fastformer", fastformer_share_qv=True),
-    ],
-)
-@pytest.mark.parametrize("with_mask", [False, True])
-def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_mask):
-    import torch
-
-    from hf_zformer.modeling.attention import ATTENTION_CLASSES
-
-    overrides = dict(overrides)
-    config = benchmark.make_config(overrides.pop("attention_type"), 13, 32, 4, **overrides)
-    attention = ATTENTION_CLASSES[config.attention_type](config)
-    torch.manual_seed(0)
-    for parameter in attention.parameters():
-        torch.nn.init.normal_(parameter, std=0.3)
-    if hasattr(attention, "log_scale"):
-        torch.nn.init.constant_(attention.log_scale, 1.0)
-    x = torch.randn(3, 13, 32, requires_grad=True)
-    mask = torch.ones(3, 13, dtype=torch.long)
-    mask[1, 7:] = 0
-    mask[2, 2:] = 0
-    mask = mask if with_mask else None
-    results = []
-    for enabled in (True, False):
-        _folding(monkeypatch, enabled)
-        output, _ = attention(x, mask)
-        loss = (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum() + output.pow(2).sum()
-        results.append((output, torch.autograd.grad(loss, [x, *attention.parameters()])))
-    (folded_out, folded_grads), (plain_out, plain_grads) = results
-    torch.testing.assert_close(folded_out, plain_out, atol=1e-4, rtol=1e-4)
-    for folded_grad, plain_grad in zip(folded_grads, plain_grads):
-        torch.testing.assert_close(folded_grad, plain_grad, atol=1e-3, rtol=1e-4)
-
-    # padding invariance of the folded form: extra padding leaves real positions unchanged
-    if with_mask:
-        _folding(monkeypatch, True)
-        padded_x = torch.cat([x, torch.randn(3, 5, 32)], 1)
-        padded_mask = torch.cat([mask, torch.zeros(3, 5, dtype=torch.long)], 1)
-        padded, _ = attention(padded_x, padded_mask)
-        real = mask.bool()
-        torch.testing.assert_close(padded[:, :13][real], folded_out[real], atol=1e-5, rtol=1e-5)
-
-
-def test_folded_form_is_taken_for_long_fp32_sequences_only():
-    import torch
-
-    import hf_zformer.modeling.attention as attention_module
-
-    long = torch.randn(1, 64, 32)
-    assert attention_module._use_folded_form(long, pays_off=True)
-    assert not attention_module._use_folded_form(long, pays_off=False)
-    assert not attention_module._use_folded_form(long.bfloat16(), pays_off=True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not attention_module._use_folded_form(long, pays_off=True)
+    # model level: a folded form absorbs the output projection (2 B D^3 instead of 2 B N D^2) when N > D
+    for attention_type, length in (("zformer", long), ("fastformer", long), ("full", long), ("fastformer", d)):
+        config = benchmark.make_config(attention_type, length, d, h)
+        nominal = benchmark.model_flops(attention_type, b, length, d, h, config)
+        assert nominal == benchmark.attention_flops(attention_type, b, length, d, h, config) + 2 * b * length * d * d + (
+            4 * b * length * d * config.intermediate_size
+        )
+        projection = 2 * b * d**3 if attention_type != "full" and length > d else 2 * b * length * d * d
+        assert benchmark.model_flops(attention_type, b, length, d, h, config, executed=True) == (
+            benchmark.executed_attention_flops(attention_type, b, length, d, h, config)
+            + projection
+            + 4 * b * length * d * config.intermediate_size
+        )

@@ -1,7 +1,9 @@
 """The attention family: full (softmax), Zformer, Xformer and Fastformer.
 
-Every class maps hidden states `(B, N, D)` to a context `(B, N, D)` (the layer applies the output
-projection and the residual). `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
+Every class maps hidden states `(B, N, D)` to a context `(B, N, D)`. The layer's output projection
+(a `nn.Linear`) is passed in as `output_projection` and applied by the attention, so the folded
+bidirectional forms can merge it into their per-sequence matrix (`_apply_folded`); the layer adds
+the residual. `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
 0/False at padding; padded positions never influence real ones, so outputs at real positions are
 exactly invariant to extra padding. Sums over the sequence run in fp32 with autocast disabled
 (linear-attention sums overflow fp16 and lose precision in bf16).
@@ -25,7 +27,8 @@ ZFORMER_CAUSAL_BLOCK = 64
 
 
 def _fp32(*tensors):
-    return [t.float() for t in tensors]
+    """The tensors in at least fp32 (fp64 stays fp64), for sums over the sequence."""
+    return [t if t.dtype == torch.float64 else t.float() for t in tensors]
 
 
 def _no_autocast(device_type: str):
@@ -68,6 +71,28 @@ def _use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
         and hidden_states.dtype in (torch.float32, torch.float64)
         and not torch.is_autocast_enabled(hidden_states.device.type)
     )
+
+
+def _project(context: torch.Tensor, output_projection: nn.Module | None) -> torch.Tensor:
+    """The layer's output projection of a context (B, N, D), when one is given."""
+    return context if output_projection is None else output_projection(context)
+
+
+def _apply_folded(
+    x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, output_projection: nn.Linear | None
+) -> torch.Tensor:
+    """`x @ matrix^T + offset`, then `output_projection`: the output of a folded attention form.
+
+    x (B, N, D); matrix (B, D, D) and offset (B, D) map every token of a sequence. A projection
+    y = W c + b of that output is itself one per-sequence map (W matrix, W offset + b), which costs
+    2 D^3 FLOPs per sequence instead of 2 N D^2, and saves a (B, N, D) intermediate: it is folded
+    in when N > D, and applied afterwards otherwise.
+    """
+    if output_projection is not None and x.shape[1] > x.shape[2]:
+        matrix = output_projection.weight @ matrix
+        offset = output_projection(offset)
+        output_projection = None
+    return _project(torch.baddbmm(offset[:, None, :], x, matrix.transpose(1, 2)), output_projection)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -134,13 +159,19 @@ class FullAttention(nn.Module):
         key_value: tuple[torch.Tensor, torch.Tensor] | None = None,
         key_mask: torch.Tensor | None = None,
         state=None,
+        output_projection: nn.Module | None = None,
         **kwargs,
     ):
         """hidden_states (B, Nq, D). Self-attention: `attention_mask` (B, Nq) masks the keys; a causal
         module appends its keys/values to `state` (a transformers `DynamicLayer`, when decoding) and
         attends to all of them. Cross-attention: `key_value` = keys and values (B, H, Nk, d) from
-        `project_memory`, masked by `key_mask` (B, Nk). Returns (context (B, Nq, D), state).
+        `project_memory`, masked by `key_mask` (B, Nk). Returns (context (B, Nq, D), state), the
+        context passed through `output_projection` when one is given.
         """
+        context, state = self._attend(hidden_states, attention_mask, key_value, key_mask, state)
+        return _project(context, output_projection), state  # Q, K and V are freed by now
+
+    def _attend(self, hidden_states, attention_mask, key_value, key_mask, state):
         query = _split_heads(self.query(hidden_states), self.num_heads)  # (B, H, Nq, d)
         if key_value is None:
             key, value = self.project_memory(hidden_states, attention_mask)
@@ -229,14 +260,21 @@ class ZformerAttention(nn.Module):
         attention_mask: torch.Tensor | None = None,
         key_value: torch.Tensor | None = None,
         state: torch.Tensor | None = None,
+        output_projection: nn.Linear | None = None,
         **kwargs,
     ):
         """Bidirectional self-attention by default; `key_value` = a precomputed K^T V (cross-attention);
-        causal modules take and return `state` (the K^T V prefix sum). Returns (context, state)."""
+        causal modules take and return `state` (the K^T V prefix sum). Returns (context, state), the
+        context passed through `output_projection` when one is given."""
         if not self.is_causal and key_value is None:
             # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
             if _use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
-                return self._folded(hidden_states, attention_mask), state
+                return self._folded(hidden_states, attention_mask, output_projection), state
+        context, state = self._attend(hidden_states, attention_mask, key_value, state)
+        return _project(context, output_projection), state
+
+    def _attend(self, hidden_states, attention_mask, key_value, state):
+        """The plain form: Q, and K^T V or its causal prefix sums. Returns (context (B, N, D), state)."""
         query = self._queries(hidden_states)  # (B, H, N, d)
         if self.is_causal:
             key = _split_heads(_zero_padding(self.key(hidden_states), attention_mask), self.num_heads)
@@ -245,11 +283,13 @@ class ZformerAttention(nn.Module):
         else:
             kv = self.project_memory(hidden_states, attention_mask) if key_value is None else key_value
             with _no_autocast(hidden_states.device.type):
-                context = torch.einsum("bhnd,bhde->bhne", query.float(), kv)
-        context = (context * torch.exp(-self.log_scale.float())).to(query.dtype)
+                context = torch.einsum("bhnd,bhde->bhne", *_fp32(query), kv)
+        context = (context * torch.exp(-self.log_scale.to(context.dtype))).to(query.dtype)
         return _merge_heads(context), state
 
-    def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _folded(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_projection: nn.Linear | None
+    ) -> torch.Tensor:
         """Bidirectional self-attention `Q (K^T V) / s` folded into one (D, D) matrix per sequence.
 
         Write [W | b] for a projection with its bias as a column (D, D+1) and x' = [x; 1]. Over the
@@ -258,8 +298,9 @@ class ZformerAttention(nn.Module):
         where S (D+1, D+1) holds the Gram matrix G = sum_i m_i x_i x_i^T, t = sum_i m_i x_i and the
         number of real tokens. Then out_i = (W_q x_i + b_q) K^T V / (sqrt(d_h) s) = x_i A + c, with
         [A; c] per head = [W_q | b_q]_h^T K^T V / (sqrt(d_h) s). Cost 4 N D^2 (G and x_i A) + 2 D^3
-        instead of the 6 N D^2 of three projections: K and V are never formed. The sums over the
-        sequence run in the input's precision (fp32 or fp64).
+        instead of the 6 N D^2 of three projections: K and V are never formed, and the output
+        projection joins the per-sequence map (`_apply_folded`). The sums over the sequence run in
+        the input's precision (fp32 or fp64).
         """
         x = hidden_states  # (B, N, D)
         batch, length, width = x.shape
@@ -278,7 +319,7 @@ class ZformerAttention(nn.Module):
         kv_t = value_moments @ key.view(heads, dim, width + 1).transpose(1, 2)  # (K^T V)^T (B, H, d, d)
         kv_t = kv_t * (dim**-0.5 * torch.exp(-self.log_scale))
         folded = (kv_t @ query.view(heads, dim, width + 1)).view(batch, width, width + 1)  # [A^T | c]
-        return torch.baddbmm(folded[:, None, :, width], x, folded[:, :, :width].transpose(1, 2))  # (B, N, D)
+        return _apply_folded(x, folded[:, :, :width], folded[:, :, width], output_projection)  # (B, N, D)
 
     @staticmethod
     def _causal(query, key, value, state):
@@ -324,19 +365,31 @@ class XformerAttention(nn.Module):
         self.sequence_projection = nn.Parameter(torch.empty(self.compressed_length, self.max_length))  # E
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, **kwargs):
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        output_projection: nn.Module | None = None,
+        **kwargs,
+    ):
+        """Returns (context (B, N, D), None), the context passed through `output_projection` when one
+        is given (xformer is never causal: no state)."""
         length = hidden_states.shape[1]
         if length > self.max_length:
             raise ValueError(
                 f"xformer attention got a sequence of {length} tokens, longer than max_position_embeddings="
                 f"{self.max_length}"
             )
+        return _project(self._attend(hidden_states, attention_mask), output_projection), None
+
+    def _attend(self, hidden_states, attention_mask):
+        length = hidden_states.shape[1]
         query = _zero_padding(self.query(hidden_states), attention_mask)  # (B, N, D/alpha)
         inputs = _zero_padding(hidden_states, attention_mask)  # (B, N, D)
         with _no_autocast(hidden_states.device.type):
-            projection = self.sequence_projection[:, :length].float()  # (k, N)
-            key = projection @ query.float()  # (B, k, D/alpha)
-            value = projection @ inputs.float()  # (B, k, D)
+            projection, query32, inputs = _fp32(self.sequence_projection[:, :length], query, inputs)  # E (k, N)
+            key = projection @ query32  # (B, k, D/alpha)
+            value = projection @ inputs  # (B, k, D)
         query, key, value = (_split_heads(t.to(query.dtype), self.num_heads) for t in (query, key, value))
         # Fused attention (no (B, H, N, k) score matrix: memory linear in N) needs query/key heads as
         # wide as value heads: zero channels leave the scores unchanged.
@@ -346,7 +399,7 @@ class XformerAttention(nn.Module):
         context = nn.functional.scaled_dot_product_attention(
             query, key, value, dropout_p=self.dropout.p if self.training else 0.0, scale=self.scaling
         )  # (B, H, N, D/H)
-        return _merge_heads(context), None  # no state: xformer is never causal
+        return _merge_heads(context)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -420,16 +473,29 @@ class FastformerAttention(nn.Module):
         """(B, H, N, d) -> pooling scores (B, H, N); zero scores give the plain mean."""
         if weight is None:
             return x.new_zeros(x.shape[:-1])
-        return torch.einsum("bhnd,hd->bhn", x, weight.float()) * self.head_dim**-0.5
+        return torch.einsum("bhnd,hd->bhn", x, weight.to(x.dtype)) * self.head_dim**-0.5
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None, state=None, **kwargs):
-        """Returns (context (B, N, D), state); state is a pair of prefix-pool states when causal."""
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        state=None,
+        output_projection: nn.Linear | None = None,
+        **kwargs,
+    ):
+        """Returns (context (B, N, D), state), the context passed through `output_projection` when one
+        is given; state is a pair of prefix-pool states when causal."""
         if not self.is_causal:
             projections = 3 if self.value is None else 4
             # fewer FLOPs when 2 (projections - 1) N D^2 > 2 D^3
             length, width = hidden_states.shape[1:]
             if _use_folded_form(hidden_states, pays_off=(projections - 1) * length > width):
-                return self._folded(hidden_states, attention_mask), state
+                return self._folded(hidden_states, attention_mask, output_projection), state
+        context, state = self._attend(hidden_states, attention_mask, state)
+        return _project(context, output_projection), state
+
+    def _attend(self, hidden_states, attention_mask, state):
+        """The plain form: the four projections and two (prefix) poolings. Returns (context, state)."""
         query_proj = self.query(hidden_states)
         value_proj = query_proj if self.value is None else self.value(hidden_states)
         query = _split_heads(query_proj, self.num_heads)
@@ -450,9 +516,11 @@ class FastformerAttention(nn.Module):
                 mixed = global_query * key32
                 global_key = _pool(self._scores(mixed, w_k), mixed, attention_mask)[:, :, None]
         mixed_value = _merge_heads(global_key.to(value.dtype) * value)  # u_i  (B, N, D)
-        return self.transform(mixed_value) + query_proj, state
+        return self.transform(mixed_value).add_(query_proj), state  # r_i = W_r u_i + q_i
 
-    def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def _folded(
+        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_projection: nn.Linear | None
+    ) -> torch.Tensor:
         """Bidirectional Fastformer with every step linear in the tokens x_i, per head:
 
             w_q . q_i = x_i . (W_q^T w_q) + const        (scores without forming Q; a constant
@@ -464,7 +532,8 @@ class FastformerAttention(nn.Module):
 
         (with the 1/sqrt(d_h) score scaling). The output is one (D, D) matrix per sequence applied
         to X: 2 N D^2 + 2 D^3 FLOPs, plus 8 N D H for the scores and poolings, instead of 8 N D^2;
-        Q, K, V and the other (B, N, D) intermediates are never formed.
+        Q, K, V and the other (B, N, D) intermediates are never formed, and the output projection joins
+        the per-sequence map (`_apply_folded`).
         """
         x = hidden_states  # (B, N, D)
         batch, length, width = x.shape
@@ -495,7 +564,7 @@ class FastformerAttention(nn.Module):
         scaled_transform = self.transform.weight * global_key.reshape(batch, 1, width)  # W_r diag(k_g)  (B, D, D)
         matrix = torch.baddbmm(self.query.weight, scaled_transform, value_layer.weight.expand(batch, -1, -1))
         offset = scaled_transform @ value_layer.bias + self.transform.bias + self.query.bias  # c (B, D)
-        return torch.baddbmm(offset[:, None, :], x, matrix.transpose(1, 2))  # (B, N, D)
+        return _apply_folded(x, matrix, offset, output_projection)  # (B, N, D)
 
 
 ATTENTION_CLASSES = {

@@ -64,11 +64,16 @@ class ZformerEmbeddings(nn.Module):
 
     def forward(self, input_ids=None, inputs_embeds=None, past_length: int = 0) -> torch.Tensor:
         if inputs_embeds is None:
-            inputs_embeds = self.word_embeddings(input_ids)
-        tokens = inputs_embeds * self.embed_scale  # (B, N, D)
+            # A fresh tensor, scaled and shifted in place: every (B, N, D) buffer not allocated saves
+            # a pass of page faults on long inputs.
+            tokens = self.word_embeddings(input_ids)
+            if self.embed_scale != 1.0:
+                tokens.mul_(self.embed_scale)
+        else:
+            tokens = inputs_embeds * self.embed_scale  # (B, N, D); the caller's tensor is left alone
         positions = self.positions(past_length, tokens.shape[1]).to(tokens.dtype)[None]  # (1, N, D)
         if self.merge is None:
-            hidden = tokens + positions
+            hidden = tokens.add_(positions)
         else:
             hidden = self.merge(torch.cat([tokens, positions.expand_as(tokens)], dim=-1))
         return self.dropout(hidden)
@@ -87,7 +92,12 @@ class ZformerFeedForward(nn.Module):
 
 
 class ZformerLayer(GradientCheckpointingLayer):
-    """Pre-LayerNorm encoder layer: x + Attn(LN(x)), then x + FFN(LN(x))."""
+    """Pre-LayerNorm encoder layer: x + W_o Attn(LN(x)), then x + FFN(LN(x)).
+
+    The attention applies the output projection W_o (`attention_output`; the folded bidirectional
+    forms merge it into their per-sequence map), and each residual is added in place to its branch's
+    fresh output, so a layer allocates no (B, N, D) buffer for the sums (on long inputs such a
+    buffer costs as much as a LayerNorm, mostly in page faults). The same holds for the decoder."""
 
     def __init__(self, config, attention_type: str, layer_idx: int):
         super().__init__()
@@ -100,9 +110,11 @@ class ZformerLayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        context, _ = self.attention(self.attention_norm(hidden_states), attention_mask)
-        hidden_states = hidden_states + self.dropout(self.attention_output(context))
-        return hidden_states + self.feed_forward(self.feed_forward_norm(hidden_states))
+        branch, _ = self.attention(
+            self.attention_norm(hidden_states), attention_mask, output_projection=self.attention_output
+        )
+        hidden_states = self.dropout(branch).add_(hidden_states)
+        return self.feed_forward(self.feed_forward_norm(hidden_states)).add_(hidden_states)
 
 
 class ZformerPreTrainedModel(PreTrainedModel):
@@ -430,21 +442,26 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
     def forward(self, hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values=None):
         cache = past_key_values
         state = cache.self_states[self.layer_idx] if cache is not None else None
-        context, state = self.self_attention(self.self_attention_norm(hidden_states), state=state)
+        branch, state = self.self_attention(
+            self.self_attention_norm(hidden_states), state=state, output_projection=self.self_attention_output
+        )
         if cache is not None:
             cache.self_states[self.layer_idx] = state
-        hidden_states = hidden_states + self.dropout(self.self_attention_output(context))
+        hidden_states = self.dropout(branch).add_(hidden_states)
 
         memory = cache.memories[self.layer_idx] if cache is not None else None
         if memory is None:
             memory = self.cross_attention.project_memory(encoder_hidden_states, encoder_attention_mask)
             if cache is not None:
                 cache.memories[self.layer_idx] = memory
-        context, _ = self.cross_attention(
-            self.cross_attention_norm(hidden_states), key_value=memory, key_mask=encoder_attention_mask
+        branch, _ = self.cross_attention(
+            self.cross_attention_norm(hidden_states),
+            key_value=memory,
+            key_mask=encoder_attention_mask,
+            output_projection=self.cross_attention_output,
         )
-        hidden_states = hidden_states + self.dropout(self.cross_attention_output(context))
-        return hidden_states + self.feed_forward(self.feed_forward_norm(hidden_states))
+        hidden_states = self.dropout(branch).add_(hidden_states)
+        return self.feed_forward(self.feed_forward_norm(hidden_states)).add_(hidden_states)
 
 
 class ZformerDecoder(nn.Module):
