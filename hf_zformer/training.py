@@ -12,6 +12,8 @@ scripts need:
   :func:`pad_collate` (dynamic padding per batch);
 * checkpoints: :func:`save_checkpoint` (``accelerator.save_state`` into a temporary folder, then an
   atomic rename) and :func:`load_checkpoint`;
+* :func:`start_run` (accelerator, logging, seed, output directory), :func:`subsample` and
+  :func:`load_tokenizer` (given, or trained on the data by the main process);
 * :func:`train` -- the loop itself (gradient accumulation, clipping, per-epoch evaluation,
   step/epoch checkpointing, exact resume with ``skip_first_batches``);
 * :func:`finish_run` -- ``save_pretrained`` + tokenizer + ``all_results.json`` + model card + push.
@@ -43,9 +45,12 @@ __all__ = [
     "build_config",
     "finish_run",
     "load_checkpoint",
+    "load_tokenizer",
     "pad_collate",
     "parse_config_overrides",
     "save_checkpoint",
+    "start_run",
+    "subsample",
     "train",
     "validate_args",
 ]
@@ -443,6 +448,48 @@ def setup_logging(accelerator) -> None:
         logging.getLogger().setLevel(logging.ERROR)
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
+
+
+def start_run(args: argparse.Namespace, logger_name: str):
+    """What every script does first: the Accelerator, logging (quiet on non-main processes), the
+    seed, and the output directory (created by the main process, seen by all). Returns
+    ``(accelerator, logger)``."""
+    from accelerate.logging import get_logger
+    from accelerate.utils import set_seed
+
+    accelerator = make_accelerator(args)
+    setup_logging(accelerator)
+    logger = get_logger(logger_name)
+    logger.info(accelerator.state, main_process_only=True)
+    set_seed(args.seed)
+    if accelerator.is_main_process:
+        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+    accelerator.wait_for_everyone()
+    return accelerator, logger
+
+
+def subsample(raw, limits: dict[str, int | None], seed: int) -> None:
+    """Keep a seeded random ``limit`` rows of each split in ``limits`` (``--max_*_samples``), in place."""
+    for split, limit in limits.items():
+        if limit is not None and limit < len(raw[split]):
+            raw[split] = raw[split].shuffle(seed=seed).select(range(limit))
+
+
+def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
+    """``--tokenizer_name`` or the base model's tokenizer; without either, one trained on ``raw``
+    by the main process (:func:`hf_zformer.tokenization.train_tokenizer` with ``train_kwargs``)
+    and saved in ``--output_dir``, where every process loads it from."""
+    from transformers import AutoTokenizer
+
+    from .tokenization import train_tokenizer
+
+    source = args.tokenizer_name or args.model_name_or_path
+    if source:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+    if accelerator.is_main_process:
+        train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, **train_kwargs)
+    accelerator.wait_for_everyone()
+    return AutoTokenizer.from_pretrained(args.output_dir)
 
 
 def make_optimizer(model, args) -> torch.optim.Optimizer:

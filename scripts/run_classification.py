@@ -41,22 +41,12 @@ def parse_args(argv=None) -> argparse.Namespace:
 def main(argv=None) -> dict:
     args = parse_args(argv)
 
-    from accelerate.logging import get_logger
-    from accelerate.utils import set_seed
-    from transformers import AutoConfig, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSequenceClassification
 
     import hf_zformer  # noqa: F401  (registers the Auto classes)
     from hf_zformer.data import load_classification_dataset
-    from hf_zformer.tokenization import train_tokenizer
 
-    accelerator = training.make_accelerator(args)
-    training.setup_logging(accelerator)
-    logger = get_logger(__name__)
-    logger.info(accelerator.state, main_process_only=True)
-    set_seed(args.seed)
-    if accelerator.is_main_process:
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
+    accelerator, logger = training.start_run(args, __name__)
 
     # ---- data
     hub_kwargs = {"config_name": args.dataset_config_name} if args.dataset_config_name else {}
@@ -68,21 +58,13 @@ def main(argv=None) -> dict:
         **hub_kwargs,
     )
     eval_split = "validation" if "validation" in raw else "test"
-    for split, limit in (("train", args.max_train_samples), (eval_split, args.max_eval_samples)):
-        if limit is not None and limit < len(raw[split]):
-            raw[split] = raw[split].shuffle(seed=args.seed).select(range(limit))
+    training.subsample(raw, {"train": args.max_train_samples, eval_split: args.max_eval_samples}, args.seed)
     labels = sorted(set(raw["train"]["label"]))
     names = getattr(raw["train"].features["label"], "names", None)
 
     # ---- tokenizer and model
     base = args.model_name_or_path
-    if args.tokenizer_name or base:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or base, trust_remote_code=args.trust_remote_code)
-    else:
-        if accelerator.is_main_process:
-            train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, model_max_length=args.max_length)
-        accelerator.wait_for_everyone()
-        tokenizer = AutoTokenizer.from_pretrained(args.output_dir)
+    tokenizer = training.load_tokenizer(args, accelerator, raw, model_max_length=args.max_length)
     if base:
         config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code)
         num_labels = max(labels) + 1

@@ -84,23 +84,13 @@ def generate_and_score(accelerator, model, dataloader, tokenizer, *, num_beams, 
 def main(argv=None) -> dict:
     args = parse_args(argv)
 
-    from accelerate.logging import get_logger
-    from accelerate.utils import set_seed
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
     import hf_zformer  # noqa: F401  (registers the Auto classes)
     from hf_zformer import metrics as hf_metrics
     from hf_zformer.data import load_translation_dataset
-    from hf_zformer.tokenization import train_tokenizer
 
-    accelerator = training.make_accelerator(args)
-    training.setup_logging(accelerator)
-    logger = get_logger(__name__)
-    logger.info(accelerator.state, main_process_only=True)
-    set_seed(args.seed)
-    if accelerator.is_main_process:
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-    accelerator.wait_for_everyone()
+    accelerator, logger = training.start_run(args, __name__)
 
     # ---- data
     hub_kwargs = {"config_name": args.dataset_config_name} if args.dataset_config_name else {}
@@ -110,20 +100,13 @@ def main(argv=None) -> dict:
     eval_splits = [s for s in ("validation", "test") if s in raw]
     if not eval_splits:
         raise ValueError(f"the dataset has no validation or test split (splits: {list(raw)})")
-    for split in ["train", *eval_splits]:
-        limit = args.max_train_samples if split == "train" else args.max_eval_samples
-        if limit is not None and limit < len(raw[split]):
-            raw[split] = raw[split].shuffle(seed=args.seed).select(range(limit))
+    training.subsample(
+        raw, {"train": args.max_train_samples, **dict.fromkeys(eval_splits, args.max_eval_samples)}, args.seed
+    )
 
     # ---- tokenizer and model
     base = args.model_name_or_path
-    if args.tokenizer_name or base:
-        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or base, trust_remote_code=args.trust_remote_code)
-    else:
-        if accelerator.is_main_process:
-            train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir)
-        accelerator.wait_for_everyone()
-        tokenizer = AutoTokenizer.from_pretrained(args.output_dir)
+    tokenizer = training.load_tokenizer(args, accelerator, raw)
     if base:
         config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code, label_smoothing=args.label_smoothing)
         model = AutoModelForSeq2SeqLM.from_pretrained(

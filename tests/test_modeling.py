@@ -95,7 +95,19 @@ def test_outputs_hidden_states_and_tuples():
     assert len(out.hidden_states) == TINY["num_hidden_layers"] + 1
     torch.testing.assert_close(out.hidden_states[-1], out.last_hidden_state)
     as_tuple = model(input_ids=ids, attention_mask=mask, return_dict=False)
+    assert len(as_tuple) == 1
     torch.testing.assert_close(as_tuple[0], out.last_hidden_state)
+    # heads: the fields that are set, in order (loss first when labels are given)
+    for head in (AutoModelForSequenceClassification, AutoModelForMaskedLM):
+        torch.manual_seed(0)
+        model_head = head.from_config(tiny_config(attention_type="zformer")).eval()
+        labels = torch.tensor([0, 1]) if head is AutoModelForSequenceClassification else ids
+        as_dict = model_head(input_ids=ids, attention_mask=mask, labels=labels)
+        loss, logits = model_head(input_ids=ids, attention_mask=mask, labels=labels, return_dict=False)
+        torch.testing.assert_close(loss, as_dict.loss)
+        torch.testing.assert_close(logits, as_dict.logits)
+        (logits_only,) = model_head(input_ids=ids, attention_mask=mask, return_dict=False)
+        torch.testing.assert_close(logits_only, as_dict.logits)
     embeds = model.get_input_embeddings()(ids)
     torch.testing.assert_close(model(inputs_embeds=embeds, attention_mask=mask).last_hidden_state, out.last_hidden_state)
     with pytest.raises(ValueError, match="exactly one"):
@@ -260,8 +272,8 @@ def test_gradient_checkpointing_equals_plain_backward(attention_type):
         torch.manual_seed(0)
         model = AutoModelForMaskedLM.from_config(tiny_config(attention_type=attention_type)).train()
         if checkpointing:
-            model.gradient_checkpointing_enable()
-            assert model.is_gradient_checkpointing
+            model.activation_checkpointing_enable()
+            assert model.is_activation_checkpointing
         loss = model(input_ids=ids, attention_mask=mask, labels=ids).loss
         loss.backward()
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})

@@ -210,9 +210,8 @@ class ZformerModel(ZformerPreTrainedModel):
         attention_mask = _hidden_mask(attention_mask, input_ids, inputs_embeds)
         hidden_states = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)
         hidden_states, all_hidden = self.encoder(hidden_states, attention_mask, output_hidden_states)
-        if not return_dict:
-            return tuple(v for v in (hidden_states, all_hidden) if v is not None)
-        return BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden)
+        output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden)
+        return output if return_dict else output.to_tuple()
 
 
 class ZformerPooler(nn.Module):
@@ -287,10 +286,8 @@ class ZformerForSequenceClassification(ZformerPreTrainedModel):
         pooled = self.pooler(outputs.last_hidden_state, attention_mask)
         logits = self.classifier(self.dropout(pooled))
         loss = classification_loss(self.config, logits, labels) if labels is not None else None
-        if not return_dict:
-            output = (logits,) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
-            return ((loss,) + output) if loss is not None else output
-        return SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return output if return_dict else output.to_tuple()  # the fields that are set, in order
 
 
 class ZformerLMHead(nn.Module):
@@ -342,10 +339,8 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
         loss = None
         if labels is not None:
             loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size).float(), labels.view(-1))
-        if not return_dict:
-            output = (logits,) + ((outputs.hidden_states,) if outputs.hidden_states is not None else ())
-            return ((loss,) + output) if loss is not None else output
-        return MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        return output if return_dict else output.to_tuple()
 
 
 # ----------------------------------------------------------------------------------------------
