@@ -261,7 +261,10 @@ def test_bf16_autocast_close_to_fp32(attention_type):
     reference = _output(model, ids, mask)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = _output(model, ids, mask)
+        hidden = model.zformer(input_ids=ids, attention_mask=mask, output_hidden_states=True).hidden_states
     torch.testing.assert_close(low.float(), reference, atol=3e-2, rtol=3e-2)
+    # the residual stream stays fp32: bf16 branch outputs are added out of place, not into the branch
+    assert [h.dtype for h in hidden] == [torch.float32] * len(hidden)
 
 
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)

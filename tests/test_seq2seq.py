@@ -211,3 +211,18 @@ def test_remote_code_generate_in_clean_process(tmp_path):
     remote = torch.load(tmp_path / "remote.pt")
     for name, tokens in expected.items():
         assert torch.equal(remote[name], tokens), name
+
+
+@pytest.mark.parametrize("decoder", DECODER_TYPES)
+def test_bf16_autocast_keeps_fp32_residual_streams(decoder):
+    """Under autocast the layers' branch outputs are bf16; the encoder and decoder streams they are
+    added to stay fp32, and the logits stay close to fp32 ones."""
+    model = seq2seq("zformer", decoder, cross_attention_type="zformer" if decoder == "zformer" else "full")
+    src, mask = _source()
+    labels = torch.randint(5, TINY["vocab_size"], (3, 6))
+    reference = model(input_ids=src, attention_mask=mask, labels=labels).logits
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(input_ids=src, attention_mask=mask, labels=labels, output_hidden_states=True)
+    streams = out.encoder_hidden_states + out.decoder_hidden_states
+    assert [h.dtype for h in streams] == [torch.float32] * len(streams)
+    torch.testing.assert_close(out.logits.float(), reference, atol=0.15, rtol=5e-2)

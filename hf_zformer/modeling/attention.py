@@ -73,6 +73,17 @@ def _use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
     )
 
 
+def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`fresh + other`, written into `fresh` when it can hold the result: `fresh` must be a tensor
+    that nothing else uses (a just-computed branch output, which autograd does not save). Saves
+    allocating a (B, N, D) buffer, whose first touch is a pass of page faults on long inputs. Under
+    autocast a bf16/fp16 branch meets an fp32 residual stream: then the sum is a new fp32 tensor, as
+    `+` would give, so the stream never drops to low precision."""
+    if fresh.shape == other.shape and torch.result_type(fresh, other) == fresh.dtype:
+        return fresh.add_(other)
+    return fresh + other
+
+
 def _project(context: torch.Tensor, output_projection: nn.Module | None) -> torch.Tensor:
     """The layer's output projection of a context (B, N, D), when one is given."""
     return context if output_projection is None else output_projection(context)
@@ -516,7 +527,7 @@ class FastformerAttention(nn.Module):
                 mixed = global_query * key32
                 global_key = _pool(self._scores(mixed, w_k), mixed, attention_mask)[:, :, None]
         mixed_value = _merge_heads(global_key.to(value.dtype) * value)  # u_i  (B, N, D)
-        return self.transform(mixed_value).add_(query_proj), state  # r_i = W_r u_i + q_i
+        return add_into_fresh(self.transform(mixed_value), query_proj), state  # r_i = W_r u_i + q_i
 
     def _folded(
         self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_projection: nn.Linear | None

@@ -22,7 +22,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
-from .attention import ATTENTION_CLASSES, FastformerAttention, XformerAttention, ZformerAttention
+from .attention import ATTENTION_CLASSES, FastformerAttention, XformerAttention, ZformerAttention, add_into_fresh
 from .configuration_zformer import FastformerConfig, ZformerConfig
 
 
@@ -96,8 +96,10 @@ class ZformerLayer(GradientCheckpointingLayer):
 
     The attention applies the output projection W_o (`attention_output`; the folded bidirectional
     forms merge it into their per-sequence map), and each residual is added in place to its branch's
-    fresh output, so a layer allocates no (B, N, D) buffer for the sums (on long inputs such a
-    buffer costs as much as a LayerNorm, mostly in page faults). The same holds for the decoder."""
+    fresh output (`add_into_fresh`; out of place when autocast made the branch bf16/fp16, so the
+    residual stream stays fp32), so a layer allocates no (B, N, D) buffer for the sums: on long
+    inputs such a buffer costs as much as a LayerNorm, mostly in page faults. The same holds for
+    the decoder."""
 
     def __init__(self, config, attention_type: str, layer_idx: int):
         super().__init__()
@@ -113,8 +115,8 @@ class ZformerLayer(GradientCheckpointingLayer):
         branch, _ = self.attention(
             self.attention_norm(hidden_states), attention_mask, output_projection=self.attention_output
         )
-        hidden_states = self.dropout(branch).add_(hidden_states)
-        return self.feed_forward(self.feed_forward_norm(hidden_states)).add_(hidden_states)
+        hidden_states = add_into_fresh(self.dropout(branch), hidden_states)
+        return add_into_fresh(self.feed_forward(self.feed_forward_norm(hidden_states)), hidden_states)
 
 
 class ZformerPreTrainedModel(PreTrainedModel):
@@ -442,7 +444,7 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
         )
         if cache is not None:
             cache.self_states[self.layer_idx] = state
-        hidden_states = self.dropout(branch).add_(hidden_states)
+        hidden_states = add_into_fresh(self.dropout(branch), hidden_states)
 
         memory = cache.memories[self.layer_idx] if cache is not None else None
         if memory is None:
@@ -455,8 +457,8 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
             key_mask=encoder_attention_mask,
             output_projection=self.cross_attention_output,
         )
-        hidden_states = self.dropout(branch).add_(hidden_states)
-        return self.feed_forward(self.feed_forward_norm(hidden_states)).add_(hidden_states)
+        hidden_states = add_into_fresh(self.dropout(branch), hidden_states)
+        return add_into_fresh(self.feed_forward(self.feed_forward_norm(hidden_states)), hidden_states)
 
 
 class ZformerDecoder(nn.Module):
