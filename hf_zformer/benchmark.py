@@ -283,17 +283,9 @@ class BenchCase:
 
 
 @dataclass
-class BenchResult:
-    level: str
-    attention_type: str
-    mode: str
-    batch: int
-    length: int
-    width: int
-    heads: int
-    dtype: str
-    device: str
-    mask: bool
+class BenchResult(BenchCase):
+    """A case with its measurements (the CSV/JSON rows: the case's fields first)."""
+
     status: str = "ok"  # ok | skipped | oom | error
     note: str = ""
     time_ms: float | None = None

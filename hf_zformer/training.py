@@ -667,7 +667,11 @@ def finish_run(
     logger,
 ) -> None:
     """Write the final model (loadable with ``trust_remote_code=True``), tokenizer,
-    ``all_results.json`` and the model card into ``--output_dir``; push it if asked."""
+    ``all_results.json`` and the model card into ``--output_dir``; push it if asked.
+
+    The card names the dataset (``--dataset_name``, else the ``--data_dir`` folder, with
+    ``--dataset_config_name``), the model (``--hub_model_id``, else the output folder) and the base
+    model from ``args``; ``card_kwargs`` adds the script's task, metric and languages."""
     from . import hub
 
     accelerator.wait_for_everyone()
@@ -682,7 +686,16 @@ def finish_run(
         tokenizer.save_pretrained(args.output_dir)
         with open(Path(args.output_dir) / "all_results.json", "w") as f:
             json.dump(results, f, indent=2)
-        card = hub.model_card(config=unwrapped.config, results=results, command=command_line(), **card_kwargs)
+        card = hub.model_card(
+            config=unwrapped.config,
+            results=results,
+            command=command_line(),
+            dataset_name=args.dataset_name or Path(args.data_dir).name,
+            dataset_config=args.dataset_config_name,
+            model_name=args.hub_model_id or Path(args.output_dir).name,
+            base_model=args.model_name_or_path,
+            **card_kwargs,
+        )
         (Path(args.output_dir) / "README.md").write_text(card)
         logger.info(f"results: {json.dumps(results)}")
         if args.push_to_hub:

@@ -81,12 +81,12 @@ def main(argv=None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     seq2seq = is_seq2seq(config)
     source = args.data_dir or args.dataset_name
-    hub_kwargs = {"config_name": args.dataset_config_name} if args.dataset_config_name else {}
+    loading = {"seed": args.seed, "config_name": args.dataset_config_name}
     if seq2seq:
-        raw = load_translation_dataset(source, args.source_lang, args.target_lang, seed=args.seed, **hub_kwargs)
+        raw = load_translation_dataset(source, args.source_lang, args.target_lang, **loading)
     else:
         raw = load_classification_dataset(
-            source, text_column=args.text_column, label_column=args.label_column, seed=args.seed, **hub_kwargs
+            source, text_column=args.text_column, label_column=args.label_column, **loading
         )
     split = args.split or ("test" if "test" in raw else "validation")
     if split not in raw:

@@ -49,13 +49,12 @@ def main(argv=None) -> dict:
     accelerator, logger = training.start_run(args, __name__)
 
     # ---- data
-    hub_kwargs = {"config_name": args.dataset_config_name} if args.dataset_config_name else {}
     raw = load_classification_dataset(
         args.data_dir or args.dataset_name,
         text_column=args.text_column,
         label_column=args.label_column,
         seed=args.seed,
-        **hub_kwargs,
+        config_name=args.dataset_config_name,
     )
     eval_split = "validation" if "validation" in raw else "test"
     training.subsample(raw, {"train": args.max_train_samples, eval_split: args.max_eval_samples}, args.seed)
@@ -139,13 +138,7 @@ def main(argv=None) -> dict:
         model,
         tokenizer,
         results,
-        card_kwargs=dict(
-            task="text-classification",
-            dataset_name=args.dataset_name or Path(args.data_dir).name,
-            metric_name="accuracy",
-            model_name=args.hub_model_id or Path(args.output_dir).name,
-            base_model=base,
-        ),
+        card_kwargs=dict(task="text-classification", metric_name="accuracy"),
         logger=logger,
     )
     return results

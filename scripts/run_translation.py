@@ -93,9 +93,12 @@ def main(argv=None) -> dict:
     accelerator, logger = training.start_run(args, __name__)
 
     # ---- data
-    hub_kwargs = {"config_name": args.dataset_config_name} if args.dataset_config_name else {}
     raw = load_translation_dataset(
-        args.data_dir or args.dataset_name, args.source_lang, args.target_lang, seed=args.seed, **hub_kwargs
+        args.data_dir or args.dataset_name,
+        args.source_lang,
+        args.target_lang,
+        seed=args.seed,
+        config_name=args.dataset_config_name,
     )
     eval_splits = [s for s in ("validation", "test") if s in raw]
     if not eval_splits:
@@ -185,14 +188,7 @@ def main(argv=None) -> dict:
         model,
         tokenizer,
         results,
-        card_kwargs=dict(
-            task="translation",
-            dataset_name=args.dataset_name or Path(args.data_dir).name,
-            metric_name="bleu",
-            model_name=args.hub_model_id or Path(args.output_dir).name,
-            languages=[args.source_lang, args.target_lang],
-            base_model=base,
-        ),
+        card_kwargs=dict(task="translation", metric_name="bleu", languages=[args.source_lang, args.target_lang]),
         logger=logger,
     )
     return results

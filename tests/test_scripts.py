@@ -145,7 +145,8 @@ def test_classification_end_to_end(clf_run):
         assert (out / name).is_file(), name
     meta = _card_metadata(out / "README.md")
     for needle in ("library_name: transformers", "model-index", "type: text-classification", "type: accuracy",
-                   f"value: {round(results['eval_accuracy'], 4)}", "fastformer-attention", "hf_zformer"):
+                   f"value: {round(results['eval_accuracy'], 4)}", "fastformer-attention", "hf_zformer",
+                   "name: someone/tiny-clf", "name: clf"):  # model named by --hub_model_id, dataset after --data_dir
         assert needle in meta, needle
     card = (out / "README.md").read_text()
     assert "run_classification.py" in card and "--attention_type fastformer" in card
@@ -165,7 +166,7 @@ def test_translation_end_to_end(mt_run):
     assert config["decoder_attention_type"] == "fastformer" and config["label_smoothing"] == 0.1
     meta = _card_metadata(mt_run / "README.md")
     for needle in ("type: translation", "type: bleu", "split: test", "split: validation", "zformer-attention",
-                   "fastformer-attention", "- de", "- en"):
+                   "fastformer-attention", "- de", "- en", "- name: out", "name: mt"):  # output folder, --data_dir
         assert needle in meta, needle
     assert "run_translation.py" in (mt_run / "README.md").read_text()
 

@@ -106,6 +106,22 @@ def _apply_folded(
     return _project(torch.baddbmm(offset[:, None, :], x, matrix.transpose(1, 2)), output_projection)
 
 
+class _QKVAttention(nn.Module):
+    """What full and Zformer attention share: H heads of width d_h = D / H, query/key/value
+    projections D -> D, and the role flags (causal self-attention, cross-attention)."""
+
+    def __init__(self, config, is_causal: bool, is_cross: bool, layer_idx: int | None):
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.hidden_size // config.num_attention_heads
+        self.is_causal = is_causal
+        self.is_cross = is_cross
+        self.layer_idx = layer_idx
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+
+
 # ----------------------------------------------------------------------------------------------
 # full softmax attention
 # ----------------------------------------------------------------------------------------------
@@ -137,7 +153,7 @@ def einsum_attention_forward(
     return output.transpose(1, 2).contiguous(), probs
 
 
-class FullAttention(nn.Module):
+class FullAttention(_QKVAttention):
     """Softmax attention, `softmax(Q K^T / sqrt(d_h) + mask) V`, through transformers'
     `ALL_ATTENTION_FUNCTIONS` (fused `scaled_dot_product_attention` by default).
 
@@ -146,17 +162,9 @@ class FullAttention(nn.Module):
     """
 
     def __init__(self, config, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
-        super().__init__()
+        super().__init__(config, is_causal, is_cross, layer_idx)
         self.config = config
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
         self.scaling = self.head_dim**-0.5
-        self.is_causal = is_causal
-        self.is_cross = is_cross
-        self.layer_idx = layer_idx
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
         self.dropout = config.attention_probs_dropout_prob
 
     def project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None):
@@ -225,7 +233,7 @@ class FullAttention(nn.Module):
 # ----------------------------------------------------------------------------------------------
 
 
-class ZformerAttention(nn.Module):
+class ZformerAttention(_QKVAttention):
     """Zformer linear attention (the Zformer_Pytorch code): with Q = X W_q / sqrt(d_h),
     K = X W_k, V = X W_v per head, `out = Q (K^T V) / s`, `s` a learnable scalar (init
     `config.zformer_scale_init`). K^T V is d_h x d_h: cost O(N d_h^2), linear in N.
@@ -242,15 +250,7 @@ class ZformerAttention(nn.Module):
     """
 
     def __init__(self, config, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
-        self.is_causal = is_causal
-        self.is_cross = is_cross
-        self.layer_idx = layer_idx
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        super().__init__(config, is_causal, is_cross, layer_idx)
         self.scale_init = float(config.zformer_scale_init)
         self.log_scale = nn.Parameter(torch.tensor(math.log(self.scale_init)))
 
