@@ -92,15 +92,49 @@ def dataset_source(path: str | os.PathLike) -> str:
     return "hub"
 
 
+_OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy")
+
+
+def hub_unreachable(timeout: float = 5.0) -> str | None:
+    """Why the Hugging Face Hub cannot be reached (a one-line reason), or None when it can, or when
+    that cannot be known cheaply: in offline mode (``HF_HUB_OFFLINE`` / ``HF_DATASETS_OFFLINE``,
+    where ``datasets`` reads its cache) or behind a proxy (a direct connection proves nothing).
+
+    One TCP connection to the endpoint's host: without network this fails at once, where
+    ``datasets.load_dataset`` would retry for half a minute before its ``ConnectionError``."""
+    import socket
+    from urllib.parse import urlsplit
+
+    from huggingface_hub import constants
+
+    if any(os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE") for name in _OFFLINE_VARIABLES):
+        return None
+    if any(os.environ.get(name) for name in _PROXY_VARIABLES):
+        return None
+    endpoint = urlsplit(constants.ENDPOINT)
+    host, port = endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80)
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as err:
+        return f"{host}:{port}: {err.strerror or err}"
+    return None
+
+
 def _load_hub(path: str, config_name: str | None, hub_kwargs: dict[str, Any]) -> datasets.DatasetDict:
+    not_here = f"{path!r} is not an existing local path, so it was taken for a Hugging Face Hub dataset id"
+    reason = hub_unreachable()
+    if reason is not None:
+        raise ConnectionError(
+            f"{not_here}, but the Hub cannot be reached ({reason}). Without network, pass a local copy "
+            "of the data with --data_dir DIR (the layout is in docs/data.md); to use a copy already in "
+            "the datasets cache, set HF_DATASETS_OFFLINE=1."
+        )
     try:
         loaded = datasets.load_dataset(path, config_name, **hub_kwargs)
     except Exception as err:  # add context, keep the original error type and traceback
         if hasattr(err, "add_note"):  # Python >= 3.11
-            err.add_note(
-                f"hf_zformer.data: {path!r} is not an existing local path, so it was loaded as a "
-                "Hugging Face Hub dataset; pass a directory to load local files instead."
-            )
+            err.add_note(f"hf_zformer.data: {not_here}; pass a local directory (--data_dir DIR) to read files instead.")
         raise
     if not isinstance(loaded, datasets.DatasetDict):
         raise ValueError(

@@ -439,8 +439,13 @@ def setup_logging(accelerator) -> None:
 
     import datasets
     import transformers
+    from huggingface_hub.utils import logging as hub_logging
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    # These libraries print through their own handler and also propagate to the root one, which
+    # showed every Hub warning twice: keep theirs only.
+    datasets.utils.logging.disable_propagation()
+    hub_logging.disable_propagation()
     if accelerator.is_local_main_process:
         datasets.utils.logging.set_verbosity_warning()
         transformers.utils.logging.set_verbosity_warning()
@@ -448,6 +453,7 @@ def setup_logging(accelerator) -> None:
         logging.getLogger().setLevel(logging.ERROR)
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
+        hub_logging.set_verbosity_error()
 
 
 def start_run(args: argparse.Namespace, logger_name: str):

@@ -1,0 +1,123 @@
+"""A new user's first hour: the README's Quickstart block, and what happens without network.
+
+`-m slow`: the Quickstart's first command block, run as written from a fresh copy of the
+repository with `../shared` beside it (virtual environment, install, training run).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import datasets
+import pytest
+from conftest import REPO_ROOT
+
+from hf_zformer import data
+
+
+def quickstart_blocks() -> list[str]:
+    """The bash blocks of README.md's Quickstart section, in order."""
+    readme = (REPO_ROOT / "README.md").read_text()
+    section = readme[readme.index("## Quickstart") : readme.index("\n## ", readme.index("## Quickstart") + 1)]
+    return re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+
+
+def test_quickstart_blocks_are_install_run_then_tests():
+    first, second = quickstart_blocks()[:2]
+    assert "python3 -m venv" in first and "pip install torch==" in first
+    assert first.index("pip install torch==") < first.index("pip install -e .")  # torch pinned first
+    assert "--data_dir ../shared/data/imdb" in first and "--dataset_name" not in first
+    ci_command = re.search(r"<!-- test-command -->\n```bash\n(.*)\n", (REPO_ROOT / "README.md").read_text()).group(1)
+    assert second.strip() == ci_command  # the block CI runs (.ci/run reads the line after the marker)
+    assert "pytest" in second and ".[dev]" in second
+
+
+def test_hub_dataset_without_network_fails_at_once(monkeypatch):
+    """No retries for half a minute, one error that names --data_dir, load_dataset never called."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
+    for name in data._PROXY_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("load_dataset called although the Hub is unreachable")
+
+    monkeypatch.setattr(datasets, "load_dataset", must_not_run)
+    started = time.perf_counter()
+    for load in (data.load_classification_dataset, data.load_translation_dataset):
+        with pytest.raises(ConnectionError, match=r"stanfordnlp/imdb.*cannot be reached.*--data_dir"):
+            load("stanfordnlp/imdb")
+    assert time.perf_counter() - started < 10
+
+
+def test_hub_check_defers_to_offline_mode_and_proxies(monkeypatch):
+    monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", *data._PROXY_VARIABLES):
+        monkeypatch.delenv(name, raising=False)
+    assert "127.0.0.1:9" in data.hub_unreachable()
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # datasets then reads its cache: not our call
+    assert data.hub_unreachable() is None
+    monkeypatch.delenv("HF_DATASETS_OFFLINE")
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.example:3128")  # a direct connection proves nothing
+    assert data.hub_unreachable() is None
+
+
+def test_library_warnings_are_printed_once():
+    """The scripts' logging setup: a Hub or datasets warning appears once, not once per handler
+    (in a fresh interpreter: pytest's own capture replaces the handlers' streams)."""
+    code = (
+        "import logging; from types import SimpleNamespace\n"
+        "from hf_zformer.training import setup_logging\n"
+        "setup_logging(SimpleNamespace(is_local_main_process=True))\n"
+        "logging.getLogger('huggingface_hub.utils._http').warning('hub-warning-marker')\n"
+        "logging.getLogger('datasets.load').warning('datasets-warning-marker')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    assert result.stderr.count("hub-warning-marker") == 1, result.stderr
+    assert result.stderr.count("datasets-warning-marker") == 1, result.stderr
+
+
+def _copy_checkout(destination):
+    """The files a fresh clone of this checkout would have (tracked and untracked, not ignored)."""
+    listed = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        cwd=REPO_ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = REPO_ROOT / name
+        if source.is_file():
+            (destination / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, destination / name)
+
+
+@pytest.mark.slow
+def test_quickstart_first_block_runs_from_a_fresh_copy(tmp_path):
+    shared = REPO_ROOT.parent / "shared"
+    if not (shared / "data" / "imdb").is_dir():
+        pytest.skip(f"{shared}/data/imdb not found (CI keeps ../shared beside the clone)")
+    checkout = tmp_path / "hf_zformer"
+    _copy_checkout(checkout)
+    (tmp_path / "shared").symlink_to(shared)
+    # A user's shell: no virtual environment active, no PYTHONPATH, the Hub unreachable anyway.
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME")}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(sys.prefix))
+    started = time.perf_counter()
+    result = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", quickstart_blocks()[0]],
+        cwd=checkout, env=env, capture_output=True, text=True, timeout=1800,
+    )
+    minutes = (time.perf_counter() - started) / 60
+    assert result.returncode == 0, f"Quickstart failed after {minutes:.1f} min:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    run = checkout / "runs" / "imdb-fastformer"
+    results = json.loads((run / "all_results.json").read_text())
+    assert 0.5 < results["eval_accuracy"] <= 1.0
+    assert (run / "model.safetensors").is_file() and (run / "README.md").is_file()
+    assert "eval_accuracy" in result.stdout + result.stderr  # the metric is printed
+    print(f"Quickstart block: {minutes:.1f} minutes, eval_accuracy {results['eval_accuracy']}")
