@@ -282,3 +282,37 @@ def test_gradient_checkpointing_equals_plain_backward(attention_type):
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+# All-padding rows (attention_mask all zeros): an empty pooling or attention gives a zero context,
+# so such a row is finite and leaves the other rows (and the batch loss) as they were.
+EMPTY_ROW_CASES = [
+    *[(dict(attention_type=t, classifier_pooling=p), "sdpa") for t in ATTENTION_TYPES for p in ("mean", "first", "attention")],
+    (dict(attention_type="full"), "eager"),
+    (dict(attention_type="full", classifier_pooling="attention"), "eager"),
+    (dict(attention_type="fastformer", fastformer_pooling="mean"), "sdpa"),
+    (dict(attention_type="fastformer", fastformer_share_qv=True), "sdpa"),
+]
+
+
+def _empty_row_batch(width):
+    """Two real rows (one of `width` tokens) and a third, all-padding row."""
+    return random_batch([width, 5, 0])
+
+
+@pytest.mark.parametrize("overrides, implementation", EMPTY_ROW_CASES)
+@pytest.mark.parametrize("width", [9, 40])  # 40 > hidden_size: zformer/fastformer take their folded forms
+def test_all_padding_row_is_finite_and_changes_nothing(overrides, implementation, width):
+    ids, mask = _empty_row_batch(width)
+    for auto_class in AUTO_CLASSES:
+        torch.manual_seed(0)
+        model = auto_class.from_config(tiny_config(**overrides), attn_implementation=implementation).eval()
+        out = _output(model, ids, mask)
+        assert torch.isfinite(out).all(), auto_class.__name__
+        without = _output(model, ids[:2], mask[:2])
+        torch.testing.assert_close(_real(out[:2], mask[:2]), _real(without, mask[:2]), atol=1e-5, rtol=1e-5)
+        out.float().pow(2).mean().backward()
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        assert not bad, f"{auto_class.__name__}: non-finite gradients for {bad}"
+    model = AutoModelForSequenceClassification.from_config(tiny_config(**overrides), attn_implementation=implementation)
+    assert torch.isfinite(model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1, 1])).loss)

@@ -14,13 +14,13 @@ DECODER_TYPES = ["full", "zformer", "fastformer"]
 COMBINATIONS = list(itertools.product(ATTENTION_TYPES, DECODER_TYPES))
 
 
-def seq2seq(encoder="zformer", decoder="zformer", **overrides):
+def seq2seq(encoder="zformer", decoder="zformer", attn_implementation=None, **overrides):
     config = AutoConfig.for_model(
         "zformer",
         **{**TINY, "attention_type": encoder, "decoder_attention_type": decoder, "num_decoder_layers": 2, **overrides},
     )
     torch.manual_seed(0)
-    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=attn_implementation).eval()
     # The small default init makes a random decoder repeat its input token; wider weights make
     # every output depend on the source and on the whole target prefix.
     with torch.no_grad():
@@ -226,3 +226,20 @@ def test_bf16_autocast_keeps_fp32_residual_streams(decoder):
     streams = out.encoder_hidden_states + out.decoder_hidden_states
     assert [h.dtype for h in streams] == [torch.float32] * len(streams)
     torch.testing.assert_close(out.logits.float(), reference, atol=0.15, rtol=5e-2)
+
+
+@pytest.mark.parametrize("encoder", ATTENTION_TYPES)
+@pytest.mark.parametrize("cross, implementation", [("full", "sdpa"), ("full", "eager"), ("zformer", "sdpa")])
+def test_all_padding_source_row_is_finite_and_changes_nothing(encoder, cross, implementation):
+    model = seq2seq(encoder, "fastformer", cross_attention_type=cross, attn_implementation=implementation)
+    src, mask = random_batch([9, 5, 0], seed=1)
+    target = torch.randint(5, TINY["vocab_size"], (3, 6))
+    out = model(input_ids=src, attention_mask=mask, labels=target)
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
+    without = model(input_ids=src[:2], attention_mask=mask[:2], labels=target[:2]).logits
+    torch.testing.assert_close(out.logits[:2], without, atol=1e-5, rtol=1e-5)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    generated = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=4, min_new_tokens=4)
+    alone = model.generate(input_ids=src[:2], attention_mask=mask[:2], max_new_tokens=4, min_new_tokens=4)
+    assert torch.equal(generated[:2], alone)

@@ -54,6 +54,18 @@ def _zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch
     return x * attention_mask.to(x.dtype).view(*attention_mask.shape, *([1] * (x.dim() - 2)))
 
 
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -1, dtype=None) -> torch.Tensor:
+    """softmax of `scores` along `dim` over the positions where the boolean `mask` (broadcastable to
+    `scores`) is True. Where it is True nowhere (an all-padding row) the weights are all zero, so
+    the pooled or attended context is zero, and finite gradients flow: masked scores are set to the
+    lowest finite value, not -inf (a softmax over only -inf is NaN), and zeroed after the softmax.
+    Elsewhere the result is exactly that of -inf masking (exp underflows to 0 at masked positions)."""
+    if mask is None:
+        return torch.softmax(scores, dim=dim, dtype=dtype)
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=dim, dtype=dtype).masked_fill(~mask, 0.0)
+
+
 def _drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """None when `attention_mask` has no padding (saves masking passes over the sequence)."""
     if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
@@ -140,14 +152,13 @@ def einsum_attention_forward(
     """Reference softmax attention written with einsum (`attn_implementation="eager"`).
 
     query (B, H, Nq, d), key/value (B, H, Nk, d); `attention_mask` is boolean, broadcastable to
-    (B, H, Nq, Nk), True where attending is allowed. Masked scores are -inf (not the einsum seed's
-    1e-12, which let padding leak into the softmax). Returns (B, Nq, H, d) like transformers'
+    (B, H, Nq, Nk), True where attending is allowed. Masked positions get exactly zero weight (the
+    einsum seed's 1e-12 fill let padding leak into the softmax); a query with no allowed key gets a
+    zero context (`masked_softmax`), as SDPA gives. Returns (B, Nq, H, d) like transformers'
     attention functions.
     """
     scores = torch.einsum("bhid,bhjd->bhij", query, key) * scaling
-    if attention_mask is not None:
-        scores = scores.masked_fill(~attention_mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probs = masked_softmax(scores, attention_mask, dtype=torch.float32).to(value.dtype)  # no key: zero weights
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     output = torch.einsum("bhij,bhjd->bhid", probs, value)
     return output.transpose(1, 2).contiguous(), probs
@@ -419,10 +430,9 @@ class XformerAttention(nn.Module):
 
 
 def _pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """sum_i softmax_i(scores) values_i over real positions. scores (B, H, N), values (B, H, N, d)."""
-    if mask is not None:
-        scores = scores.masked_fill(~mask.bool()[:, None, :], float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    """sum_i softmax_i(scores) values_i over real positions (zero for a row without any).
+    scores (B, H, N), values (B, H, N, d)."""
+    weights = masked_softmax(scores, None if mask is None else mask.bool()[:, None, :])
     return torch.einsum("bhn,bhnd->bhd", weights, values)
 
 
@@ -561,12 +571,13 @@ class FastformerAttention(nn.Module):
                 scores = x.new_zeros(batch, heads, length)
             else:
                 scores = direction @ tokens  # (B, H, N)
-            if attention_mask is not None:
-                scores = scores.masked_fill(~attention_mask.bool()[:, None, :], float("-inf"))
-            return torch.softmax(scores, dim=-1) @ x  # (B, H, D)
+            return masked_softmax(scores, key_mask) @ x  # (B, H, D)
 
+        key_mask = None if attention_mask is None else attention_mask.bool()[:, None, :]  # (B, 1, N)
         scale = dim**-0.5
         direction = torch.einsum("hkD,hk->hD", w_q, self.query_score)[None] * scale if self.additive else None
+        if attention_mask is not None:  # sum_i alpha_i is 0, not 1, in a row without real tokens: q_g = 0
+            b_q = b_q * key_mask.any(-1, keepdim=True).to(b_q.dtype)  # (B, 1, 1) * (H, d)
         global_query = torch.einsum("hkD,bhD->bhk", w_q, pool(direction)) + b_q  # q_g (B, H, d)
         if self.additive:
             direction = torch.einsum("hkD,bhk->bhD", w_k, self.key_score * global_query * scale)

@@ -22,7 +22,14 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
-from .attention import ATTENTION_CLASSES, FastformerAttention, XformerAttention, ZformerAttention, add_into_fresh
+from .attention import (
+    ATTENTION_CLASSES,
+    FastformerAttention,
+    XformerAttention,
+    ZformerAttention,
+    add_into_fresh,
+    masked_softmax,
+)
 from .configuration_zformer import FastformerConfig, ZformerConfig
 
 
@@ -234,8 +241,7 @@ class ZformerPooler(nn.Module):
         if self.mode == "mean":
             return (hidden_states * mask).sum(1) / mask.sum(1).clamp_min(1.0)
         scores = self.score(torch.tanh(self.projection(hidden_states))).float()  # (B, N, 1)
-        scores = scores.masked_fill(mask == 0, float("-inf"))
-        weights = torch.softmax(scores, dim=1).to(hidden_states.dtype)
+        weights = masked_softmax(scores, mask != 0, dim=1).to(hidden_states.dtype)  # all padding: zero weights
         return (weights * hidden_states).sum(1)
 
 
