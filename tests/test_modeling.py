@@ -316,3 +316,62 @@ def test_all_padding_row_is_finite_and_changes_nothing(overrides, implementation
         assert not bad, f"{auto_class.__name__}: non-finite gradients for {bad}"
     model = AutoModelForSequenceClassification.from_config(tiny_config(**overrides), attn_implementation=implementation)
     assert torch.isfinite(model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1, 1])).loss)
+
+
+# Positions come from the attention mask (the number of real tokens before a token), so left,
+# right and no padding give every real token the same position and the same output.
+
+
+def left_pad(ids, mask):
+    """The same batch with its padding moved to the left of every row."""
+    shifts = (mask.shape[1] - mask.sum(1)).tolist()
+    return (torch.stack([row.roll(s) for row, s in zip(ids, shifts)]),
+            torch.stack([row.roll(s) for row, s in zip(mask, shifts)]))
+
+
+POSITION_VARIANTS = [dict(), dict(position_embedding_type="learned", position_embedding_merge="concat")]
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [HYBRID])
+@pytest.mark.parametrize("positions", POSITION_VARIANTS, ids=["sinusoidal-add", "learned-concat"])
+@pytest.mark.parametrize("pooling", ["mean", "first", "attention"])
+def test_left_padding_equals_right_padding_and_no_padding(attention_type, positions, pooling):
+    ids, mask = random_batch([7, 10, 3], pad_to=12)
+    left_ids, left_mask = left_pad(ids, mask)
+    classes = AUTO_CLASSES if pooling == "mean" else [AutoModelForSequenceClassification]
+    for auto_class in classes:
+        torch.manual_seed(0)
+        config = tiny_config(attention_type=attention_type, classifier_pooling=pooling, **positions)
+        model = auto_class.from_config(config).eval()
+        right = _output(model, ids, mask)
+        left = _output(model, left_ids, left_mask)
+        torch.testing.assert_close(_real(left, left_mask), _real(right, mask), atol=1e-5, rtol=1e-5)
+        for row, length in enumerate(mask.sum(1).tolist()):
+            alone = _output(model, ids[row : row + 1, :length], mask[row : row + 1, :length])
+            torch.testing.assert_close(_real(left[row : row + 1], left_mask[row : row + 1]), _real(alone, mask[row : row + 1, :length]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_explicit_position_ids(attention_type):
+    from hf_zformer.modeling.modeling_zformer import position_ids_from_mask
+
+    ids, mask = random_batch([7, 10, 3])
+    left_ids, left_mask = left_pad(ids, mask)
+    positions = position_ids_from_mask(left_mask)
+    assert positions[2].tolist() == [0] * 7 + [0, 1, 2]
+    assert position_ids_from_mask(left_mask, past_length=4, offset=2)[2].tolist() == [0] * 7 + [6, 7, 8]
+    for auto_class in AUTO_CLASSES:
+        model = auto_class.from_config(tiny_config(attention_type=attention_type)).eval()
+        derived = _output(model, left_ids, left_mask)
+        given = model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions)
+        given = given.logits if hasattr(given, "logits") else given.last_hidden_state
+        torch.testing.assert_close(given, derived, atol=0, rtol=0)
+        shifted = model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions + 5)
+        shifted = shifted.logits if hasattr(shifted, "logits") else shifted.last_hidden_state
+        assert not torch.allclose(_real(shifted, left_mask), _real(derived, left_mask))
+        with pytest.raises(ValueError, match="max_position_embeddings=64"):
+            model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions + 60)
+        with pytest.raises(ValueError, match="position_ids"):
+            model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions - 1)
+        with pytest.raises(ValueError, match="position_ids"):
+            model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions[:, :4])

@@ -243,3 +243,17 @@ def test_all_padding_source_row_is_finite_and_changes_nothing(encoder, cross, im
     generated = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=4, min_new_tokens=4)
     alone = model.generate(input_ids=src[:2], attention_mask=mask[:2], max_new_tokens=4, min_new_tokens=4)
     assert torch.equal(generated[:2], alone)
+
+
+@pytest.mark.parametrize("encoder", ATTENTION_TYPES)
+def test_left_padded_source_generates_like_unpadded(encoder):
+    from test_modeling import left_pad
+
+    model = seq2seq(encoder, "zformer")
+    src, mask = _source()
+    left_src, left_mask = left_pad(*repad(src, mask, 12))
+    generated = _greedy(model, left_src, left_mask, num_beams=2)
+    for row, length in enumerate(mask.sum(1).tolist()):
+        alone = _greedy(model, src[row : row + 1, :length], mask[row : row + 1, :length], num_beams=2)
+        assert torch.equal(generated[row : row + 1], alone), row
+    assert torch.equal(generated, _greedy(model, src, mask, num_beams=2))

@@ -392,24 +392,39 @@ class XformerAttention(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         output_projection: nn.Module | None = None,
+        position_ids: torch.Tensor | None = None,
         **kwargs,
     ):
-        """Returns (context (B, N, D), None), the context passed through `output_projection` when one
+        """`position_ids` (B, N) (or (1, N)): the column of E each token uses, by default its index.
+        Returns (context (B, N, D), None), the context passed through `output_projection` when one
         is given (xformer is never causal: no state)."""
         length = hidden_states.shape[1]
-        if length > self.max_length:
+        if position_ids is None and length > self.max_length:
             raise ValueError(
                 f"xformer attention got a sequence of {length} tokens, longer than max_position_embeddings="
                 f"{self.max_length}"
             )
-        return _project(self._attend(hidden_states, attention_mask), output_projection), None
+        return _project(self._attend(hidden_states, attention_mask, position_ids), output_projection), None
 
-    def _attend(self, hidden_states, attention_mask):
+    def _projection(self, length, attention_mask, position_ids):
+        """E restricted to the tokens' positions: (k, N) when every real token sits at the column of
+        its position (no left padding: one matrix for the batch), else (B, k, N)."""
+        if position_ids is not None and not torch.compiler.is_compiling():
+            columns = torch.arange(length, device=position_ids.device)
+            real = attention_mask.bool() if attention_mask is not None else torch.ones_like(position_ids, dtype=torch.bool)
+            if bool(((position_ids == columns) | ~real).all()):
+                position_ids = None
+        if position_ids is None:
+            return self.sequence_projection[:, :length]
+        return self.sequence_projection[:, position_ids].transpose(0, 1)
+
+    def _attend(self, hidden_states, attention_mask, position_ids):
         length = hidden_states.shape[1]
         query = _zero_padding(self.query(hidden_states), attention_mask)  # (B, N, D/alpha)
         inputs = _zero_padding(hidden_states, attention_mask)  # (B, N, D)
+        projection = self._projection(length, attention_mask, position_ids)  # E (k, N) or (B, k, N)
         with _no_autocast(hidden_states.device.type):
-            projection, query32, inputs = _fp32(self.sequence_projection[:, :length], query, inputs)  # E (k, N)
+            projection, query32, inputs = _fp32(projection, query, inputs)
             key = projection @ query32  # (B, k, D/alpha)
             value = projection @ inputs  # (B, k, D)
         query, key, value = (_split_heads(t.to(query.dtype), self.num_heads) for t in (query, key, value))

@@ -43,9 +43,25 @@ def sinusoidal_table(length: int, width: int) -> torch.Tensor:
     return table
 
 
+def position_ids_from_mask(attention_mask: torch.Tensor, past_length: int = 0, offset: int = 0) -> torch.Tensor:
+    """Positions (B, N) of the tokens under `attention_mask` (B, N), 1 at real tokens: a real token's
+    position is `offset` + `past_length` + the number of real tokens before it in its row; padding
+    gets position 0 (its embedding never reaches a real token). Left, right or no padding thus give
+    every real token the same position.
+
+    `past_length` counts the tokens a decoding cache already holds (all real). A causal model whose
+    cache holds left padding instead passes the mask of past and new tokens together and keeps the
+    last N columns. `offset` shifts the positions of real tokens (RoBERTa-style tables start at
+    padding_idx + 1).
+    """
+    mask = attention_mask.long()
+    return (mask.cumsum(-1) - mask + (past_length + offset)) * mask
+
+
 class ZformerEmbeddings(nn.Module):
     """Token embeddings (scaled by sqrt(D) when `scale_embedding`) merged with absolute positions,
-    sinusoidal or learned, by addition or by concatenation followed by a projection back to D."""
+    sinusoidal or learned, by addition or by concatenation followed by a projection back to D.
+    Positions are given per token (`position_ids`, see `position_ids_from_mask`)."""
 
     def __init__(self, config):
         super().__init__()
@@ -60,16 +76,23 @@ class ZformerEmbeddings(nn.Module):
         self.merge = nn.Linear(2 * width, width) if config.position_embedding_merge == "concat" else None
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def positions(self, start: int, length: int) -> torch.Tensor:
-        if start + length > self.max_length:
-            raise ValueError(
-                f"sequence of {start + length} tokens is longer than max_position_embeddings={self.max_length}"
-            )
+    def positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """Position vectors (B, N, D) of `position_ids` (B, N) (or (1, N), shared by the batch)."""
+        if not torch.compiler.is_compiling():  # a clear error instead of an index error (a device assert on GPU)
+            low, high = (int(v) for v in torch.aminmax(position_ids))
+            if high >= self.max_length:
+                raise ValueError(
+                    f"position {high} (a sequence of {high + 1} tokens) is beyond max_position_embeddings="
+                    f"{self.max_length}"
+                )
+            if low < 0:
+                raise ValueError(f"position_ids must be non-negative; got {low}")
         if hasattr(self, "position_embeddings"):
-            return self.position_embeddings.weight[start : start + length]
-        return self.sinusoidal[start : start + length]
+            return self.position_embeddings(position_ids)
+        return nn.functional.embedding(position_ids, self.sinusoidal)
 
-    def forward(self, input_ids=None, inputs_embeds=None, past_length: int = 0) -> torch.Tensor:
+    def forward(self, position_ids: torch.Tensor, input_ids=None, inputs_embeds=None) -> torch.Tensor:
+        """position_ids (B, N) or (1, N); input_ids (B, N) or inputs_embeds (B, N, D)."""
         if inputs_embeds is None:
             # A fresh tensor, scaled and shifted in place: every (B, N, D) buffer not allocated saves
             # a pass of page faults on long inputs.
@@ -78,7 +101,14 @@ class ZformerEmbeddings(nn.Module):
                 tokens.mul_(self.embed_scale)
         else:
             tokens = inputs_embeds * self.embed_scale  # (B, N, D); the caller's tensor is left alone
-        positions = self.positions(past_length, tokens.shape[1]).to(tokens.dtype)[None]  # (1, N, D)
+        if position_ids.dim() != 2 or position_ids.shape[1] != tokens.shape[1] or position_ids.shape[0] not in (
+            1, tokens.shape[0]
+        ):
+            raise ValueError(
+                f"position_ids has shape {tuple(position_ids.shape)}; expected (batch, length) = "
+                f"{tuple(tokens.shape[:2])}"
+            )
+        positions = self.positions(position_ids).to(tokens.dtype)  # (B or 1, N, D)
         if self.merge is None:
             hidden = tokens.add_(positions)
         else:
@@ -118,9 +148,16 @@ class ZformerLayer(GradientCheckpointingLayer):
         self.feed_forward = ZformerFeedForward(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """position_ids (B, N): xformer indexes its sequence projection by position."""
         branch, _ = self.attention(
-            self.attention_norm(hidden_states), attention_mask, output_projection=self.attention_output
+            self.attention_norm(hidden_states), attention_mask, output_projection=self.attention_output,
+            position_ids=position_ids,
         )
         hidden_states = add_into_fresh(self.dropout(branch), hidden_states)
         return add_into_fresh(self.feed_forward(self.feed_forward_norm(hidden_states)), hidden_states)
@@ -172,10 +209,10 @@ class ZformerEncoder(nn.Module):
         )
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states, attention_mask, output_hidden_states=False):
+    def forward(self, hidden_states, attention_mask, position_ids, output_hidden_states=False):
         all_hidden = (hidden_states,) if output_hidden_states else None
         for layer in self.layers:
-            hidden_states = layer(hidden_states, attention_mask)
+            hidden_states = layer(hidden_states, attention_mask, position_ids)
             if output_hidden_states:
                 all_hidden += (hidden_states,)
         hidden_states = self.final_norm(hidden_states)
@@ -204,12 +241,14 @@ class ZformerModel(ZformerPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         **kwargs,
     ):
-        """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), 1 at real tokens.
-        Returns `BaseModelOutput(last_hidden_state (B, N, D), hidden_states)`."""
+        """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), 1 at real tokens (padding
+        on either side); position_ids (B, N), by default the number of real tokens before each token
+        (`position_ids_from_mask`). Returns `BaseModelOutput(last_hidden_state (B, N, D), hidden_states)`."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         output_hidden_states = (
@@ -217,15 +256,17 @@ class ZformerModel(ZformerPreTrainedModel):
         )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         attention_mask = _hidden_mask(attention_mask, input_ids, inputs_embeds)
-        hidden_states = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)
-        hidden_states, all_hidden = self.encoder(hidden_states, attention_mask, output_hidden_states)
+        if position_ids is None:
+            position_ids = position_ids_from_mask(attention_mask)
+        hidden_states = self.embeddings(position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds)
+        hidden_states, all_hidden = self.encoder(hidden_states, attention_mask, position_ids, output_hidden_states)
         output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden)
         return output if return_dict else output.to_tuple()
 
 
 class ZformerPooler(nn.Module):
-    """Sequence pooling for classification: masked mean (the FastFormer seed), the first token, or
-    additive attention pooling (the official Fastformer: softmax_i(w . tanh(W h_i)))."""
+    """Sequence pooling for classification: masked mean (the FastFormer seed), the first real token
+    (the first column with right padding), or additive attention pooling (the official Fastformer: softmax_i(w . tanh(W h_i)))."""
 
     def __init__(self, config):
         super().__init__()
@@ -235,8 +276,8 @@ class ZformerPooler(nn.Module):
             self.score = nn.Linear(config.hidden_size, 1, bias=False)
 
     def forward(self, hidden_states, attention_mask):
-        if self.mode == "first":
-            return hidden_states[:, 0]
+        if self.mode == "first":  # argmax: the first real token, column 0 without left padding
+            return hidden_states[torch.arange(hidden_states.shape[0], device=hidden_states.device), attention_mask.argmax(1)]
         mask = attention_mask.to(hidden_states.dtype)[..., None]  # (B, N, 1)
         if self.mode == "mean":
             return (hidden_states * mask).sum(1) / mask.sum(1).clamp_min(1.0)
@@ -279,6 +320,7 @@ class ZformerForSequenceClassification(ZformerPreTrainedModel):
         input_ids=None,
         attention_mask=None,
         inputs_embeds=None,
+        position_ids=None,
         labels=None,
         output_hidden_states=None,
         return_dict=None,
@@ -289,7 +331,8 @@ class ZformerForSequenceClassification(ZformerPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         attention_mask = _hidden_mask(attention_mask, input_ids, inputs_embeds)
         outputs = self.zformer(
-            input_ids, attention_mask, inputs_embeds, output_hidden_states=output_hidden_states, return_dict=True
+            input_ids, attention_mask, inputs_embeds, position_ids, output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         pooled = self.pooler(outputs.last_hidden_state, attention_mask)
         logits = self.classifier(self.dropout(pooled))
@@ -333,6 +376,7 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
         input_ids=None,
         attention_mask=None,
         inputs_embeds=None,
+        position_ids=None,
         labels=None,
         output_hidden_states=None,
         return_dict=None,
@@ -341,7 +385,8 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
         """labels (B, N): token ids to predict, -100 where no prediction is scored."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.zformer(
-            input_ids, attention_mask, inputs_embeds, output_hidden_states=output_hidden_states, return_dict=True
+            input_ids, attention_mask, inputs_embeds, position_ids, output_hidden_states=output_hidden_states,
+            return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
@@ -478,7 +523,10 @@ class ZformerDecoder(nn.Module):
     def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, past_key_values=None,
                 inputs_embeds=None, output_hidden_states=False):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        hidden_states = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds, past_length=past_length)
+        reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
+        # positions continue from the cache: past_length, past_length + 1, ...
+        position_ids = position_ids_from_mask(reference.new_ones(1, reference.shape[1]), past_length)
+        hidden_states = self.embeddings(position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds)
         all_hidden = (hidden_states,) if output_hidden_states else None
         for layer in self.layers:
             hidden_states = layer(hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values)
