@@ -375,3 +375,94 @@ def test_explicit_position_ids(attention_type):
             model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions - 1)
         with pytest.raises(ValueError, match="position_ids"):
             model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions[:, :4])
+
+
+# Nothing silently swallowed: every argument is used, or refused with an error that names it.
+
+
+@pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
+def test_unknown_and_unsupported_arguments_raise(auto_class):
+    model = auto_class.from_config(tiny_config(attention_type="zformer")).eval()
+    ids, mask = random_batch([5, 3])
+    with pytest.raises(TypeError, match="bogus_argument"):
+        model(input_ids=ids, attention_mask=mask, bogus_argument=1)
+    with pytest.raises(ValueError, match="head_mask"):
+        model(input_ids=ids, attention_mask=mask, head_mask=torch.ones(2, 4))
+    # token_type_ids: all zeros (what BERT tokenizers send for one segment) is accepted and changes nothing
+    zeros = model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
+    torch.testing.assert_close(zeros[0], model(input_ids=ids, attention_mask=mask)[0], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="token_type_ids"):
+        model(input_ids=ids, attention_mask=mask, token_type_ids=torch.ones_like(ids))
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_output_attentions_of_full_layers(implementation):
+    ids, mask = random_batch([6, 4])
+    for auto_class in AUTO_CLASSES:
+        model = auto_class.from_config(tiny_config(attention_type="full"), attn_implementation=implementation).eval()
+        plain = model(input_ids=ids, attention_mask=mask)
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+        torch.testing.assert_close(out[0], plain[0], atol=1e-6, rtol=1e-6)
+        assert len(out.attentions) == TINY["num_hidden_layers"]
+        for weights in out.attentions:
+            assert weights.shape == (2, TINY["num_attention_heads"], 6, 6)
+            torch.testing.assert_close(weights.sum(-1), torch.ones(2, TINY["num_attention_heads"], 6))
+            assert weights[1, :, :, 4:].abs().max() == 0  # padded keys get no weight
+        assert len(model(input_ids=ids, attention_mask=mask, output_attentions=True, return_dict=False)) == 2
+    # the weights are those of the layer's softmax: recompute the first layer's by hand
+    model = AutoModel.from_config(tiny_config(attention_type="full")).eval()
+    layer = model.encoder.layers[0]
+    out = model(input_ids=ids, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    x = layer.attention_norm(out.hidden_states[0])
+    heads = TINY["num_attention_heads"]
+    q = layer.attention.query(x).view(2, 6, heads, -1).transpose(1, 2)
+    k = layer.attention.key(x).view(2, 6, heads, -1).transpose(1, 2)
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    expected = torch.softmax(scores.masked_fill(mask[:, None, None, :] == 0, float("-inf")), -1)
+    torch.testing.assert_close(out.attentions[0], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention_type", ["zformer", "xformer", "fastformer", ["full", "fastformer"]])
+def test_output_attentions_raises_for_layers_without_attention_matrix(attention_type):
+    model = AutoModelForSequenceClassification.from_config(tiny_config(attention_type=attention_type))
+    ids, mask = random_batch([5, 3])
+    kind = attention_type if isinstance(attention_type, str) else attention_type[1]
+    with pytest.raises(ValueError, match=f"output_attentions.*{kind}"):
+        model(input_ids=ids, attention_mask=mask, output_attentions=True)
+
+
+@pytest.mark.parametrize("auto_class", [AutoModelForSequenceClassification, AutoModelForMaskedLM],
+                         ids=lambda c: c.__name__)
+def test_loss_is_normalised_by_num_items_in_batch(auto_class):
+    """Trainer passes num_items_in_batch (the label count over all gradient-accumulation micro-batches):
+    the loss is then the sum over this micro-batch divided by it, as transformers' heads do."""
+    model = auto_class.from_config(tiny_config(attention_type="fastformer", num_labels=3)).eval()
+    ids, mask = random_batch([6, 4, 5])
+    if auto_class is AutoModelForMaskedLM:
+        labels = ids.masked_fill(mask == 0, -100)
+    else:
+        labels = torch.tensor([0, 2, 1])
+    count = int((labels != -100).sum())
+    mean = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    summed = model(input_ids=ids, attention_mask=mask, labels=labels, num_items_in_batch=torch.tensor(4 * count)).loss
+    torch.testing.assert_close(summed, mean / 4)
+    assert model.accepts_loss_kwargs  # Trainer then leaves the gradient-accumulation scaling to this loss
+
+
+def test_fill_mask_pipeline_with_token_type_ids(tmp_path):
+    """A BERT-style tokenizer sends token_type_ids (all zeros): the pipeline runs."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, pipeline
+
+    words = "<pad> <s> </s> <unk> <mask> good bad movie great awful plot".split()
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>",
+                                        mask_token="<mask>", model_input_names=["input_ids", "token_type_ids",
+                                                                                "attention_mask"])
+    assert "token_type_ids" in tokenizer("good movie")
+    AutoModelForMaskedLM.from_config(tiny_config(attention_type="full", vocab_size=len(words))).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    fill = pipeline("fill-mask", model=str(tmp_path), top_k=2)
+    assert len(fill("good <mask> plot")) == 2

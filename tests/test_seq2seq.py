@@ -257,3 +257,45 @@ def test_left_padded_source_generates_like_unpadded(encoder):
         alone = _greedy(model, src[row : row + 1, :length], mask[row : row + 1, :length], num_beams=2)
         assert torch.equal(generated[row : row + 1], alone), row
     assert torch.equal(generated, _greedy(model, src, mask, num_beams=2))
+
+
+def test_seq2seq_arguments_are_used_or_refused():
+    model = seq2seq("full", "full")
+    src, mask = _source()
+    target = torch.randint(5, TINY["vocab_size"], (3, 6))
+    base = model(input_ids=src, attention_mask=mask, decoder_input_ids=target).logits
+    with pytest.raises(TypeError, match="bogus_argument"):
+        model(input_ids=src, attention_mask=mask, decoder_input_ids=target, bogus_argument=1)
+    for name in ("head_mask", "decoder_head_mask", "cross_attn_head_mask"):
+        with pytest.raises(ValueError, match=name):
+            model(input_ids=src, attention_mask=mask, decoder_input_ids=target, **{name: torch.ones(2, 4)})
+    with pytest.raises(ValueError, match="output_attentions"):
+        model(input_ids=src, attention_mask=mask, decoder_input_ids=target, output_attentions=True)
+    with pytest.raises(ValueError, match="token_type_ids"):
+        model(input_ids=src, attention_mask=mask, decoder_input_ids=target, token_type_ids=torch.ones_like(src))
+    zeros = model(input_ids=src, attention_mask=mask, decoder_input_ids=target, token_type_ids=torch.zeros_like(src))
+    torch.testing.assert_close(zeros.logits, base, atol=0, rtol=0)
+    # a right-padded decoder mask is exact (causality hides later padding): accepted, real logits unchanged
+    decoder_mask = torch.ones_like(target)
+    decoder_mask[1, 4:] = 0
+    decoder_mask[2, 2:] = 0
+    masked = model(input_ids=src, attention_mask=mask, decoder_input_ids=target, decoder_attention_mask=decoder_mask)
+    torch.testing.assert_close(masked.logits[decoder_mask.bool()], base[decoder_mask.bool()], atol=0, rtol=0)
+    # any other pattern (left padding, holes) would need masking the decoder cannot do: refused
+    for bad in (decoder_mask.flip(1), torch.tensor([[1, 0, 1, 1, 1, 1]] * 3)):
+        with pytest.raises(ValueError, match="decoder_attention_mask"):
+            model(input_ids=src, attention_mask=mask, decoder_input_ids=target, decoder_attention_mask=bad)
+    # generate() forwards a user's decoder mask step by step (extended with ones): still accepted
+    start = torch.ones(3, 1, dtype=torch.long)
+    with_mask = _greedy(model, src, mask, decoder_input_ids=start, decoder_attention_mask=torch.ones_like(start))
+    assert torch.equal(with_mask, _greedy(model, src, mask))
+
+
+def test_seq2seq_loss_is_normalised_by_num_items_in_batch():
+    model = seq2seq(label_smoothing=0.1)
+    src, mask = _source()
+    labels = torch.randint(5, TINY["vocab_size"], (3, 6))
+    labels[2, 4:] = -100
+    mean = model(input_ids=src, attention_mask=mask, labels=labels).loss
+    summed = model(input_ids=src, attention_mask=mask, labels=labels, num_items_in_batch=2 * int((labels != -100).sum()))
+    torch.testing.assert_close(summed.loss, mean / 2)

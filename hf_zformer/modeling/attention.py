@@ -190,18 +190,22 @@ class FullAttention(_QKVAttention):
         key_mask: torch.Tensor | None = None,
         state=None,
         output_projection: nn.Module | None = None,
+        output_attentions: bool = False,
         **kwargs,
     ):
         """hidden_states (B, Nq, D). Self-attention: `attention_mask` (B, Nq) masks the keys; a causal
         module appends its keys/values to `state` (a transformers `DynamicLayer`, when decoding) and
         attends to all of them. Cross-attention: `key_value` = keys and values (B, H, Nk, d) from
         `project_memory`, masked by `key_mask` (B, Nk). Returns (context (B, Nq, D), state), the
-        context passed through `output_projection` when one is given.
+        context passed through `output_projection` when one is given; with `output_attentions` the
+        softmax weights (B, H, Nq, Nk) follow, computed through the einsum reference (SDPA returns none).
         """
-        context, state = self._attend(hidden_states, attention_mask, key_value, key_mask, state)
-        return _project(context, output_projection), state  # Q, K and V are freed by now
+        context, state, weights = self._attend(hidden_states, attention_mask, key_value, key_mask, state,
+                                               output_attentions)
+        context = _project(context, output_projection)  # Q, K and V are freed by now
+        return (context, state, weights) if output_attentions else (context, state)
 
-    def _attend(self, hidden_states, attention_mask, key_value, key_mask, state):
+    def _attend(self, hidden_states, attention_mask, key_value, key_mask, state, output_attentions=False):
         query = _split_heads(self.query(hidden_states), self.num_heads)  # (B, H, Nq, d)
         if key_value is None:
             key, value = self.project_memory(hidden_states, attention_mask)
@@ -223,10 +227,12 @@ class FullAttention(_QKVAttention):
         if mask is not None:
             mask = mask.expand(batch, 1, q_len, k_len)
 
-        attention_function: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, einsum_attention_forward
-        )
-        output, _ = attention_function(
+        attention_function: Callable = einsum_attention_forward
+        if not output_attentions:
+            attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, einsum_attention_forward
+            )
+        output, weights = attention_function(
             self,
             query,
             key,
@@ -236,7 +242,7 @@ class FullAttention(_QKVAttention):
             scaling=self.scaling,
             is_causal=False,  # causality is in `mask`
         )
-        return output.reshape(batch, q_len, -1), state
+        return output.reshape(batch, q_len, -1), state, weights
 
 
 # ----------------------------------------------------------------------------------------------

@@ -153,14 +153,19 @@ class ZformerLayer(GradientCheckpointingLayer):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.Tensor | None = None,
-    ) -> torch.Tensor:
-        """position_ids (B, N): xformer indexes its sequence projection by position."""
-        branch, _ = self.attention(
+        output_attentions: bool = False,
+    ):
+        """position_ids (B, N): xformer indexes its sequence projection by position. Returns the new
+        hidden states, and with `output_attentions` (full attention only) also the attention weights
+        (B, H, N, N)."""
+        extra = dict(output_attentions=True) if output_attentions else {}
+        branch, _, *weights = self.attention(
             self.attention_norm(hidden_states), attention_mask, output_projection=self.attention_output,
-            position_ids=position_ids,
+            position_ids=position_ids, **extra,
         )
         hidden_states = add_into_fresh(self.dropout(branch), hidden_states)
-        return add_into_fresh(self.feed_forward(self.feed_forward_norm(hidden_states)), hidden_states)
+        hidden_states = add_into_fresh(self.feed_forward(self.feed_forward_norm(hidden_states)), hidden_states)
+        return (hidden_states, weights[0]) if output_attentions else hidden_states
 
 
 class ZformerPreTrainedModel(PreTrainedModel):
@@ -170,6 +175,8 @@ class ZformerPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_attention_backend = True
     _no_split_modules = ["ZformerLayer", "ZformerDecoderLayer"]
+    # The heads with a loss take Trainer's `num_items_in_batch` (`mean_loss`); forwards have no **kwargs.
+    accepts_loss_kwargs = True
 
     def __init__(self, config, *inputs, **kwargs):
         super().__init__(config, *inputs, **kwargs)
@@ -201,6 +208,40 @@ def _hidden_mask(attention_mask, input_ids, inputs_embeds):
     return torch.ones(reference.shape[:2], dtype=torch.long, device=reference.device)
 
 
+def _check_token_type_ids(token_type_ids):
+    """BERT tokenizers send all-zero token_type_ids for one segment: accepted. Any other id would be
+    silently ignored (these models have no token type embeddings): refused."""
+    if token_type_ids is not None and bool(token_type_ids.any()):
+        raise ValueError(
+            "token_type_ids has non-zero ids, but Zformer models have no token type embeddings; pass all "
+            "zeros or no token_type_ids"
+        )
+
+
+def _refuse_head_masks(**masks):
+    for name, mask in masks.items():
+        if mask is not None:
+            raise ValueError(f"{name} is not supported: Zformer-family attention has no per-head weights to mask")
+
+
+def _check_right_padded(name, mask):
+    """A causal decoder is exact with right padding only (real tokens never see later padding)."""
+    if mask is not None and bool((mask[:, 1:].long() > mask[:, :-1].long()).any()):
+        raise ValueError(
+            f"{name} must be right-padded (each row ones, then zeros): the causal decoder does not mask "
+            f"padding, it relies on padding coming after every real token"
+        )
+
+
+def mean_loss(criterion, num_items_in_batch, *inputs, **options) -> torch.Tensor:
+    """`criterion(**options)(*inputs)`, the mean over this batch; when Trainer passes
+    `num_items_in_batch` (the label count of all gradient-accumulation micro-batches), the sum
+    divided by it instead, so accumulated gradients equal those of one large batch."""
+    if num_items_in_batch is None:
+        return criterion(**options)(*inputs)
+    return criterion(reduction="sum", **options)(*inputs) / num_items_in_batch
+
+
 class ZformerEncoder(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -209,16 +250,29 @@ class ZformerEncoder(nn.Module):
         )
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states, attention_mask, position_ids, output_hidden_states=False):
+    def forward(self, hidden_states, attention_mask, position_ids, output_hidden_states=False, output_attentions=False):
+        """Returns (hidden states, all hidden states or None, all attention weights or None)."""
+        if output_attentions:
+            for i, layer in enumerate(self.layers):
+                if layer.attention_type != "full":
+                    raise ValueError(
+                        f"output_attentions=True: layer {i} has attention_type={layer.attention_type!r}, which "
+                        f"forms no attention matrix; only 'full' layers return attention weights"
+                    )
         all_hidden = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
         for layer in self.layers:
-            hidden_states = layer(hidden_states, attention_mask, position_ids)
+            if output_attentions:
+                hidden_states, weights = layer(hidden_states, attention_mask, position_ids, output_attentions=True)
+                all_attentions += (weights,)
+            else:
+                hidden_states = layer(hidden_states, attention_mask, position_ids)
             if output_hidden_states:
                 all_hidden += (hidden_states,)
         hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_hidden = all_hidden[:-1] + (hidden_states,)
-        return hidden_states, all_hidden
+        return hidden_states, all_hidden, all_attentions
 
 
 class ZformerModel(ZformerPreTrainedModel):
@@ -242,25 +296,35 @@ class ZformerModel(ZformerPreTrainedModel):
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        head_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,
     ):
         """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), 1 at real tokens (padding
         on either side); position_ids (B, N), by default the number of real tokens before each token
-        (`position_ids_from_mask`). Returns `BaseModelOutput(last_hidden_state (B, N, D), hidden_states)`."""
+        (`position_ids_from_mask`). `token_type_ids` must be all zeros (no token type embeddings);
+        `head_mask` is refused. `output_attentions=True` returns the softmax weights (B, H, N, N) of
+        every layer, and raises when a layer is not `full`. Returns
+        `BaseModelOutput(last_hidden_state (B, N, D), hidden_states, attentions)`."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        _check_token_type_ids(token_type_ids)
+        _refuse_head_masks(head_mask=head_mask)
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         attention_mask = _hidden_mask(attention_mask, input_ids, inputs_embeds)
         if position_ids is None:
             position_ids = position_ids_from_mask(attention_mask)
         hidden_states = self.embeddings(position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds)
-        hidden_states, all_hidden = self.encoder(hidden_states, attention_mask, position_ids, output_hidden_states)
-        output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden)
+        hidden_states, all_hidden, attentions = self.encoder(
+            hidden_states, attention_mask, position_ids, output_hidden_states, output_attentions
+        )
+        output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=attentions)
         return output if return_dict else output.to_tuple()
 
 
@@ -286,8 +350,8 @@ class ZformerPooler(nn.Module):
         return (weights * hidden_states).sum(1)
 
 
-def classification_loss(config, logits, labels):
-    """Regression, single-label or multi-label loss, chosen like transformers' heads."""
+def classification_loss(config, logits, labels, num_items_in_batch=None):
+    """Regression, single-label or multi-label loss, chosen like transformers' heads (`mean_loss`)."""
     if config.problem_type is None:
         if config.num_labels == 1:
             config.problem_type = "regression"
@@ -297,11 +361,11 @@ def classification_loss(config, logits, labels):
             config.problem_type = "multi_label_classification"
     if config.problem_type == "regression":
         if config.num_labels == 1:
-            return MSELoss()(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
-        return MSELoss()(logits, labels.to(logits.dtype))
+            return mean_loss(MSELoss, num_items_in_batch, logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
+        return mean_loss(MSELoss, num_items_in_batch, logits, labels.to(logits.dtype))
     if config.problem_type == "single_label_classification":
-        return CrossEntropyLoss()(logits.view(-1, config.num_labels), labels.view(-1))
-    return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
+        return mean_loss(CrossEntropyLoss, num_items_in_batch, logits.view(-1, config.num_labels), labels.view(-1))
+    return mean_loss(BCEWithLogitsLoss, num_items_in_batch, logits, labels.to(logits.dtype))
 
 
 class ZformerForSequenceClassification(ZformerPreTrainedModel):
@@ -321,23 +385,29 @@ class ZformerForSequenceClassification(ZformerPreTrainedModel):
         attention_mask=None,
         inputs_embeds=None,
         position_ids=None,
+        token_type_ids=None,
+        head_mask=None,
         labels=None,
+        num_items_in_batch=None,
+        output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
-        **kwargs,
     ):
-        """labels (B,) class ids, (B,) / (B, num_labels) floats for regression, or (B, num_labels)
-        multi-hot floats for multi-label classification."""
+        """The arguments of `ZformerModel.forward`, and labels: (B,) class ids, (B,) / (B, num_labels)
+        floats for regression, or (B, num_labels) multi-hot floats for multi-label classification;
+        `num_items_in_batch` (from Trainer) normalises the summed loss instead of the batch mean."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         attention_mask = _hidden_mask(attention_mask, input_ids, inputs_embeds)
         outputs = self.zformer(
-            input_ids, attention_mask, inputs_embeds, position_ids, output_hidden_states=output_hidden_states,
-            return_dict=True,
+            input_ids, attention_mask, inputs_embeds, position_ids, token_type_ids, head_mask,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
         pooled = self.pooler(outputs.last_hidden_state, attention_mask)
         logits = self.classifier(self.dropout(pooled))
-        loss = classification_loss(self.config, logits, labels) if labels is not None else None
-        output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        loss = classification_loss(self.config, logits, labels, num_items_in_batch) if labels is not None else None
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return output if return_dict else output.to_tuple()  # the fields that are set, in order
 
 
@@ -377,22 +447,30 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
         attention_mask=None,
         inputs_embeds=None,
         position_ids=None,
+        token_type_ids=None,
+        head_mask=None,
         labels=None,
+        num_items_in_batch=None,
+        output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
-        **kwargs,
     ):
-        """labels (B, N): token ids to predict, -100 where no prediction is scored."""
+        """The arguments of `ZformerModel.forward`, and labels (B, N): token ids to predict, -100 where
+        no prediction is scored; `num_items_in_batch` (from Trainer) normalises the summed loss."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.zformer(
-            input_ids, attention_mask, inputs_embeds, position_ids, output_hidden_states=output_hidden_states,
-            return_dict=True,
+            input_ids, attention_mask, inputs_embeds, position_ids, token_type_ids, head_mask,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size).float(), labels.view(-1))
-        output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+            loss = mean_loss(
+                CrossEntropyLoss, num_items_in_batch, logits.view(-1, logits.shape[-1]).float(), labels.view(-1)
+            )
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return output if return_dict else output.to_tuple()
 
 
@@ -601,19 +679,39 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs=None,
         past_key_values: ZformerDecodingState | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
+        num_items_in_batch=None,
+        token_type_ids: torch.LongTensor | None = None,
+        head_mask: torch.Tensor | None = None,
+        decoder_head_mask: torch.Tensor | None = None,
+        cross_attn_head_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,
     ):
-        """input_ids/attention_mask (B, S): the source; decoder_input_ids (B, T), or `labels` (B, T)
-        shifted right; `past_key_values`: the decoding state of earlier steps. Returns
-        `Seq2SeqLMOutput` with logits (B, T, vocab) and the loss when labels are given."""
+        """input_ids/attention_mask (B, S): the source, padded on either side (encoder positions come
+        from the mask); decoder_input_ids (B, T), or `labels` (B, T) shifted right;
+        `decoder_attention_mask` (B, T, or B, past + T while generating) must be right-padded;
+        `past_key_values`: the decoding state of earlier steps (decoder positions continue from its
+        length). `token_type_ids` must be all zeros; head masks and `output_attentions=True` are
+        refused. Returns `Seq2SeqLMOutput` with logits (B, T, vocab) and the loss when labels are given
+        (normalised by `num_items_in_batch` when Trainer passes it)."""
+        _refuse_head_masks(
+            head_mask=head_mask, decoder_head_mask=decoder_head_mask, cross_attn_head_mask=cross_attn_head_mask
+        )
+        _check_right_padded("decoder_attention_mask", decoder_attention_mask)
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        if output_attentions:
+            raise ValueError(
+                "output_attentions=True is not supported by the encoder-decoder; the encoder's weights (full "
+                "layers) come from model.get_encoder()(..., output_attentions=True)"
+            )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -625,7 +723,8 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids, attention_mask, inputs_embeds, output_hidden_states=output_hidden_states, return_dict=True
+                input_ids, attention_mask, inputs_embeds, token_type_ids=token_type_ids,
+                output_hidden_states=output_hidden_states, return_dict=True,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
@@ -643,8 +742,9 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden_states)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss(label_smoothing=self.config.label_smoothing)(
-                logits.view(-1, self.config.vocab_size).float(), labels.view(-1)
+            loss = mean_loss(
+                CrossEntropyLoss, num_items_in_batch, logits.view(-1, logits.shape[-1]).float(), labels.view(-1),
+                label_smoothing=self.config.label_smoothing,
             )
         output = Seq2SeqLMOutput(
             loss=loss,
