@@ -466,3 +466,29 @@ def test_fill_mask_pipeline_with_token_type_ids(tmp_path):
     tokenizer.save_pretrained(tmp_path)
     fill = pipeline("fill-mask", model=str(tmp_path), top_k=2)
     assert len(fill("good <mask> plot")) == 2
+
+
+@pytest.mark.parametrize("new_size, multiple, expected", [(120, None, 120), (50, None, 50), (100, 64, 128)])
+@pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
+def test_resize_token_embeddings(tmp_path, auto_class, new_size, multiple, expected):
+    model = auto_class.from_config(tiny_config(attention_type="zformer")).eval()
+    keys = set(model.state_dict())
+    if auto_class is AutoModelForMaskedLM:
+        with torch.no_grad():
+            model.lm_head.bias.normal_()
+        old_bias = model.lm_head.bias.detach().clone()
+    model.resize_token_embeddings(new_size, pad_to_multiple_of=multiple)
+    assert model.get_input_embeddings().weight.shape[0] == expected == model.config.vocab_size
+    ids, mask = random_batch([6, 4], vocab_size=40)
+    ids[0, 0] = expected - 1  # a token only the resized table has
+    out = _output(model, ids, mask)
+    if auto_class is AutoModelForMaskedLM:
+        assert out.shape == (2, 6, expected) and model.lm_head.bias.shape == (expected,)
+        kept = min(expected, TINY["vocab_size"])
+        torch.testing.assert_close(model.lm_head.bias[:kept], old_bias[:kept], atol=0, rtol=0)
+        assert model.lm_head.decoder.weight is model.get_input_embeddings().weight  # still tied
+        assert torch.isfinite(model(input_ids=ids, attention_mask=mask, labels=ids).loss)
+    assert set(model.state_dict()) == keys  # checkpoint keys unchanged
+    model.save_pretrained(tmp_path)
+    loaded = auto_class.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(_output(loaded, ids, mask), out, atol=0, rtol=0)

@@ -299,3 +299,18 @@ def test_seq2seq_loss_is_normalised_by_num_items_in_batch():
     mean = model(input_ids=src, attention_mask=mask, labels=labels).loss
     summed = model(input_ids=src, attention_mask=mask, labels=labels, num_items_in_batch=2 * int((labels != -100).sum()))
     torch.testing.assert_close(summed.loss, mean / 2)
+
+
+@pytest.mark.parametrize("new_size, multiple, expected", [(120, None, 120), (50, None, 50), (100, 64, 128)])
+def test_resize_token_embeddings(new_size, multiple, expected):
+    model = seq2seq("zformer", "fastformer")
+    model.resize_token_embeddings(new_size, pad_to_multiple_of=multiple)
+    shared = model.get_input_embeddings().weight
+    assert shared.shape[0] == expected == model.config.vocab_size
+    assert model.decoder.embeddings.word_embeddings.weight is shared and model.lm_head.weight is shared
+    src, mask = random_batch([6, 4], vocab_size=40)
+    labels = torch.randint(5, 40, (2, 5))
+    labels[0, 0] = expected - 1
+    out = model(input_ids=src, attention_mask=mask, labels=labels)
+    assert out.logits.shape == (2, 5, expected) and torch.isfinite(out.loss)
+    assert model.generate(input_ids=src, attention_mask=mask, max_new_tokens=3).shape[0] == 2

@@ -425,6 +425,17 @@ class ZformerLMHead(nn.Module):
     def forward(self, hidden_states):
         return self.decoder(self.layer_norm(self.activation(self.dense(hidden_states)))) + self.bias
 
+    def resize_bias(self, vocab_size: int):
+        """Grow (zeros for the new tokens) or cut `bias` to `vocab_size` entries, the rest kept."""
+        old = self.bias
+        if old.shape[0] == vocab_size:
+            return
+        new = old.new_zeros(vocab_size)
+        kept = min(vocab_size, old.shape[0])
+        with torch.no_grad():
+            new[:kept] = old[:kept]
+        self.bias = nn.Parameter(new, requires_grad=old.requires_grad)
+
 
 class ZformerForMaskedLM(ZformerPreTrainedModel):
     _tied_weights_keys = {"lm_head.decoder.weight": "zformer.embeddings.word_embeddings.weight"}
@@ -440,6 +451,13 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
 
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
+
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers resizes the tied embedding matrix; the output bias (`lm_head.bias`, a separate
+        parameter so checkpoint keys stay as they are) follows here."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.lm_head.resize_bias(embeddings.weight.shape[0])
+        return embeddings
 
     def forward(
         self,
