@@ -492,3 +492,22 @@ def test_resize_token_embeddings(tmp_path, auto_class, new_size, multiple, expec
     model.save_pretrained(tmp_path)
     loaded = auto_class.from_pretrained(tmp_path).eval()
     torch.testing.assert_close(_output(loaded, ids, mask), out, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_attention_heads", 5, "hidden_size=32 is not divisible by num_attention_heads=5"),
+        ("attention_type", "linear", "attention_type='linear'"),
+        ("decoder_attention_type", "xformer", "xformer cannot be causal"),
+        ("pad_token_id", 500, "pad_token_id=500"),
+    ],
+)
+def test_config_fields_set_after_construction_are_validated_when_the_model_is_built(field, value, message):
+    from transformers import AutoModelForSeq2SeqLM
+
+    for auto_class in [*AUTO_CLASSES, AutoModelForSeq2SeqLM]:
+        config = tiny_config(attention_type="zformer")
+        setattr(config, field, value)
+        with pytest.raises(ValueError, match=message):
+            auto_class.from_config(config)

@@ -179,6 +179,9 @@ class ZformerPreTrainedModel(PreTrainedModel):
     accepts_loss_kwargs = True
 
     def __init__(self, config, *inputs, **kwargs):
+        # The config validates itself at construction; fields set afterwards are checked here, with the
+        # same errors naming field and value (instead of a failure deep inside a layer).
+        config._validate()
         super().__init__(config, *inputs, **kwargs)
         # Saved checkpoints load with trust_remote_code=True through every Auto class we support.
         config.auto_map = auto_map_for(config.model_type)
