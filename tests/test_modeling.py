@@ -287,7 +287,8 @@ def test_gradient_checkpointing_equals_plain_backward(attention_type):
 # All-padding rows (attention_mask all zeros): an empty pooling or attention gives a zero context,
 # so such a row is finite and leaves the other rows (and the batch loss) as they were.
 EMPTY_ROW_CASES = [
-    *[(dict(attention_type=t, classifier_pooling=p), "sdpa") for t in ATTENTION_TYPES for p in ("mean", "first", "attention")],
+    *[(dict(attention_type=t, classifier_pooling=p), "sdpa")
+      for t in ATTENTION_TYPES for p in ("mean", "first", "attention")],
     (dict(attention_type="full"), "eager"),
     (dict(attention_type="full", classifier_pooling="attention"), "eager"),
     (dict(attention_type="fastformer", fastformer_pooling="mean"), "sdpa"),
@@ -348,7 +349,8 @@ def test_left_padding_equals_right_padding_and_no_padding(attention_type, positi
         torch.testing.assert_close(_real(left, left_mask), _real(right, mask), atol=1e-5, rtol=1e-5)
         for row, length in enumerate(mask.sum(1).tolist()):
             alone = _output(model, ids[row : row + 1, :length], mask[row : row + 1, :length])
-            torch.testing.assert_close(_real(left[row : row + 1], left_mask[row : row + 1]), _real(alone, mask[row : row + 1, :length]), atol=1e-5, rtol=1e-5)
+            torch.testing.assert_close(_real(left[row : row + 1], left_mask[row : row + 1]),
+                                       _real(alone, mask[row : row + 1, :length]), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
@@ -457,12 +459,14 @@ def test_fill_mask_pipeline_with_token_type_ids(tmp_path):
     words = "<pad> <s> </s> <unk> <mask> good bad movie great awful plot".split()
     backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.Whitespace()
-    backend.post_processor = processors.TemplateProcessing(single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)])
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
+                                                           special_tokens=[("<s>", 1), ("</s>", 2)])
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>",
                                         mask_token="<mask>", model_input_names=["input_ids", "token_type_ids",
                                                                                 "attention_mask"])
     assert "token_type_ids" in tokenizer("good movie")
-    AutoModelForMaskedLM.from_config(tiny_config(attention_type="full", vocab_size=len(words))).save_pretrained(tmp_path)
+    model = AutoModelForMaskedLM.from_config(tiny_config(attention_type="full", vocab_size=len(words)))
+    model.save_pretrained(tmp_path)
     tokenizer.save_pretrained(tmp_path)
     fill = pipeline("fill-mask", model=str(tmp_path), top_k=2)
     assert len(fill("good <mask> plot")) == 2

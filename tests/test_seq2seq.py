@@ -297,7 +297,8 @@ def test_seq2seq_loss_is_normalised_by_num_items_in_batch():
     labels = torch.randint(5, TINY["vocab_size"], (3, 6))
     labels[2, 4:] = -100
     mean = model(input_ids=src, attention_mask=mask, labels=labels).loss
-    summed = model(input_ids=src, attention_mask=mask, labels=labels, num_items_in_batch=2 * int((labels != -100).sum()))
+    count = int((labels != -100).sum())
+    summed = model(input_ids=src, attention_mask=mask, labels=labels, num_items_in_batch=2 * count)
     torch.testing.assert_close(summed.loss, mean / 2)
 
 

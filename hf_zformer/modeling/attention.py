@@ -417,8 +417,10 @@ class XformerAttention(nn.Module):
         its position (no left padding: one matrix for the batch), else (B, k, N)."""
         if position_ids is not None and not torch.compiler.is_compiling():
             columns = torch.arange(length, device=position_ids.device)
-            real = attention_mask.bool() if attention_mask is not None else torch.ones_like(position_ids, dtype=torch.bool)
-            if bool(((position_ids == columns) | ~real).all()):
+            at_column = position_ids == columns
+            if attention_mask is not None:
+                at_column |= ~attention_mask.bool()  # padding's column does not matter (zeroed inputs)
+            if bool(at_column.all()):
                 position_ids = None
         if position_ids is None:
             return self.sequence_projection[:, :length]

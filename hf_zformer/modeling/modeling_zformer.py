@@ -158,14 +158,13 @@ class ZformerLayer(GradientCheckpointingLayer):
         """position_ids (B, N): xformer indexes its sequence projection by position. Returns the new
         hidden states, and with `output_attentions` (full attention only) also the attention weights
         (B, H, N, N)."""
-        extra = dict(output_attentions=True) if output_attentions else {}
-        branch, _, *weights = self.attention(
+        outputs = self.attention(  # (context, state[, weights])
             self.attention_norm(hidden_states), attention_mask, output_projection=self.attention_output,
-            position_ids=position_ids, **extra,
+            position_ids=position_ids, output_attentions=output_attentions,
         )
-        hidden_states = add_into_fresh(self.dropout(branch), hidden_states)
+        hidden_states = add_into_fresh(self.dropout(outputs[0]), hidden_states)
         hidden_states = add_into_fresh(self.feed_forward(self.feed_forward_norm(hidden_states)), hidden_states)
-        return (hidden_states, weights[0]) if output_attentions else hidden_states
+        return (hidden_states, outputs[2]) if output_attentions else hidden_states
 
 
 class ZformerPreTrainedModel(PreTrainedModel):
@@ -253,7 +252,9 @@ class ZformerEncoder(nn.Module):
         )
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states, attention_mask, position_ids, output_hidden_states=False, output_attentions=False):
+    def forward(
+        self, hidden_states, attention_mask, position_ids, output_hidden_states=False, output_attentions=False
+    ):
         """Returns (hidden states, all hidden states or None, all attention weights or None)."""
         if output_attentions:
             for i, layer in enumerate(self.layers):
@@ -333,7 +334,8 @@ class ZformerModel(ZformerPreTrainedModel):
 
 class ZformerPooler(nn.Module):
     """Sequence pooling for classification: masked mean (the FastFormer seed), the first real token
-    (the first column with right padding), or additive attention pooling (the official Fastformer: softmax_i(w . tanh(W h_i)))."""
+    (the first column with right padding), or additive attention pooling (the official Fastformer:
+    softmax_i(w . tanh(W h_i)))."""
 
     def __init__(self, config):
         super().__init__()
@@ -344,7 +346,8 @@ class ZformerPooler(nn.Module):
 
     def forward(self, hidden_states, attention_mask):
         if self.mode == "first":  # argmax: the first real token, column 0 without left padding
-            return hidden_states[torch.arange(hidden_states.shape[0], device=hidden_states.device), attention_mask.argmax(1)]
+            rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+            return hidden_states[rows, attention_mask.argmax(1)]
         mask = attention_mask.to(hidden_states.dtype)[..., None]  # (B, N, 1)
         if self.mode == "mean":
             return (hidden_states * mask).sum(1) / mask.sum(1).clamp_min(1.0)
@@ -655,7 +658,8 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
 
     `generate()` supports greedy, beam search and sampling. Zformer/Fastformer decoders keep a
     recurrent state whose size does not depend on the generated length (see `ZformerDecodingState`).
-    Decoder inputs must be right-padded (causality then hides padding from real tokens).
+    The source may be padded on either side; decoder inputs must be right-padded (causality then
+    hides padding from real tokens; `decoder_attention_mask` is checked for that).
     """
 
     _tied_weights_keys = {
@@ -845,4 +849,5 @@ __all__ = [
     "ZformerForConditionalGeneration",
     "FastformerForConditionalGeneration",
     "ZformerDecodingState",
+    "position_ids_from_mask",
 ]
