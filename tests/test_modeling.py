@@ -382,15 +382,29 @@ def test_explicit_position_ids(attention_type):
 # Nothing silently swallowed: every argument is used, or refused with an error that names it.
 
 
+def _zformer_model(auto_class):
+    return auto_class.from_config(tiny_config(attention_type="zformer")).eval()
+
+
 @pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
-def test_unknown_and_unsupported_arguments_raise(auto_class):
-    model = auto_class.from_config(tiny_config(attention_type="zformer")).eval()
+def test_unknown_keyword_argument_raises(auto_class):
     ids, mask = random_batch([5, 3])
     with pytest.raises(TypeError, match="bogus_argument"):
-        model(input_ids=ids, attention_mask=mask, bogus_argument=1)
+        _zformer_model(auto_class)(input_ids=ids, attention_mask=mask, bogus_argument=1)
+
+
+@pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
+def test_head_mask_raises(auto_class):
+    ids, mask = random_batch([5, 3])
     with pytest.raises(ValueError, match="head_mask"):
-        model(input_ids=ids, attention_mask=mask, head_mask=torch.ones(2, 4))
-    # token_type_ids: all zeros (what BERT tokenizers send for one segment) is accepted and changes nothing
+        _zformer_model(auto_class)(input_ids=ids, attention_mask=mask, head_mask=torch.ones(2, 4))
+
+
+@pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
+def test_token_type_ids_zeros_accepted_non_zero_raise(auto_class):
+    model = _zformer_model(auto_class)
+    ids, mask = random_batch([5, 3])
+    # all zeros (what BERT tokenizers send for one segment) is accepted and changes nothing
     zeros = model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
     torch.testing.assert_close(zeros[0], model(input_ids=ids, attention_mask=mask)[0], atol=0, rtol=0)
     with pytest.raises(ValueError, match="token_type_ids"):

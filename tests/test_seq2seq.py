@@ -259,33 +259,50 @@ def test_left_padded_source_generates_like_unpadded(encoder):
     assert torch.equal(generated, _greedy(model, src, mask, num_beams=2))
 
 
-def test_seq2seq_arguments_are_used_or_refused():
-    model = seq2seq("full", "full")
+def _seq2seq_batch():
     src, mask = _source()
-    target = torch.randint(5, TINY["vocab_size"], (3, 6))
-    base = model(input_ids=src, attention_mask=mask, decoder_input_ids=target).logits
+    return dict(input_ids=src, attention_mask=mask, decoder_input_ids=torch.randint(5, TINY["vocab_size"], (3, 6)))
+
+
+def test_seq2seq_unknown_keyword_argument_raises():
     with pytest.raises(TypeError, match="bogus_argument"):
-        model(input_ids=src, attention_mask=mask, decoder_input_ids=target, bogus_argument=1)
-    for name in ("head_mask", "decoder_head_mask", "cross_attn_head_mask"):
-        with pytest.raises(ValueError, match=name):
-            model(input_ids=src, attention_mask=mask, decoder_input_ids=target, **{name: torch.ones(2, 4)})
+        seq2seq("full", "full")(**_seq2seq_batch(), bogus_argument=1)
+
+
+@pytest.mark.parametrize("name", ["head_mask", "decoder_head_mask", "cross_attn_head_mask"])
+def test_seq2seq_head_masks_raise(name):
+    with pytest.raises(ValueError, match=name):
+        seq2seq("full", "full")(**_seq2seq_batch(), **{name: torch.ones(2, 4)})
+
+
+def test_seq2seq_output_attentions_raises():
     with pytest.raises(ValueError, match="output_attentions"):
-        model(input_ids=src, attention_mask=mask, decoder_input_ids=target, output_attentions=True)
+        seq2seq("full", "full")(**_seq2seq_batch(), output_attentions=True)
+
+
+def test_seq2seq_token_type_ids_zeros_accepted_non_zero_raise():
+    model, batch = seq2seq("full", "full"), _seq2seq_batch()
+    zeros = model(**batch, token_type_ids=torch.zeros_like(batch["input_ids"])).logits
+    torch.testing.assert_close(zeros, model(**batch).logits, atol=0, rtol=0)
     with pytest.raises(ValueError, match="token_type_ids"):
-        model(input_ids=src, attention_mask=mask, decoder_input_ids=target, token_type_ids=torch.ones_like(src))
-    zeros = model(input_ids=src, attention_mask=mask, decoder_input_ids=target, token_type_ids=torch.zeros_like(src))
-    torch.testing.assert_close(zeros.logits, base, atol=0, rtol=0)
+        model(**batch, token_type_ids=torch.ones_like(batch["input_ids"]))
+
+
+def test_seq2seq_decoder_attention_mask_right_padded_only():
+    model, batch = seq2seq("full", "full"), _seq2seq_batch()
+    base = model(**batch).logits
     # a right-padded decoder mask is exact (causality hides later padding): accepted, real logits unchanged
-    decoder_mask = torch.ones_like(target)
+    decoder_mask = torch.ones_like(batch["decoder_input_ids"])
     decoder_mask[1, 4:] = 0
     decoder_mask[2, 2:] = 0
-    masked = model(input_ids=src, attention_mask=mask, decoder_input_ids=target, decoder_attention_mask=decoder_mask)
-    torch.testing.assert_close(masked.logits[decoder_mask.bool()], base[decoder_mask.bool()], atol=0, rtol=0)
+    masked = model(**batch, decoder_attention_mask=decoder_mask).logits
+    torch.testing.assert_close(masked[decoder_mask.bool()], base[decoder_mask.bool()], atol=0, rtol=0)
     # any other pattern (left padding, holes) would need masking the decoder cannot do: refused
     for bad in (decoder_mask.flip(1), torch.tensor([[1, 0, 1, 1, 1, 1]] * 3)):
         with pytest.raises(ValueError, match="decoder_attention_mask"):
-            model(input_ids=src, attention_mask=mask, decoder_input_ids=target, decoder_attention_mask=bad)
+            model(**batch, decoder_attention_mask=bad)
     # generate() forwards a user's decoder mask step by step (extended with ones): still accepted
+    src, mask = batch["input_ids"], batch["attention_mask"]
     start = torch.ones(3, 1, dtype=torch.long)
     with_mask = _greedy(model, src, mask, decoder_input_ids=start, decoder_attention_mask=torch.ones_like(start))
     assert torch.equal(with_mask, _greedy(model, src, mask))
