@@ -31,6 +31,7 @@ from .modeling import (
     ZformerForSequenceClassification,
     ZformerModel,
     ZformerPreTrainedModel,
+    position_ids_from_mask,
 )
 
 __version__ = "0.1.0"

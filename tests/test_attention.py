@@ -64,6 +64,13 @@ def test_einsum_reference_gives_padding_exactly_zero_weight():
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, N))
     expected = torch.softmax(q[1] @ k[1, :, :7].transpose(-1, -2) * DH**-0.5, dim=-1) @ v[1, :, :7]
     torch.testing.assert_close(output[1].transpose(0, 1), expected)
+    # a row with no real key attends to nothing: zero weights and a zero context, not NaN
+    key_mask[0] = False
+    q.requires_grad_()
+    output, weights = einsum_attention_forward(torch.nn.Identity(), q, k, v, key_mask, scaling=DH**-0.5)
+    assert weights[0].abs().max() == 0 and output[0].abs().max() == 0
+    output.sum().backward()
+    assert torch.isfinite(q.grad).all()
 
 
 def test_full_causal_cache_equals_one_pass():
@@ -247,10 +254,11 @@ def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_ma
     projection = _randomize(torch.nn.Linear(D, D)).double() if projected else None
     parameters = [*attention.parameters(), *(projection.parameters() if projected else [])]
     generator = torch.Generator().manual_seed(0)
-    x = torch.randn(3, length, D, generator=generator, dtype=torch.float64).requires_grad_()
-    mask = torch.ones(3, length, dtype=torch.long)
+    x = torch.randn(4, length, D, generator=generator, dtype=torch.float64).requires_grad_()
+    mask = torch.ones(4, length, dtype=torch.long)
     mask[1, 7:] = 0
     mask[2, 2:] = 0
+    mask[3] = 0  # all padding: both forms pool nothing (zero global query and key), finite gradients
     mask = mask if with_mask else None
     results = []
     for enabled in (True, False):
@@ -261,13 +269,14 @@ def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_ma
     (folded_out, folded_grads), (plain_out, plain_grads) = results
     torch.testing.assert_close(folded_out, plain_out, atol=1e-10, rtol=1e-10)
     for folded_grad, plain_grad in zip(folded_grads, plain_grads):
+        assert torch.isfinite(folded_grad).all() and torch.isfinite(plain_grad).all()
         torch.testing.assert_close(folded_grad, plain_grad, atol=1e-9, rtol=1e-10)
 
     # padding invariance of the folded form: extra padding leaves real positions unchanged
     if with_mask:
         _folding(monkeypatch, True)
-        padded_x = torch.cat([x, torch.randn(3, 5, D, generator=generator, dtype=torch.float64)], 1)
-        padded_mask = torch.cat([mask, torch.zeros(3, 5, dtype=torch.long)], 1)
+        padded_x = torch.cat([x, torch.randn(4, 5, D, generator=generator, dtype=torch.float64)], 1)
+        padded_mask = torch.cat([mask, torch.zeros(4, 5, dtype=torch.long)], 1)
         padded, _ = attention(padded_x, padded_mask, output_projection=projection)
         real = mask.bool()
         torch.testing.assert_close(padded[:, :length][real], folded_out[real], atol=1e-10, rtol=1e-10)

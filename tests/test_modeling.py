@@ -282,3 +282,250 @@ def test_gradient_checkpointing_equals_plain_backward(attention_type):
         grads.append({n: p.grad.clone() for n, p in model.named_parameters()})
     for name in grads[0]:
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-6, rtol=1e-5, msg=name)
+
+
+# All-padding rows (attention_mask all zeros): an empty pooling or attention gives a zero context,
+# so such a row is finite and leaves the other rows (and the batch loss) as they were.
+EMPTY_ROW_CASES = [
+    *[(dict(attention_type=t, classifier_pooling=p), "sdpa")
+      for t in ATTENTION_TYPES for p in ("mean", "first", "attention")],
+    (dict(attention_type="full"), "eager"),
+    (dict(attention_type="full", classifier_pooling="attention"), "eager"),
+    (dict(attention_type="fastformer", fastformer_pooling="mean"), "sdpa"),
+    (dict(attention_type="fastformer", fastformer_share_qv=True), "sdpa"),
+]
+
+
+def _empty_row_batch(width):
+    """Two real rows (one of `width` tokens) and a third, all-padding row."""
+    return random_batch([width, 5, 0])
+
+
+@pytest.mark.parametrize("overrides, implementation", EMPTY_ROW_CASES)
+@pytest.mark.parametrize("width", [9, 40])  # 40 > hidden_size: zformer/fastformer take their folded forms
+def test_all_padding_row_is_finite_and_changes_nothing(overrides, implementation, width):
+    ids, mask = _empty_row_batch(width)
+    for auto_class in AUTO_CLASSES:
+        torch.manual_seed(0)
+        model = auto_class.from_config(tiny_config(**overrides), attn_implementation=implementation).eval()
+        out = _output(model, ids, mask)
+        assert torch.isfinite(out).all(), auto_class.__name__
+        without = _output(model, ids[:2], mask[:2])
+        torch.testing.assert_close(_real(out[:2], mask[:2]), _real(without, mask[:2]), atol=1e-5, rtol=1e-5)
+        out.float().pow(2).mean().backward()
+        bad = [n for n, p in model.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+        assert not bad, f"{auto_class.__name__}: non-finite gradients for {bad}"
+    model = AutoModelForSequenceClassification.from_config(tiny_config(**overrides), attn_implementation=implementation)
+    assert torch.isfinite(model(input_ids=ids, attention_mask=mask, labels=torch.tensor([0, 1, 1])).loss)
+
+
+# Positions come from the attention mask (the number of real tokens before a token), so left,
+# right and no padding give every real token the same position and the same output.
+
+
+def left_pad(ids, mask):
+    """The same batch with its padding moved to the left of every row."""
+    shifts = (mask.shape[1] - mask.sum(1)).tolist()
+    return (torch.stack([row.roll(s) for row, s in zip(ids, shifts)]),
+            torch.stack([row.roll(s) for row, s in zip(mask, shifts)]))
+
+
+POSITION_VARIANTS = [dict(), dict(position_embedding_type="learned", position_embedding_merge="concat")]
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [HYBRID])
+@pytest.mark.parametrize("positions", POSITION_VARIANTS, ids=["sinusoidal-add", "learned-concat"])
+@pytest.mark.parametrize("pooling", ["mean", "first", "attention"])
+def test_left_padding_equals_right_padding_and_no_padding(attention_type, positions, pooling):
+    ids, mask = random_batch([7, 10, 3], pad_to=12)
+    left_ids, left_mask = left_pad(ids, mask)
+    classes = AUTO_CLASSES if pooling == "mean" else [AutoModelForSequenceClassification]
+    for auto_class in classes:
+        torch.manual_seed(0)
+        config = tiny_config(attention_type=attention_type, classifier_pooling=pooling, **positions)
+        model = auto_class.from_config(config).eval()
+        right = _output(model, ids, mask)
+        left = _output(model, left_ids, left_mask)
+        torch.testing.assert_close(_real(left, left_mask), _real(right, mask), atol=1e-5, rtol=1e-5)
+        for row, length in enumerate(mask.sum(1).tolist()):
+            alone = _output(model, ids[row : row + 1, :length], mask[row : row + 1, :length])
+            torch.testing.assert_close(_real(left[row : row + 1], left_mask[row : row + 1]),
+                                       _real(alone, mask[row : row + 1, :length]), atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
+def test_explicit_position_ids(attention_type):
+    from hf_zformer.modeling.modeling_zformer import position_ids_from_mask
+
+    ids, mask = random_batch([7, 10, 3])
+    left_ids, left_mask = left_pad(ids, mask)
+    positions = position_ids_from_mask(left_mask)
+    assert positions[2].tolist() == [0] * 7 + [0, 1, 2]
+    assert position_ids_from_mask(left_mask, past_length=4, offset=2)[2].tolist() == [0] * 7 + [6, 7, 8]
+    for auto_class in AUTO_CLASSES:
+        model = auto_class.from_config(tiny_config(attention_type=attention_type)).eval()
+        derived = _output(model, left_ids, left_mask)
+        given = model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions)
+        given = given.logits if hasattr(given, "logits") else given.last_hidden_state
+        torch.testing.assert_close(given, derived, atol=0, rtol=0)
+        shifted = model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions + 5)
+        shifted = shifted.logits if hasattr(shifted, "logits") else shifted.last_hidden_state
+        assert not torch.allclose(_real(shifted, left_mask), _real(derived, left_mask))
+        with pytest.raises(ValueError, match="max_position_embeddings=64"):
+            model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions + 60)
+        with pytest.raises(ValueError, match="position_ids"):
+            model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions - 1)
+        with pytest.raises(ValueError, match="position_ids"):
+            model(input_ids=left_ids, attention_mask=left_mask, position_ids=positions[:, :4])
+
+
+# Nothing silently swallowed: every argument is used, or refused with an error that names it.
+
+
+def _zformer_model(auto_class):
+    return auto_class.from_config(tiny_config(attention_type="zformer")).eval()
+
+
+@pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
+def test_unknown_keyword_argument_raises(auto_class):
+    ids, mask = random_batch([5, 3])
+    with pytest.raises(TypeError, match="bogus_argument"):
+        _zformer_model(auto_class)(input_ids=ids, attention_mask=mask, bogus_argument=1)
+
+
+@pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
+def test_head_mask_raises(auto_class):
+    ids, mask = random_batch([5, 3])
+    with pytest.raises(ValueError, match="head_mask"):
+        _zformer_model(auto_class)(input_ids=ids, attention_mask=mask, head_mask=torch.ones(2, 4))
+
+
+@pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
+def test_token_type_ids_zeros_accepted_non_zero_raise(auto_class):
+    model = _zformer_model(auto_class)
+    ids, mask = random_batch([5, 3])
+    # all zeros (what BERT tokenizers send for one segment) is accepted and changes nothing
+    zeros = model(input_ids=ids, attention_mask=mask, token_type_ids=torch.zeros_like(ids))
+    torch.testing.assert_close(zeros[0], model(input_ids=ids, attention_mask=mask)[0], atol=0, rtol=0)
+    with pytest.raises(ValueError, match="token_type_ids"):
+        model(input_ids=ids, attention_mask=mask, token_type_ids=torch.ones_like(ids))
+
+
+@pytest.mark.parametrize("implementation", ["sdpa", "eager"])
+def test_output_attentions_of_full_layers(implementation):
+    ids, mask = random_batch([6, 4])
+    for auto_class in AUTO_CLASSES:
+        model = auto_class.from_config(tiny_config(attention_type="full"), attn_implementation=implementation).eval()
+        plain = model(input_ids=ids, attention_mask=mask)
+        out = model(input_ids=ids, attention_mask=mask, output_attentions=True)
+        torch.testing.assert_close(out[0], plain[0], atol=1e-6, rtol=1e-6)
+        assert len(out.attentions) == TINY["num_hidden_layers"]
+        for weights in out.attentions:
+            assert weights.shape == (2, TINY["num_attention_heads"], 6, 6)
+            torch.testing.assert_close(weights.sum(-1), torch.ones(2, TINY["num_attention_heads"], 6))
+            assert weights[1, :, :, 4:].abs().max() == 0  # padded keys get no weight
+        assert len(model(input_ids=ids, attention_mask=mask, output_attentions=True, return_dict=False)) == 2
+    # the weights are those of the layer's softmax: recompute the first layer's by hand
+    model = AutoModel.from_config(tiny_config(attention_type="full")).eval()
+    layer = model.encoder.layers[0]
+    out = model(input_ids=ids, attention_mask=mask, output_attentions=True, output_hidden_states=True)
+    x = layer.attention_norm(out.hidden_states[0])
+    heads = TINY["num_attention_heads"]
+    q = layer.attention.query(x).view(2, 6, heads, -1).transpose(1, 2)
+    k = layer.attention.key(x).view(2, 6, heads, -1).transpose(1, 2)
+    scores = (q @ k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    expected = torch.softmax(scores.masked_fill(mask[:, None, None, :] == 0, float("-inf")), -1)
+    torch.testing.assert_close(out.attentions[0], expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention_type", ["zformer", "xformer", "fastformer", ["full", "fastformer"]])
+def test_output_attentions_raises_for_layers_without_attention_matrix(attention_type):
+    model = AutoModelForSequenceClassification.from_config(tiny_config(attention_type=attention_type))
+    ids, mask = random_batch([5, 3])
+    kind = attention_type if isinstance(attention_type, str) else attention_type[1]
+    with pytest.raises(ValueError, match=f"output_attentions.*{kind}"):
+        model(input_ids=ids, attention_mask=mask, output_attentions=True)
+
+
+@pytest.mark.parametrize("auto_class", [AutoModelForSequenceClassification, AutoModelForMaskedLM],
+                         ids=lambda c: c.__name__)
+def test_loss_is_normalised_by_num_items_in_batch(auto_class):
+    """Trainer passes num_items_in_batch (the label count over all gradient-accumulation micro-batches):
+    the loss is then the sum over this micro-batch divided by it, as transformers' heads do."""
+    model = auto_class.from_config(tiny_config(attention_type="fastformer", num_labels=3)).eval()
+    ids, mask = random_batch([6, 4, 5])
+    if auto_class is AutoModelForMaskedLM:
+        labels = ids.masked_fill(mask == 0, -100)
+    else:
+        labels = torch.tensor([0, 2, 1])
+    count = int((labels != -100).sum())
+    mean = model(input_ids=ids, attention_mask=mask, labels=labels).loss
+    summed = model(input_ids=ids, attention_mask=mask, labels=labels, num_items_in_batch=torch.tensor(4 * count)).loss
+    torch.testing.assert_close(summed, mean / 4)
+    assert model.accepts_loss_kwargs  # Trainer then leaves the gradient-accumulation scaling to this loss
+
+
+def test_fill_mask_pipeline_with_token_type_ids(tmp_path):
+    """A BERT-style tokenizer sends token_type_ids (all zeros): the pipeline runs."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, processors
+    from transformers import PreTrainedTokenizerFast, pipeline
+
+    words = "<pad> <s> </s> <unk> <mask> good bad movie great awful plot".split()
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    backend.post_processor = processors.TemplateProcessing(single="<s> $A </s>",
+                                                           special_tokens=[("<s>", 1), ("</s>", 2)])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>",
+                                        mask_token="<mask>", model_input_names=["input_ids", "token_type_ids",
+                                                                                "attention_mask"])
+    assert "token_type_ids" in tokenizer("good movie")
+    model = AutoModelForMaskedLM.from_config(tiny_config(attention_type="full", vocab_size=len(words)))
+    model.save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    fill = pipeline("fill-mask", model=str(tmp_path), top_k=2)
+    assert len(fill("good <mask> plot")) == 2
+
+
+@pytest.mark.parametrize("new_size, multiple, expected", [(120, None, 120), (50, None, 50), (100, 64, 128)])
+@pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
+def test_resize_token_embeddings(tmp_path, auto_class, new_size, multiple, expected):
+    model = auto_class.from_config(tiny_config(attention_type="zformer")).eval()
+    keys = set(model.state_dict())
+    if auto_class is AutoModelForMaskedLM:
+        with torch.no_grad():
+            model.lm_head.bias.normal_()
+        old_bias = model.lm_head.bias.detach().clone()
+    model.resize_token_embeddings(new_size, pad_to_multiple_of=multiple)
+    assert model.get_input_embeddings().weight.shape[0] == expected == model.config.vocab_size
+    ids, mask = random_batch([6, 4], vocab_size=40)
+    ids[0, 0] = expected - 1  # a token only the resized table has
+    out = _output(model, ids, mask)
+    if auto_class is AutoModelForMaskedLM:
+        assert out.shape == (2, 6, expected) and model.lm_head.bias.shape == (expected,)
+        kept = min(expected, TINY["vocab_size"])
+        torch.testing.assert_close(model.lm_head.bias[:kept], old_bias[:kept], atol=0, rtol=0)
+        assert model.lm_head.decoder.weight is model.get_input_embeddings().weight  # still tied
+        assert torch.isfinite(model(input_ids=ids, attention_mask=mask, labels=ids).loss)
+    assert set(model.state_dict()) == keys  # checkpoint keys unchanged
+    model.save_pretrained(tmp_path)
+    loaded = auto_class.from_pretrained(tmp_path).eval()
+    torch.testing.assert_close(_output(loaded, ids, mask), out, atol=0, rtol=0)
+
+
+@pytest.mark.parametrize(
+    "field, value, message",
+    [
+        ("num_attention_heads", 5, "hidden_size=32 is not divisible by num_attention_heads=5"),
+        ("attention_type", "linear", "attention_type='linear'"),
+        ("decoder_attention_type", "xformer", "xformer cannot be causal"),
+        ("pad_token_id", 500, "pad_token_id=500"),
+    ],
+)
+def test_config_fields_set_after_construction_are_validated_when_the_model_is_built(field, value, message):
+    from transformers import AutoModelForSeq2SeqLM
+
+    for auto_class in [*AUTO_CLASSES, AutoModelForSeq2SeqLM]:
+        config = tiny_config(attention_type="zformer")
+        setattr(config, field, value)
+        with pytest.raises(ValueError, match=message):
+            auto_class.from_config(config)

@@ -14,13 +14,13 @@ DECODER_TYPES = ["full", "zformer", "fastformer"]
 COMBINATIONS = list(itertools.product(ATTENTION_TYPES, DECODER_TYPES))
 
 
-def seq2seq(encoder="zformer", decoder="zformer", **overrides):
+def seq2seq(encoder="zformer", decoder="zformer", attn_implementation=None, **overrides):
     config = AutoConfig.for_model(
         "zformer",
         **{**TINY, "attention_type": encoder, "decoder_attention_type": decoder, "num_decoder_layers": 2, **overrides},
     )
     torch.manual_seed(0)
-    model = AutoModelForSeq2SeqLM.from_config(config).eval()
+    model = AutoModelForSeq2SeqLM.from_config(config, attn_implementation=attn_implementation).eval()
     # The small default init makes a random decoder repeat its input token; wider weights make
     # every output depend on the source and on the whole target prefix.
     with torch.no_grad():
@@ -226,3 +226,109 @@ def test_bf16_autocast_keeps_fp32_residual_streams(decoder):
     streams = out.encoder_hidden_states + out.decoder_hidden_states
     assert [h.dtype for h in streams] == [torch.float32] * len(streams)
     torch.testing.assert_close(out.logits.float(), reference, atol=0.15, rtol=5e-2)
+
+
+@pytest.mark.parametrize("encoder", ATTENTION_TYPES)
+@pytest.mark.parametrize("cross, implementation", [("full", "sdpa"), ("full", "eager"), ("zformer", "sdpa")])
+def test_all_padding_source_row_is_finite_and_changes_nothing(encoder, cross, implementation):
+    model = seq2seq(encoder, "fastformer", cross_attention_type=cross, attn_implementation=implementation)
+    src, mask = random_batch([9, 5, 0], seed=1)
+    target = torch.randint(5, TINY["vocab_size"], (3, 6))
+    out = model(input_ids=src, attention_mask=mask, labels=target)
+    assert torch.isfinite(out.logits).all() and torch.isfinite(out.loss)
+    without = model(input_ids=src[:2], attention_mask=mask[:2], labels=target[:2]).logits
+    torch.testing.assert_close(out.logits[:2], without, atol=1e-5, rtol=1e-5)
+    out.loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    generated = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=4, min_new_tokens=4)
+    alone = model.generate(input_ids=src[:2], attention_mask=mask[:2], max_new_tokens=4, min_new_tokens=4)
+    assert torch.equal(generated[:2], alone)
+
+
+@pytest.mark.parametrize("encoder", ATTENTION_TYPES)
+def test_left_padded_source_generates_like_unpadded(encoder):
+    from test_modeling import left_pad
+
+    model = seq2seq(encoder, "zformer")
+    src, mask = _source()
+    left_src, left_mask = left_pad(*repad(src, mask, 12))
+    generated = _greedy(model, left_src, left_mask, num_beams=2)
+    for row, length in enumerate(mask.sum(1).tolist()):
+        alone = _greedy(model, src[row : row + 1, :length], mask[row : row + 1, :length], num_beams=2)
+        assert torch.equal(generated[row : row + 1], alone), row
+    assert torch.equal(generated, _greedy(model, src, mask, num_beams=2))
+
+
+def _seq2seq_batch():
+    src, mask = _source()
+    return dict(input_ids=src, attention_mask=mask, decoder_input_ids=torch.randint(5, TINY["vocab_size"], (3, 6)))
+
+
+def test_seq2seq_unknown_keyword_argument_raises():
+    with pytest.raises(TypeError, match="bogus_argument"):
+        seq2seq("full", "full")(**_seq2seq_batch(), bogus_argument=1)
+
+
+@pytest.mark.parametrize("name", ["head_mask", "decoder_head_mask", "cross_attn_head_mask"])
+def test_seq2seq_head_masks_raise(name):
+    with pytest.raises(ValueError, match=name):
+        seq2seq("full", "full")(**_seq2seq_batch(), **{name: torch.ones(2, 4)})
+
+
+def test_seq2seq_output_attentions_raises():
+    with pytest.raises(ValueError, match="output_attentions"):
+        seq2seq("full", "full")(**_seq2seq_batch(), output_attentions=True)
+
+
+def test_seq2seq_token_type_ids_zeros_accepted_non_zero_raise():
+    model, batch = seq2seq("full", "full"), _seq2seq_batch()
+    zeros = model(**batch, token_type_ids=torch.zeros_like(batch["input_ids"])).logits
+    torch.testing.assert_close(zeros, model(**batch).logits, atol=0, rtol=0)
+    with pytest.raises(ValueError, match="token_type_ids"):
+        model(**batch, token_type_ids=torch.ones_like(batch["input_ids"]))
+
+
+def test_seq2seq_decoder_attention_mask_right_padded_only():
+    model, batch = seq2seq("full", "full"), _seq2seq_batch()
+    base = model(**batch).logits
+    # a right-padded decoder mask is exact (causality hides later padding): accepted, real logits unchanged
+    decoder_mask = torch.ones_like(batch["decoder_input_ids"])
+    decoder_mask[1, 4:] = 0
+    decoder_mask[2, 2:] = 0
+    masked = model(**batch, decoder_attention_mask=decoder_mask).logits
+    torch.testing.assert_close(masked[decoder_mask.bool()], base[decoder_mask.bool()], atol=0, rtol=0)
+    # any other pattern (left padding, holes) would need masking the decoder cannot do: refused
+    for bad in (decoder_mask.flip(1), torch.tensor([[1, 0, 1, 1, 1, 1]] * 3)):
+        with pytest.raises(ValueError, match="decoder_attention_mask"):
+            model(**batch, decoder_attention_mask=bad)
+    # generate() forwards a user's decoder mask step by step (extended with ones): still accepted
+    src, mask = batch["input_ids"], batch["attention_mask"]
+    start = torch.ones(3, 1, dtype=torch.long)
+    with_mask = _greedy(model, src, mask, decoder_input_ids=start, decoder_attention_mask=torch.ones_like(start))
+    assert torch.equal(with_mask, _greedy(model, src, mask))
+
+
+def test_seq2seq_loss_is_normalised_by_num_items_in_batch():
+    model = seq2seq(label_smoothing=0.1)
+    src, mask = _source()
+    labels = torch.randint(5, TINY["vocab_size"], (3, 6))
+    labels[2, 4:] = -100
+    mean = model(input_ids=src, attention_mask=mask, labels=labels).loss
+    count = int((labels != -100).sum())
+    summed = model(input_ids=src, attention_mask=mask, labels=labels, num_items_in_batch=2 * count)
+    torch.testing.assert_close(summed.loss, mean / 2)
+
+
+@pytest.mark.parametrize("new_size, multiple, expected", [(120, None, 120), (50, None, 50), (100, 64, 128)])
+def test_resize_token_embeddings(new_size, multiple, expected):
+    model = seq2seq("zformer", "fastformer")
+    model.resize_token_embeddings(new_size, pad_to_multiple_of=multiple)
+    shared = model.get_input_embeddings().weight
+    assert shared.shape[0] == expected == model.config.vocab_size
+    assert model.decoder.embeddings.word_embeddings.weight is shared and model.lm_head.weight is shared
+    src, mask = random_batch([6, 4], vocab_size=40)
+    labels = torch.randint(5, 40, (2, 5))
+    labels[0, 0] = expected - 1
+    out = model(input_ids=src, attention_mask=mask, labels=labels)
+    assert out.logits.shape == (2, 5, expected) and torch.isfinite(out.loss)
+    assert model.generate(input_ids=src, attention_mask=mask, max_new_tokens=3).shape[0] == 2

@@ -19,4 +19,5 @@ from .modeling_zformer import (
     ZformerForSequenceClassification,
     ZformerModel,
     ZformerPreTrainedModel,
+    position_ids_from_mask,
 )

@@ -54,6 +54,18 @@ def _zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch
     return x * attention_mask.to(x.dtype).view(*attention_mask.shape, *([1] * (x.dim() - 2)))
 
 
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -1, dtype=None) -> torch.Tensor:
+    """softmax of `scores` along `dim` over the positions where the boolean `mask` (broadcastable to
+    `scores`) is True. Where it is True nowhere (an all-padding row) the weights are all zero, so
+    the pooled or attended context is zero, and finite gradients flow: masked scores are set to the
+    lowest finite value, not -inf (a softmax over only -inf is NaN), and zeroed after the softmax.
+    Elsewhere the result is exactly that of -inf masking (exp underflows to 0 at masked positions)."""
+    if mask is None:
+        return torch.softmax(scores, dim=dim, dtype=dtype)
+    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+    return torch.softmax(scores, dim=dim, dtype=dtype).masked_fill(~mask, 0.0)
+
+
 def _drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """None when `attention_mask` has no padding (saves masking passes over the sequence)."""
     if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
@@ -140,14 +152,13 @@ def einsum_attention_forward(
     """Reference softmax attention written with einsum (`attn_implementation="eager"`).
 
     query (B, H, Nq, d), key/value (B, H, Nk, d); `attention_mask` is boolean, broadcastable to
-    (B, H, Nq, Nk), True where attending is allowed. Masked scores are -inf (not the einsum seed's
-    1e-12, which let padding leak into the softmax). Returns (B, Nq, H, d) like transformers'
+    (B, H, Nq, Nk), True where attending is allowed. Masked positions get exactly zero weight (the
+    einsum seed's 1e-12 fill let padding leak into the softmax); a query with no allowed key gets a
+    zero context (`masked_softmax`), as SDPA gives. Returns (B, Nq, H, d) like transformers'
     attention functions.
     """
     scores = torch.einsum("bhid,bhjd->bhij", query, key) * scaling
-    if attention_mask is not None:
-        scores = scores.masked_fill(~attention_mask, float("-inf"))
-    probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)
+    probs = masked_softmax(scores, attention_mask, dtype=torch.float32).to(value.dtype)  # no key: zero weights
     probs = nn.functional.dropout(probs, p=dropout, training=module.training)
     output = torch.einsum("bhij,bhjd->bhid", probs, value)
     return output.transpose(1, 2).contiguous(), probs
@@ -179,18 +190,22 @@ class FullAttention(_QKVAttention):
         key_mask: torch.Tensor | None = None,
         state=None,
         output_projection: nn.Module | None = None,
+        output_attentions: bool = False,
         **kwargs,
     ):
         """hidden_states (B, Nq, D). Self-attention: `attention_mask` (B, Nq) masks the keys; a causal
         module appends its keys/values to `state` (a transformers `DynamicLayer`, when decoding) and
         attends to all of them. Cross-attention: `key_value` = keys and values (B, H, Nk, d) from
         `project_memory`, masked by `key_mask` (B, Nk). Returns (context (B, Nq, D), state), the
-        context passed through `output_projection` when one is given.
+        context passed through `output_projection` when one is given; with `output_attentions` the
+        softmax weights (B, H, Nq, Nk) follow, computed through the einsum reference (SDPA returns none).
         """
-        context, state = self._attend(hidden_states, attention_mask, key_value, key_mask, state)
-        return _project(context, output_projection), state  # Q, K and V are freed by now
+        context, state, weights = self._attend(hidden_states, attention_mask, key_value, key_mask, state,
+                                               output_attentions)
+        context = _project(context, output_projection)  # Q, K and V are freed by now
+        return (context, state, weights) if output_attentions else (context, state)
 
-    def _attend(self, hidden_states, attention_mask, key_value, key_mask, state):
+    def _attend(self, hidden_states, attention_mask, key_value, key_mask, state, output_attentions=False):
         query = _split_heads(self.query(hidden_states), self.num_heads)  # (B, H, Nq, d)
         if key_value is None:
             key, value = self.project_memory(hidden_states, attention_mask)
@@ -212,10 +227,12 @@ class FullAttention(_QKVAttention):
         if mask is not None:
             mask = mask.expand(batch, 1, q_len, k_len)
 
-        attention_function: Callable = ALL_ATTENTION_FUNCTIONS.get_interface(
-            self.config._attn_implementation, einsum_attention_forward
-        )
-        output, _ = attention_function(
+        attention_function: Callable = einsum_attention_forward
+        if not output_attentions:
+            attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, einsum_attention_forward
+            )
+        output, weights = attention_function(
             self,
             query,
             key,
@@ -225,7 +242,7 @@ class FullAttention(_QKVAttention):
             scaling=self.scaling,
             is_causal=False,  # causality is in `mask`
         )
-        return output.reshape(batch, q_len, -1), state
+        return output.reshape(batch, q_len, -1), state, weights
 
 
 # ----------------------------------------------------------------------------------------------
@@ -381,24 +398,41 @@ class XformerAttention(nn.Module):
         hidden_states: torch.Tensor,
         attention_mask: torch.Tensor | None = None,
         output_projection: nn.Module | None = None,
+        position_ids: torch.Tensor | None = None,
         **kwargs,
     ):
-        """Returns (context (B, N, D), None), the context passed through `output_projection` when one
+        """`position_ids` (B, N) (or (1, N)): the column of E each token uses, by default its index.
+        Returns (context (B, N, D), None), the context passed through `output_projection` when one
         is given (xformer is never causal: no state)."""
         length = hidden_states.shape[1]
-        if length > self.max_length:
+        if position_ids is None and length > self.max_length:
             raise ValueError(
                 f"xformer attention got a sequence of {length} tokens, longer than max_position_embeddings="
                 f"{self.max_length}"
             )
-        return _project(self._attend(hidden_states, attention_mask), output_projection), None
+        return _project(self._attend(hidden_states, attention_mask, position_ids), output_projection), None
 
-    def _attend(self, hidden_states, attention_mask):
+    def _projection(self, length, attention_mask, position_ids):
+        """E restricted to the tokens' positions: (k, N) when every real token sits at the column of
+        its position (no left padding: one matrix for the batch), else (B, k, N)."""
+        if position_ids is not None and not torch.compiler.is_compiling():
+            columns = torch.arange(length, device=position_ids.device)
+            at_column = position_ids == columns
+            if attention_mask is not None:
+                at_column |= ~attention_mask.bool()  # padding's column does not matter (zeroed inputs)
+            if bool(at_column.all()):
+                position_ids = None
+        if position_ids is None:
+            return self.sequence_projection[:, :length]
+        return self.sequence_projection[:, position_ids].transpose(0, 1)
+
+    def _attend(self, hidden_states, attention_mask, position_ids):
         length = hidden_states.shape[1]
         query = _zero_padding(self.query(hidden_states), attention_mask)  # (B, N, D/alpha)
         inputs = _zero_padding(hidden_states, attention_mask)  # (B, N, D)
+        projection = self._projection(length, attention_mask, position_ids)  # E (k, N) or (B, k, N)
         with _no_autocast(hidden_states.device.type):
-            projection, query32, inputs = _fp32(self.sequence_projection[:, :length], query, inputs)  # E (k, N)
+            projection, query32, inputs = _fp32(projection, query, inputs)
             key = projection @ query32  # (B, k, D/alpha)
             value = projection @ inputs  # (B, k, D)
         query, key, value = (_split_heads(t.to(query.dtype), self.num_heads) for t in (query, key, value))
@@ -419,10 +453,9 @@ class XformerAttention(nn.Module):
 
 
 def _pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """sum_i softmax_i(scores) values_i over real positions. scores (B, H, N), values (B, H, N, d)."""
-    if mask is not None:
-        scores = scores.masked_fill(~mask.bool()[:, None, :], float("-inf"))
-    weights = torch.softmax(scores, dim=-1)
+    """sum_i softmax_i(scores) values_i over real positions (zero for a row without any).
+    scores (B, H, N), values (B, H, N, d)."""
+    weights = masked_softmax(scores, None if mask is None else mask.bool()[:, None, :])
     return torch.einsum("bhn,bhnd->bhd", weights, values)
 
 
@@ -561,12 +594,13 @@ class FastformerAttention(nn.Module):
                 scores = x.new_zeros(batch, heads, length)
             else:
                 scores = direction @ tokens  # (B, H, N)
-            if attention_mask is not None:
-                scores = scores.masked_fill(~attention_mask.bool()[:, None, :], float("-inf"))
-            return torch.softmax(scores, dim=-1) @ x  # (B, H, D)
+            return masked_softmax(scores, key_mask) @ x  # (B, H, D)
 
+        key_mask = None if attention_mask is None else attention_mask.bool()[:, None, :]  # (B, 1, N)
         scale = dim**-0.5
         direction = torch.einsum("hkD,hk->hD", w_q, self.query_score)[None] * scale if self.additive else None
+        if attention_mask is not None:  # sum_i alpha_i is 0, not 1, in a row without real tokens: q_g = 0
+            b_q = b_q * key_mask.any(-1, keepdim=True).to(b_q.dtype)  # (B, 1, 1) * (H, d)
         global_query = torch.einsum("hkD,bhD->bhk", w_q, pool(direction)) + b_q  # q_g (B, H, d)
         if self.additive:
             direction = torch.einsum("hkD,bhk->bhD", w_k, self.key_score * global_query * scale)

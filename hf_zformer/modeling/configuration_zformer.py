@@ -135,6 +135,8 @@ class ZformerConfig(PreTrainedConfig):
         self._validate()
 
     def _validate(self):
+        """Raise a ValueError naming the field and value of the first invalid setting. Runs at
+        construction and again when a model is built from this config."""
         for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             _check_positive(field, getattr(self, field))
         _check_positive("num_decoder_layers", self.num_decoder_layers, allow_zero=True)

@@ -22,7 +22,14 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
-from .attention import ATTENTION_CLASSES, FastformerAttention, XformerAttention, ZformerAttention, add_into_fresh
+from .attention import (
+    ATTENTION_CLASSES,
+    FastformerAttention,
+    XformerAttention,
+    ZformerAttention,
+    add_into_fresh,
+    masked_softmax,
+)
 from .configuration_zformer import FastformerConfig, ZformerConfig
 
 
@@ -36,9 +43,25 @@ def sinusoidal_table(length: int, width: int) -> torch.Tensor:
     return table
 
 
+def position_ids_from_mask(attention_mask: torch.Tensor, past_length: int = 0, offset: int = 0) -> torch.Tensor:
+    """Positions (B, N) of the tokens under `attention_mask` (B, N), 1 at real tokens: a real token's
+    position is `offset` + `past_length` + the number of real tokens before it in its row; padding
+    gets position 0 (its embedding never reaches a real token). Left, right or no padding thus give
+    every real token the same position.
+
+    `past_length` counts the tokens a decoding cache already holds (all real). A causal model whose
+    cache holds left padding instead passes the mask of past and new tokens together and keeps the
+    last N columns. `offset` shifts the positions of real tokens (RoBERTa-style tables start at
+    padding_idx + 1).
+    """
+    mask = attention_mask.long()
+    return (mask.cumsum(-1) - mask + (past_length + offset)) * mask
+
+
 class ZformerEmbeddings(nn.Module):
     """Token embeddings (scaled by sqrt(D) when `scale_embedding`) merged with absolute positions,
-    sinusoidal or learned, by addition or by concatenation followed by a projection back to D."""
+    sinusoidal or learned, by addition or by concatenation followed by a projection back to D.
+    Positions are given per token (`position_ids`, see `position_ids_from_mask`)."""
 
     def __init__(self, config):
         super().__init__()
@@ -53,16 +76,23 @@ class ZformerEmbeddings(nn.Module):
         self.merge = nn.Linear(2 * width, width) if config.position_embedding_merge == "concat" else None
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def positions(self, start: int, length: int) -> torch.Tensor:
-        if start + length > self.max_length:
-            raise ValueError(
-                f"sequence of {start + length} tokens is longer than max_position_embeddings={self.max_length}"
-            )
+    def positions(self, position_ids: torch.Tensor) -> torch.Tensor:
+        """Position vectors (B, N, D) of `position_ids` (B, N) (or (1, N), shared by the batch)."""
+        if not torch.compiler.is_compiling():  # a clear error instead of an index error (a device assert on GPU)
+            low, high = (int(v) for v in torch.aminmax(position_ids))
+            if high >= self.max_length:
+                raise ValueError(
+                    f"position {high} (a sequence of {high + 1} tokens) is beyond max_position_embeddings="
+                    f"{self.max_length}"
+                )
+            if low < 0:
+                raise ValueError(f"position_ids must be non-negative; got {low}")
         if hasattr(self, "position_embeddings"):
-            return self.position_embeddings.weight[start : start + length]
-        return self.sinusoidal[start : start + length]
+            return self.position_embeddings(position_ids)
+        return nn.functional.embedding(position_ids, self.sinusoidal)
 
-    def forward(self, input_ids=None, inputs_embeds=None, past_length: int = 0) -> torch.Tensor:
+    def forward(self, position_ids: torch.Tensor, input_ids=None, inputs_embeds=None) -> torch.Tensor:
+        """position_ids (B, N) or (1, N); input_ids (B, N) or inputs_embeds (B, N, D)."""
         if inputs_embeds is None:
             # A fresh tensor, scaled and shifted in place: every (B, N, D) buffer not allocated saves
             # a pass of page faults on long inputs.
@@ -71,7 +101,14 @@ class ZformerEmbeddings(nn.Module):
                 tokens.mul_(self.embed_scale)
         else:
             tokens = inputs_embeds * self.embed_scale  # (B, N, D); the caller's tensor is left alone
-        positions = self.positions(past_length, tokens.shape[1]).to(tokens.dtype)[None]  # (1, N, D)
+        if position_ids.dim() != 2 or position_ids.shape[1] != tokens.shape[1] or position_ids.shape[0] not in (
+            1, tokens.shape[0]
+        ):
+            raise ValueError(
+                f"position_ids has shape {tuple(position_ids.shape)}; expected (batch, length) = "
+                f"{tuple(tokens.shape[:2])}"
+            )
+        positions = self.positions(position_ids).to(tokens.dtype)  # (B or 1, N, D)
         if self.merge is None:
             hidden = tokens.add_(positions)
         else:
@@ -111,12 +148,23 @@ class ZformerLayer(GradientCheckpointingLayer):
         self.feed_forward = ZformerFeedForward(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
-        branch, _ = self.attention(
-            self.attention_norm(hidden_states), attention_mask, output_projection=self.attention_output
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ):
+        """position_ids (B, N): xformer indexes its sequence projection by position. Returns the new
+        hidden states, and with `output_attentions` (full attention only) also the attention weights
+        (B, H, N, N)."""
+        outputs = self.attention(  # (context, state[, weights])
+            self.attention_norm(hidden_states), attention_mask, output_projection=self.attention_output,
+            position_ids=position_ids, output_attentions=output_attentions,
         )
-        hidden_states = add_into_fresh(self.dropout(branch), hidden_states)
-        return add_into_fresh(self.feed_forward(self.feed_forward_norm(hidden_states)), hidden_states)
+        hidden_states = add_into_fresh(self.dropout(outputs[0]), hidden_states)
+        hidden_states = add_into_fresh(self.feed_forward(self.feed_forward_norm(hidden_states)), hidden_states)
+        return (hidden_states, outputs[2]) if output_attentions else hidden_states
 
 
 class ZformerPreTrainedModel(PreTrainedModel):
@@ -126,8 +174,13 @@ class ZformerPreTrainedModel(PreTrainedModel):
     _supports_sdpa = True
     _supports_attention_backend = True
     _no_split_modules = ["ZformerLayer", "ZformerDecoderLayer"]
+    # The heads with a loss take Trainer's `num_items_in_batch` (`mean_loss`); forwards have no **kwargs.
+    accepts_loss_kwargs = True
 
     def __init__(self, config, *inputs, **kwargs):
+        # The config validates itself at construction; fields set afterwards are checked here, with the
+        # same errors naming field and value (instead of a failure deep inside a layer).
+        config._validate()
         super().__init__(config, *inputs, **kwargs)
         # Saved checkpoints load with trust_remote_code=True through every Auto class we support.
         config.auto_map = auto_map_for(config.model_type)
@@ -157,6 +210,40 @@ def _hidden_mask(attention_mask, input_ids, inputs_embeds):
     return torch.ones(reference.shape[:2], dtype=torch.long, device=reference.device)
 
 
+def _check_token_type_ids(token_type_ids):
+    """BERT tokenizers send all-zero token_type_ids for one segment: accepted. Any other id would be
+    silently ignored (these models have no token type embeddings): refused."""
+    if token_type_ids is not None and bool(token_type_ids.any()):
+        raise ValueError(
+            "token_type_ids has non-zero ids, but Zformer models have no token type embeddings; pass all "
+            "zeros or no token_type_ids"
+        )
+
+
+def _refuse_head_masks(**masks):
+    for name, mask in masks.items():
+        if mask is not None:
+            raise ValueError(f"{name} is not supported: Zformer-family attention has no per-head weights to mask")
+
+
+def _check_right_padded(name, mask):
+    """A causal decoder is exact with right padding only (real tokens never see later padding)."""
+    if mask is not None and bool((mask[:, 1:].long() > mask[:, :-1].long()).any()):
+        raise ValueError(
+            f"{name} must be right-padded (each row ones, then zeros): the causal decoder does not mask "
+            f"padding, it relies on padding coming after every real token"
+        )
+
+
+def mean_loss(criterion, num_items_in_batch, *inputs, **options) -> torch.Tensor:
+    """`criterion(**options)(*inputs)`, the mean over this batch; when Trainer passes
+    `num_items_in_batch` (the label count of all gradient-accumulation micro-batches), the sum
+    divided by it instead, so accumulated gradients equal those of one large batch."""
+    if num_items_in_batch is None:
+        return criterion(**options)(*inputs)
+    return criterion(reduction="sum", **options)(*inputs) / num_items_in_batch
+
+
 class ZformerEncoder(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -165,16 +252,31 @@ class ZformerEncoder(nn.Module):
         )
         self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
 
-    def forward(self, hidden_states, attention_mask, output_hidden_states=False):
+    def forward(
+        self, hidden_states, attention_mask, position_ids, output_hidden_states=False, output_attentions=False
+    ):
+        """Returns (hidden states, all hidden states or None, all attention weights or None)."""
+        if output_attentions:
+            for i, layer in enumerate(self.layers):
+                if layer.attention_type != "full":
+                    raise ValueError(
+                        f"output_attentions=True: layer {i} has attention_type={layer.attention_type!r}, which "
+                        f"forms no attention matrix; only 'full' layers return attention weights"
+                    )
         all_hidden = (hidden_states,) if output_hidden_states else None
+        all_attentions = () if output_attentions else None
         for layer in self.layers:
-            hidden_states = layer(hidden_states, attention_mask)
+            if output_attentions:
+                hidden_states, weights = layer(hidden_states, attention_mask, position_ids, output_attentions=True)
+                all_attentions += (weights,)
+            else:
+                hidden_states = layer(hidden_states, attention_mask, position_ids)
             if output_hidden_states:
                 all_hidden += (hidden_states,)
         hidden_states = self.final_norm(hidden_states)
         if output_hidden_states:
             all_hidden = all_hidden[:-1] + (hidden_states,)
-        return hidden_states, all_hidden
+        return hidden_states, all_hidden, all_attentions
 
 
 class ZformerModel(ZformerPreTrainedModel):
@@ -197,28 +299,43 @@ class ZformerModel(ZformerPreTrainedModel):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         inputs_embeds: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        token_type_ids: torch.LongTensor | None = None,
+        head_mask: torch.Tensor | None = None,
+        output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,
     ):
-        """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), 1 at real tokens.
-        Returns `BaseModelOutput(last_hidden_state (B, N, D), hidden_states)`."""
+        """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), 1 at real tokens (padding
+        on either side); position_ids (B, N), by default the number of real tokens before each token
+        (`position_ids_from_mask`). `token_type_ids` must be all zeros (no token type embeddings);
+        `head_mask` is refused. `output_attentions=True` returns the softmax weights (B, H, N, N) of
+        every layer, and raises when a layer is not `full`. Returns
+        `BaseModelOutput(last_hidden_state (B, N, D), hidden_states, attentions)`."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        _check_token_type_ids(token_type_ids)
+        _refuse_head_masks(head_mask=head_mask)
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         attention_mask = _hidden_mask(attention_mask, input_ids, inputs_embeds)
-        hidden_states = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds)
-        hidden_states, all_hidden = self.encoder(hidden_states, attention_mask, output_hidden_states)
-        output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden)
+        if position_ids is None:
+            position_ids = position_ids_from_mask(attention_mask)
+        hidden_states = self.embeddings(position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds)
+        hidden_states, all_hidden, attentions = self.encoder(
+            hidden_states, attention_mask, position_ids, output_hidden_states, output_attentions
+        )
+        output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=attentions)
         return output if return_dict else output.to_tuple()
 
 
 class ZformerPooler(nn.Module):
-    """Sequence pooling for classification: masked mean (the FastFormer seed), the first token, or
-    additive attention pooling (the official Fastformer: softmax_i(w . tanh(W h_i)))."""
+    """Sequence pooling for classification: masked mean (the FastFormer seed), the first real token
+    (the first column with right padding), or additive attention pooling (the official Fastformer:
+    softmax_i(w . tanh(W h_i)))."""
 
     def __init__(self, config):
         super().__init__()
@@ -228,19 +345,19 @@ class ZformerPooler(nn.Module):
             self.score = nn.Linear(config.hidden_size, 1, bias=False)
 
     def forward(self, hidden_states, attention_mask):
-        if self.mode == "first":
-            return hidden_states[:, 0]
+        if self.mode == "first":  # argmax: the first real token, column 0 without left padding
+            rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
+            return hidden_states[rows, attention_mask.argmax(1)]
         mask = attention_mask.to(hidden_states.dtype)[..., None]  # (B, N, 1)
         if self.mode == "mean":
             return (hidden_states * mask).sum(1) / mask.sum(1).clamp_min(1.0)
         scores = self.score(torch.tanh(self.projection(hidden_states))).float()  # (B, N, 1)
-        scores = scores.masked_fill(mask == 0, float("-inf"))
-        weights = torch.softmax(scores, dim=1).to(hidden_states.dtype)
+        weights = masked_softmax(scores, mask != 0, dim=1).to(hidden_states.dtype)  # all padding: zero weights
         return (weights * hidden_states).sum(1)
 
 
-def classification_loss(config, logits, labels):
-    """Regression, single-label or multi-label loss, chosen like transformers' heads."""
+def classification_loss(config, logits, labels, num_items_in_batch=None):
+    """Regression, single-label or multi-label loss, chosen like transformers' heads (`mean_loss`)."""
     if config.problem_type is None:
         if config.num_labels == 1:
             config.problem_type = "regression"
@@ -250,11 +367,11 @@ def classification_loss(config, logits, labels):
             config.problem_type = "multi_label_classification"
     if config.problem_type == "regression":
         if config.num_labels == 1:
-            return MSELoss()(logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
-        return MSELoss()(logits, labels.to(logits.dtype))
+            return mean_loss(MSELoss, num_items_in_batch, logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
+        return mean_loss(MSELoss, num_items_in_batch, logits, labels.to(logits.dtype))
     if config.problem_type == "single_label_classification":
-        return CrossEntropyLoss()(logits.view(-1, config.num_labels), labels.view(-1))
-    return BCEWithLogitsLoss()(logits, labels.to(logits.dtype))
+        return mean_loss(CrossEntropyLoss, num_items_in_batch, logits.view(-1, config.num_labels), labels.view(-1))
+    return mean_loss(BCEWithLogitsLoss, num_items_in_batch, logits, labels.to(logits.dtype))
 
 
 class ZformerForSequenceClassification(ZformerPreTrainedModel):
@@ -273,22 +390,30 @@ class ZformerForSequenceClassification(ZformerPreTrainedModel):
         input_ids=None,
         attention_mask=None,
         inputs_embeds=None,
+        position_ids=None,
+        token_type_ids=None,
+        head_mask=None,
         labels=None,
+        num_items_in_batch=None,
+        output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
-        **kwargs,
     ):
-        """labels (B,) class ids, (B,) / (B, num_labels) floats for regression, or (B, num_labels)
-        multi-hot floats for multi-label classification."""
+        """The arguments of `ZformerModel.forward`, and labels: (B,) class ids, (B,) / (B, num_labels)
+        floats for regression, or (B, num_labels) multi-hot floats for multi-label classification;
+        `num_items_in_batch` (from Trainer) normalises the summed loss instead of the batch mean."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         attention_mask = _hidden_mask(attention_mask, input_ids, inputs_embeds)
         outputs = self.zformer(
-            input_ids, attention_mask, inputs_embeds, output_hidden_states=output_hidden_states, return_dict=True
+            input_ids, attention_mask, inputs_embeds, position_ids, token_type_ids, head_mask,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
         pooled = self.pooler(outputs.last_hidden_state, attention_mask)
         logits = self.classifier(self.dropout(pooled))
-        loss = classification_loss(self.config, logits, labels) if labels is not None else None
-        output = SequenceClassifierOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+        loss = classification_loss(self.config, logits, labels, num_items_in_batch) if labels is not None else None
+        output = SequenceClassifierOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return output if return_dict else output.to_tuple()  # the fields that are set, in order
 
 
@@ -306,6 +431,17 @@ class ZformerLMHead(nn.Module):
     def forward(self, hidden_states):
         return self.decoder(self.layer_norm(self.activation(self.dense(hidden_states)))) + self.bias
 
+    def resize_bias(self, vocab_size: int):
+        """Grow (zeros for the new tokens) or cut `bias` to `vocab_size` entries, the rest kept."""
+        old = self.bias
+        if old.shape[0] == vocab_size:
+            return
+        new = old.new_zeros(vocab_size)
+        kept = min(vocab_size, old.shape[0])
+        with torch.no_grad():
+            new[:kept] = old[:kept]
+        self.bias = nn.Parameter(new, requires_grad=old.requires_grad)
+
 
 class ZformerForMaskedLM(ZformerPreTrainedModel):
     _tied_weights_keys = {"lm_head.decoder.weight": "zformer.embeddings.word_embeddings.weight"}
@@ -322,26 +458,43 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
     def set_output_embeddings(self, new_embeddings):
         self.lm_head.decoder = new_embeddings
 
+    def resize_token_embeddings(self, new_num_tokens=None, pad_to_multiple_of=None, mean_resizing=True):
+        """transformers resizes the tied embedding matrix; the output bias (`lm_head.bias`, a separate
+        parameter so checkpoint keys stay as they are) follows here."""
+        embeddings = super().resize_token_embeddings(new_num_tokens, pad_to_multiple_of, mean_resizing)
+        self.lm_head.resize_bias(embeddings.weight.shape[0])
+        return embeddings
+
     def forward(
         self,
         input_ids=None,
         attention_mask=None,
         inputs_embeds=None,
+        position_ids=None,
+        token_type_ids=None,
+        head_mask=None,
         labels=None,
+        num_items_in_batch=None,
+        output_attentions=None,
         output_hidden_states=None,
         return_dict=None,
-        **kwargs,
     ):
-        """labels (B, N): token ids to predict, -100 where no prediction is scored."""
+        """The arguments of `ZformerModel.forward`, and labels (B, N): token ids to predict, -100 where
+        no prediction is scored; `num_items_in_batch` (from Trainer) normalises the summed loss."""
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         outputs = self.zformer(
-            input_ids, attention_mask, inputs_embeds, output_hidden_states=output_hidden_states, return_dict=True
+            input_ids, attention_mask, inputs_embeds, position_ids, token_type_ids, head_mask,
+            output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
         )
         logits = self.lm_head(outputs.last_hidden_state)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss()(logits.view(-1, self.config.vocab_size).float(), labels.view(-1))
-        output = MaskedLMOutput(loss=loss, logits=logits, hidden_states=outputs.hidden_states)
+            loss = mean_loss(
+                CrossEntropyLoss, num_items_in_batch, logits.view(-1, logits.shape[-1]).float(), labels.view(-1)
+            )
+        output = MaskedLMOutput(
+            loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
+        )
         return output if return_dict else output.to_tuple()
 
 
@@ -472,7 +625,10 @@ class ZformerDecoder(nn.Module):
     def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, past_key_values=None,
                 inputs_embeds=None, output_hidden_states=False):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
-        hidden_states = self.embeddings(input_ids=input_ids, inputs_embeds=inputs_embeds, past_length=past_length)
+        reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
+        # positions continue from the cache: past_length, past_length + 1, ...
+        position_ids = position_ids_from_mask(reference.new_ones(1, reference.shape[1]), past_length)
+        hidden_states = self.embeddings(position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds)
         all_hidden = (hidden_states,) if output_hidden_states else None
         for layer in self.layers:
             hidden_states = layer(hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values)
@@ -502,7 +658,8 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
 
     `generate()` supports greedy, beam search and sampling. Zformer/Fastformer decoders keep a
     recurrent state whose size does not depend on the generated length (see `ZformerDecodingState`).
-    Decoder inputs must be right-padded (causality then hides padding from real tokens).
+    The source may be padded on either side; decoder inputs must be right-padded (causality then
+    hides padding from real tokens; `decoder_attention_mask` is checked for that).
     """
 
     _tied_weights_keys = {
@@ -547,19 +704,39 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         decoder_input_ids: torch.LongTensor | None = None,
+        decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs=None,
         past_key_values: ZformerDecodingState | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
+        num_items_in_batch=None,
+        token_type_ids: torch.LongTensor | None = None,
+        head_mask: torch.Tensor | None = None,
+        decoder_head_mask: torch.Tensor | None = None,
+        cross_attn_head_mask: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
-        **kwargs,
     ):
-        """input_ids/attention_mask (B, S): the source; decoder_input_ids (B, T), or `labels` (B, T)
-        shifted right; `past_key_values`: the decoding state of earlier steps. Returns
-        `Seq2SeqLMOutput` with logits (B, T, vocab) and the loss when labels are given."""
+        """input_ids/attention_mask (B, S): the source, padded on either side (encoder positions come
+        from the mask); decoder_input_ids (B, T), or `labels` (B, T) shifted right;
+        `decoder_attention_mask` (B, T, or B, past + T while generating) must be right-padded;
+        `past_key_values`: the decoding state of earlier steps (decoder positions continue from its
+        length). `token_type_ids` must be all zeros; head masks and `output_attentions=True` are
+        refused. Returns `Seq2SeqLMOutput` with logits (B, T, vocab) and the loss when labels are given
+        (normalised by `num_items_in_batch` when Trainer passes it)."""
+        _refuse_head_masks(
+            head_mask=head_mask, decoder_head_mask=decoder_head_mask, cross_attn_head_mask=cross_attn_head_mask
+        )
+        _check_right_padded("decoder_attention_mask", decoder_attention_mask)
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        if output_attentions:
+            raise ValueError(
+                "output_attentions=True is not supported by the encoder-decoder; the encoder's weights (full "
+                "layers) come from model.get_encoder()(..., output_attentions=True)"
+            )
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -571,7 +748,8 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
-                input_ids, attention_mask, inputs_embeds, output_hidden_states=output_hidden_states, return_dict=True
+                input_ids, attention_mask, inputs_embeds, token_type_ids=token_type_ids,
+                output_hidden_states=output_hidden_states, return_dict=True,
             )
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
@@ -589,8 +767,9 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
         logits = self.lm_head(hidden_states)
         loss = None
         if labels is not None:
-            loss = CrossEntropyLoss(label_smoothing=self.config.label_smoothing)(
-                logits.view(-1, self.config.vocab_size).float(), labels.view(-1)
+            loss = mean_loss(
+                CrossEntropyLoss, num_items_in_batch, logits.view(-1, logits.shape[-1]).float(), labels.view(-1),
+                label_smoothing=self.config.label_smoothing,
             )
         output = Seq2SeqLMOutput(
             loss=loss,
@@ -670,4 +849,5 @@ __all__ = [
     "ZformerForConditionalGeneration",
     "FastformerForConditionalGeneration",
     "ZformerDecodingState",
+    "position_ids_from_mask",
 ]
