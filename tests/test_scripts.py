@@ -44,6 +44,20 @@ def run_script(name, *args, launcher=(), timeout=600, prelude=None):
     return result
 
 
+def run_script_failing(name, *args, timeout=600, prelude=None, env=None):
+    """Run scripts/<name> like :func:`run_script` but expect it to fail; returns the completed process."""
+    script = str(SCRIPTS / name)
+    if prelude is not None:
+        code = prelude + f"\nimport runpy, sys\nsys.argv = {[script, *map(str, args)]!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"
+        command = [sys.executable, "-c", code]
+    else:
+        command = [sys.executable, script, *map(str, args)]
+    result = subprocess.run(command, cwd=REPO_ROOT, env={**_env(), **(env or {})}, capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode != 0, f"{name} succeeded but should have failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
+    return result
+
+
 def load_script(name):
     spec = importlib.util.spec_from_file_location(name.removesuffix(".py"), SCRIPTS / name)
     module = importlib.util.module_from_spec(spec)
@@ -237,6 +251,56 @@ def test_evaluate_model_script_classification(clf_run, tiny_data, tmp_path):
     assert metrics["validation_accuracy"] == pytest.approx(trained["eval_accuracy"])
     rows = (tmp_path / "clf" / "validation_predictions.jsonl").read_text().splitlines()
     assert len(rows) == 12
+
+
+def test_evaluate_model_max_eval_samples_is_training_subset(clf_run, tmp_path):
+    """--max_eval_samples takes training's seeded subset, not the first N rows (a validation file
+    sorted by label would otherwise give one class only)."""
+    from hf_zformer import training
+    from hf_zformer.data import load_classification_dataset
+
+    clf_out, _ = clf_run
+    data = tmp_path / "sorted"
+    data.mkdir()
+    for split, n in (("train", 8), ("validation", 40)):
+        with open(data / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                label = int(i >= n // 2)  # sorted by label, like IMDB
+                f.write(json.dumps({"text": "great fun" if label else "awful bore", "label": label}) + "\n")
+    run_script("evaluate_model.py", "--model_name_or_path", clf_out, "--data_dir", data, "--split", "validation",
+               "--max_eval_samples", 10, "--seed", 3, "--output_dir", tmp_path / "eval")
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "validation_predictions.jsonl").read_text().splitlines()]
+    raw = load_classification_dataset(data, seed=3)
+    training.subsample(raw, {"validation": 10}, 3)  # what run_classification.py --max_eval_samples 10 --seed 3 keeps
+    assert [r["label"] for r in rows] == raw["validation"]["label"]
+    assert {r["label"] for r in rows} == {0, 1}
+
+
+def test_evaluate_model_needs_trust_remote_code_for_foreign_code(clf_run, tiny_data, tmp_path):
+    """A folder whose config.json auto_map points at its own code: that code does not run without
+    --trust_remote_code (clear error); hf_zformer's own checkpoints need no flag (clf_run has an auto_map)."""
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({
+        "model_type": "not_hf_zformer",
+        "auto_map": {"AutoConfig": "configuration_evil.EvilConfig",
+                     "AutoModelForSequenceClassification": "configuration_evil.EvilModel"},
+    }))
+    marker = tmp_path / "remote_code_ran"
+    (foreign / "configuration_evil.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PretrainedConfig\nclass EvilConfig(PretrainedConfig):\n    model_type = 'not_hf_zformer'\n"
+    )
+    env = {"HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = run_script_failing("evaluate_model.py", "--model_name_or_path", foreign, "--data_dir", tiny_data / "clf",
+                                "--output_dir", tmp_path / "eval", env=env)
+    assert not marker.exists(), "the checkpoint's code ran without --trust_remote_code"
+    assert "--trust_remote_code" in result.stderr and str(foreign) in result.stderr
+    assert "Traceback" not in result.stderr
+    clf_out, _ = clf_run
+    run_script("evaluate_model.py", "--model_name_or_path", clf_out, "--data_dir", tiny_data / "clf",
+               "--max_eval_samples", 4, "--output_dir", tmp_path / "own")
+    assert json.loads((tmp_path / "own" / "validation_results.json").read_text())["validation_samples"] == 4
 
 
 def test_resume_matches_uninterrupted_run(tiny_data, tmp_path):
