@@ -551,6 +551,7 @@ def train(
     )
 
     completed_steps, start_epoch, resume_batches = 0, 0, 0
+    loss_sum, loss_count, runtime_before = 0.0, 0, 0.0  # whole-run statistics, carried by checkpoints
     if args.resume_from_checkpoint:
         path = args.resume_from_checkpoint
         if path == "latest":
@@ -559,6 +560,8 @@ def train(
                 raise FileNotFoundError(f"--resume_from_checkpoint latest: no checkpoint in {args.output_dir}")
         state = load_checkpoint(accelerator, path)
         completed_steps, start_epoch, resume_batches = state["completed_steps"], state["epoch"], state["batches_done"]
+        loss_sum, loss_count = state.get("loss_sum", 0.0), state.get("loss_count", 0)
+        runtime_before = state.get("train_runtime_s", 0.0)
         if resume_batches >= len(train_dataloader):
             start_epoch, resume_batches = start_epoch + 1, 0
         logger.info(f"Resumed from {path}: step {completed_steps}, epoch {start_epoch}, batch {resume_batches}")
@@ -568,6 +571,13 @@ def train(
     started = time.perf_counter()
     metrics: dict[str, Any] = {}
     running_loss, running_count, last_loss = torch.zeros((), device=accelerator.device), 0, float("nan")
+    total_loss = torch.tensor(loss_sum, device=accelerator.device)  # this process's sum (mean over processes)
+
+    def run_state(**position: int) -> dict[str, Any]:
+        """A checkpoint's training state: the loop position plus the statistics of the run so far."""
+        return {**position, "loss_sum": accelerator.gather(total_loss).mean().item(), "loss_count": loss_count,
+                "train_runtime_s": runtime_before + time.perf_counter() - started}
+
     epoch = start_epoch
     for epoch in range(start_epoch, args.num_train_epochs):
         if completed_steps >= args.max_train_steps:
@@ -587,6 +597,8 @@ def train(
                 optimizer.zero_grad()
             running_loss += loss.detach().float()
             running_count += 1
+            total_loss += loss.detach().float()
+            loss_count += 1
             if not accelerator.sync_gradients:
                 continue
             completed_steps += 1
@@ -603,7 +615,7 @@ def train(
                     accelerator,
                     args.output_dir,
                     f"step_{completed_steps}",
-                    {"completed_steps": completed_steps, "epoch": epoch, "batches_done": batches_done},
+                    run_state(completed_steps=completed_steps, epoch=epoch, batches_done=batches_done),
                 )
             if completed_steps >= args.max_train_steps:
                 break
@@ -616,21 +628,21 @@ def train(
                 accelerator,
                 args.output_dir,
                 f"epoch_{epoch}",
-                {"completed_steps": completed_steps, "epoch": epoch + 1, "batches_done": 0},
+                run_state(completed_steps=completed_steps, epoch=epoch + 1, batches_done=0),
             )
     progress.close()
+    final = run_state()
     if not metrics:  # resumed from a checkpoint at the very end: still report evaluation
         metrics = {f"eval_{k}": v for k, v in evaluate_fn().items()}
-    if running_count:
-        last_loss = accelerator.gather(running_loss).mean().item() / running_count
     if args.with_tracking:
         accelerator.end_training()
     return {
         **metrics,
-        "train_loss": last_loss,
+        # mean loss over every batch of the whole run (resumed segments included); None if unknown
+        "train_loss": final["loss_sum"] / loss_count if loss_count else None,
         "train_steps": completed_steps,
         "epoch": epoch,
-        "train_runtime_s": round(time.perf_counter() - started, 1),
+        "train_runtime_s": round(final["train_runtime_s"], 1),
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
     }
@@ -655,6 +667,28 @@ def command_line() -> str:
             options.append(f"--mixed_precision {precision}")
         return f"accelerate launch {' '.join(options)} {script}".replace("  ", " ")
     return f"python {script}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _results_to_write(results: dict[str, Any], path: Path, logger) -> dict[str, Any]:
+    """``results`` as strict JSON: a non-finite number becomes ``None``, and a value this run could
+    not measure (``None``, e.g. the loss after resuming a checkpoint that predates the run
+    statistics) keeps the number an earlier run already wrote to ``path``: never replace good
+    results with empty ones."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in results.items()}
+    try:
+        previous = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        previous = {}
+    previous = previous if isinstance(previous, dict) else {}
+    for key, value in clean.items():
+        if value is None and _is_number(previous.get(key)):
+            logger.warning(f"{key}: not measured by this run, keeping {previous[key]} from the existing {path}")
+            clean[key] = previous[key]
+    return clean
 
 
 def finish_run(
@@ -684,8 +718,9 @@ def finish_run(
     )
     if accelerator.is_main_process:
         tokenizer.save_pretrained(args.output_dir)
+        results = _results_to_write(results, Path(args.output_dir) / "all_results.json", logger)
         with open(Path(args.output_dir) / "all_results.json", "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump(results, f, indent=2, allow_nan=False)
         card = hub.model_card(
             config=unwrapped.config,
             results=results,

@@ -303,27 +303,50 @@ def test_evaluate_model_needs_trust_remote_code_for_foreign_code(clf_run, tiny_d
     assert json.loads((tmp_path / "own" / "validation_results.json").read_text())["validation_samples"] == 4
 
 
+def _strict_json(path: Path):
+    """Parse ``path`` rejecting NaN/Infinity (not JSON; other parsers refuse them)."""
+    def refuse(constant):
+        raise ValueError(f"{path}: {constant} is not JSON")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
 def test_resume_matches_uninterrupted_run(tiny_data, tmp_path):
     """A run resumed from a mid-epoch checkpoint (model, optimizer, scheduler, RNG, step counter,
     dataloader position) ends with exactly the weights of the uninterrupted run (dropout on,
-    across an epoch boundary: 108 examples / 16 = 7 batches per epoch, 10 steps)."""
+    across an epoch boundary: 108 examples / 16 = 7 batches per epoch, 10 steps), and reports the
+    same whole-run train_loss and the accumulated runtime; resuming the finished run (from its
+    last checkpoint, into the same folder) keeps those statistics in a strict-JSON all_results.json."""
     from safetensors.torch import load_file
 
     common = ["--data_dir", tiny_data / "clf", "--attention_type", "zformer", "--config_overrides", TINY_CLF,
               "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 16, "--max_train_steps", 10,
               "--gradient_accumulation_steps", 1]
-    run_script("run_classification.py", *common, "--checkpointing_steps", 3, "--output_dir", tmp_path / "a")
-    state = json.loads((tmp_path / "a" / "step_3" / "training_state.json").read_text())
-    assert state == {"completed_steps": 3, "epoch": 0, "batches_done": 3}
-    run_script("run_classification.py", *common, "--resume_from_checkpoint", tmp_path / "a" / "step_3",
+    run_script("run_classification.py", *common, "--checkpointing_steps", 5, "--output_dir", tmp_path / "a")
+    state = json.loads((tmp_path / "a" / "step_5" / "training_state.json").read_text())
+    assert {k: state[k] for k in ("completed_steps", "epoch", "batches_done")} == {"completed_steps": 5, "epoch": 0,
+                                                                                 "batches_done": 5}
+    run_script("run_classification.py", *common, "--resume_from_checkpoint", tmp_path / "a" / "step_5",
                "--output_dir", tmp_path / "b")
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert a.keys() == b.keys()
     for key in a:
         assert (a[key] == b[key]).all(), f"{key} differs after resume"
-    results_a = json.loads((tmp_path / "a" / "all_results.json").read_text())
-    results_b = json.loads((tmp_path / "b" / "all_results.json").read_text())
+    results_a = _strict_json(tmp_path / "a" / "all_results.json")
+    results_b = _strict_json(tmp_path / "b" / "all_results.json")
     assert results_a["eval_accuracy"] == results_b["eval_accuracy"] and results_b["train_steps"] == 10
+    assert results_b["train_loss"] == pytest.approx(results_a["train_loss"], rel=1e-6)  # the whole run, not a window
+    assert state["loss_count"] == 5 and results_b["train_runtime_s"] >= round(state["train_runtime_s"], 1)  # both segments
+
+    # resume the finished run: nothing left to train, the statistics come from the last checkpoint
+    final_state = json.loads((tmp_path / "a" / "step_10" / "training_state.json").read_text())
+    run_script("run_classification.py", *common, "--resume_from_checkpoint", "latest", "--output_dir", tmp_path / "a")
+    results_c = _strict_json(tmp_path / "a" / "all_results.json")
+    assert results_c["train_loss"] == pytest.approx(results_a["train_loss"], rel=1e-6)
+    assert results_c["train_runtime_s"] == pytest.approx(final_state["train_runtime_s"], abs=0.2)
+    assert results_c["train_runtime_s"] >= 0.5 * results_a["train_runtime_s"]  # not the 0.1 s of the resumed segment
+    assert results_c["eval_accuracy"] == results_a["eval_accuracy"] and results_c["train_steps"] == 10
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert f"| train_loss | {results_a['train_loss']} |" in card and "nan" not in card.lower()
 
 
 # --------------------------------------------------------------------------------------------
@@ -373,6 +396,22 @@ def test_bad_arguments_fail_before_training(script, extra, message, tiny_data, t
 # --------------------------------------------------------------------------------------------
 # library units
 # --------------------------------------------------------------------------------------------
+
+
+def test_results_never_nan_nor_replaced_by_empty(tmp_path):
+    """all_results.json stays strict JSON; a value a run could not measure keeps the earlier number."""
+    import logging
+
+    from hf_zformer import training
+
+    path = tmp_path / "all_results.json"
+    path.write_text(json.dumps({"train_loss": 0.5, "eval_accuracy": 0.7}))
+    written = training._results_to_write({"train_loss": float("nan"), "eval_accuracy": 0.8, "epoch": 1}, path,
+                                         logging.getLogger("test"))
+    assert written == {"train_loss": 0.5, "eval_accuracy": 0.8, "epoch": 1}
+    path.unlink()
+    written = training._results_to_write({"train_loss": float("inf")}, path, logging.getLogger("test"))
+    assert json.dumps(written, allow_nan=False) == '{"train_loss": null}'
 
 
 def test_config_overrides_are_typed_by_field():
