@@ -25,7 +25,7 @@ from hf_zformer import training  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     training.add_data_args(parser)
     parser.add_argument("--text_column", default="text")
     parser.add_argument("--label_column", default="label")

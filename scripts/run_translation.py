@@ -26,7 +26,7 @@ from hf_zformer import training  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     training.add_data_args(parser)
     parser.add_argument("--source_lang", default="de")
     parser.add_argument("--target_lang", default="en")

@@ -187,11 +187,108 @@ def test_translation_end_to_end(mt_run):
 
 def test_push_to_hub_mocked(clf_run):
     out, calls = clf_run
-    assert [c["method"] for c in calls] == ["create_repo", "upload_folder"]
+    # create_repo at the start (access check before training), then the push
+    assert [c["method"] for c in calls] == ["create_repo", "create_repo", "upload_folder"]
     assert calls[0]["kwargs"]["repo_id"] == "someone/tiny-clf" and calls[0]["kwargs"]["exist_ok"] is True
-    upload = calls[1]["kwargs"]
+    upload = calls[2]["kwargs"]
     assert upload["repo_id"] == "someone/tiny-clf" and Path(upload["folder_path"]) == out
     assert any(p.startswith("step_") for p in upload["ignore_patterns"])  # checkpoints stay local
+
+
+def test_push_to_hub_offline_fails_before_training(tiny_data, tmp_path):
+    """--push_to_hub without network: a one-paragraph error at the start, nothing trained."""
+    out = tmp_path / "out"
+    result = run_script_failing(
+        "run_classification.py", "--data_dir", tiny_data / "clf", "--attention_type", "fastformer",
+        "--config_overrides", TINY_CLF, "--vocab_size", 120, "--max_train_steps", 2, "--output_dir", out,
+        "--push_to_hub", "--hub_model_id", "someone/tiny-clf", "--hub_token", "hf_fake",
+    )  # _env() sets HF_HUB_OFFLINE=1
+    assert "cannot create or write the Hub repository 'someone/tiny-clf'" in result.stderr
+    assert "Traceback" not in result.stderr and "hf_fake" not in result.stderr
+    assert not (out / "model.safetensors").exists() and not (out / "tokenizer.json").exists()
+
+
+def test_check_push_access_message(monkeypatch):
+    import huggingface_hub
+
+    from hf_zformer import hub
+
+    def refuse(self, **kwargs):
+        raise ConnectionError("Cannot reach https://huggingface.co/api/repos/create: no network\n(details)")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", refuse)
+    with pytest.raises(RuntimeError, match=r"'me/model' \(ConnectionError: Cannot reach .*: no network\).*--hub_token") as error:
+        hub.check_push_access("me/model", token="hf_x")
+    assert "\n" not in str(error.value)
+
+
+def test_with_tracking_needs_an_installed_tracker(tiny_data, tmp_path, capsys, monkeypatch):
+    import accelerate.tracking
+
+    monkeypatch.setattr(accelerate.tracking, "_available_trackers", [])  # tensorboard not installed
+    argv = ["--data_dir", str(tiny_data / "clf"), "--attention_type", "full", "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as error:
+        load_script("run_classification.py").parse_args([*argv, "--with_tracking"])
+    assert error.value.code == 2 and "pip install tensorboard" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        load_script("run_translation.py").parse_args([*argv, "--with_tracking", "--report_to", "no_such_tracker"])
+    assert "'no_such_tracker' is not a tracker" in capsys.readouterr().err
+    load_script("run_classification.py").parse_args(argv)  # without --with_tracking nothing is needed
+
+
+def test_output_dir_lock(tiny_data, tmp_path):
+    """A second run on a folder in use fails at once, naming the folder and the other run's pid."""
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / ".lock", "w") as held:  # this test process plays the other run
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(f"{os.getpid()}\n")
+        held.flush()
+        result = run_script_failing("run_classification.py", "--data_dir", tiny_data / "clf", "--attention_type",
+                                    "fastformer", "--config_overrides", TINY_CLF, "--vocab_size", 120,
+                                    "--max_train_steps", 2, "--output_dir", out)
+    assert f"pid {os.getpid()}" in result.stderr and str(out) in result.stderr and "in use by another run" in result.stderr
+    assert "Traceback" not in result.stderr and not (out / "tokenizer.json").exists()
+
+
+def test_stale_checkpoint_folders_cleaned_at_start(tiny_data, tmp_path):
+    """.tmp-* (partial save) and .old-* (replaced checkpoint) folders of an interrupted run are
+    removed at the start; an .old-NAME whose NAME is missing is the only copy and is restored."""
+    out = tmp_path / "out"
+    for name in (".tmp-step_9", ".old-step_7", ".old-step_1", "step_1"):
+        (out / name).mkdir(parents=True)
+        (out / name / "training_state.json").write_text(json.dumps({"name": name}))
+    run_script("run_classification.py", "--data_dir", tiny_data / "clf", "--attention_type", "fastformer",
+               "--config_overrides", TINY_CLF, "--vocab_size", 120, "--max_length", 32, "--max_train_steps", 1,
+               "--output_dir", out)
+    assert not list(out.glob(".tmp-*")) and not list(out.glob(".old-*"))
+    assert json.loads((out / "step_7" / "training_state.json").read_text()) == {"name": ".old-step_7"}
+    assert json.loads((out / "step_1" / "training_state.json").read_text()) == {"name": "step_1"}
+    assert (out / ".lock").read_text().strip().isdigit()  # the pid of the run that held the folder
+
+
+def test_checkpoint_disk_full_message(tmp_path):
+    import errno
+
+    from hf_zformer import training
+
+    class FullDisk:
+        is_main_process = True
+
+        def wait_for_everyone(self):
+            pass
+
+        def save_state(self, folder):
+            Path(folder).mkdir()
+            (Path(folder) / "model.safetensors").write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="disk is full") as error:
+        training.save_checkpoint(FullDisk(), tmp_path, "step_2", {"completed_steps": 2})
+    assert error.value.errno == errno.ENOSPC and str(tmp_path) in str(error.value)
+    assert not (tmp_path / ".tmp-step_2").exists()  # the partial save is removed (frees the space)
 
 
 def test_push_to_hub_function(tmp_path, monkeypatch):
@@ -412,6 +509,43 @@ def test_results_never_nan_nor_replaced_by_empty(tmp_path):
     path.unlink()
     written = training._results_to_write({"train_loss": float("inf")}, path, logging.getLogger("test"))
     assert json.dumps(written, allow_nan=False) == '{"train_loss": null}'
+
+
+class _Parsed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("script", ["run_classification.py", "run_translation.py", "evaluate_model.py",
+                                    "benchmark_attention.py", "benchmark_generation.py"])
+def test_parsers_refuse_abbreviations(script, monkeypatch):
+    """No parser in scripts/ accepts abbreviated options (``--hub_tok X`` was taken as --hub_token)."""
+    import argparse
+
+    seen = []
+
+    def record(self, *args, **kwargs):
+        seen.append(self.allow_abbrev)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", record)
+    with pytest.raises(_Parsed):
+        load_script(script).parse_args([])
+    assert seen == [False]
+
+
+def test_hub_token_abbreviation_rejected_and_redacted(tiny_data, tmp_path, capsys, monkeypatch):
+    from hf_zformer import training
+
+    argv = ["--data_dir", str(tiny_data / "clf"), "--attention_type", "full", "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as error:
+        load_script("run_classification.py").parse_args([*argv, "--hub_tok", "hf_secret"])
+    assert error.value.code == 2 and "unrecognized arguments: --hub_tok hf_secret" in capsys.readouterr().err
+    # the recorded command redacts the parsed token value wherever it appears
+    monkeypatch.setattr(sys, "argv", ["scripts/run_classification.py", "--hub_to", "hf_secret", "--token=hf_secret",
+                                      "--hub_token", "hf_secret", "--seed", "1"])
+    command = training.command_line("hf_secret")
+    assert "hf_secret" not in command and "--hub_to REDACTED" in command and "--token=REDACTED" in command
+    assert "--seed 1" in command
 
 
 def test_config_overrides_are_typed_by_field():
