@@ -579,6 +579,16 @@ def lock_output_dir(output_dir: str | os.PathLike) -> None:
     _LOCKS[str(path)] = handle
 
 
+@contextlib.contextmanager
+def data_errors():
+    """Stop the script with the message of a data problem (the loaders' ``ValueError`` /
+    ``FileNotFoundError`` name the file, line and value) instead of a traceback."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
 def subsample(raw, limits: dict[str, int | None], seed: int) -> None:
     """Keep a seeded random ``limit`` rows of each split in ``limits`` (``--max_*_samples``), in place."""
     for split, limit in limits.items():

@@ -93,13 +93,14 @@ def main(argv=None) -> dict:
     accelerator, logger = training.start_run(args, __name__)
 
     # ---- data
-    raw = load_translation_dataset(
-        args.data_dir or args.dataset_name,
-        args.source_lang,
-        args.target_lang,
-        seed=args.seed,
-        config_name=args.dataset_config_name,
-    )
+    with training.data_errors():  # bad data: a message naming file and line, before any training
+        raw = load_translation_dataset(
+            args.data_dir or args.dataset_name,
+            args.source_lang,
+            args.target_lang,
+            seed=args.seed,
+            config_name=args.dataset_config_name,
+        )
     eval_splits = [s for s in ("validation", "test") if s in raw]
     if not eval_splits:
         raise ValueError(f"the dataset has no validation or test split (splits: {list(raw)})")

@@ -269,6 +269,23 @@ def test_stale_checkpoint_folders_cleaned_at_start(tiny_data, tmp_path):
     assert (out / ".lock").read_text().strip().isdigit()  # the pid of the run that held the folder
 
 
+def test_bad_labels_fail_before_training(tmp_path):
+    """A -1 label (crashed at step 21 with IndexError) and, with --num_labels 2, a label 7 (built
+    an 8-class model) end the script before training with a message naming file and line."""
+    data = tmp_path / "data"
+    data.mkdir()
+    common = ["--data_dir", data, "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
+              "--vocab_size", 120, "--max_length", 32, "--max_train_steps", 30, "--per_device_train_batch_size", 2]
+    for bad, extra in ((-1, []), (7, ["--num_labels", 2])):
+        rows = [{"text": f"text {i}", "label": i % 2} for i in range(60)]
+        rows[41]["label"] = bad
+        (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out = tmp_path / f"out{bad}"
+        result = run_script_failing("run_classification.py", *common, *extra, "--output_dir", out)
+        assert f"train.jsonl line 42: label column 'label' has the value {bad}; class ids must be" in result.stderr
+        assert "Traceback" not in result.stderr and not (out / "tokenizer.json").exists()
+
+
 def test_checkpoint_disk_full_message(tmp_path):
     import errno
 
