@@ -30,30 +30,28 @@ def _env():
     return env
 
 
-def run_script(name, *args, launcher=(), timeout=600, prelude=None):
-    """Run scripts/<name> in a subprocess (optionally under a launcher, or after `prelude` code
-    that patches things in the same process); assert success; return the completed process."""
+def _run_script(name, args, launcher=(), timeout=600, prelude=None, env=None):
     script = str(SCRIPTS / name)
     if prelude is not None:
         code = prelude + f"\nimport runpy, sys\nsys.argv = {[script, *map(str, args)]!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"
         command = [sys.executable, "-c", code]
     else:
         command = [*launcher, script, *map(str, args)] if launcher else [sys.executable, script, *map(str, args)]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=REPO_ROOT, env={**_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def run_script(name, *args, launcher=(), timeout=600, prelude=None):
+    """Run scripts/<name> in a subprocess (optionally under a launcher, or after `prelude` code
+    that patches things in the same process); assert success; return the completed process."""
+    result = _run_script(name, args, launcher, timeout, prelude)
     assert result.returncode == 0, f"{name} failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
     return result
 
 
-def run_script_failing(name, *args, timeout=600, prelude=None, env=None):
-    """Run scripts/<name> like :func:`run_script` but expect it to fail; returns the completed process."""
-    script = str(SCRIPTS / name)
-    if prelude is not None:
-        code = prelude + f"\nimport runpy, sys\nsys.argv = {[script, *map(str, args)]!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"
-        command = [sys.executable, "-c", code]
-    else:
-        command = [sys.executable, script, *map(str, args)]
-    result = subprocess.run(command, cwd=REPO_ROOT, env={**_env(), **(env or {})}, capture_output=True, text=True,
-                            timeout=timeout)
+def run_script_failing(name, *args, timeout=600, env=None):
+    """Run scripts/<name> like :func:`run_script` (with extra `env`) but expect it to fail."""
+    result = _run_script(name, args, timeout=timeout, env=env)
     assert result.returncode != 0, f"{name} succeeded but should have failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     return result
 
