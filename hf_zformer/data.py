@@ -30,6 +30,7 @@ import numbers
 import os
 import random
 import re
+import zlib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -168,10 +169,44 @@ def _open_text(path: Path) -> io.TextIOBase:
     return open(path, encoding="utf-8", newline="")
 
 
+#: What reading a file raises for bytes that are not UTF-8 or a truncated/corrupt ``.gz`` file.
+_UNREADABLE = (UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error)
+
+
+def _unreadable(path: Path, error: Exception) -> ValueError:
+    """A ``ValueError`` for an :data:`_UNREADABLE` ``error`` that names ``path`` and the line."""
+    raw = path.read_bytes()
+    if isinstance(error, UnicodeDecodeError):  # the compression is fine, the text is not UTF-8
+        text = gzip.decompress(raw) if path.suffix == ".gz" else raw
+        for number, line in enumerate(text.split(b"\n"), start=1):
+            try:
+                line.decode("utf-8")
+            except UnicodeDecodeError as bad:
+                return ValueError(
+                    f"{path} line {number}: not valid UTF-8 (byte {line[bad.start:bad.start + 1]!r} at column "
+                    f"{bad.start + 1}); convert the file to UTF-8"
+                )
+        return ValueError(f"{path}: not valid UTF-8 ({error.reason}); convert the file to UTF-8")
+    decompressor, readable = zlib.decompressobj(wbits=31), []
+    for start in range(0, len(raw), 1 << 16):  # keep what decompresses before the damage
+        try:
+            readable.append(decompressor.decompress(raw[start : start + (1 << 16)]))
+        except zlib.error:
+            break
+    lines = b"".join(readable).count(b"\n")
+    return ValueError(
+        f"{path}: truncated or corrupt gzip file ({error}); it breaks off in line {lines + 1}. "
+        "Download or compress it again."
+    )
+
+
 def _read_lines(path: Path) -> list[str]:
     """One sentence per line; only ``\\n`` (and a ``\\r`` before it) ends a line."""
-    with _open_text(path) as handle:
-        content = handle.read()
+    try:
+        with _open_text(path) as handle:
+            content = handle.read()
+    except _UNREADABLE as error:
+        raise _unreadable(path, error) from None
     if content.startswith("\ufeff"):
         content = content[1:]
     lines = content.split("\n")
@@ -480,7 +515,8 @@ def load_translation_dataset(
 
     Lines are stripped of surrounding whitespace. Raises ``FileNotFoundError`` for a missing
     directory or split file, ``ValueError`` for an empty file, files with different line counts,
-    or missing Hub columns.
+    bytes that are not UTF-8 or a truncated/corrupt ``.gz`` file (naming file and line), or
+    missing Hub columns.
     """
     if source_lang == target_lang:
         raise ValueError(f"source_lang and target_lang are both {source_lang!r}")
@@ -503,17 +539,29 @@ def load_translation_dataset(
 # --------------------------------------------------------------------------------------------
 
 
-def _as_int_label(value: Any, where: str, column: str) -> int:
+#: ``(low, high)``: labels must be ``>= low`` (``None``: any) and ``< high`` (``None``: any int64).
+LabelRange = tuple[int | None, int | None]
+
+
+def _as_int_label(value: Any, where: str, column: str, label_range: LabelRange = (None, None)) -> int:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        return int(value)  # Python and numpy integers
-    if isinstance(value, float) and value.is_integer():
-        return int(value)
-    if isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
-        return int(value)
-    raise ValueError(
-        f"{where}: label column {column!r} has the non-integer value {value!r}; labels must be "
-        "integers (map string labels to ids first)"
-    )
+        label = int(value)  # Python and numpy integers
+    elif isinstance(value, float) and value.is_integer():
+        label = int(value)
+    elif isinstance(value, str) and re.fullmatch(r"\s*[+-]?\d+\s*", value):
+        label = int(value)
+    else:
+        raise ValueError(
+            f"{where}: label column {column!r} has the non-integer value {value!r}; labels must be "
+            "integers (map string labels to ids first)"
+        )
+    low, high = label_range
+    if not -(2**63) <= label < 2**63:
+        raise ValueError(f"{where}: label column {column!r} has the value {value!r}, too large for a class id")
+    if (low is not None and label < low) or (high is not None and label >= high):
+        classes = f"0..{high - 1} ({high} classes)" if high is not None else f"at least {low}"
+        raise ValueError(f"{where}: label column {column!r} has the value {value!r}; class ids must be {classes}")
+    return label
 
 
 def _classification_suffix(path: Path) -> str:
@@ -524,8 +572,19 @@ def _classification_suffix(path: Path) -> str:
     raise ValueError(f"Unsupported file type {path}: expected one of {list(_CLASSIFICATION_SUFFIXES)}")
 
 
-def _read_records(path: Path, text_column: str, label_column: str, extra_columns: Sequence[str]) -> dict[str, list]:
+def _read_records(
+    path: Path, text_column: str, label_column: str, extra_columns: Sequence[str], label_range: LabelRange
+) -> dict[str, list]:
     """Read a ``.jsonl[.gz]`` / ``.csv[.gz]`` file into columns, checking every row."""
+    try:
+        return _read_record_rows(path, text_column, label_column, extra_columns, label_range)
+    except _UNREADABLE as error:
+        raise _unreadable(path, error) from None
+
+
+def _read_record_rows(
+    path: Path, text_column: str, label_column: str, extra_columns: Sequence[str], label_range: LabelRange
+) -> dict[str, list]:
     suffix = _classification_suffix(path)
     wanted = [text_column, label_column, *extra_columns]
     columns: dict[str, list] = {name: [] for name in wanted}
@@ -538,7 +597,7 @@ def _read_records(path: Path, text_column: str, label_column: str, extra_columns
         if not isinstance(text, str):
             raise ValueError(f"{where}: text column {text_column!r} has the non-string value {text!r}")
         columns[text_column].append(text)
-        columns[label_column].append(_as_int_label(row[label_column], where, label_column))
+        columns[label_column].append(_as_int_label(row[label_column], where, label_column, label_range))
         for name in extra_columns:
             columns[name].append(row[name])
 
@@ -605,6 +664,7 @@ def _load_local_classification(
     label_column: str,
     split_files: Mapping[str, str | os.PathLike] | None,
     extra_columns: Sequence[str],
+    label_range: LabelRange,
 ) -> dict[str, datasets.Dataset]:
     if path.is_file():
         if split_files is not None:
@@ -623,7 +683,7 @@ def _load_local_classification(
         files = _discover_classification_files(path)
     splits: dict[str, datasets.Dataset] = {}
     for split, file in files.items():
-        columns = _read_records(file, text_column, label_column, extra_columns)
+        columns = _read_records(file, text_column, label_column, extra_columns, label_range)
         arrays = {
             "text": pa.array(columns[text_column], pa.string()),
             "label": pa.array(columns[label_column], pa.int64()),
@@ -643,7 +703,12 @@ def _load_local_classification(
 
 
 def _hub_classification(
-    loaded: datasets.DatasetDict, name: str, text_column: str, label_column: str, extra_columns: Sequence[str]
+    loaded: datasets.DatasetDict,
+    name: str,
+    text_column: str,
+    label_column: str,
+    extra_columns: Sequence[str],
+    label_range: LabelRange,
 ) -> dict[str, datasets.Dataset]:
     splits: dict[str, datasets.Dataset] = {}
     for split, ds in loaded.items():
@@ -654,7 +719,7 @@ def _hub_classification(
             )
         where = f"Hub dataset {name!r} split {split!r}"
         for value in ds.unique(label_column) if len(ds) else []:
-            _as_int_label(value, where, label_column)  # raises on the first bad value
+            _as_int_label(value, where, label_column, label_range)  # raises on the first bad value
         features = _classification_features({n: ds.features[n] for n in extra_columns})
 
         def convert(batch: dict[str, list], where: str = where) -> dict[str, list]:
@@ -663,7 +728,7 @@ def _hub_classification(
                     raise ValueError(f"{where}: text column {text_column!r} has the non-string value {text!r}")
             out = {
                 "text": batch[text_column],
-                "label": [_as_int_label(v, where, label_column) for v in batch[label_column]],
+                "label": [_as_int_label(v, where, label_column, label_range) for v in batch[label_column]],
             }
             out.update({n: batch[n] for n in extra_columns})
             return out
@@ -684,6 +749,8 @@ def load_classification_dataset(
     max_samples: int | Mapping[str, int | None] | None = None,
     extra_columns: Sequence[str] = (),
     config_name: str | None = None,
+    num_labels: int | None = None,
+    allow_negative_labels: bool = True,
     **hub_kwargs: Any,
 ) -> datasets.DatasetDict:
     """Load a text-classification dataset as a ``DatasetDict`` with columns ``text`` and ``label``.
@@ -710,10 +777,15 @@ def load_classification_dataset(
             seeded random subset kept in its original order, taken after the validation split.
         extra_columns: further input columns to keep unchanged (e.g. ``("id",)``).
         config_name, **hub_kwargs: passed to :func:`datasets.load_dataset` for Hub datasets.
+        num_labels: when given, every label of every split must be a class id ``0..num_labels-1``.
+        allow_negative_labels: ``False``: a negative label is an error (``True`` keeps e.g. the
+            ``-1`` that Hub test splits use for "no label").
 
     Raises ``FileNotFoundError`` for a missing path or split file, ``ValueError`` for an empty file,
-    invalid JSON, a missing column or a non-integer label (naming the file, line and value).
+    invalid JSON, bytes that are not UTF-8, a truncated or corrupt ``.gz`` file, a missing column,
+    a non-integer label or one outside the allowed range (naming the file, line and value).
     """
+    label_range = (0 if num_labels is not None or not allow_negative_labels else None, num_labels)
     clash = {"text", "label"} & set(extra_columns)
     if clash:
         raise ValueError(f"extra_columns must not contain the output columns {sorted(clash)}")
@@ -723,13 +795,14 @@ def load_classification_dataset(
                 f"config_name/hub arguments {sorted(hub_kwargs)} only apply to Hub datasets, not to {path}"
             )
         splits = _load_local_classification(
-            Path(path).expanduser(), text_column, label_column, split_files, tuple(extra_columns)
+            Path(path).expanduser(), text_column, label_column, split_files, tuple(extra_columns), label_range
         )
     else:
         if split_files is not None:
             raise ValueError("split_files only applies to local directories")
         name = os.fspath(path)
         splits = _hub_classification(
-            _load_hub(name, config_name, hub_kwargs), name, text_column, label_column, tuple(extra_columns)
+            _load_hub(name, config_name, hub_kwargs), name, text_column, label_column, tuple(extra_columns),
+            label_range,
         )
     return _finish(splits, validation_size, seed, max_samples, stratify_column="label" if stratify else None)

@@ -12,10 +12,10 @@ from typing import Any
 
 from huggingface_hub import EvalResult, HfApi, ModelCardData
 
-__all__ = ["model_card", "push_to_hub", "UPLOAD_IGNORE"]
+__all__ = ["check_push_access", "model_card", "push_to_hub", "UPLOAD_IGNORE"]
 
 #: Files of an output folder that are not part of the model (resumable checkpoints, temp folders, logs).
-UPLOAD_IGNORE = ["step_*/**", "epoch_*/**", ".tmp-*/**", ".old-*/**", "runs/**", "hf_modules/**", "*.pkl"]
+UPLOAD_IGNORE = ["step_*/**", "epoch_*/**", ".tmp-*/**", ".old-*/**", "runs/**", "hf_modules/**", "*.pkl", ".lock"]
 
 _TASK_NAMES = {"translation": "Translation", "text-classification": "Text Classification"}
 _METRIC_NAMES = {"bleu": "BLEU (sacreBLEU)", "accuracy": "Accuracy"}
@@ -135,3 +135,19 @@ def push_to_hub(
         ignore_patterns=UPLOAD_IGNORE,
     )
     return str(getattr(info, "commit_url", info))
+
+
+def check_push_access(repo_id: str, *, token: str | None = None, private: bool | None = None) -> None:
+    """Before training: make sure ``repo_id`` exists (``create_repo(exist_ok=True)``) and that the
+    token may write it, so that ``--push_to_hub`` fails in seconds rather than after training.
+    Raises ``RuntimeError`` with one paragraph (no traceback) saying what failed and what to do."""
+    try:
+        HfApi(token=token).create_repo(repo_id=repo_id, repo_type="model", private=private, exist_ok=True)
+    except Exception as error:  # offline, no/invalid token, no permission, bad repo id, ...
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise RuntimeError(
+            f"--push_to_hub: cannot create or write the Hub repository {repo_id!r} ({type(error).__name__}: {reason}). "
+            "Check the network connection (and HF_HUB_OFFLINE), log in with `hf auth login` or pass --hub_token, "
+            "and check --hub_model_id; or run without --push_to_hub (everything is saved in --output_dir) and "
+            "upload the folder later."
+        ) from None

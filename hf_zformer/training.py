@@ -22,6 +22,8 @@ scripts need:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import json
 import math
 import os
@@ -65,6 +67,7 @@ SCHEDULER_TYPES = (
     "inverse_sqrt",
 )
 TRAINING_STATE_FILE = "training_state.json"
+LOCK_FILE = ".lock"  # in --output_dir; holds the pid of the run that owns the folder
 
 
 # --------------------------------------------------------------------------------------------
@@ -179,6 +182,10 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
                 f"--resume_from_checkpoint {args.resume_from_checkpoint!r} is not a checkpoint folder "
                 f"(no {TRAINING_STATE_FILE}); checkpoints are the step_N/epoch_N folders of --output_dir"
             )
+    if args.with_tracking:
+        problem = _tracker_problem(args.report_to)
+        if problem:
+            parser.error(problem)
     if args.push_to_hub and not args.hub_model_id:
         parser.error("--push_to_hub needs --hub_model_id (the repository to create, e.g. your-name/imdb-zformer)")
     if args.model_name_or_path:
@@ -196,6 +203,23 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
         except ValueError as error:
             parser.error(f"invalid model configuration: {error}")
     return args
+
+
+def _tracker_problem(report_to: str) -> str | None:
+    """Why accelerate cannot log to ``--report_to`` (it would silently skip the tracker), or None."""
+    from accelerate.tracking import LOGGER_TYPE_TO_CLASS, get_available_trackers
+
+    available = [str(getattr(t, "value", t)) for t in get_available_trackers()]
+    names = [name.strip() for name in report_to.split(",") if name.strip()]
+    if names == ["all"]:
+        return None if available else "--with_tracking --report_to all: no tracker is installed (e.g. pip install tensorboard)"
+    for name in names:
+        if name not in LOGGER_TYPE_TO_CLASS:
+            return f"--report_to {name!r} is not a tracker accelerate knows; choose from {sorted(LOGGER_TYPE_TO_CLASS)}"
+        if name not in available:
+            return (f"--with_tracking logs to {name!r}, which is not installed: pip install {name} "
+                    "(or drop --with_tracking, or pick an installed tracker with --report_to)")
+    return None
 
 
 def _config_fields() -> dict[str, Any]:
@@ -383,21 +407,59 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, name: str, state
     if accelerator.is_main_process and tmp.exists():
         shutil.rmtree(tmp)
     accelerator.wait_for_everyone()
-    accelerator.save_state(str(tmp))
-    accelerator.wait_for_everyone()
-    if accelerator.is_main_process:
-        (tmp / TRAINING_STATE_FILE).write_text(json.dumps(state, indent=2))
-        old = None
-        if final.exists():
-            old = Path(output_dir) / f".old-{name}"
-            if old.exists():
+    with _explain_disk_full(output_dir, f"checkpoint {name}", cleanup=tmp if accelerator.is_main_process else None):
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            (tmp / TRAINING_STATE_FILE).write_text(json.dumps(state, indent=2))
+            old = None
+            if final.exists():
+                old = Path(output_dir) / f".old-{name}"
+                if old.exists():
+                    shutil.rmtree(old)
+                os.replace(final, old)
+            os.replace(tmp, final)
+            if old is not None:
                 shutil.rmtree(old)
-            os.replace(final, old)
-        os.replace(tmp, final)
-        if old is not None:
-            shutil.rmtree(old)
     accelerator.wait_for_everyone()
     return final
+
+
+@contextlib.contextmanager
+def _explain_disk_full(folder: str | os.PathLike, what: str, cleanup: Path | None = None):
+    """Turn ``OSError(ENOSPC)`` into a message that says the disk is full and names ``folder``
+    (removing the partial ``cleanup`` folder to give the space back)."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        raise OSError(
+            errno.ENOSPC,
+            f"The disk is full: no space left on the device of {folder} while writing {what}. "
+            "Free space there or pass another --output_dir.",
+        ) from error
+
+
+def clean_stale_checkpoints(output_dir: str | os.PathLike, logger=None) -> None:
+    """Undo what an interrupted :func:`save_checkpoint` left in ``output_dir``: remove
+    ``.tmp-NAME`` folders (partial saves) and ``.old-NAME`` folders (a replaced checkpoint), or
+    rename ``.old-NAME`` back to ``NAME`` when the run died between the two renames and it is the
+    only copy."""
+    for stale in sorted(Path(output_dir).glob(".tmp-*")) + sorted(Path(output_dir).glob(".old-*")):
+        if not stale.is_dir():
+            continue
+        final = stale.with_name(stale.name.removeprefix(".old-"))
+        if stale.name.startswith(".old-") and not final.exists():
+            os.replace(stale, final)
+            action = f"restored as {final}"
+        else:
+            shutil.rmtree(stale)
+            action = "removed"
+        if logger is not None:
+            logger.warning(f"stale checkpoint folder {stale} of an interrupted run: {action}")
 
 
 def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
@@ -468,10 +530,69 @@ def start_run(args: argparse.Namespace, logger_name: str):
     logger = get_logger(logger_name)
     logger.info(accelerator.state, main_process_only=True)
     set_seed(args.seed)
+    problem = None  # checked by the main process, raised by all (no process is left waiting)
     if accelerator.is_main_process:
-        Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            lock_output_dir(args.output_dir)
+            clean_stale_checkpoints(args.output_dir, logger)
+            if args.push_to_hub:
+                from .hub import check_push_access
+
+                check_push_access(args.hub_model_id, token=args.hub_token)
+        except (RuntimeError, OSError) as error:
+            problem = str(error)
+    from accelerate.utils import broadcast_object_list
+
+    problem = broadcast_object_list([problem])[0]
+    if problem:
+        raise SystemExit(f"error: {problem}")
     accelerator.wait_for_everyone()
     return accelerator, logger
+
+
+_LOCKS: dict[str, Any] = {}  # lock file -> its open handle, held (locked) until the process exits
+
+
+def lock_output_dir(output_dir: str | os.PathLike) -> None:
+    """Make this process the only run writing ``output_dir``: an exclusive ``flock`` on
+    ``output_dir/.lock`` (which records our pid), held until the process exits; taking it again in
+    the same process is a no-op. Raises ``RuntimeError`` naming the folder and the pid of the run
+    that holds it. (No locking where ``fcntl`` does not exist, i.e. on Windows.)"""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    path = (Path(output_dir) / LOCK_FILE).resolve()
+    if str(path) in _LOCKS:
+        return
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        owner = handle.read().strip() or "unknown"
+        handle.close()
+        raise RuntimeError(
+            f"--output_dir {output_dir} is in use by another run (pid {owner}, lock file {path}): two runs in one "
+            "folder overwrite each other's checkpoints and results. Wait for it to end or stop it, or pass another "
+            "--output_dir."
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    _LOCKS[str(path)] = handle
+
+
+@contextlib.contextmanager
+def data_errors():
+    """Stop the script with the message of a data problem (the loaders' ``ValueError`` /
+    ``FileNotFoundError`` name the file, line and value) instead of a traceback."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}") from None
 
 
 def subsample(raw, limits: dict[str, int | None], seed: int) -> None:
@@ -557,6 +678,7 @@ def train(
     )
 
     completed_steps, start_epoch, resume_batches = 0, 0, 0
+    loss_sum, loss_count, runtime_before = 0.0, 0, 0.0  # whole-run statistics, carried by checkpoints
     if args.resume_from_checkpoint:
         path = args.resume_from_checkpoint
         if path == "latest":
@@ -565,6 +687,8 @@ def train(
                 raise FileNotFoundError(f"--resume_from_checkpoint latest: no checkpoint in {args.output_dir}")
         state = load_checkpoint(accelerator, path)
         completed_steps, start_epoch, resume_batches = state["completed_steps"], state["epoch"], state["batches_done"]
+        loss_sum, loss_count = state.get("loss_sum", 0.0), state.get("loss_count", 0)
+        runtime_before = state.get("train_runtime_s", 0.0)
         if resume_batches >= len(train_dataloader):
             start_epoch, resume_batches = start_epoch + 1, 0
         logger.info(f"Resumed from {path}: step {completed_steps}, epoch {start_epoch}, batch {resume_batches}")
@@ -574,6 +698,13 @@ def train(
     started = time.perf_counter()
     metrics: dict[str, Any] = {}
     running_loss, running_count, last_loss = torch.zeros((), device=accelerator.device), 0, float("nan")
+    total_loss = torch.tensor(loss_sum, device=accelerator.device)  # this process's sum (mean over processes)
+
+    def run_state(**position: int) -> dict[str, Any]:
+        """A checkpoint's training state: the loop position plus the statistics of the run so far."""
+        return {**position, "loss_sum": accelerator.gather(total_loss).mean().item(), "loss_count": loss_count,
+                "train_runtime_s": runtime_before + time.perf_counter() - started}
+
     epoch = start_epoch
     for epoch in range(start_epoch, args.num_train_epochs):
         if completed_steps >= args.max_train_steps:
@@ -593,6 +724,8 @@ def train(
                 optimizer.zero_grad()
             running_loss += loss.detach().float()
             running_count += 1
+            total_loss += loss.detach().float()
+            loss_count += 1
             if not accelerator.sync_gradients:
                 continue
             completed_steps += 1
@@ -609,7 +742,7 @@ def train(
                     accelerator,
                     args.output_dir,
                     f"step_{completed_steps}",
-                    {"completed_steps": completed_steps, "epoch": epoch, "batches_done": batches_done},
+                    run_state(completed_steps=completed_steps, epoch=epoch, batches_done=batches_done),
                 )
             if completed_steps >= args.max_train_steps:
                 break
@@ -622,34 +755,39 @@ def train(
                 accelerator,
                 args.output_dir,
                 f"epoch_{epoch}",
-                {"completed_steps": completed_steps, "epoch": epoch + 1, "batches_done": 0},
+                run_state(completed_steps=completed_steps, epoch=epoch + 1, batches_done=0),
             )
     progress.close()
+    final = run_state()
     if not metrics:  # resumed from a checkpoint at the very end: still report evaluation
         metrics = {f"eval_{k}": v for k, v in evaluate_fn().items()}
-    if running_count:
-        last_loss = accelerator.gather(running_loss).mean().item() / running_count
     if args.with_tracking:
         accelerator.end_training()
     return {
         **metrics,
-        "train_loss": last_loss,
+        # mean loss over every batch of the whole run (resumed segments included); None if unknown
+        "train_loss": final["loss_sum"] / loss_count if loss_count else None,
         "train_steps": completed_steps,
         "epoch": epoch,
-        "train_runtime_s": round(time.perf_counter() - started, 1),
+        "train_runtime_s": round(final["train_runtime_s"], 1),
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
     }
 
 
-def command_line() -> str:
-    """The command that started this process, as it would be typed (``accelerate launch`` noted)."""
+def command_line(secret: str | None = None) -> str:
+    """The command that started this process, as it would be typed (``accelerate launch`` noted),
+    with ``secret`` (the parsed ``--hub_token``, however the option was spelled) redacted."""
     argv = [Path(sys.argv[0]).as_posix()] + sys.argv[1:]
     for i, arg in enumerate(argv):  # never write a token into a model card
         if arg == "--hub_token" and i + 1 < len(argv):
             argv[i + 1] = "REDACTED"
         elif arg.startswith("--hub_token="):
             argv[i] = "--hub_token=REDACTED"
+        elif secret and arg == secret:
+            argv[i] = "REDACTED"
+        elif secret and arg.startswith("-") and arg.endswith(f"={secret}"):
+            argv[i] = arg[: -len(secret)] + "REDACTED"
     script = " ".join(shlex.quote(a) for a in argv)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 or "ACCELERATE_MIXED_PRECISION" in os.environ:
@@ -661,6 +799,28 @@ def command_line() -> str:
             options.append(f"--mixed_precision {precision}")
         return f"accelerate launch {' '.join(options)} {script}".replace("  ", " ")
     return f"python {script}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _results_to_write(results: dict[str, Any], path: Path, logger) -> dict[str, Any]:
+    """``results`` as strict JSON: a non-finite number becomes ``None``, and a value this run could
+    not measure (``None``, e.g. the loss after resuming a checkpoint that predates the run
+    statistics) keeps the number an earlier run already wrote to ``path``: never replace good
+    results with empty ones."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in results.items()}
+    try:
+        previous = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        previous = {}
+    previous = previous if isinstance(previous, dict) else {}
+    for key, value in clean.items():
+        if value is None and _is_number(previous.get(key)):
+            logger.warning(f"{key}: not measured by this run, keeping {previous[key]} from the existing {path}")
+            clean[key] = previous[key]
+    return clean
 
 
 def finish_run(
@@ -690,12 +850,13 @@ def finish_run(
     )
     if accelerator.is_main_process:
         tokenizer.save_pretrained(args.output_dir)
+        results = _results_to_write(results, Path(args.output_dir) / "all_results.json", logger)
         with open(Path(args.output_dir) / "all_results.json", "w") as f:
-            json.dump(results, f, indent=2)
+            json.dump(results, f, indent=2, allow_nan=False)
         card = hub.model_card(
             config=unwrapped.config,
             results=results,
-            command=command_line(),
+            command=command_line(args.hub_token),
             dataset_name=args.dataset_name or Path(args.data_dir).name,
             dataset_config=args.dataset_config_name,
             model_name=args.hub_model_id or Path(args.output_dir).name,

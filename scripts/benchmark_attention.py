@@ -25,7 +25,7 @@ from hf_zformer import benchmark
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     parser.add_argument("--level", choices=benchmark.LEVELS, default="attention",
                         help="'attention': the attention module alone; 'model': a one-layer ZformerModel with "
                              "intermediate_size=1 (the FFN shrunk away), fed token ids; 'seq2seq': training "

@@ -23,7 +23,7 @@ import hf_zformer  # noqa: F401  (registers the model types)
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--decoders", default="full,zformer,fastformer", help="decoder attention types, comma-separated")
     parser.add_argument("--max-length", type=int, default=2048, help="tokens to generate")
     parser.add_argument("--checkpoints", default=None,

@@ -24,7 +24,7 @@ import torch  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], allow_abbrev=False)
     parser.add_argument("--model_name_or_path", required=True, help="Saved folder or Hub id.")
     parser.add_argument("--tokenizer_name", default=None, help="Default: the model's tokenizer.")
     parser.add_argument("--dataset_name", default=None, help="Hub dataset (exclusive with --data_dir).")
@@ -33,7 +33,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--split", default=None, help="Default: test if the dataset has one, else validation.")
     parser.add_argument("--output_dir", required=True, help="Where predictions and metrics go.")
     parser.add_argument("--per_device_eval_batch_size", type=int, default=64)
-    parser.add_argument("--max_eval_samples", type=int, default=None)
+    parser.add_argument("--max_eval_samples", type=int, default=None,
+                        help="Evaluate a seeded random subset (the rows training's --max_eval_samples and --seed pick).")
     parser.add_argument("--source_lang", default="de")
     parser.add_argument("--target_lang", default="en")
     parser.add_argument("--text_column", default="text")
@@ -43,8 +44,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--num_beams", type=int, default=None, help="Seq2seq: beams (default: generation config).")
     parser.add_argument("--max_length", type=int, default=512, help="Classification: truncate texts.")
     parser.add_argument("--seed", type=int, default=42, help="Seed of carved validation splits / subsets.")
-    parser.add_argument("--no_trust_remote_code", dest="trust_remote_code", action="store_false",
-                        help="Refuse the checkpoint's own code (then hf_zformer must be installed).")
+    parser.add_argument("--trust_remote_code", action="store_true",
+                        help="Run the code a checkpoint ships (auto_map) for model types hf_zformer does not provide. "
+                        "Off by default: hf_zformer's own models load with the installed library code.")
     args = parser.parse_args(argv)
     if bool(args.dataset_name) == bool(args.data_dir):
         parser.error("pass exactly one of --dataset_name (Hub) and --data_dir (local folder)")
@@ -77,7 +79,15 @@ def main(argv=None) -> dict:
     accelerator = training.make_accelerator(args)
     training.setup_logging(accelerator)
     logger = get_logger(__name__)
-    config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+    except ValueError as error:
+        if "trust_remote_code" not in str(error):
+            raise
+        raise SystemExit(
+            f"error: {args.model_name_or_path} ships its own model code (auto_map in config.json) for a model type "
+            "hf_zformer does not provide; it was not run. Inspect that code, then pass --trust_remote_code to run it."
+        ) from None
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     seq2seq = is_seq2seq(config)
     source = args.data_dir or args.dataset_name
@@ -91,9 +101,8 @@ def main(argv=None) -> dict:
     split = args.split or ("test" if "test" in raw else "validation")
     if split not in raw:
         raise SystemExit(f"error: split {split!r} not in the dataset (splits: {list(raw)})")
+    training.subsample(raw, {split: args.max_eval_samples}, args.seed)  # the rows training evaluated on
     data = raw[split]
-    if args.max_eval_samples is not None and args.max_eval_samples < len(data):
-        data = data.select(range(args.max_eval_samples))
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
     model = auto.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code, dtype=torch.float32)
     limit = model.config.max_position_embeddings

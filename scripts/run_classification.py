@@ -25,17 +25,44 @@ from hf_zformer import training  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     training.add_data_args(parser)
     parser.add_argument("--text_column", default="text")
     parser.add_argument("--label_column", default="label")
+    parser.add_argument(
+        "--num_labels",
+        type=int,
+        default=None,
+        help="Number of classes K: every label must be 0..K-1 (an error names the file and line). "
+        "Default: the largest label of the training and evaluation splits + 1.",
+    )
     parser.add_argument("--max_length", type=int, default=256, help="Truncate texts to this many tokens.")
     training.add_model_args(parser, seq2seq=False)
     training.add_training_args(parser)
     args = parser.parse_args(argv)
     if args.max_length < 2:
         parser.error(f"--max_length must be >= 2, got {args.max_length}")
+    if args.num_labels is not None and args.num_labels < 2:
+        parser.error(f"--num_labels must be >= 2, got {args.num_labels}")
     return training.validate_args(parser, args, seq2seq=False)
+
+
+def class_count(raw, splits, source, logger) -> int:
+    """K without --num_labels: the largest label of ``splits`` + 1. Labels are class ids, so a
+    negative one is an error; ids with no training example get a warning (a stray label 7 in
+    binary data would otherwise silently make an 8-class model)."""
+    labels = {split: set(raw[split]["label"]) for split in splits}
+    for split, found in labels.items():
+        if found and min(found) < 0:
+            raise ValueError(f"{source} split {split!r}: label {min(found)} is negative; class ids must be 0..K-1")
+    num_labels = max(max(found, default=0) for found in labels.values()) + 1
+    unused = sorted(set(range(num_labels)) - labels["train"])
+    if unused:
+        logger.warning(
+            f"{num_labels} classes (largest label + 1) but no training example has label(s) {unused}; pass "
+            "--num_labels K to make labels outside 0..K-1 an error instead"
+        )
+    return num_labels
 
 
 def main(argv=None) -> dict:
@@ -49,16 +76,19 @@ def main(argv=None) -> dict:
     accelerator, logger = training.start_run(args, __name__)
 
     # ---- data
-    raw = load_classification_dataset(
-        args.data_dir or args.dataset_name,
-        text_column=args.text_column,
-        label_column=args.label_column,
-        seed=args.seed,
-        config_name=args.dataset_config_name,
-    )
-    eval_split = "validation" if "validation" in raw else "test"
-    training.subsample(raw, {"train": args.max_train_samples, eval_split: args.max_eval_samples}, args.seed)
-    labels = sorted(set(raw["train"]["label"]))
+    with training.data_errors():  # bad data: a message naming file and line, before any training
+        raw = load_classification_dataset(
+            args.data_dir or args.dataset_name,
+            text_column=args.text_column,
+            label_column=args.label_column,
+            seed=args.seed,
+            config_name=args.dataset_config_name,
+            num_labels=args.num_labels,
+            allow_negative_labels=bool(args.dataset_name),  # Hub test splits use -1 for "no label"
+        )
+        eval_split = "validation" if "validation" in raw else "test"
+        training.subsample(raw, {"train": args.max_train_samples, eval_split: args.max_eval_samples}, args.seed)
+        num_labels = args.num_labels or class_count(raw, ("train", eval_split), args.data_dir or args.dataset_name, logger)
     names = getattr(raw["train"].features["label"], "names", None)
 
     # ---- tokenizer and model
@@ -66,7 +96,6 @@ def main(argv=None) -> dict:
     tokenizer = training.load_tokenizer(args, accelerator, raw, model_max_length=args.max_length)
     if base:
         config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code)
-        num_labels = max(labels) + 1
         if getattr(config, "num_labels", None) != num_labels:
             logger.warning(f"{base} has {config.num_labels} labels, the data {num_labels}: new classifier head")
         model = AutoModelForSequenceClassification.from_pretrained(
@@ -74,7 +103,6 @@ def main(argv=None) -> dict:
             dtype=torch.float32,
         )
     else:
-        num_labels = max(labels) + 1
         id2label = {i: (names[i] if names and i < len(names) else f"LABEL_{i}") for i in range(num_labels)}
         config = training.build_config(
             args,

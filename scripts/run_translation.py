@@ -26,7 +26,7 @@ from hf_zformer import training  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     training.add_data_args(parser)
     parser.add_argument("--source_lang", default="de")
     parser.add_argument("--target_lang", default="en")
@@ -93,13 +93,14 @@ def main(argv=None) -> dict:
     accelerator, logger = training.start_run(args, __name__)
 
     # ---- data
-    raw = load_translation_dataset(
-        args.data_dir or args.dataset_name,
-        args.source_lang,
-        args.target_lang,
-        seed=args.seed,
-        config_name=args.dataset_config_name,
-    )
+    with training.data_errors():  # bad data: a message naming file and line, before any training
+        raw = load_translation_dataset(
+            args.data_dir or args.dataset_name,
+            args.source_lang,
+            args.target_lang,
+            seed=args.seed,
+            config_name=args.dataset_config_name,
+        )
     eval_splits = [s for s in ("validation", "test") if s in raw]
     if not eval_splits:
         raise ValueError(f"the dataset has no validation or test split (splits: {list(raw)})")

@@ -377,6 +377,56 @@ def test_classification_labels(tmp_path: Path) -> None:
     assert list(column(ds["train"], "label")) == [1, 2, -1]
 
 
+def test_classification_label_range(tmp_path: Path) -> None:
+    """Declared classes (num_labels) or class ids (no negatives): an out-of-range label is a
+    ValueError naming file, line and value (a 7 in binary data built an 8-class model; -1 crashed
+    mid-training; 1e30 raised a raw OverflowError)."""
+    write_jsonl(tmp_path / "train.jsonl", [{"text": "a", "label": 0}, {"text": "b", "label": 1}, {"text": "c", "label": 7}])
+    with pytest.raises(ValueError, match=r"train\.jsonl line 3: label column 'label' has the value 7; class ids must be 0\.\.1 \(2 classes\)"):
+        load_classification_dataset(tmp_path, num_labels=2)
+    write_jsonl(tmp_path / "train.jsonl", [{"text": "a", "label": 0}, {"text": "b", "label": -1}])
+    with pytest.raises(ValueError, match=r"train\.jsonl line 2: .*value -1; class ids must be at least 0"):
+        load_classification_dataset(tmp_path, allow_negative_labels=False)
+    (tmp_path / "train.jsonl").write_text('{"text": "a", "label": 0}\n{"text": "b", "label": 1e30}\n')
+    with pytest.raises(ValueError, match=r"train\.jsonl line 2: .*1e\+30, too large for a class id"):
+        load_classification_dataset(tmp_path)
+    (tmp_path / "train.jsonl").unlink()
+    (tmp_path / "train.csv").write_text("text,label\na,0\nb,99999999999999999999999\n")
+    with pytest.raises(ValueError, match=r"train\.csv line 3: .*too large for a class id"):
+        load_classification_dataset(tmp_path)
+
+
+def test_unreadable_files_name_file_and_line(tmp_path: Path) -> None:
+    """Bytes that are not UTF-8 and truncated .gz files: ValueError naming file and line (was a raw
+    UnicodeDecodeError / EOFError without the file), for both loaders."""
+    clf = tmp_path / "clf"
+    clf.mkdir()
+    (clf / "train.jsonl").write_bytes(b'{"text": "ok", "label": 0}\n{"text": "caf\xe9", "label": 1}\n')
+    with pytest.raises(ValueError, match=r"train\.jsonl line 2: not valid UTF-8 \(byte b'\\xe9' at column 14\)"):
+        load_classification_dataset(clf)
+    (clf / "train.jsonl").unlink()
+    payload = gzip.compress("".join(json.dumps({"text": f"row {i}", "label": i % 2}) + "\n" for i in range(2000)).encode())
+    (clf / "train.jsonl.gz").write_bytes(payload[: len(payload) // 2])
+    with pytest.raises(ValueError, match=r"train\.jsonl\.gz: truncated or corrupt gzip file .*breaks off in line \d+"):
+        load_classification_dataset(clf)
+
+    mt = tmp_path / "mt"
+    make_parallel(mt, "train", 3, gz=False)
+    (mt / "train.en").write_bytes(b"one\ntwo \xff\nthree\n")
+    with pytest.raises(ValueError, match=r"train\.en line 2: not valid UTF-8"):
+        load_translation_dataset(mt)
+    make_parallel(mt, "train", 2000, gz=True)
+    for name in ("train.de", "train.en"):
+        (mt / name).unlink()
+    data = (mt / "train.de.gz").read_bytes()
+    (mt / "train.de.gz").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"train\.de\.gz: truncated or corrupt gzip file"):
+        load_translation_dataset(mt)
+    (mt / "train.de.gz").write_bytes(gzip.compress("ein satz\n".encode() * 5))  # 5 lines against 2000
+    with pytest.raises(ValueError, match=r"train\.de\.gz has 5 lines but .*train\.en\.gz has 2000"):
+        load_translation_dataset(mt)
+
+
 @pytest.mark.parametrize("bad_label", ["pos", 0.5, True, None, [1]])
 def test_classification_non_integer_label(tmp_path: Path, bad_label) -> None:
     write_jsonl(tmp_path / "train.jsonl", [{"text": "fine", "label": 0}, {"text": "bad", "label": bad_label}])

@@ -30,17 +30,29 @@ def _env():
     return env
 
 
-def run_script(name, *args, launcher=(), timeout=600, prelude=None):
-    """Run scripts/<name> in a subprocess (optionally under a launcher, or after `prelude` code
-    that patches things in the same process); assert success; return the completed process."""
+def _run_script(name, args, launcher=(), timeout=600, prelude=None, env=None):
     script = str(SCRIPTS / name)
     if prelude is not None:
         code = prelude + f"\nimport runpy, sys\nsys.argv = {[script, *map(str, args)]!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"
         command = [sys.executable, "-c", code]
     else:
         command = [*launcher, script, *map(str, args)] if launcher else [sys.executable, script, *map(str, args)]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(command, cwd=REPO_ROOT, env={**_env(), **(env or {})}, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def run_script(name, *args, launcher=(), timeout=600, prelude=None):
+    """Run scripts/<name> in a subprocess (optionally under a launcher, or after `prelude` code
+    that patches things in the same process); assert success; return the completed process."""
+    result = _run_script(name, args, launcher, timeout, prelude)
     assert result.returncode == 0, f"{name} failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
+    return result
+
+
+def run_script_failing(name, *args, timeout=600, env=None):
+    """Run scripts/<name> like :func:`run_script` (with extra `env`) but expect it to fail."""
+    result = _run_script(name, args, timeout=timeout, env=env)
+    assert result.returncode != 0, f"{name} succeeded but should have failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     return result
 
 
@@ -173,11 +185,125 @@ def test_translation_end_to_end(mt_run):
 
 def test_push_to_hub_mocked(clf_run):
     out, calls = clf_run
-    assert [c["method"] for c in calls] == ["create_repo", "upload_folder"]
+    # create_repo at the start (access check before training), then the push
+    assert [c["method"] for c in calls] == ["create_repo", "create_repo", "upload_folder"]
     assert calls[0]["kwargs"]["repo_id"] == "someone/tiny-clf" and calls[0]["kwargs"]["exist_ok"] is True
-    upload = calls[1]["kwargs"]
+    upload = calls[2]["kwargs"]
     assert upload["repo_id"] == "someone/tiny-clf" and Path(upload["folder_path"]) == out
     assert any(p.startswith("step_") for p in upload["ignore_patterns"])  # checkpoints stay local
+
+
+def test_push_to_hub_offline_fails_before_training(tiny_data, tmp_path):
+    """--push_to_hub without network: a one-paragraph error at the start, nothing trained."""
+    out = tmp_path / "out"
+    result = run_script_failing(
+        "run_classification.py", "--data_dir", tiny_data / "clf", "--attention_type", "fastformer",
+        "--config_overrides", TINY_CLF, "--vocab_size", 120, "--max_train_steps", 2, "--output_dir", out,
+        "--push_to_hub", "--hub_model_id", "someone/tiny-clf", "--hub_token", "hf_fake",
+    )  # _env() sets HF_HUB_OFFLINE=1
+    assert "cannot create or write the Hub repository 'someone/tiny-clf'" in result.stderr
+    assert "Traceback" not in result.stderr and "hf_fake" not in result.stderr
+    assert not (out / "model.safetensors").exists() and not (out / "tokenizer.json").exists()
+
+
+def test_check_push_access_message(monkeypatch):
+    import huggingface_hub
+
+    from hf_zformer import hub
+
+    def refuse(self, **kwargs):
+        raise ConnectionError("Cannot reach https://huggingface.co/api/repos/create: no network\n(details)")
+
+    monkeypatch.setattr(huggingface_hub.HfApi, "create_repo", refuse)
+    with pytest.raises(RuntimeError, match=r"'me/model' \(ConnectionError: Cannot reach .*: no network\).*--hub_token") as error:
+        hub.check_push_access("me/model", token="hf_x")
+    assert "\n" not in str(error.value)
+
+
+def test_with_tracking_needs_an_installed_tracker(tiny_data, tmp_path, capsys, monkeypatch):
+    import accelerate.tracking
+
+    monkeypatch.setattr(accelerate.tracking, "_available_trackers", [])  # tensorboard not installed
+    argv = ["--data_dir", str(tiny_data / "clf"), "--attention_type", "full", "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as error:
+        load_script("run_classification.py").parse_args([*argv, "--with_tracking"])
+    assert error.value.code == 2 and "pip install tensorboard" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        load_script("run_translation.py").parse_args([*argv, "--with_tracking", "--report_to", "no_such_tracker"])
+    assert "'no_such_tracker' is not a tracker" in capsys.readouterr().err
+    load_script("run_classification.py").parse_args(argv)  # without --with_tracking nothing is needed
+
+
+def test_output_dir_lock(tiny_data, tmp_path):
+    """A second run on a folder in use fails at once, naming the folder and the other run's pid."""
+    import fcntl
+
+    out = tmp_path / "out"
+    out.mkdir()
+    with open(out / ".lock", "w") as held:  # this test process plays the other run
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write(f"{os.getpid()}\n")
+        held.flush()
+        result = run_script_failing("run_classification.py", "--data_dir", tiny_data / "clf", "--attention_type",
+                                    "fastformer", "--config_overrides", TINY_CLF, "--vocab_size", 120,
+                                    "--max_train_steps", 2, "--output_dir", out)
+    assert f"pid {os.getpid()}" in result.stderr and str(out) in result.stderr and "in use by another run" in result.stderr
+    assert "Traceback" not in result.stderr and not (out / "tokenizer.json").exists()
+
+
+def test_stale_checkpoint_folders_cleaned_at_start(tiny_data, tmp_path):
+    """.tmp-* (partial save) and .old-* (replaced checkpoint) folders of an interrupted run are
+    removed at the start; an .old-NAME whose NAME is missing is the only copy and is restored."""
+    out = tmp_path / "out"
+    for name in (".tmp-step_9", ".old-step_7", ".old-step_1", "step_1"):
+        (out / name).mkdir(parents=True)
+        (out / name / "training_state.json").write_text(json.dumps({"name": name}))
+    run_script("run_classification.py", "--data_dir", tiny_data / "clf", "--attention_type", "fastformer",
+               "--config_overrides", TINY_CLF, "--vocab_size", 120, "--max_length", 32, "--max_train_steps", 1,
+               "--output_dir", out)
+    assert not list(out.glob(".tmp-*")) and not list(out.glob(".old-*"))
+    assert json.loads((out / "step_7" / "training_state.json").read_text()) == {"name": ".old-step_7"}
+    assert json.loads((out / "step_1" / "training_state.json").read_text()) == {"name": "step_1"}
+    assert (out / ".lock").read_text().strip().isdigit()  # the pid of the run that held the folder
+
+
+def test_bad_labels_fail_before_training(tmp_path):
+    """A -1 label (crashed at step 21 with IndexError) and, with --num_labels 2, a label 7 (built
+    an 8-class model) end the script before training with a message naming file and line."""
+    data = tmp_path / "data"
+    data.mkdir()
+    common = ["--data_dir", data, "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
+              "--vocab_size", 120, "--max_length", 32, "--max_train_steps", 30, "--per_device_train_batch_size", 2]
+    for bad, extra in ((-1, []), (7, ["--num_labels", 2])):
+        rows = [{"text": f"text {i}", "label": i % 2} for i in range(60)]
+        rows[41]["label"] = bad
+        (data / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        out = tmp_path / f"out{bad}"
+        result = run_script_failing("run_classification.py", *common, *extra, "--output_dir", out)
+        assert f"train.jsonl line 42: label column 'label' has the value {bad}; class ids must be" in result.stderr
+        assert "Traceback" not in result.stderr and not (out / "tokenizer.json").exists()
+
+
+def test_checkpoint_disk_full_message(tmp_path):
+    import errno
+
+    from hf_zformer import training
+
+    class FullDisk:
+        is_main_process = True
+
+        def wait_for_everyone(self):
+            pass
+
+        def save_state(self, folder):
+            Path(folder).mkdir()
+            (Path(folder) / "model.safetensors").write_bytes(b"partial")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    with pytest.raises(OSError, match="disk is full") as error:
+        training.save_checkpoint(FullDisk(), tmp_path, "step_2", {"completed_steps": 2})
+    assert error.value.errno == errno.ENOSPC and str(tmp_path) in str(error.value)
+    assert not (tmp_path / ".tmp-step_2").exists()  # the partial save is removed (frees the space)
 
 
 def test_push_to_hub_function(tmp_path, monkeypatch):
@@ -239,27 +365,100 @@ def test_evaluate_model_script_classification(clf_run, tiny_data, tmp_path):
     assert len(rows) == 12
 
 
+def test_evaluate_model_max_eval_samples_is_training_subset(clf_run, tmp_path):
+    """--max_eval_samples takes training's seeded subset, not the first N rows (a validation file
+    sorted by label would otherwise give one class only)."""
+    from hf_zformer import training
+    from hf_zformer.data import load_classification_dataset
+
+    clf_out, _ = clf_run
+    data = tmp_path / "sorted"
+    data.mkdir()
+    for split, n in (("train", 8), ("validation", 40)):
+        with open(data / f"{split}.jsonl", "w") as f:
+            for i in range(n):
+                label = int(i >= n // 2)  # sorted by label, like IMDB
+                f.write(json.dumps({"text": "great fun" if label else "awful bore", "label": label}) + "\n")
+    run_script("evaluate_model.py", "--model_name_or_path", clf_out, "--data_dir", data, "--split", "validation",
+               "--max_eval_samples", 10, "--seed", 3, "--output_dir", tmp_path / "eval")
+    rows = [json.loads(line) for line in (tmp_path / "eval" / "validation_predictions.jsonl").read_text().splitlines()]
+    raw = load_classification_dataset(data, seed=3)
+    training.subsample(raw, {"validation": 10}, 3)  # what run_classification.py --max_eval_samples 10 --seed 3 keeps
+    assert [r["label"] for r in rows] == raw["validation"]["label"]
+    assert {r["label"] for r in rows} == {0, 1}
+
+
+def test_evaluate_model_needs_trust_remote_code_for_foreign_code(clf_run, tiny_data, tmp_path):
+    """A folder whose config.json auto_map points at its own code: that code does not run without
+    --trust_remote_code (clear error); hf_zformer's own checkpoints need no flag (clf_run has an auto_map)."""
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "config.json").write_text(json.dumps({
+        "model_type": "not_hf_zformer",
+        "auto_map": {"AutoConfig": "configuration_evil.EvilConfig",
+                     "AutoModelForSequenceClassification": "configuration_evil.EvilModel"},
+    }))
+    marker = tmp_path / "remote_code_ran"
+    (foreign / "configuration_evil.py").write_text(
+        f"from pathlib import Path\nPath({str(marker)!r}).write_text('ran')\n"
+        "from transformers import PretrainedConfig\nclass EvilConfig(PretrainedConfig):\n    model_type = 'not_hf_zformer'\n"
+    )
+    env = {"HF_MODULES_CACHE": str(tmp_path / "modules")}
+    result = run_script_failing("evaluate_model.py", "--model_name_or_path", foreign, "--data_dir", tiny_data / "clf",
+                                "--output_dir", tmp_path / "eval", env=env)
+    assert not marker.exists(), "the checkpoint's code ran without --trust_remote_code"
+    assert "--trust_remote_code" in result.stderr and str(foreign) in result.stderr
+    assert "Traceback" not in result.stderr
+    clf_out, _ = clf_run
+    run_script("evaluate_model.py", "--model_name_or_path", clf_out, "--data_dir", tiny_data / "clf",
+               "--max_eval_samples", 4, "--output_dir", tmp_path / "own")
+    assert json.loads((tmp_path / "own" / "validation_results.json").read_text())["validation_samples"] == 4
+
+
+def _strict_json(path: Path):
+    """Parse ``path`` rejecting NaN/Infinity (not JSON; other parsers refuse them)."""
+    def refuse(constant):
+        raise ValueError(f"{path}: {constant} is not JSON")
+    return json.loads(path.read_text(), parse_constant=refuse)
+
+
 def test_resume_matches_uninterrupted_run(tiny_data, tmp_path):
     """A run resumed from a mid-epoch checkpoint (model, optimizer, scheduler, RNG, step counter,
     dataloader position) ends with exactly the weights of the uninterrupted run (dropout on,
-    across an epoch boundary: 108 examples / 16 = 7 batches per epoch, 10 steps)."""
+    across an epoch boundary: 108 examples / 16 = 7 batches per epoch, 10 steps), and reports the
+    same whole-run train_loss and the accumulated runtime; resuming the finished run (from its
+    last checkpoint, into the same folder) keeps those statistics in a strict-JSON all_results.json."""
     from safetensors.torch import load_file
 
     common = ["--data_dir", tiny_data / "clf", "--attention_type", "zformer", "--config_overrides", TINY_CLF,
               "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 16, "--max_train_steps", 10,
               "--gradient_accumulation_steps", 1]
-    run_script("run_classification.py", *common, "--checkpointing_steps", 3, "--output_dir", tmp_path / "a")
-    state = json.loads((tmp_path / "a" / "step_3" / "training_state.json").read_text())
-    assert state == {"completed_steps": 3, "epoch": 0, "batches_done": 3}
-    run_script("run_classification.py", *common, "--resume_from_checkpoint", tmp_path / "a" / "step_3",
+    run_script("run_classification.py", *common, "--checkpointing_steps", 5, "--output_dir", tmp_path / "a")
+    state = json.loads((tmp_path / "a" / "step_5" / "training_state.json").read_text())
+    assert {k: state[k] for k in ("completed_steps", "epoch", "batches_done")} == {"completed_steps": 5, "epoch": 0,
+                                                                                 "batches_done": 5}
+    run_script("run_classification.py", *common, "--resume_from_checkpoint", tmp_path / "a" / "step_5",
                "--output_dir", tmp_path / "b")
     a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert a.keys() == b.keys()
     for key in a:
         assert (a[key] == b[key]).all(), f"{key} differs after resume"
-    results_a = json.loads((tmp_path / "a" / "all_results.json").read_text())
-    results_b = json.loads((tmp_path / "b" / "all_results.json").read_text())
+    results_a = _strict_json(tmp_path / "a" / "all_results.json")
+    results_b = _strict_json(tmp_path / "b" / "all_results.json")
     assert results_a["eval_accuracy"] == results_b["eval_accuracy"] and results_b["train_steps"] == 10
+    assert results_b["train_loss"] == pytest.approx(results_a["train_loss"], rel=1e-6)  # the whole run, not a window
+    assert state["loss_count"] == 5 and results_b["train_runtime_s"] >= round(state["train_runtime_s"], 1)  # both segments
+
+    # resume the finished run: nothing left to train, the statistics come from the last checkpoint
+    final_state = json.loads((tmp_path / "a" / "step_10" / "training_state.json").read_text())
+    run_script("run_classification.py", *common, "--resume_from_checkpoint", "latest", "--output_dir", tmp_path / "a")
+    results_c = _strict_json(tmp_path / "a" / "all_results.json")
+    assert results_c["train_loss"] == pytest.approx(results_a["train_loss"], rel=1e-6)
+    assert results_c["train_runtime_s"] == pytest.approx(final_state["train_runtime_s"], abs=0.2)
+    assert results_c["train_runtime_s"] >= 0.5 * results_a["train_runtime_s"]  # not the 0.1 s of the resumed segment
+    assert results_c["eval_accuracy"] == results_a["eval_accuracy"] and results_c["train_steps"] == 10
+    card = (tmp_path / "a" / "README.md").read_text()
+    assert f"| train_loss | {results_a['train_loss']} |" in card and "nan" not in card.lower()
 
 
 # --------------------------------------------------------------------------------------------
@@ -309,6 +508,59 @@ def test_bad_arguments_fail_before_training(script, extra, message, tiny_data, t
 # --------------------------------------------------------------------------------------------
 # library units
 # --------------------------------------------------------------------------------------------
+
+
+def test_results_never_nan_nor_replaced_by_empty(tmp_path):
+    """all_results.json stays strict JSON; a value a run could not measure keeps the earlier number."""
+    import logging
+
+    from hf_zformer import training
+
+    path = tmp_path / "all_results.json"
+    path.write_text(json.dumps({"train_loss": 0.5, "eval_accuracy": 0.7}))
+    written = training._results_to_write({"train_loss": float("nan"), "eval_accuracy": 0.8, "epoch": 1}, path,
+                                         logging.getLogger("test"))
+    assert written == {"train_loss": 0.5, "eval_accuracy": 0.8, "epoch": 1}
+    path.unlink()
+    written = training._results_to_write({"train_loss": float("inf")}, path, logging.getLogger("test"))
+    assert json.dumps(written, allow_nan=False) == '{"train_loss": null}'
+
+
+class _Parsed(Exception):
+    pass
+
+
+@pytest.mark.parametrize("script", ["run_classification.py", "run_translation.py", "evaluate_model.py",
+                                    "benchmark_attention.py", "benchmark_generation.py"])
+def test_parsers_refuse_abbreviations(script, monkeypatch):
+    """No parser in scripts/ accepts abbreviated options (``--hub_tok X`` was taken as --hub_token)."""
+    import argparse
+
+    seen = []
+
+    def record(self, *args, **kwargs):
+        seen.append(self.allow_abbrev)
+        raise _Parsed
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", record)
+    with pytest.raises(_Parsed):
+        load_script(script).parse_args([])
+    assert seen == [False]
+
+
+def test_hub_token_abbreviation_rejected_and_redacted(tiny_data, tmp_path, capsys, monkeypatch):
+    from hf_zformer import training
+
+    argv = ["--data_dir", str(tiny_data / "clf"), "--attention_type", "full", "--output_dir", str(tmp_path / "out")]
+    with pytest.raises(SystemExit) as error:
+        load_script("run_classification.py").parse_args([*argv, "--hub_tok", "hf_secret"])
+    assert error.value.code == 2 and "unrecognized arguments: --hub_tok hf_secret" in capsys.readouterr().err
+    # the recorded command redacts the parsed token value wherever it appears
+    monkeypatch.setattr(sys, "argv", ["scripts/run_classification.py", "--hub_to", "hf_secret", "--token=hf_secret",
+                                      "--hub_token", "hf_secret", "--seed", "1"])
+    command = training.command_line("hf_secret")
+    assert "hf_secret" not in command and "--hub_to REDACTED" in command and "--token=REDACTED" in command
+    assert "--seed 1" in command
 
 
 def test_config_overrides_are_typed_by_field():
