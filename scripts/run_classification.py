@@ -121,7 +121,7 @@ def main(argv=None) -> dict:
     def evaluate() -> dict:
         model.eval()
         correct, total = 0, 0
-        for batch in eval_dataloader:
+        for batch in training.progress(eval_dataloader, desc="evaluate", main=accelerator.is_local_main_process):
             with torch.no_grad():
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             predictions, references = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))

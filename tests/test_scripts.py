@@ -11,6 +11,7 @@ import importlib.util
 import json
 import os
 import random
+import re
 import subprocess
 import sys
 import textwrap
@@ -42,6 +43,34 @@ def run_script(name, *args, launcher=(), timeout=600, prelude=None):
     result = subprocess.run(command, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
     assert result.returncode == 0, f"{name} failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
     return result
+
+
+def run_in_terminal(name, *args, timeout=600):
+    """Run scripts/<name> with stdin/stdout/stderr on a pseudo-terminal (160 columns), as a user
+    at a console sees it; returns the raw output (carriage returns kept)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / name), *map(str, args)], cwd=REPO_ROOT, env=_env(),
+                            stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    output = b"".join(chunks).decode("utf-8", errors="replace")
+    assert proc.wait(timeout=timeout) == 0, f"{name} failed:\n{output[-8000:]}"
+    return output
 
 
 def load_script(name):
@@ -97,14 +126,15 @@ def clf_run(tiny_data, tmp_path_factory):
     push_log = out.parent / "push.json"
     os.environ["PUSH_LOG"] = str(push_log)
     try:
-        run_script(
+        result = run_script(
             "run_classification.py",
             "--data_dir", tiny_data / "clf", "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
             "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 8, "--max_train_steps", 4,
-            "--checkpointing_steps", 2, "--with_tracking", "--output_dir", out,
+            "--checkpointing_steps", 2, "--with_tracking", "--logging_steps", 2, "--output_dir", out,
             "--push_to_hub", "--hub_model_id", "someone/tiny-clf", "--hub_token", "hf_fake",
             prelude=PUSH_PRELUDE,
         )
+        (out.parent / "console.txt").write_text(result.stdout + result.stderr)  # captured: not a terminal
     finally:
         os.environ.pop("PUSH_LOG", None)
     return out, json.loads(push_log.read_text())
@@ -171,6 +201,35 @@ def test_translation_end_to_end(mt_run):
     assert "run_translation.py" in (mt_run / "README.md").read_text()
 
 
+def test_log_file_gets_plain_lines_not_bar_redraws(clf_run):
+    """Output captured into a file (not a terminal): no progress-bar redraws, one log line per
+    --logging_steps with loss, learning rate and speed, the evaluation on lines of its own."""
+    out, _ = clf_run
+    console = (out.parent / "console.txt").read_text()
+    assert "\r" not in console, "progress-bar redraws in a log file"
+    steps = re.findall(r"step (\d+)/4: loss \d+\.\d{4}, lr \d\.\d{3}e[+-]\d+, \d+\.\d+ steps/s, elapsed \d+:\d\d:\d\d", console)
+    assert steps == ["2", "4"], console
+    assert "ETA" in console.split("step 2/4")[1].splitlines()[0]
+    assert re.search(r"^\d{4}-\d\d-\d\d [\d:,]+ INFO .*epoch 0 \(step 4\): \{'eval_accuracy'", console, re.M), console
+    assert re.search(r"^\d{4}-.* evaluate: done 1 batches, \d+\.\d+ batches/s", console, re.M), console
+
+
+def test_terminal_shows_bars_and_clean_eval_lines(tiny_data, tmp_path):
+    """On a terminal: tokenizer training, training (loss and lr in the postfix) and generation show
+    progress bars, and the per-epoch evaluation line starts on a cleared line, not glued to a bar."""
+    output = run_in_terminal(
+        "run_translation.py", "--data_dir", tiny_data / "mt", "--attention_type", "zformer", "--config_overrides",
+        TINY_MT, "--vocab_size", 120, "--max_target_length", 16, "--per_device_train_batch_size", 16,
+        "--max_train_steps", 6, "--logging_steps", 2, "--output_dir", tmp_path / "mt",
+    )
+    assert "Compute merges" in output  # the tokenizers trainer's own bar
+    assert re.search(r"\rtrain:  33%.*2/6 .*loss=\d+\.\d{4}, lr=", output), output[-3000:]
+    assert re.search(r"\rgenerate:   0%.* 0/1 ", output), output[-3000:]
+    for epoch, step in ((0, 5), (1, 6)):
+        line = next(line for line in output.split("\n") if f"epoch {epoch} (step {step})" in line)
+        assert re.match(r"\d{4}-\d\d-\d\d ", line.rstrip("\r").split("\r")[-1]), repr(line)  # after the last redraw
+
+
 def test_push_to_hub_mocked(clf_run):
     out, calls = clf_run
     assert [c["method"] for c in calls] == ["create_repo", "upload_folder"]
@@ -217,8 +276,9 @@ def test_saved_models_load_in_clean_process(clf_run, mt_run, tmp_path):
 
 
 def test_evaluate_model_script_translation(mt_run, tiny_data, tmp_path):
-    run_script("evaluate_model.py", "--model_name_or_path", mt_run, "--data_dir", tiny_data / "mt",
-               "--output_dir", tmp_path / "mt")
+    result = run_script("evaluate_model.py", "--model_name_or_path", mt_run, "--data_dir", tiny_data / "mt",
+                        "--output_dir", tmp_path / "mt")
+    assert re.search(r"generate: done 1 batches, \d+\.\d+ batches/s", result.stderr), result.stderr  # not silent
     metrics = json.loads((tmp_path / "mt" / "test_results.json").read_text())
     trained = json.loads((mt_run / "all_results.json").read_text())
     assert metrics["task"] == "translation" and metrics["num_beams"] == 2  # from the saved generation config
