@@ -205,7 +205,8 @@ def test_log_file_gets_plain_lines_not_bar_redraws(clf_run):
     """Output captured into a file (not a terminal): no progress-bar redraws, one log line per
     --logging_steps with loss, learning rate and speed, the evaluation on lines of its own."""
     out, _ = clf_run
-    console = (out.parent / "console.txt").read_text()
+    with open(out.parent / "console.txt", newline="") as f:  # keep carriage returns
+        console = f.read()
     assert "\r" not in console, "progress-bar redraws in a log file"
     steps = re.findall(r"step (\d+)/4: loss \d+\.\d{4}, lr \d\.\d{3}e[+-]\d+, \d+\.\d+ steps/s, elapsed \d+:\d\d:\d\d", console)
     assert steps == ["2", "4"], console
