@@ -40,7 +40,9 @@ def run_script(name, *args, launcher=(), timeout=600, prelude=None):
         command = [sys.executable, "-c", code]
     else:
         command = [*launcher, script, *map(str, args)] if launcher else [sys.executable, script, *map(str, args)]
-    result = subprocess.run(command, cwd=REPO_ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    result = subprocess.run(command, cwd=REPO_ROOT, env=_env(), capture_output=True, timeout=timeout)
+    # decoded by hand: text=True would turn carriage returns (progress-bar redraws) into newlines
+    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
     assert result.returncode == 0, f"{name} failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
     return result
 
