@@ -743,9 +743,10 @@ def finish_run(
     """Write the final model (loadable with ``trust_remote_code=True``), tokenizer,
     ``all_results.json`` and the model card into ``--output_dir``; push it if asked.
 
-    The card names the dataset (``--dataset_name``, else the ``--data_dir`` folder, with
-    ``--dataset_config_name``), the model (``--hub_model_id``, else the output folder) and the base
-    model from ``args``; ``card_kwargs`` adds the script's task, metric and languages."""
+    The card names the dataset (``--dataset_name``, also listed as the card's Hub dataset, else the
+    ``--data_dir`` folder, with ``--dataset_config_name``), the model (``--hub_model_id``, else the
+    output folder, which its usage snippet loads: ``--output_dir`` as given) and the base model from
+    ``args``; ``card_kwargs`` adds the script's task, metric, languages and usage example."""
     from . import hub
 
     accelerator.wait_for_everyone()
@@ -767,6 +768,8 @@ def finish_run(
             dataset_name=args.dataset_name or Path(args.data_dir).name,
             dataset_config=args.dataset_config_name,
             model_name=args.hub_model_id or Path(args.output_dir).name,
+            model_id=args.hub_model_id or args.output_dir,  # the usage snippet loads this as written
+            hub_dataset=bool(args.dataset_name),  # a --data_dir folder name is no Hub dataset id
             base_model=args.model_name_or_path,
             **card_kwargs,
         )

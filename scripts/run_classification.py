@@ -30,12 +30,40 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--text_column", default="text")
     parser.add_argument("--label_column", default="label")
     parser.add_argument("--max_length", type=int, default=256, help="Truncate texts to this many tokens.")
+    parser.add_argument(
+        "--label_names",
+        default=None,
+        help='Class names in label-id order, comma-separated (IMDB: "negative,positive"); saved as the config\'s '
+        "id2label/label2id, which pipeline() shows. Default: the dataset's ClassLabel names (Hub datasets that "
+        "have them, e.g. neg,pos), else LABEL_0, LABEL_1, ...",
+    )
     training.add_model_args(parser, seq2seq=False)
     training.add_training_args(parser)
     args = parser.parse_args(argv)
     if args.max_length < 2:
         parser.error(f"--max_length must be >= 2, got {args.max_length}")
+    if args.label_names is not None:
+        args.label_names = [name.strip() for name in args.label_names.split(",")]
+        if not all(args.label_names) or len(set(args.label_names)) < len(args.label_names):
+            parser.error(f"--label_names must be distinct non-empty names separated by commas, got {args.label_names}")
     return training.validate_args(parser, args, seq2seq=False)
+
+
+def example_text(text: str, limit: int = 200) -> str:
+    """``text`` cut at a word boundary to about ``limit`` characters (the model card's example)."""
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def label_mapping(label_names: list[str] | None, train) -> tuple[int, dict[int, str] | None]:
+    """``(num_labels, id2label)`` of the training split: ``label_names`` (``--label_names``), else
+    the names of a ``ClassLabel`` label column, else ``None`` (a new model then says LABEL_<i>)."""
+    num_labels = max(train["label"]) + 1
+    names = label_names or getattr(train.features["label"], "names", None)
+    if not names:
+        return num_labels, None
+    if len(names) < num_labels:
+        raise ValueError(f"{len(names)} label names {names} for labels 0..{num_labels - 1}: give one name per class")
+    return len(names), dict(enumerate(names))
 
 
 def main(argv=None) -> dict:
@@ -58,24 +86,22 @@ def main(argv=None) -> dict:
     )
     eval_split = "validation" if "validation" in raw else "test"
     training.subsample(raw, {"train": args.max_train_samples, eval_split: args.max_eval_samples}, args.seed)
-    labels = sorted(set(raw["train"]["label"]))
-    names = getattr(raw["train"].features["label"], "names", None)
+    num_labels, id2label = label_mapping(args.label_names, raw["train"])
 
     # ---- tokenizer and model
     base = args.model_name_or_path
     tokenizer = training.load_tokenizer(args, accelerator, raw, model_max_length=args.max_length)
     if base:
         config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code)
-        num_labels = max(labels) + 1
         if getattr(config, "num_labels", None) != num_labels:
             logger.warning(f"{base} has {config.num_labels} labels, the data {num_labels}: new classifier head")
+        names = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}} if id2label else {}
         model = AutoModelForSequenceClassification.from_pretrained(
             base, num_labels=num_labels, ignore_mismatched_sizes=True, trust_remote_code=args.trust_remote_code,
-            dtype=torch.float32,
+            dtype=torch.float32, **names,
         )
     else:
-        num_labels = max(labels) + 1
-        id2label = {i: (names[i] if names and i < len(names) else f"LABEL_{i}") for i in range(num_labels)}
+        id2label = id2label or {i: f"LABEL_{i}" for i in range(num_labels)}
         config = training.build_config(
             args,
             vocab_size=len(tokenizer),
@@ -138,7 +164,7 @@ def main(argv=None) -> dict:
         model,
         tokenizer,
         results,
-        card_kwargs=dict(task="text-classification", metric_name="accuracy"),
+        card_kwargs=dict(task="text-classification", metric_name="accuracy", example=example_text(raw[eval_split][0]["text"])),
         logger=logger,
     )
     return results

@@ -188,7 +188,8 @@ def main(argv=None) -> dict:
         model,
         tokenizer,
         results,
-        card_kwargs=dict(task="translation", metric_name="bleu", languages=[args.source_lang, args.target_lang]),
+        card_kwargs=dict(task="translation", metric_name="bleu", languages=[args.source_lang, args.target_lang],
+                         example=raw[eval_splits[0]][0]["translation"][args.source_lang]),
         logger=logger,
     )
     return results

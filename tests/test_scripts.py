@@ -132,7 +132,8 @@ def clf_run(tiny_data, tmp_path_factory):
             "run_classification.py",
             "--data_dir", tiny_data / "clf", "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
             "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 8, "--max_train_steps", 4,
-            "--checkpointing_steps", 2, "--with_tracking", "--logging_steps", 2, "--output_dir", out,
+            "--checkpointing_steps", 2, "--with_tracking", "--logging_steps", 2, "--label_names", "negative, positive",
+            "--output_dir", out,
             "--push_to_hub", "--hub_model_id", "someone/tiny-clf", "--hub_token", "hf_fake",
             prelude=PUSH_PRELUDE,
         )
@@ -270,12 +271,56 @@ def test_saved_models_load_in_clean_process(clf_run, mt_run, tmp_path):
         print("translation:", tokenizer.batch_decode(out, skip_special_tokens=True))
         classify = pipeline("text-classification", model={str(clf_out)!r}, trust_remote_code=True)
         predictions = classify(["the movie was great fun", "awful bore"])
-        assert all(p["label"] in ("LABEL_0", "LABEL_1") for p in predictions), predictions
+        assert all(p["label"] in ("negative", "positive") for p in predictions), predictions  # --label_names
         print("classification:", predictions)
         """,
         cwd=tmp_path,
     )
     assert "classification:" in result.stdout
+
+
+def _python_block(readme: Path) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
+    assert len(blocks) == 1, blocks
+    return blocks[0]
+
+
+def test_model_card_usage_runs_as_written(clf_run, mt_run, tmp_path):
+    """The cards' Python snippets run unchanged in a clean process (no hf_zformer); the classifier's
+    loads the --hub_model_id, pointed here at the local folder; the translator's loads --output_dir."""
+    clf_out, _ = clf_run
+    clf_code = _python_block(clf_out / "README.md")
+    assert "model_id = 'someone/tiny-clf'" in clf_code and "pipeline('text-classification'" in clf_code
+    clf_code = clf_code.replace("'someone/tiny-clf'", repr(str(clf_out)))
+    mt_code = _python_block(mt_run / "README.md")
+    assert f"model_id = {str(mt_run)!r}" in mt_code and ".generate(" in mt_code and "trust_remote_code=True" in mt_code
+    result = run_isolated(clf_code + "\n" + mt_code, cwd=tmp_path)
+    classified, translated = result.stdout.strip().splitlines()[-2:]
+    assert re.fullmatch(r"\[\{'label': '(negative|positive)', 'score': [\d.e-]+\}\]", classified), classified
+    assert translated and "<" not in translated, translated  # decoded text, special tokens skipped
+
+
+def test_model_card_license_datasets_and_labels(clf_run):
+    out, _ = clf_run
+    meta = _card_metadata(out / "README.md")
+    assert "license: apache-2.0" in meta  # hf_zformer's license (setup.cfg): the card ships its code
+    assert "datasets:" not in meta  # --data_dir: no Hub dataset id to link
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "negative", "1": "positive"} and config["label2id"] == {"negative": 0, "positive": 1}
+
+
+def test_label_names_default_to_class_label_names():
+    import datasets
+
+    label_mapping = load_script("run_classification.py").label_mapping
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
+    train = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 0]}, features=features)
+    assert label_mapping(None, train) == (2, {0: "neg", 1: "pos"})  # Hub IMDB's names; 2 classes though one is seen
+    assert label_mapping(["negative", "positive"], train) == (2, {0: "negative", 1: "positive"})  # --label_names wins
+    plain = datasets.Dataset.from_dict({"text": ["a", "b", "c"], "label": [0, 2, 1]})
+    assert label_mapping(None, plain) == (3, None)
+    with pytest.raises(ValueError, match="give one name per class"):
+        label_mapping(["negative", "positive"], plain)
 
 
 def test_evaluate_model_script_translation(mt_run, tiny_data, tmp_path):
@@ -351,6 +396,8 @@ def test_resume_matches_uninterrupted_run(tiny_data, tmp_path):
          "is not a checkpoint folder"),
         ("run_classification.py", ["--data_dir", "{clf}", "--model_name_or_path", "x", "--attention_type", "full"],
          "drop one side"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--attention_type", "full", "--label_names", "neg,,pos"],
+         "--label_names must be distinct non-empty names"),
         ("run_translation.py", ["--data_dir", "{mt}", "--attention_type", "full", "--decoder_attention_type", "xformer"],
          "invalid choice: 'xformer'"),
         ("run_translation.py", ["--data_dir", "{mt}", "--attention_type", "full", "--label_smoothing", "1.5"],
@@ -435,6 +482,11 @@ def test_model_card_metadata():
     assert values == {"test": 11.0, "validation": 12.3457}
     assert all(r.task_type == "translation" and r.metric_type == "bleu" for r in data.eval_results)
     assert "python x.py --a 1" in text and "trust_remote_code=True" in text
+    assert data.license == "apache-2.0" and data.datasets == ["bentrevett/multi30k"]  # a Hub dataset id is linked
+    assert "model_id = 'me/mt'" in text and "Ein Mann" in text and ".generate(**inputs)" in text
+    local = ModelCard(model_card(config=config, results={}, task="translation", dataset_name="multi30k",
+                                 metric_name="bleu", command="python x.py", hub_dataset=False, model_id="runs/mt"))
+    assert local.data.datasets is None and "model_id = 'runs/mt'" in local.text
 
 
 # --------------------------------------------------------------------------------------------
