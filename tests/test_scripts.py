@@ -279,6 +279,36 @@ def test_saved_models_load_in_clean_process(clf_run, mt_run, tmp_path):
     assert "classification:" in result.stdout
 
 
+@pytest.mark.xfail(strict=True, reason=(
+    "AutoTokenizer.from_pretrained(folder) first loads the folder's config.json with AutoConfig and "
+    "trust_remote_code=None; config.json needs auto_map.AutoConfig (model_type 'zformer' is not built into "
+    "transformers, and the models load through it), so transformers asks whether to run the custom code "
+    "(15 s wait on a terminal, then a fallback that still returns the tokenizer). tokenizer_config.json plays "
+    "no part (see test_saved_tokenizer_config_is_plain); the fix is on the model side (modeling/)."))
+def test_saved_tokenizer_loads_without_remote_code_prompt(clf_run, tmp_path):
+    clf_out, _ = clf_run
+    result = run_isolated(
+        f"""
+        import builtins
+        asked = []
+        builtins.input = lambda prompt="": asked.append(prompt) or "n"   # a user answering no
+        from transformers import AutoTokenizer
+        tokenizer = AutoTokenizer.from_pretrained({str(clf_out)!r})
+        assert tokenizer("great fun").input_ids[-1] == tokenizer.eos_token_id
+        print("prompted:", bool(asked))
+        """,
+        cwd=tmp_path,
+    )
+    assert "prompted: False" in result.stdout, result.stdout + result.stderr
+
+
+def test_saved_tokenizer_config_is_plain(clf_run):
+    """The saved tokenizer needs no custom code: a class built into transformers, no auto_map."""
+    clf_out, _ = clf_run
+    tokenizer_config = json.loads((clf_out / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "TokenizersBackend" and "auto_map" not in tokenizer_config
+
+
 def _python_block(readme: Path) -> str:
     blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
     assert len(blocks) == 1, blocks
