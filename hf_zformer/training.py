@@ -14,6 +14,8 @@ scripts need:
   atomic rename) and :func:`load_checkpoint`;
 * :func:`start_run` (accelerator, logging, seed, output directory), :func:`subsample` and
   :func:`load_tokenizer` (given, or trained on the data by the main process);
+* feedback: progress bars on a terminal only (:func:`show_bars`), plain log lines in log files
+  (:func:`progress` for evaluation/generation loops, a line every ``--logging_steps`` in training);
 * :func:`train` -- the loop itself (gradient accumulation, clipping, per-epoch evaluation,
   step/epoch checkpointing, exact resume with ``skip_first_batches``);
 * :func:`finish_run` -- ``save_pretrained`` + tokenizer + ``all_results.json`` + model card + push.
