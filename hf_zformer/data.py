@@ -721,6 +721,8 @@ def _hub_classification(
         for value in ds.unique(label_column) if len(ds) else []:
             _as_int_label(value, where, label_column, label_range)  # raises on the first bad value
         features = _classification_features({n: ds.features[n] for n in extra_columns})
+        if isinstance(ds.features[label_column], datasets.ClassLabel):  # keep the class names (IMDB: neg, pos)
+            features["label"] = datasets.ClassLabel(names=ds.features[label_column].names)
 
         def convert(batch: dict[str, list], where: str = where) -> dict[str, list]:
             for text in batch[text_column]:
@@ -756,7 +758,8 @@ def load_classification_dataset(
     """Load a text-classification dataset as a ``DatasetDict`` with columns ``text`` and ``label``.
 
     ``text`` is a string and ``label`` an ``int64`` class id (the number of classes is
-    ``max(label) + 1`` when ids are 0-based, as in IMDB: 0 = negative, 1 = positive).
+    ``max(label) + 1`` when ids are 0-based, as in IMDB: 0 = negative, 1 = positive); a Hub
+    dataset's ``ClassLabel`` label column stays a ``ClassLabel`` (int64 ids) with its class names.
 
     Args:
         path: a directory with ``<split>.jsonl[.gz]`` or ``<split>.csv[.gz]`` files (``train``,

@@ -12,12 +12,16 @@ from typing import Any
 
 from huggingface_hub import EvalResult, HfApi, ModelCardData
 
-__all__ = ["check_push_access", "model_card", "push_to_hub", "UPLOAD_IGNORE"]
+__all__ = ["LICENSE", "check_push_access", "model_card", "push_to_hub", "UPLOAD_IGNORE"]
 
 #: Files of an output folder that are not part of the model (resumable checkpoints, temp folders, logs).
 UPLOAD_IGNORE = ["step_*/**", "epoch_*/**", ".tmp-*/**", ".old-*/**", "runs/**", "hf_modules/**", "*.pkl", ".lock"]
 
+#: License of the cards' ``license:`` metadata: the checkpoints ship hf_zformer's model code, which is
+#: under the project's license (``setup.cfg``).
+LICENSE = "apache-2.0"
 _TASK_NAMES = {"translation": "Translation", "text-classification": "Text Classification"}
+_EXAMPLES = {"translation": "Ein Mann fährt mit dem Fahrrad durch den Park.", "text-classification": "What a great film!"}
 _METRIC_NAMES = {"bleu": "BLEU (sacreBLEU)", "accuracy": "Accuracy"}
 
 
@@ -42,11 +46,18 @@ def model_card(
     dataset_config: str | None = None,
     languages: list[str] | None = None,
     base_model: str | None = None,
+    model_id: str | None = None,
+    example: str | None = None,
+    hub_dataset: bool = True,
+    license: str = LICENSE,
 ) -> str:
     """A model card: YAML front matter with ``model-index`` (task, dataset, metric name and value for
     every split found in ``results`` as ``<split>_<metric_name>``), ``library_name: transformers``,
-    tags (hf_zformer, the attention types, the task), then a short description, the results table,
-    the exact training command and how to load the model (``trust_remote_code=True``)."""
+    ``license``, ``datasets`` (``dataset_name`` when ``hub_dataset``, i.e. it is a Hub id; nothing
+    for local data), tags (hf_zformer, the attention types, the task), then a short description,
+    the results table, the exact training command and a usage snippet that runs as written: it
+    loads ``model_id`` (a Hub id or folder; default ``model_name``) with ``trust_remote_code=True``
+    and translates / classifies ``example`` (default: a German sentence / an English review)."""
     attention_types = set()
     for field in ("attention_type", "decoder_attention_type") if getattr(config, "is_encoder_decoder", False) else ("attention_type",):
         value = getattr(config, field)
@@ -73,13 +84,14 @@ def model_card(
         library_name="transformers",
         pipeline_tag=task,
         tags=["hf_zformer", config.model_type, *sorted(f"{t}-attention" for t in attention_types), task],
-        datasets=[dataset_name],
+        license=license,
+        datasets=[dataset_name] if hub_dataset else None,
         language=languages,
         base_model=base_model,
         eval_results=eval_results or None,
     )
     rows = "\n".join(f"| {k} | {v} |" for k, v in results.items())
-    loader = "AutoModelForSeq2SeqLM" if task == "translation" else "AutoModelForSequenceClassification"
+    usage = _usage(task, model_id or model_name, example if example is not None else _EXAMPLES.get(task, "Hello!"))
     return f"""---
 {data.to_yaml()}
 ---
@@ -105,14 +117,31 @@ the hf_zformer scripts{f", fine-tuned from `{base_model}`" if base_model else ""
 
 ## Usage
 
-The model code ships with the checkpoint:
+The model code ships with the checkpoint (hence `trust_remote_code=True`); only `transformers` and
+`torch` are needed:
 
 ```python
-from transformers import AutoTokenizer, {loader}
-tokenizer = AutoTokenizer.from_pretrained("{model_name}")
-model = {loader}.from_pretrained("{model_name}", trust_remote_code=True)
+{usage}
 ```
 """
+
+
+def _usage(task: str, model_id: str, example: str) -> str:
+    """The card's Python snippet: load ``model_id`` and run it on ``example``."""
+    if task == "translation":
+        return f"""from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+model_id = {model_id!r}
+tokenizer = AutoTokenizer.from_pretrained(model_id, trust_remote_code=True)
+model = AutoModelForSeq2SeqLM.from_pretrained(model_id, trust_remote_code=True)
+inputs = tokenizer([{example!r}], return_tensors="pt")
+outputs = model.generate(**inputs)  # num_beams and max_length from generation_config.json
+print(tokenizer.batch_decode(outputs, skip_special_tokens=True)[0])"""
+    return f"""from transformers import pipeline
+
+model_id = {model_id!r}
+classify = pipeline({task!r}, model=model_id, trust_remote_code=True)
+print(classify({example!r}))  # [{{'label': ..., 'score': ...}}], labels from config.id2label"""
 
 
 def push_to_hub(

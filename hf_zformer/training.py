@@ -14,6 +14,8 @@ scripts need:
   atomic rename) and :func:`load_checkpoint`;
 * :func:`start_run` (accelerator, logging, seed, output directory), :func:`subsample` and
   :func:`load_tokenizer` (given, or trained on the data by the main process);
+* feedback: progress bars on a terminal only (:func:`show_bars`), plain log lines in log files
+  (:func:`progress` for evaluation/generation loops, a line every ``--logging_steps`` in training);
 * :func:`train` -- the loop itself (gradient accumulation, clipping, per-epoch evaluation,
   step/epoch checkpointing, exact resume with ``skip_first_batches``);
 * :func:`finish_run` -- ``save_pretrained`` + tokenizer + ``all_results.json`` + model card + push.
@@ -25,6 +27,7 @@ import argparse
 import contextlib
 import errno
 import json
+import logging
 import math
 import os
 import shlex
@@ -50,6 +53,7 @@ __all__ = [
     "load_tokenizer",
     "pad_collate",
     "parse_config_overrides",
+    "progress",
     "save_checkpoint",
     "start_run",
     "subsample",
@@ -496,14 +500,35 @@ def make_accelerator(args: argparse.Namespace):
     )
 
 
-def setup_logging(accelerator) -> None:
-    import logging
+def show_bars() -> bool:
+    """Progress bars only when stderr is a terminal: in a log file every redraw of a bar would be
+    kept (carriage returns), so there the scripts write plain log lines instead."""
+    return sys.stderr.isatty()
 
+
+class _TqdmHandler(logging.StreamHandler):
+    """Log lines through ``tqdm.write``, which clears the progress bars first and redraws them
+    after, so a log line never ends up glued to a bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        from tqdm.auto import tqdm
+
+        try:
+            tqdm.write(self.format(record), file=self.stream)
+        except Exception:
+            self.handleError(record)
+
+
+def setup_logging(accelerator) -> None:
+    """INFO logs on the main process (errors only elsewhere). Progress bars (ours, datasets',
+    transformers', the Hub's) on the main process of a terminal only (:func:`show_bars`)."""
     import datasets
+    import huggingface_hub
     import transformers
     from huggingface_hub.utils import logging as hub_logging
 
-    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
+    handler = _TqdmHandler() if show_bars() else logging.StreamHandler()
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO, handlers=[handler])
     # These libraries print through their own handler and also propagate to the root one, which
     # showed every Hub warning twice: keep theirs only.
     datasets.utils.logging.disable_propagation()
@@ -516,6 +541,51 @@ def setup_logging(accelerator) -> None:
         datasets.utils.logging.set_verbosity_error()
         transformers.utils.logging.set_verbosity_error()
         hub_logging.set_verbosity_error()
+    if not (accelerator.is_local_main_process and show_bars()):
+        datasets.disable_progress_bars()
+        transformers.utils.logging.disable_progress_bar()
+        huggingface_hub.utils.disable_progress_bars()
+
+
+def _clock(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
+
+
+def speed_line(done: int, total: int | None, elapsed: float, unit: str, new: int | None = None) -> str:
+    """``"12.30 steps/s, elapsed 0:00:01, ETA 0:00:02"`` after ``done`` of ``total`` items, ``new``
+    of them (default: all) done in the last ``elapsed`` seconds."""
+    new = done if new is None else new
+    rate = new / elapsed if elapsed > 0 else float("nan")
+    text = f"{rate:.2f} {unit}/s, elapsed {_clock(elapsed)}"
+    if total is not None and rate > 0 and done < total:
+        text += f", ETA {_clock((total - done) / rate)}"
+    return text
+
+
+def progress(iterable, *, desc: str, total: int | None = None, main: bool = True, every_s: float = 30.0):
+    """Iterate ``iterable`` with feedback: a tqdm bar on a terminal (main process only; see
+    :func:`show_bars`), else on the main process a log line every ``every_s`` seconds and one at
+    the end, so that long evaluation or generation loops never run silently."""
+    from tqdm.auto import tqdm
+
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)
+    if show_bars() or not main:
+        with tqdm(iterable, desc=desc, total=total, disable=not main, leave=False, dynamic_ncols=True, unit="batch") as bar:
+            yield from bar
+        return
+    log = logging.getLogger(__name__)
+    log.info(f"{desc}: {total if total is not None else '?'} batches")
+    started = last = time.perf_counter()
+    done = 0
+    for item in iterable:
+        yield item
+        done += 1
+        if time.perf_counter() - last >= every_s:
+            last = time.perf_counter()
+            log.info(f"{desc}: {done}/{total or '?'} batches, {speed_line(done, total, last - started, 'batches')}")
+    log.info(f"{desc}: done {done} batches, {speed_line(done, total, time.perf_counter() - started, 'batches')}")
 
 
 def start_run(args: argparse.Namespace, logger_name: str):
@@ -614,7 +684,7 @@ def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
     if source:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
     if accelerator.is_main_process:
-        train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, **train_kwargs)
+        train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, show_progress=show_bars(), **train_kwargs)
     accelerator.wait_for_everyone()
     return AutoTokenizer.from_pretrained(args.output_dir)
 
@@ -693,9 +763,10 @@ def train(
             start_epoch, resume_batches = start_epoch + 1, 0
         logger.info(f"Resumed from {path}: step {completed_steps}, epoch {start_epoch}, batch {resume_batches}")
 
-    progress = tqdm(range(args.max_train_steps), disable=not accelerator.is_local_main_process, desc="train")
+    bars = show_bars()  # else (a log file): a plain line every --logging_steps instead of bar redraws
+    progress = tqdm(range(args.max_train_steps), disable=not accelerator.is_local_main_process or not bars, desc="train")
     progress.update(completed_steps)
-    started = time.perf_counter()
+    started, first_step = time.perf_counter(), completed_steps
     metrics: dict[str, Any] = {}
     running_loss, running_count, last_loss = torch.zeros((), device=accelerator.device), 0, float("nan")
     total_loss = torch.tensor(loss_sum, device=accelerator.device)  # this process's sum (mean over processes)
@@ -734,9 +805,14 @@ def train(
                 last_loss = accelerator.gather(running_loss).mean().item() / running_count
                 running_loss.zero_()
                 running_count = 0
-                progress.set_postfix(loss=f"{last_loss:.4f}")
+                lr = lr_scheduler.get_last_lr()[0]
+                progress.set_postfix(loss=f"{last_loss:.4f}", lr=f"{lr:.2e}")
+                if not bars:
+                    speed = speed_line(completed_steps, args.max_train_steps, time.perf_counter() - started, "steps",
+                                       new=completed_steps - first_step)
+                    logger.info(f"step {completed_steps}/{args.max_train_steps}: loss {last_loss:.4f}, lr {lr:.3e}, {speed}")
                 if args.with_tracking:
-                    accelerator.log({"train_loss": last_loss, "lr": lr_scheduler.get_last_lr()[0]}, step=completed_steps)
+                    accelerator.log({"train_loss": last_loss, "lr": lr}, step=completed_steps)
             if isinstance(args.checkpointing_steps, int) and completed_steps % args.checkpointing_steps == 0:
                 save_checkpoint(
                     accelerator,
@@ -835,9 +911,10 @@ def finish_run(
     """Write the final model (loadable with ``trust_remote_code=True``), tokenizer,
     ``all_results.json`` and the model card into ``--output_dir``; push it if asked.
 
-    The card names the dataset (``--dataset_name``, else the ``--data_dir`` folder, with
-    ``--dataset_config_name``), the model (``--hub_model_id``, else the output folder) and the base
-    model from ``args``; ``card_kwargs`` adds the script's task, metric and languages."""
+    The card names the dataset (``--dataset_name``, also listed as the card's Hub dataset, else the
+    ``--data_dir`` folder, with ``--dataset_config_name``), the model (``--hub_model_id``, else the
+    output folder, which its usage snippet loads: ``--output_dir`` as given) and the base model from
+    ``args``; ``card_kwargs`` adds the script's task, metric, languages and usage example."""
     from . import hub
 
     accelerator.wait_for_everyone()
@@ -860,6 +937,8 @@ def finish_run(
             dataset_name=args.dataset_name or Path(args.data_dir).name,
             dataset_config=args.dataset_config_name,
             model_name=args.hub_model_id or Path(args.output_dir).name,
+            model_id=args.hub_model_id or args.output_dir,  # the usage snippet loads this as written
+            hub_dataset=bool(args.dataset_name),  # a --data_dir folder name is no Hub dataset id
             base_model=args.model_name_or_path,
             **card_kwargs,
         )

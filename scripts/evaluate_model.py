@@ -147,7 +147,7 @@ def main(argv=None) -> dict:
     else:
         model.eval()
         found = {}
-        for batch in loader:
+        for batch in training.progress(loader, desc="evaluate", main=accelerator.is_local_main_process):
             with torch.no_grad():
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             predicted, labels, index = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"], batch["index"]))

@@ -37,11 +37,26 @@ def parse_args(argv=None) -> argparse.Namespace:
         "Default: the largest label of the training and evaluation splits + 1.",
     )
     parser.add_argument("--max_length", type=int, default=256, help="Truncate texts to this many tokens.")
+    parser.add_argument(
+        "--label_names",
+        default=None,
+        help='Class names in label-id order, comma-separated (IMDB: "negative,positive"); saved as the config\'s '
+        "id2label/label2id, which pipeline() shows. Default: the dataset's ClassLabel names (Hub datasets that "
+        "have them, e.g. neg,pos), else LABEL_0, LABEL_1, ...",
+    )
     training.add_model_args(parser, seq2seq=False)
     training.add_training_args(parser)
     args = parser.parse_args(argv)
     if args.max_length < 2:
         parser.error(f"--max_length must be >= 2, got {args.max_length}")
+    if args.label_names is not None:
+        args.label_names = [name.strip() for name in args.label_names.split(",")]
+        if not all(args.label_names) or len(set(args.label_names)) < len(args.label_names):
+            parser.error(f"--label_names must be distinct non-empty names separated by commas, got {args.label_names}")
+        if args.num_labels is None:  # the names declare the classes: other labels are errors
+            args.num_labels = len(args.label_names)
+        elif args.num_labels != len(args.label_names):
+            parser.error(f"--num_labels {args.num_labels} but {len(args.label_names)} --label_names {args.label_names}")
     if args.num_labels is not None and args.num_labels < 2:
         parser.error(f"--num_labels must be >= 2, got {args.num_labels}")
     return training.validate_args(parser, args, seq2seq=False)
@@ -63,6 +78,22 @@ def class_count(raw, splits, source, logger) -> int:
             "--num_labels K to make labels outside 0..K-1 an error instead"
         )
     return num_labels
+
+
+def example_text(text: str, limit: int = 200) -> str:
+    """``text`` cut at a word boundary to about ``limit`` characters (the model card's example)."""
+    return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
+
+
+def label_mapping(args, raw, splits, source, logger) -> tuple[int, dict[int, str] | None]:
+    """``(num_labels, id2label)``. The class names are ``--label_names``, else the names of a
+    ``ClassLabel`` label column (Hub datasets), else none (a new model then says LABEL_<i>); K is
+    ``--num_labels``, else one per name, else :func:`class_count`."""
+    names = args.label_names or getattr(raw["train"].features["label"], "names", None)
+    num_labels = args.num_labels or (len(names) if names else class_count(raw, splits, source, logger))
+    if names and len(names) != num_labels:
+        raise ValueError(f"{len(names)} label names {names} for {num_labels} classes: give one name per class")
+    return num_labels, dict(enumerate(names)) if names else None
 
 
 def main(argv=None) -> dict:
@@ -88,8 +119,7 @@ def main(argv=None) -> dict:
         )
         eval_split = "validation" if "validation" in raw else "test"
         training.subsample(raw, {"train": args.max_train_samples, eval_split: args.max_eval_samples}, args.seed)
-        num_labels = args.num_labels or class_count(raw, ("train", eval_split), args.data_dir or args.dataset_name, logger)
-    names = getattr(raw["train"].features["label"], "names", None)
+        num_labels, id2label = label_mapping(args, raw, ("train", eval_split), args.data_dir or args.dataset_name, logger)
 
     # ---- tokenizer and model
     base = args.model_name_or_path
@@ -98,12 +128,13 @@ def main(argv=None) -> dict:
         config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code)
         if getattr(config, "num_labels", None) != num_labels:
             logger.warning(f"{base} has {config.num_labels} labels, the data {num_labels}: new classifier head")
+        names = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}} if id2label else {}
         model = AutoModelForSequenceClassification.from_pretrained(
             base, num_labels=num_labels, ignore_mismatched_sizes=True, trust_remote_code=args.trust_remote_code,
-            dtype=torch.float32,
+            dtype=torch.float32, **names,
         )
     else:
-        id2label = {i: (names[i] if names and i < len(names) else f"LABEL_{i}") for i in range(num_labels)}
+        id2label = id2label or {i: f"LABEL_{i}" for i in range(num_labels)}
         config = training.build_config(
             args,
             vocab_size=len(tokenizer),
@@ -149,7 +180,7 @@ def main(argv=None) -> dict:
     def evaluate() -> dict:
         model.eval()
         correct, total = 0, 0
-        for batch in eval_dataloader:
+        for batch in training.progress(eval_dataloader, desc="evaluate", main=accelerator.is_local_main_process):
             with torch.no_grad():
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             predictions, references = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
@@ -166,7 +197,7 @@ def main(argv=None) -> dict:
         model,
         tokenizer,
         results,
-        card_kwargs=dict(task="text-classification", metric_name="accuracy"),
+        card_kwargs=dict(task="text-classification", metric_name="accuracy", example=example_text(raw[eval_split][0]["text"])),
         logger=logger,
     )
     return results

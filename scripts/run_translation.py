@@ -57,7 +57,7 @@ def generate_and_score(accelerator, model, dataloader, tokenizer, *, num_beams, 
     unwrapped = accelerator.unwrap_model(model)
     model.eval()
     indices, predictions, references = [], [], []
-    for batch in dataloader:
+    for batch in training.progress(dataloader, desc="generate", main=accelerator.is_local_main_process):
         with torch.no_grad(), accelerator.autocast():
             generated = unwrapped.generate(
                 input_ids=batch["input_ids"],
@@ -189,7 +189,8 @@ def main(argv=None) -> dict:
         model,
         tokenizer,
         results,
-        card_kwargs=dict(task="translation", metric_name="bleu", languages=[args.source_lang, args.target_lang]),
+        card_kwargs=dict(task="translation", metric_name="bleu", languages=[args.source_lang, args.target_lang],
+                         example=raw[eval_splits[0]][0]["translation"][args.source_lang]),
         logger=logger,
     )
     return results

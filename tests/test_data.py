@@ -518,8 +518,8 @@ def test_classification_hub(monkeypatch: pytest.MonkeyPatch) -> None:
     ds = load_classification_dataset("stanfordnlp/imdb", validation_size=0.25)
     assert list(ds) == ["train", "validation", "test"]
     assert {name: len(split) for name, split in ds.items()} == {"train": 30, "validation": 10, "test": 2}
-    assert ds["train"].features == datasets.Features(
-        {"text": datasets.Value("string"), "label": datasets.Value("int64")}
+    assert ds["train"].features == datasets.Features(  # the class names survive (the scripts' id2label)
+        {"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])}
     )
     assert collections.Counter(column(ds["validation"], "label")) == {0: 5, 1: 5}
     assert ds["test"][0] == {"text": "t0", "label": 1}

@@ -11,9 +11,9 @@ import importlib.util
 import json
 import os
 import random
+import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -37,8 +37,11 @@ def _run_script(name, args, launcher=(), timeout=600, prelude=None, env=None):
         command = [sys.executable, "-c", code]
     else:
         command = [*launcher, script, *map(str, args)] if launcher else [sys.executable, script, *map(str, args)]
-    return subprocess.run(command, cwd=REPO_ROOT, env={**_env(), **(env or {})}, capture_output=True, text=True,
-                          timeout=timeout)
+    result = subprocess.run(command, cwd=REPO_ROOT, env={**_env(), **(env or {})}, capture_output=True,
+                            timeout=timeout)
+    # decoded by hand: text=True would turn carriage returns (progress-bar redraws) into newlines
+    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
+    return result
 
 
 def run_script(name, *args, launcher=(), timeout=600, prelude=None):
@@ -54,6 +57,34 @@ def run_script_failing(name, *args, timeout=600, env=None):
     result = _run_script(name, args, timeout=timeout, env=env)
     assert result.returncode != 0, f"{name} succeeded but should have failed:\n{result.stdout[-2000:]}\n{result.stderr[-4000:]}"
     return result
+
+
+def run_in_terminal(name, *args, timeout=600):
+    """Run scripts/<name> with stdin/stdout/stderr on a pseudo-terminal (160 columns), as a user
+    at a console sees it; returns the raw output (carriage returns kept)."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 160, 0, 0))
+    proc = subprocess.Popen([sys.executable, str(SCRIPTS / name), *map(str, args)], cwd=REPO_ROOT, env=_env(),
+                            stdin=slave, stdout=slave, stderr=slave, close_fds=True)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    output = b"".join(chunks).decode("utf-8", errors="replace")
+    assert proc.wait(timeout=timeout) == 0, f"{name} failed:\n{output[-8000:]}"
+    return output
 
 
 def load_script(name):
@@ -109,14 +140,16 @@ def clf_run(tiny_data, tmp_path_factory):
     push_log = out.parent / "push.json"
     os.environ["PUSH_LOG"] = str(push_log)
     try:
-        run_script(
+        result = run_script(
             "run_classification.py",
             "--data_dir", tiny_data / "clf", "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
             "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 8, "--max_train_steps", 4,
-            "--checkpointing_steps", 2, "--with_tracking", "--output_dir", out,
+            "--checkpointing_steps", 2, "--with_tracking", "--logging_steps", 2, "--label_names", "negative, positive",
+            "--output_dir", out,
             "--push_to_hub", "--hub_model_id", "someone/tiny-clf", "--hub_token", "hf_fake",
             prelude=PUSH_PRELUDE,
         )
+        (out.parent / "console.txt").write_text(result.stdout + result.stderr)  # captured: not a terminal
     finally:
         os.environ.pop("PUSH_LOG", None)
     return out, json.loads(push_log.read_text())
@@ -181,6 +214,36 @@ def test_translation_end_to_end(mt_run):
                    "fastformer-attention", "- de", "- en", "- name: out", "name: mt"):  # output folder, --data_dir
         assert needle in meta, needle
     assert "run_translation.py" in (mt_run / "README.md").read_text()
+
+
+def test_log_file_gets_plain_lines_not_bar_redraws(clf_run):
+    """Output captured into a file (not a terminal): no progress-bar redraws, one log line per
+    --logging_steps with loss, learning rate and speed, the evaluation on lines of its own."""
+    out, _ = clf_run
+    with open(out.parent / "console.txt", newline="") as f:  # keep carriage returns
+        console = f.read()
+    assert "\r" not in console, "progress-bar redraws in a log file"
+    steps = re.findall(r"step (\d+)/4: loss \d+\.\d{4}, lr \d\.\d{3}e[+-]\d+, \d+\.\d+ steps/s, elapsed \d+:\d\d:\d\d", console)
+    assert steps == ["2", "4"], console
+    assert "ETA" in console.split("step 2/4")[1].splitlines()[0]
+    assert re.search(r"^\d{4}-\d\d-\d\d [\d:,]+ INFO .*epoch 0 \(step 4\): \{'eval_accuracy'", console, re.M), console
+    assert re.search(r"^\d{4}-.* evaluate: done 1 batches, \d+\.\d+ batches/s", console, re.M), console
+
+
+def test_terminal_shows_bars_and_clean_eval_lines(tiny_data, tmp_path):
+    """On a terminal: tokenizer training, training (loss and lr in the postfix) and generation show
+    progress bars, and the per-epoch evaluation line starts on a cleared line, not glued to a bar."""
+    output = run_in_terminal(
+        "run_translation.py", "--data_dir", tiny_data / "mt", "--attention_type", "zformer", "--config_overrides",
+        TINY_MT, "--vocab_size", 120, "--max_target_length", 16, "--per_device_train_batch_size", 16,
+        "--max_train_steps", 6, "--logging_steps", 2, "--output_dir", tmp_path / "mt",
+    )
+    assert "Compute merges" in output  # the tokenizers trainer's own bar
+    assert re.search(r"\rtrain:  33%.*2/6 .*loss=\d+\.\d{4}, lr=", output), output[-3000:]
+    assert re.search(r"\rgenerate:   0%.* 0/1 ", output), output[-3000:]
+    for epoch, step in ((0, 5), (1, 6)):
+        line = next(line for line in output.split("\n") if f"epoch {epoch} (step {step})" in line)
+        assert re.match(r"\d{4}-\d\d-\d\d ", line.rstrip("\r").split("\r")[-1]), repr(line)  # after the last redraw
 
 
 def test_push_to_hub_mocked(clf_run):
@@ -334,7 +397,7 @@ def test_saved_models_load_in_clean_process(clf_run, mt_run, tmp_path):
         print("translation:", tokenizer.batch_decode(out, skip_special_tokens=True))
         classify = pipeline("text-classification", model={str(clf_out)!r}, trust_remote_code=True)
         predictions = classify(["the movie was great fun", "awful bore"])
-        assert all(p["label"] in ("LABEL_0", "LABEL_1") for p in predictions), predictions
+        assert all(p["label"] in ("negative", "positive") for p in predictions), predictions  # --label_names
         print("classification:", predictions)
         """,
         cwd=tmp_path,
@@ -342,9 +405,100 @@ def test_saved_models_load_in_clean_process(clf_run, mt_run, tmp_path):
     assert "classification:" in result.stdout
 
 
+def test_saved_tokenizer_loads_without_remote_code_prompt(clf_run, tmp_path):
+    """AutoTokenizer.from_pretrained(folder) asks nothing where hf_zformer is imported (the model
+    type is registered), and nothing where it is absent when trust_remote_code=True is passed, as
+    the card's snippet does. (Without either, transformers' AutoTokenizer reads config.json's
+    auto_map.AutoConfig before the tokenizer files and asks whether to run the model code: no file
+    in the folder can avoid that while the models still load with trust_remote_code.)"""
+    clf_out, _ = clf_run
+
+    def code(load: str) -> str:
+        return "\n".join([
+            "import builtins",
+            "asked = []",
+            "builtins.input = lambda prompt='': asked.append(prompt) or 'n'  # a user answering no",
+            "from transformers import AutoTokenizer",
+            load,
+            "assert tokenizer('great fun').input_ids[-1] == tokenizer.eos_token_id",
+            "print('prompted:', bool(asked))",
+        ])
+
+    imported = subprocess.run(
+        [sys.executable, "-c", code(f"import hf_zformer; tokenizer = AutoTokenizer.from_pretrained({str(clf_out)!r})")],
+        cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
+    )
+    assert "prompted: False" in imported.stdout, imported.stdout + imported.stderr
+    isolated = run_isolated(
+        code(f"tokenizer = AutoTokenizer.from_pretrained({str(clf_out)!r}, trust_remote_code=True)"), cwd=tmp_path
+    )
+    assert "prompted: False" in isolated.stdout, isolated.stdout + isolated.stderr
+
+
+def test_saved_tokenizer_config_is_plain(clf_run):
+    """The saved tokenizer needs no custom code: a class built into transformers, no auto_map."""
+    clf_out, _ = clf_run
+    tokenizer_config = json.loads((clf_out / "tokenizer_config.json").read_text())
+    assert tokenizer_config["tokenizer_class"] == "TokenizersBackend" and "auto_map" not in tokenizer_config
+
+
+def _python_block(readme: Path) -> str:
+    blocks = re.findall(r"```python\n(.*?)```", readme.read_text(), re.S)
+    assert len(blocks) == 1, blocks
+    return blocks[0]
+
+
+def test_model_card_usage_runs_as_written(clf_run, mt_run, tmp_path):
+    """The cards' Python snippets run unchanged in a clean process (no hf_zformer); the classifier's
+    loads the --hub_model_id, pointed here at the local folder; the translator's loads --output_dir."""
+    clf_out, _ = clf_run
+    clf_code = _python_block(clf_out / "README.md")
+    assert "model_id = 'someone/tiny-clf'" in clf_code and "pipeline('text-classification'" in clf_code
+    clf_code = clf_code.replace("'someone/tiny-clf'", repr(str(clf_out)))
+    mt_code = _python_block(mt_run / "README.md")
+    assert f"model_id = {str(mt_run)!r}" in mt_code and ".generate(" in mt_code and "trust_remote_code=True" in mt_code
+    result = run_isolated(clf_code + "\n" + mt_code, cwd=tmp_path)
+    classified, translated = result.stdout.strip().splitlines()[-2:]
+    assert re.fullmatch(r"\[\{'label': '(negative|positive)', 'score': [\d.e-]+\}\]", classified), classified
+    assert translated and "<" not in translated, translated  # decoded text, special tokens skipped
+
+
+def test_model_card_license_datasets_and_labels(clf_run):
+    out, _ = clf_run
+    meta = _card_metadata(out / "README.md")
+    assert "license: apache-2.0" in meta  # hf_zformer's license (setup.cfg): the card ships its code
+    assert "datasets:" not in meta  # --data_dir: no Hub dataset id to link
+    config = json.loads((out / "config.json").read_text())
+    assert config["id2label"] == {"0": "negative", "1": "positive"} and config["label2id"] == {"negative": 0, "positive": 1}
+
+
+def test_label_names_default_to_class_label_names():
+    import logging
+    from types import SimpleNamespace
+
+    import datasets
+
+    def mapping(train, label_names=None, num_labels=None):
+        args = SimpleNamespace(label_names=label_names, num_labels=num_labels)
+        raw = datasets.DatasetDict({"train": train})
+        return load_script("run_classification.py").label_mapping(args, raw, ("train",), "data", logging.getLogger())
+
+    features = datasets.Features({"text": datasets.Value("string"), "label": datasets.ClassLabel(names=["neg", "pos"])})
+    train = datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 0]}, features=features)
+    assert mapping(train) == (2, {0: "neg", 1: "pos"})  # Hub IMDB's names; 2 classes though one is seen
+    assert mapping(train, ["negative", "positive"], 2) == (2, {0: "negative", 1: "positive"})  # --label_names wins
+    plain = datasets.Dataset.from_dict({"text": ["a", "b", "c"], "label": [0, 2, 1]})
+    assert mapping(plain) == (3, None)
+    with pytest.raises(ValueError, match="give one name per class"):
+        mapping(plain, num_labels=3, label_names=["negative", "positive"])
+    with pytest.raises(ValueError, match="give one name per class"):
+        mapping(train, num_labels=3)
+
+
 def test_evaluate_model_script_translation(mt_run, tiny_data, tmp_path):
-    run_script("evaluate_model.py", "--model_name_or_path", mt_run, "--data_dir", tiny_data / "mt",
-               "--output_dir", tmp_path / "mt")
+    result = run_script("evaluate_model.py", "--model_name_or_path", mt_run, "--data_dir", tiny_data / "mt",
+                        "--output_dir", tmp_path / "mt")
+    assert re.search(r"generate: done 1 batches, \d+\.\d+ batches/s", result.stderr), result.stderr  # not silent
     metrics = json.loads((tmp_path / "mt" / "test_results.json").read_text())
     trained = json.loads((mt_run / "all_results.json").read_text())
     assert metrics["task"] == "translation" and metrics["num_beams"] == 2  # from the saved generation config
@@ -487,6 +641,8 @@ def test_resume_matches_uninterrupted_run(tiny_data, tmp_path):
          "is not a checkpoint folder"),
         ("run_classification.py", ["--data_dir", "{clf}", "--model_name_or_path", "x", "--attention_type", "full"],
          "drop one side"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--attention_type", "full", "--label_names", "neg,,pos"],
+         "--label_names must be distinct non-empty names"),
         ("run_translation.py", ["--data_dir", "{mt}", "--attention_type", "full", "--decoder_attention_type", "xformer"],
          "invalid choice: 'xformer'"),
         ("run_translation.py", ["--data_dir", "{mt}", "--attention_type", "full", "--label_smoothing", "1.5"],
@@ -624,6 +780,11 @@ def test_model_card_metadata():
     assert values == {"test": 11.0, "validation": 12.3457}
     assert all(r.task_type == "translation" and r.metric_type == "bleu" for r in data.eval_results)
     assert "python x.py --a 1" in text and "trust_remote_code=True" in text
+    assert data.license == "apache-2.0" and data.datasets == ["bentrevett/multi30k"]  # a Hub dataset id is linked
+    assert "model_id = 'me/mt'" in text and "Ein Mann" in text and ".generate(**inputs)" in text
+    local = ModelCard(model_card(config=config, results={}, task="translation", dataset_name="multi30k",
+                                 metric_name="bleu", command="python x.py", hub_dataset=False, model_id="runs/mt"))
+    assert local.data.datasets is None and "model_id = 'runs/mt'" in local.text
 
 
 # --------------------------------------------------------------------------------------------
