@@ -844,7 +844,9 @@ def train(
         # mean loss over every batch of the whole run (resumed segments included); None if unknown
         "train_loss": final["loss_sum"] / loss_count if loss_count else None,
         "train_steps": completed_steps,
-        "epoch": epoch,
+        # epochs trained, as a fraction (HF Trainer's convention): the same for a resumed run, which
+        # an epoch index was not (resuming the final epoch checkpoint reported one more)
+        "epoch": round(completed_steps / updates_per_epoch, 2),
         "train_runtime_s": round(final["train_runtime_s"], 1),
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,

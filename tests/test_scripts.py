@@ -611,6 +611,7 @@ def test_resume_matches_uninterrupted_run(tiny_data, tmp_path):
     assert results_c["train_runtime_s"] == pytest.approx(final_state["train_runtime_s"], abs=0.2)
     assert results_c["train_runtime_s"] >= 0.5 * results_a["train_runtime_s"]  # not the 0.1 s of the resumed segment
     assert results_c["eval_accuracy"] == results_a["eval_accuracy"] and results_c["train_steps"] == 10
+    assert results_a["epoch"] == results_b["epoch"] == results_c["epoch"] == round(10 / 7, 2)  # epochs trained
     card = (tmp_path / "a" / "README.md").read_text()
     assert f"| train_loss | {results_a['train_loss']} |" in card and "nan" not in card.lower()
 
