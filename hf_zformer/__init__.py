@@ -53,3 +53,11 @@ def _register():
 
 
 _register()
+
+
+def convert_pretrained(*args, **kwargs):
+    """Convert a BERT / RoBERTa / DistilBERT checkpoint into a Zformer-family model: see
+    `hf_zformer.convert.convert_pretrained` (imported on first use)."""
+    from .convert import convert_pretrained as convert
+
+    return convert(*args, **kwargs)
