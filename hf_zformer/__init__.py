@@ -33,6 +33,7 @@ from .modeling import (
     ZformerPreTrainedModel,
     position_ids_from_mask,
 )
+from .convert import convert_pretrained  # warm start from BERT / RoBERTa / DistilBERT checkpoints
 
 __version__ = "0.1.0"
 
@@ -53,11 +54,3 @@ def _register():
 
 
 _register()
-
-
-def convert_pretrained(*args, **kwargs):
-    """Convert a BERT / RoBERTa / DistilBERT checkpoint into a Zformer-family model: see
-    `hf_zformer.convert.convert_pretrained` (imported on first use)."""
-    from .convert import convert_pretrained as convert
-
-    return convert(*args, **kwargs)

@@ -245,7 +245,11 @@ def copy_weights(target, source, family: str, source_task: str):
     if pooler is not None and pooler.mode == "pooler" and head["pooler"] is not None:
         _copy(pooler.dense, head["pooler"])
     if "classifier" in head and hasattr(target, "classifier"):
-        _copy(target.classifier, head["classifier"])
+        if target.classifier.weight.shape == head["classifier"].weight.shape:
+            _copy(target.classifier, head["classifier"])
+        else:  # another number of labels: a new classifier (the pooler still carries over)
+            logger.warning(f"the source classifier has {head['classifier'].out_features} labels, the converted "
+                           f"model {target.classifier.out_features}: new classifier")
     if "lm_dense" in head and hasattr(target, "lm_head"):
         lm_head = target.lm_head
         _copy(lm_head.dense, head["lm_dense"])

@@ -187,8 +187,11 @@ def test_heads_follow_source_architecture_or_task(tmp_path):
     assert mean.config.classifier_pooling == "mean" and not hasattr(mean.pooler, "dense")
     masked_lm = hf_zformer.convert_pretrained(folder, task="fill-mask")
     assert masked_lm.lm_head.decoder.weight is masked_lm.zformer.embeddings.word_embeddings.weight
-    distil, _ = make_source(tmp_path, "distilbert", "classification")
+    distil, distil_source = make_source(tmp_path, "distilbert", "classification")
     assert hf_zformer.convert_pretrained(distil).config.pooler_activation == "relu"
+    relabelled = hf_zformer.convert_pretrained(distil, num_labels=5)  # 3 in the source: new classifier, same pooler
+    assert relabelled.classifier.out_features == 5
+    torch.testing.assert_close(relabelled.pooler.dense.weight, distil_source.pre_classifier.weight, rtol=0, atol=0)
     with pytest.raises(ValueError, match="task='ner'"):
         hf_zformer.convert_pretrained(folder, task="ner")
 
@@ -199,6 +202,16 @@ def test_other_model_types_are_refused_by_name(tmp_path):
     hf_zformer.ZformerModel(tiny_config()).save_pretrained(tmp_path / "zformer")
     with pytest.raises(ValueError, match="is a 'zformer' model; convert_pretrained reads"):
         hf_zformer.convert_pretrained(tmp_path / "zformer")
+
+
+def test_existing_output_dir_is_kept_unless_overwrite(tmp_path):
+    folder, _ = make_source(tmp_path, "distilbert", "base")
+    hf_zformer.convert_pretrained(folder, "zformer", tmp_path / "out")
+    with pytest.raises(ValueError, match="exists and is not empty; pass overwrite=True"):
+        hf_zformer.convert_pretrained(folder, "fastformer", tmp_path / "out")
+    hf_zformer.convert_pretrained(folder, "fastformer", tmp_path / "out", overwrite=True)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["attention_type"] == "fastformer"
+    assert not list(tmp_path.glob(".tmp-*"))  # no staging folder left behind
 
 
 def _run_converter(*args):
