@@ -33,6 +33,7 @@ from .modeling import (
     ZformerPreTrainedModel,
     position_ids_from_mask,
 )
+from .convert import convert_pretrained  # warm start from BERT / RoBERTa / DistilBERT checkpoints
 
 __version__ = "0.1.0"
 

