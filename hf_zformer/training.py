@@ -40,6 +40,7 @@ from typing import Any
 
 import torch
 
+from .evaluation import EvalTracker, add_evaluation_args, replace_atomically
 from .modeling.configuration_zformer import ATTENTION_TYPES, CAUSAL_ATTENTION_TYPES, ZformerConfig
 
 __all__ = [
@@ -146,6 +147,7 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--push_to_hub", action="store_true", help="Upload the output folder to the Hub at the end.")
     group.add_argument("--hub_model_id", default=None, help="Repository of --push_to_hub, e.g. me/imdb-zformer.")
     group.add_argument("--hub_token", default=None, help="Token of --push_to_hub (default: the cached login).")
+    add_evaluation_args(parser.add_argument_group("evaluation"))
 
 
 def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq2seq: bool) -> argparse.Namespace:
@@ -168,7 +170,7 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     ):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name in ("max_train_steps", "max_train_samples", "max_eval_samples"):
+    for name in ("max_train_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if args.num_warmup_steps < 0:
@@ -416,15 +418,7 @@ def save_checkpoint(accelerator, output_dir: str | os.PathLike, name: str, state
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             (tmp / TRAINING_STATE_FILE).write_text(json.dumps(state, indent=2))
-            old = None
-            if final.exists():
-                old = Path(output_dir) / f".old-{name}"
-                if old.exists():
-                    shutil.rmtree(old)
-                os.replace(final, old)
-            os.replace(tmp, final)
-            if old is not None:
-                shutil.rmtree(old)
+            replace_atomically(tmp, final)
     accelerator.wait_for_everyone()
     return final
 
@@ -713,13 +707,19 @@ def train(
     train_sampler: LengthGroupedBatchSampler,
     evaluate_fn: Callable[[], dict[str, float]],
     logger,
+    *,
+    tokenizer=None,
+    best_metric: str | None = None,
 ) -> dict[str, Any]:
     """Run the training loop on prepared ``model``/``optimizer``/``train_dataloader``.
 
     Builds and prepares the LR scheduler, resumes from ``--resume_from_checkpoint``, evaluates with
-    ``evaluate_fn`` (returns ``{"bleu": ...}``-style metrics) after every epoch, checkpoints every
-    ``--checkpointing_steps``. Returns the last evaluation metrics prefixed ``eval_`` plus
-    ``train_loss``, ``train_steps``, ``epoch``, ``train_runtime_s``.
+    ``evaluate_fn`` (returns ``{"bleu": ...}``-style metrics) after every epoch and every
+    ``--eval_steps`` (:class:`hf_zformer.evaluation.EvalTracker`: history file, ``--save_best`` on
+    ``best_metric``, saved with ``tokenizer``), checkpoints every ``--checkpointing_steps``. Returns
+    the last evaluation metrics prefixed ``eval_`` (with ``--save_best``: the best evaluation's, the
+    last one's as ``last_eval_``, and the final model holds the best weights) plus ``best_step``,
+    ``train_loss``, ``train_steps``, ``epoch``, ``train_runtime_s``, ``eval_runtime_s``.
     """
     from tqdm.auto import tqdm
     from transformers import get_scheduler
@@ -747,6 +747,8 @@ def train(
         f"{args.gradient_accumulation_steps} accumulation = {total_batch}"
     )
 
+    tracker = EvalTracker(args, accelerator, model, evaluate_fn, metric=best_metric, tokenizer=tokenizer,
+                          updates_per_epoch=updates_per_epoch, logger=logger)
     completed_steps, start_epoch, resume_batches = 0, 0, 0
     loss_sum, loss_count, runtime_before = 0.0, 0, 0.0  # whole-run statistics, carried by checkpoints
     if args.resume_from_checkpoint:
@@ -759,6 +761,7 @@ def train(
         completed_steps, start_epoch, resume_batches = state["completed_steps"], state["epoch"], state["batches_done"]
         loss_sum, loss_count = state.get("loss_sum", 0.0), state.get("loss_count", 0)
         runtime_before = state.get("train_runtime_s", 0.0)
+        tracker.restore(state, completed_steps)
         if resume_batches >= len(train_dataloader):
             start_epoch, resume_batches = start_epoch + 1, 0
         logger.info(f"Resumed from {path}: step {completed_steps}, epoch {start_epoch}, batch {resume_batches}")
@@ -813,30 +816,36 @@ def train(
                     logger.info(f"step {completed_steps}/{args.max_train_steps}: loss {last_loss:.4f}, lr {lr:.3e}, {speed}")
                 if args.with_tracking:
                     accelerator.log({"train_loss": last_loss, "lr": lr}, step=completed_steps)
+            if tracker.due(completed_steps):
+                tracker.evaluate(completed_steps)
             if isinstance(args.checkpointing_steps, int) and completed_steps % args.checkpointing_steps == 0:
                 save_checkpoint(
                     accelerator,
                     args.output_dir,
                     f"step_{completed_steps}",
-                    run_state(completed_steps=completed_steps, epoch=epoch, batches_done=batches_done),
+                    {**run_state(completed_steps=completed_steps, epoch=epoch, batches_done=batches_done), **tracker.state()},
                 )
             if completed_steps >= args.max_train_steps:
                 break
-        metrics = {f"eval_{k}": v for k, v in evaluate_fn().items()}
-        logger.info(f"epoch {epoch} (step {completed_steps}): {metrics}")
+        tracker.evaluate(completed_steps, epoch)  # no-op when --eval_steps just evaluated this step
+        metrics = {f"eval_{k}": v for k, v in tracker.last_metrics.items()}
         if args.with_tracking:
-            accelerator.log({**metrics, "epoch": epoch}, step=completed_steps)
+            accelerator.log({"epoch": epoch}, step=completed_steps)
         if args.checkpointing_steps == "epoch":
             save_checkpoint(
                 accelerator,
                 args.output_dir,
                 f"epoch_{epoch}",
-                run_state(completed_steps=completed_steps, epoch=epoch + 1, batches_done=0),
+                {**run_state(completed_steps=completed_steps, epoch=epoch + 1, batches_done=0), **tracker.state()},
             )
     progress.close()
     final = run_state()
     if not metrics:  # resumed from a checkpoint at the very end: still report evaluation
-        metrics = {f"eval_{k}": v for k, v in evaluate_fn().items()}
+        tracker.evaluate(completed_steps, again=True)
+        metrics = {f"eval_{k}": v for k, v in tracker.last_metrics.items()}
+    if tracker.load_best():
+        metrics = {**{f"last_{k}": v for k, v in metrics.items()},
+                   **{f"eval_{k}": v for k, v in tracker.best_metrics.items()}}
     if args.with_tracking:
         accelerator.end_training()
     return {
@@ -848,6 +857,8 @@ def train(
         # an epoch index was not (resuming the final epoch checkpoint reported one more)
         "epoch": round(completed_steps / updates_per_epoch, 2),
         "train_runtime_s": round(final["train_runtime_s"], 1),
+        "eval_runtime_s": round(tracker.eval_runtime_s, 1),
+        **tracker.summary(),
         "num_processes": accelerator.num_processes,
         "mixed_precision": accelerator.mixed_precision,
     }

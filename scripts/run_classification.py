@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -98,6 +99,7 @@ def label_mapping(args, raw, splits, source, logger) -> tuple[int, dict[int, str
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    started = time.perf_counter()
 
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
@@ -112,13 +114,14 @@ def main(argv=None) -> dict:
             args.data_dir or args.dataset_name,
             text_column=args.text_column,
             label_column=args.label_column,
-            seed=args.seed,
+            seed=args.split_seed,
             config_name=args.dataset_config_name,
             num_labels=args.num_labels,
             allow_negative_labels=bool(args.dataset_name),  # Hub test splits use -1 for "no label"
         )
         eval_split = "validation" if "validation" in raw else "test"
-        training.subsample(raw, {"train": args.max_train_samples, eval_split: args.max_eval_samples}, args.seed)
+        training.subsample(raw, {"train": args.max_train_samples}, args.seed)
+        training.subsample(raw, {eval_split: args.max_eval_samples}, args.split_seed)  # same rows for every --seed
         num_labels, id2label = label_mapping(args, raw, ("train", eval_split), args.data_dir or args.dataset_name, logger)
 
     # ---- tokenizer and model
@@ -178,20 +181,26 @@ def main(argv=None) -> dict:
         model, optimizer, train_dataloader, eval_dataloader
     )
 
+    hits: list[bool] = []  # per example, of the latest evaluation (bootstrap interval of --results_file)
+
     def evaluate() -> dict:
         model.eval()
-        correct, total = 0, 0
+        hits.clear()
         for batch in training.progress(eval_dataloader, desc="evaluate", main=accelerator.is_local_main_process):
             with torch.no_grad():
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             predictions, references = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
-            correct += (predictions == references).sum().item()
-            total += references.numel()
+            hits.extend((predictions == references).tolist())
         model.train()
-        return {"accuracy": correct / max(total, 1), "samples": total}
+        return {"accuracy": sum(hits) / max(len(hits), 1), "samples": len(hits)}
 
-    results = training.train(args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger)
+    results = training.train(
+        args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
+        tokenizer=tokenizer, best_metric="accuracy",
+    )
     results["eval_split"] = eval_split
+    if args.save_best and args.results_file:  # hits of the best model (the final one) for the interval
+        evaluate()
     training.finish_run(
         args,
         accelerator,
@@ -201,6 +210,17 @@ def main(argv=None) -> dict:
         card_kwargs=dict(task="text-classification", metric_name="accuracy", example=example_text(raw[eval_split][0]["text"])),
         logger=logger,
     )
+    if args.results_file and accelerator.is_main_process:
+        from hf_zformer import results as records
+
+        common = records.run_fields(
+            args, accelerator.unwrap_model(model).config, results, max_length=max_length,
+            wall_time_s=time.perf_counter() - started, tokens_per_epoch=sum(train_lengths),
+        )
+        record = {**common, "split": eval_split, "metric": "accuracy", "value": 100.0 * results["eval_accuracy"],
+                  "beams": None, "samples": len(hits), "ci95": records.accuracy_ci(hits, seed=args.seed)}
+        records.append_records(args.results_file, [record])
+        logger.info(f"result record appended to {args.results_file}")
     return results
 
 

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -34,7 +36,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--max_target_length", type=int, default=128, help="Truncate targets; also the generation max_length."
     )
-    parser.add_argument("--num_beams", type=int, default=1, help="Beam size for evaluation (saved in generation_config).")
+    parser.add_argument(
+        "--num_beams", type=int, default=1,
+        help="Beam size of the final test scoring (saved in generation_config); the test split is also decoded "
+        "greedily when this is > 1.",
+    )
+    parser.add_argument(
+        "--eval_num_beams", type=int, default=1,
+        help="Beam size of the validation runs during training (greedy by default: beam search on 1,000 sentences "
+        "costs about half an epoch on CPU).",
+    )
     parser.add_argument("--label_smoothing", type=float, default=0.0, help="Label smoothing of the loss.")
     training.add_model_args(parser, seq2seq=True)
     training.add_training_args(parser)
@@ -44,8 +55,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     for name in ("max_source_length", "max_target_length"):
         if getattr(args, name) < 2:
             parser.error(f"--{name} must be >= 2, got {getattr(args, name)}")
-    if args.num_beams < 1:
-        parser.error(f"--num_beams must be >= 1, got {args.num_beams}")
+    for name in ("num_beams", "eval_num_beams"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if not 0.0 <= args.label_smoothing < 1.0:
         parser.error(f"--label_smoothing must be in [0, 1), got {args.label_smoothing}")
     return training.validate_args(parser, args, seq2seq=True)
@@ -77,12 +89,57 @@ def generate_and_score(accelerator, model, dataloader, tokenizer, *, num_beams, 
     rows = dict(zip(indices, zip(predictions, references)))
     ordered = [rows[i] for i in sorted(rows)]
     predictions, references = [p for p, _ in ordered], [r for _, r in ordered]
-    scores = metric.compute(predictions=[p.strip() for p in predictions], references=[[r.strip()] for r in references])
-    return {"bleu": scores["score"], "samples": len(predictions)}, sorted(rows), predictions, references
+    predictions, references = [p.strip() for p in predictions], [r.strip() for r in references]
+    scores = {
+        name: metric.compute(predictions=predictions, references=[[r] for r in references], lowercase=lowercase)["score"]
+        for name, lowercase in (("bleu", False), ("bleu_lowercase", True))
+    }
+    return {**scores, "samples": len(predictions)}, sorted(rows), predictions, references
+
+
+def score_test(generate: Callable[[int], tuple], num_beams: int) -> tuple[dict, dict]:
+    """Score the test split once with ``num_beams`` and, when that is beam search, greedily too
+    (cheap next to beam search). ``generate(beams)`` is :func:`generate_and_score`'s result.
+    Returns (``test_bleu``, ``test_bleu_lowercase``, ``test_samples``, ``test_greedy_*``) and
+    ``{beams: (predictions, references)}`` for confidence intervals."""
+    results, outputs = {}, {}
+    for beams in dict.fromkeys((num_beams, 1)):
+        scores, _, predictions, references = generate(beams)
+        prefix = "test_" if beams == num_beams else "test_greedy_"
+        results.update({f"{prefix}{k}": v for k, v in scores.items() if k != "samples" or beams == num_beams})
+        outputs[beams] = (predictions, references)
+    return results, outputs
+
+
+def result_records(args, config, results: dict, test_outputs: dict, test_split: str, **fields) -> list[dict]:
+    """The ``--results_file`` records: best (or last) validation BLEU, and test BLEU cased and
+    lowercased for each decoding, with bootstrap 95% intervals over test sentences."""
+    from hf_zformer import results as records
+
+    common = records.run_fields(args, config, results, **fields)
+    rows = [{**common, "split": results["eval_split"], "metric": "bleu", "value": results["eval_bleu"],
+             "beams": args.eval_num_beams, "samples": results.get("eval_samples")}]
+    for beams, (predictions, references) in test_outputs.items():
+        prefix = "test_" if beams == args.num_beams else "test_greedy_"
+        for metric in ("bleu", "bleu_lowercase"):
+            ci = records.bleu_ci(predictions, references, lowercase=metric == "bleu_lowercase", seed=args.seed)
+            rows.append({**common, "split": test_split, "metric": metric, "value": results[prefix + metric],
+                         "beams": beams, "samples": len(predictions), "ci95": ci})
+    return rows
+
+
+def test_split_name(args) -> str:
+    """``test2016`` for Multi30K's usual test set (``test_2016_flickr`` files, or the Hub copy), else ``test``."""
+    if args.data_dir:
+        found = any(Path(args.data_dir).glob(f"test_2016_flickr.{args.source_lang}*"))
+    else:
+        found = args.dataset_name.rstrip("/").lower().endswith("multi30k")
+    return "test2016" if found else "test"
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
+    started = time.perf_counter()
 
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
@@ -98,15 +155,14 @@ def main(argv=None) -> dict:
             args.data_dir or args.dataset_name,
             args.source_lang,
             args.target_lang,
-            seed=args.seed,
+            seed=args.split_seed,
             config_name=args.dataset_config_name,
         )
     eval_splits = [s for s in ("validation", "test") if s in raw]
     if not eval_splits:
         raise ValueError(f"the dataset has no validation or test split (splits: {list(raw)})")
-    training.subsample(
-        raw, {"train": args.max_train_samples, **dict.fromkeys(eval_splits, args.max_eval_samples)}, args.seed
-    )
+    training.subsample(raw, {"train": args.max_train_samples}, args.seed)
+    training.subsample(raw, dict.fromkeys(eval_splits, args.max_eval_samples), args.split_seed)  # same rows for every --seed
 
     # ---- tokenizer and model
     base = args.model_name_or_path
@@ -170,19 +226,27 @@ def main(argv=None) -> dict:
     eval_dataloaders = {split: accelerator.prepare(loader) for split, loader in eval_dataloaders.items()}
     bleu = hf_metrics.load("sacrebleu")
 
-    def evaluate(split: str = eval_splits[0]) -> dict:
-        scores, *_ = generate_and_score(
-            accelerator, model, eval_dataloaders[split], tokenizer, num_beams=args.num_beams, max_length=max_target,
+    def generate(split: str, num_beams: int) -> tuple:
+        return generate_and_score(
+            accelerator, model, eval_dataloaders[split], tokenizer, num_beams=num_beams, max_length=max_target,
             metric=bleu,
         )
-        return scores
 
-    results = training.train(args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger)
+    def evaluate() -> dict:
+        return generate(eval_splits[0], args.eval_num_beams)[0]
+
+    results = training.train(
+        args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
+        tokenizer=tokenizer, best_metric="bleu",
+    )
     results["eval_split"] = eval_splits[0]
-    if "test" in eval_splits and eval_splits[0] != "test":
-        results.update({f"test_{k}": v for k, v in evaluate("test").items()})
-        logger.info(f"test: bleu {results['test_bleu']:.2f}")
-    results["num_beams"] = args.num_beams
+    test_outputs = {}
+    if "test" in eval_splits and eval_splits[0] != "test":  # once, on the final (with --save_best: best) model
+        test_results, test_outputs = score_test(lambda beams: generate("test", beams), args.num_beams)
+        results.update(test_results)
+        logger.info(f"test: bleu {results['test_bleu']:.2f} (lowercased {results['test_bleu_lowercase']:.2f}), "
+                    f"{args.num_beams} beams")
+    results["num_beams"], results["eval_num_beams"] = args.num_beams, args.eval_num_beams
     training.finish_run(
         args,
         accelerator,
@@ -193,6 +257,15 @@ def main(argv=None) -> dict:
                          example=raw[eval_splits[0]][0]["translation"][args.source_lang]),
         logger=logger,
     )
+    if args.results_file and accelerator.is_main_process:
+        from hf_zformer.results import append_records
+
+        records = result_records(
+            args, accelerator.unwrap_model(model).config, results, test_outputs, test_split_name(args),
+            max_length=max_target, wall_time_s=time.perf_counter() - started, tokens_per_epoch=sum(train_lengths),
+        )
+        append_records(args.results_file, records)
+        logger.info(f"{len(records)} result records appended to {args.results_file}")
     return results
 
 

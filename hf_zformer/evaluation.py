@@ -1,0 +1,210 @@
+"""Validation inside the training loop: when to evaluate, the evaluation history, the best checkpoint.
+
+:class:`EvalTracker` is what :func:`hf_zformer.training.train` calls around its loop:
+
+* :meth:`EvalTracker.due` -- evaluate every ``--eval_steps`` optimizer steps (and after every
+  epoch, never twice at the same step);
+* :meth:`EvalTracker.evaluate` -- runs the script's ``evaluate_fn``, appends ``{"step", "epoch",
+  metrics}`` to ``output_dir/eval_history.jsonl`` and, with ``--save_best``, saves the model and
+  tokenizer into ``output_dir/best`` (atomically) when the validation metric improves;
+* :meth:`EvalTracker.state` / :meth:`EvalTracker.restore` -- the best value and step travel in the
+  checkpoint's training state; on resume the history is cut back to the checkpoint's step, so the
+  evaluations that the resumed run repeats are not written twice;
+* :meth:`EvalTracker.load_best` -- at the end, put the best weights back into the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["BEST_DIR", "HISTORY_FILE", "EvalTracker", "add_evaluation_args", "read_history", "replace_atomically"]
+
+HISTORY_FILE = "eval_history.jsonl"
+BEST_DIR = "best"
+BEST_STATE_FILE = "best_state.json"
+
+
+def add_evaluation_args(group) -> None:
+    """``--eval_steps``, ``--save_best``, ``--split_seed`` and ``--results_file`` (argument group or parser)."""
+    group.add_argument(
+        "--eval_steps", type=int, default=None,
+        help="Also evaluate on the validation split every N optimizer steps (default: after each epoch only). "
+        f"Every evaluation is appended to output_dir/{HISTORY_FILE}.",
+    )
+    group.add_argument(
+        "--save_best", action="store_true",
+        help=f"Keep the model with the best validation metric (bleu for translation, accuracy for classification; "
+        f"higher is better) in output_dir/{BEST_DIR}; at the end the final model in output_dir is that best one and "
+        "the test split is scored on it.",
+    )
+    group.add_argument(
+        "--split_seed", type=int, default=42,
+        help="Seed of the validation split carved from train (and of --max_eval_samples), independent of --seed, "
+        "so runs with different --seed are scored on the same validation rows.",
+    )
+    group.add_argument(
+        "--results_file", default=None,
+        help="Append this run's result records to this JSON list file (e.g. docs/results.json; fields in docs/results.md).",
+    )
+
+
+def read_history(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of ``output_dir/eval_history.jsonl`` (empty when there is none)."""
+    path = Path(output_dir) / HISTORY_FILE
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def replace_atomically(tmp: Path, final: Path) -> None:
+    """Move the finished folder ``tmp`` to ``final``, replacing an older ``final``; at no moment is
+    there a half-written ``final`` (the old one is renamed away first, then deleted)."""
+    old = None
+    if final.exists():
+        old = final.with_name(f".old-{final.name}")
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old is not None:
+        shutil.rmtree(old)
+
+
+class EvalTracker:
+    """Evaluation schedule, history and best checkpoint of one training run (see the module doc).
+
+    ``metric`` names the key of ``evaluate_fn()``'s result that ``--save_best`` maximises (``"bleu"``,
+    ``"accuracy"``); ``tokenizer`` is saved next to the best model."""
+
+    def __init__(self, args, accelerator, model, evaluate_fn: Callable[[], dict[str, float]], *,
+                 metric: str | None, tokenizer=None, updates_per_epoch: int = 1, logger=None):
+        self.args = args
+        self.accelerator = accelerator
+        self.model = model
+        self.evaluate_fn = evaluate_fn
+        self.metric = metric
+        self.tokenizer = tokenizer
+        self.updates_per_epoch = max(updates_per_epoch, 1)
+        self.logger = logger
+        self.output_dir = Path(args.output_dir)
+        self.eval_steps = getattr(args, "eval_steps", None)
+        self.save_best = bool(getattr(args, "save_best", False))
+        if self.save_best and not metric:
+            raise ValueError("--save_best needs the name of the validation metric to maximise")
+        self.best_value: float | None = None
+        self.best_step: int | None = None
+        self.best_metrics: dict[str, Any] = {}
+        self.last_step: int | None = None
+        self.last_metrics: dict[str, Any] = {}
+        self.eval_runtime_s = 0.0
+
+    # ---- resume
+    def state(self) -> dict[str, Any]:
+        """What goes into the checkpoint's training state (nothing before the first evaluation)."""
+        if self.best_step is None:
+            return {}
+        return {"best_metric": self.best_value, "best_step": self.best_step, "best_metrics": self.best_metrics}
+
+    def restore(self, state: dict[str, Any], completed_steps: int) -> None:
+        """Take the best value/step back from a checkpoint's training state, and drop the history
+        records written after the checkpoint (the resumed run evaluates those steps again)."""
+        self.best_value = state.get("best_metric")
+        self.best_step = state.get("best_step")
+        self.best_metrics = state.get("best_metrics") or {}
+        kept = [r for r in read_history(self.output_dir) if r["step"] <= completed_steps]
+        if kept:
+            self.last_step = kept[-1]["step"]
+        if self.accelerator.is_main_process and (self.output_dir / HISTORY_FILE).is_file():
+            tmp = self.output_dir / f".tmp-{HISTORY_FILE}"
+            tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
+            os.replace(tmp, self.output_dir / HISTORY_FILE)
+        self.accelerator.wait_for_everyone()
+
+    # ---- schedule
+    def due(self, completed_steps: int) -> bool:
+        """Whether ``--eval_steps`` asks for an evaluation after this optimizer step."""
+        return bool(self.eval_steps) and completed_steps % self.eval_steps == 0 and completed_steps != self.last_step
+
+    def evaluate(self, completed_steps: int, epoch: int | None = None, *, again: bool = False) -> dict[str, Any] | None:
+        """Evaluate (unless this step was already evaluated: returns None), record, keep the best.
+        ``epoch`` is given for the end-of-epoch evaluation; the record's ``epoch`` is fractional
+        (optimizer steps / steps per epoch) either way. ``again``: evaluate even an evaluated step
+        (a run resumed at its very end), without recording it twice."""
+        repeated = completed_steps == self.last_step
+        if repeated and not again:
+            return None
+        started = time.perf_counter()
+        metrics = dict(self.evaluate_fn())
+        self.last_step = completed_steps
+        record = {"step": completed_steps, "epoch": round(completed_steps / self.updates_per_epoch, 4),
+                  **({"end_of_epoch": epoch} if epoch is not None else {}), **metrics}
+        if self.accelerator.is_main_process and not repeated:
+            with open(self.output_dir / HISTORY_FILE, "a") as f:
+                f.write(json.dumps(record) + "\n")
+        if self.metric and self.metric in metrics and not repeated:
+            value = metrics[self.metric]
+            if self.best_value is None or value > self.best_value:
+                self.best_value, self.best_step, self.best_metrics = value, completed_steps, metrics
+                if self.save_best:
+                    self._save_best()
+        self.last_metrics = metrics
+        self.eval_runtime_s += time.perf_counter() - started
+        if getattr(self.args, "with_tracking", False):
+            self.accelerator.log({f"eval_{k}": v for k, v in metrics.items()}, step=completed_steps)
+        if self.logger is not None:
+            where = f"epoch {epoch} " if epoch is not None else ""
+            self.logger.info(f"evaluation {where}(step {completed_steps}): {metrics}")
+        return metrics
+
+    # ---- best checkpoint
+    def _save_best(self) -> None:
+        accelerator = self.accelerator
+        final, tmp = self.output_dir / BEST_DIR, self.output_dir / f".tmp-{BEST_DIR}"
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process and tmp.exists():
+            shutil.rmtree(tmp)
+        accelerator.wait_for_everyone()
+        accelerator.unwrap_model(self.model).save_pretrained(
+            tmp,
+            is_main_process=accelerator.is_main_process,
+            save_function=accelerator.save,
+            state_dict=accelerator.get_state_dict(self.model),
+        )
+        if accelerator.is_main_process:
+            if self.tokenizer is not None:
+                self.tokenizer.save_pretrained(tmp)
+            state = {"best_metric": self.best_value, "best_step": self.best_step, "metric": self.metric,
+                     "metrics": self.best_metrics}
+            (tmp / BEST_STATE_FILE).write_text(json.dumps(state, indent=2))
+            replace_atomically(tmp, final)
+        accelerator.wait_for_everyone()
+        if self.logger is not None:
+            self.logger.info(f"new best {self.metric} {self.best_value:.4f} at step {self.best_step}: saved {final}")
+
+    def load_best(self) -> bool:
+        """Load the weights of ``output_dir/best`` into the (prepared) model; False without one."""
+        path = self.output_dir / BEST_DIR
+        if not self.save_best or not (path / BEST_STATE_FILE).is_file():
+            return False
+        saved = json.loads((path / BEST_STATE_FILE).read_text())
+        if saved.get("best_step") != self.best_step and self.logger is not None:
+            self.logger.warning(f"{path} holds step {saved.get('best_step')}, the training state says {self.best_step}")
+        unwrapped = self.accelerator.unwrap_model(self.model)
+        best = type(unwrapped).from_pretrained(path, dtype=next(unwrapped.parameters()).dtype)
+        unwrapped.load_state_dict(best.state_dict())
+        del best
+        if self.logger is not None:
+            self.logger.info(f"final model: the best one, step {saved.get('best_step')} ({self.metric} {saved.get('best_metric')})")
+        return True
+
+    def summary(self) -> dict[str, Any]:
+        """``best_step`` and ``best_eval_<metric>`` for ``all_results.json`` (empty before any evaluation)."""
+        if self.best_step is None:
+            return {}
+        return {"best_step": self.best_step, f"best_eval_{self.metric}": self.best_value}

@@ -1,0 +1,241 @@
+"""Result records of training runs, appended to a shared JSON list file (``--results_file``).
+
+One record per run and evaluation (split x metric x decoding), with what is needed to compare runs
+and reproduce them: task, attention types, split, metric, value, beams, epochs, seed, code commit,
+base model, 95% bootstrap interval, ... (the fields are documented in ``docs/results.md``).
+
+* :func:`append_records` -- read-modify-write of the list under an exclusive lock, written to a
+  temporary file and renamed into place, so concurrent runs never lose each other's records and a
+  crash never leaves a truncated file;
+* :func:`bootstrap_ci`, :func:`accuracy_ci`, :func:`bleu_ci` -- seeded percentile bootstrap over
+  examples (BLEU: over sentences, re-computing corpus BLEU from per-sentence n-gram statistics);
+* :func:`run_fields` -- the fields every record of a run shares.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "DEFAULT_RESAMPLES",
+    "accuracy_ci",
+    "append_records",
+    "bleu_ci",
+    "bootstrap_ci",
+    "git_commit",
+    "machine",
+    "read_records",
+    "run_fields",
+    "task_name",
+]
+
+#: Bootstrap resamples of :func:`accuracy_ci` / :func:`bleu_ci` (1,000 BLEU resamples of 1,000
+#: sentences take well under a second: the n-gram statistics are extracted once).
+DEFAULT_RESAMPLES = 1000
+
+
+# --------------------------------------------------------------------------------------------
+# the file
+# --------------------------------------------------------------------------------------------
+
+
+def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a results file (``[]`` when it does not exist or is empty).
+
+    Raises ``ValueError`` when the file is not a JSON list of objects (it is never overwritten then)."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    text = path.read_text()
+    if not text.strip():
+        return []
+    try:
+        records = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"results file {path} is not valid JSON ({err}); fix or move it, it was left unchanged") from None
+    if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+        raise ValueError(
+            f"results file {path} must hold a JSON list of objects (records), found a {type(records).__name__}; "
+            "it was left unchanged"
+        )
+    return records
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Exclusive advisory lock on ``path.lock`` (POSIX ``flock``; no lock where unavailable)."""
+    try:
+        import fcntl
+    except ImportError:  # Windows: best effort
+        yield
+        return
+    with open(path.with_name(path.name + ".lock"), "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def append_records(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Append ``records`` to the JSON list in ``path`` (created with its folder if missing); returns
+    the whole list. Holds a lock during read-modify-write and writes atomically (temporary file in
+    the same folder, fsync, rename), so earlier records are never lost."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = [dict(r) for r in records]
+    with _locked(path):
+        merged = read_records(path) + new
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(merged, f, indent=1, ensure_ascii=False)
+                f.write("\n")
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+    return merged
+
+
+# --------------------------------------------------------------------------------------------
+# confidence intervals
+# --------------------------------------------------------------------------------------------
+
+
+def bootstrap_ci(
+    n: int,
+    statistic: Callable[[np.ndarray], float],
+    *,
+    resamples: int = DEFAULT_RESAMPLES,
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> list[float] | None:
+    """Percentile bootstrap interval ``[low, high]`` of ``statistic(indices)`` over ``n`` examples:
+    ``resamples`` draws of ``n`` indices with replacement from a ``numpy`` generator seeded with
+    ``seed``. None when ``n == 0``."""
+    if n == 0 or resamples < 1:
+        return None
+    rng = np.random.default_rng(seed)
+    values = np.array([statistic(rng.integers(0, n, n)) for _ in range(resamples)])
+    alpha = (1.0 - confidence) / 2
+    return [float(np.quantile(values, alpha)), float(np.quantile(values, 1.0 - alpha))]
+
+
+def accuracy_ci(correct: Sequence[bool], **kwargs: Any) -> list[float] | None:
+    """Bootstrap interval of the accuracy in % (see :func:`bootstrap_ci` for ``kwargs``)."""
+    hits = np.asarray(correct, dtype=np.float64)
+    return bootstrap_ci(len(hits), lambda idx: 100.0 * hits[idx].mean(), **kwargs)
+
+
+def bleu_ci(predictions: Sequence[str], references: Sequence[str], *, lowercase: bool = False, **kwargs: Any):
+    """Bootstrap interval of corpus BLEU (sacreBLEU defaults: 13a tokenization, exp smoothing),
+    resampling sentences: per-sentence n-gram statistics are extracted once and summed per resample."""
+    from sacrebleu.metrics import BLEU
+
+    bleu = BLEU(lowercase=lowercase)
+    stats = np.asarray(bleu._extract_corpus_statistics(list(predictions), [list(references)]), dtype=np.int64)
+
+    def corpus_bleu(idx: np.ndarray) -> float:
+        total = stats[idx].sum(axis=0).tolist()
+        return bleu._compute_score_from_stats(total).score
+
+    return bootstrap_ci(len(stats), corpus_bleu, **kwargs)
+
+
+# --------------------------------------------------------------------------------------------
+# run description
+# --------------------------------------------------------------------------------------------
+
+
+def git_commit(path: str | os.PathLike | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding ``path`` (default: this package), or None."""
+    where = Path(path) if path is not None else Path(__file__).resolve().parent
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=where, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (out.stdout.strip() or None) if out.returncode == 0 else None
+
+
+def machine() -> str:
+    """The CPU model (``/proc/cpuinfo``, else :func:`platform.processor`), plus the GPU's name when
+    CUDA is in use."""
+    cpu = None
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    cpu = cpu or platform.processor() or platform.machine() or "unknown"
+    with contextlib.suppress(Exception):
+        import torch
+
+        if torch.cuda.is_available():
+            return f"{cpu} + {torch.cuda.get_device_name(0)}"
+    return cpu
+
+
+def task_name(args) -> str:
+    """``--data_dir``'s folder name or ``--dataset_name``'s last part (``multi30k``, ``imdb``)."""
+    if getattr(args, "data_dir", None):
+        return Path(args.data_dir).expanduser().resolve().name
+    return str(args.dataset_name).rstrip("/").split("/")[-1]
+
+
+def _layer_types(value) -> str | None:
+    if value is None:
+        return None
+    return "|".join(value) if isinstance(value, (list, tuple)) else str(value)
+
+
+def run_fields(args, config, results: dict[str, Any], *, max_length: int | None, wall_time_s: float,
+               tokens_per_epoch: int | None = None) -> dict[str, Any]:
+    """The fields every record of one training run shares (``config``: the model's config;
+    ``results``: :func:`hf_zformer.training.train`'s). ``tokens_per_s`` is estimated as
+    ``tokens_per_epoch`` (non-padding training tokens, source + target for translation) times the
+    epochs trained, over the loop's time minus its evaluations."""
+    tokens_per_s = None
+    train_time = (results.get("train_runtime_s") or 0.0) - (results.get("eval_runtime_s") or 0.0)
+    if tokens_per_epoch and results.get("epoch") and train_time > 0:
+        tokens_per_s = tokens_per_epoch * results["epoch"] / train_time
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    keys = ("hidden_size", "num_hidden_layers", "num_decoder_layers", "num_attention_heads", "intermediate_size",
+            "vocab_size", "attention_type", "decoder_attention_type", "cross_attention_type")
+    model_config = {k: getattr(config, k) for k in keys if hasattr(config, k)}
+    if not seq2seq:
+        for key in ("num_decoder_layers", "decoder_attention_type", "cross_attention_type"):
+            model_config.pop(key, None)
+    return {
+        "task": task_name(args),
+        "attention": _layer_types(getattr(config, "attention_type", None)),
+        "decoder_attention": _layer_types(getattr(config, "decoder_attention_type", None)) if seq2seq else None,
+        "epochs": results.get("epoch"),  # fractional: optimizer steps / steps per epoch
+        "train_steps": results.get("train_steps"),
+        "seed": args.seed,
+        "split_seed": getattr(args, "split_seed", None),
+        "commit": git_commit(),
+        "base_model": args.model_name_or_path,
+        "max_length": max_length,
+        "config": model_config,
+        "best_step": results.get("best_step"),
+        "wall_time_s": round(wall_time_s, 1),
+        "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "output_dir": str(args.output_dir),
+    }
