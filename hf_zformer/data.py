@@ -21,6 +21,7 @@ deterministically (seeded; stratified by label for classification).
 
 from __future__ import annotations
 
+import collections
 import csv
 import gzip
 import hashlib
@@ -269,21 +270,53 @@ def _validation_count(n_rows: int, validation_size: float | int) -> int:
     return count
 
 
-def _stratified_pick(labels: Sequence[int], count: int, rng: random.Random) -> list[int]:
-    """Pick ``count`` row indices with each label's share as close as possible to its share in ``labels``."""
-    by_label: dict[int, list[int]] = {}
-    for index, label in enumerate(labels):
-        by_label.setdefault(label, []).append(index)
-    n_rows = len(labels)
-    quotas = {label: count * len(rows) / n_rows for label, rows in by_label.items()}
+def _label_quotas(sizes: Mapping[Any, int], count: int) -> dict[Any, int]:
+    """Split ``count`` over the labels in proportion to ``sizes`` (label -> rows), by largest remainder."""
+    n_rows = sum(sizes.values())
+    quotas = {label: count * size / n_rows for label, size in sizes.items()}
     taken = {label: int(quota) for label, quota in quotas.items()}
     # largest remainder, ties broken by label value so the result is deterministic
     leftover = count - sum(taken.values())
     for label in sorted(quotas, key=lambda lab: (-(quotas[lab] - taken[lab]), lab))[:leftover]:
         taken[label] += 1
+    return taken
+
+
+def _stratified_pick(labels: Sequence[int], count: int, rng: random.Random) -> list[int]:
+    """Pick ``count`` row indices with each label's share as close as possible to its share in ``labels``."""
+    by_label: dict[int, list[int]] = {}
+    for index, label in enumerate(labels):
+        by_label.setdefault(label, []).append(index)
+    taken = _label_quotas({label: len(rows) for label, rows in by_label.items()}, count)
     picked: list[int] = []
     for label in sorted(by_label):
         picked.extend(rng.sample(by_label[label], taken[label]))
+    return picked
+
+
+def _grouped_pick(groups: Sequence[Any], labels: Sequence[int] | None, count: int, rng: random.Random) -> list[int]:
+    """Pick about ``count`` row indices made of whole groups (rows with equal ``groups`` value, e.g.
+    all reviews of one movie; a missing value is a group of its own), label-stratified when
+    ``labels`` is given: groups are visited in a seeded random order and taken while they fit in
+    what is left of each label's quota, so the result never exceeds the quotas and, with many
+    small groups, ends at or a few rows below them."""
+    by_group: dict[Any, list[int]] = {}
+    for index, group in enumerate(groups):
+        by_group.setdefault(("row", index) if group is None else ("group", group), []).append(index)
+    row_label = (lambda i: labels[i]) if labels is not None else (lambda i: None)
+    sizes = collections.Counter(row_label(i) for i in range(len(groups)))
+    remaining = _label_quotas(sizes, count) if labels is not None else {None: count}
+    order = list(by_group)  # first-appearance order: deterministic for a given file
+    rng.shuffle(order)
+    picked: list[int] = []
+    for key in order:
+        need = collections.Counter(row_label(i) for i in by_group[key])
+        if all(n <= remaining[label] for label, n in need.items()):
+            picked.extend(by_group[key])
+            for label, n in need.items():
+                remaining[label] -= n
+            if not any(remaining.values()):
+                break
     return picked
 
 
@@ -292,13 +325,17 @@ def _carve_validation(
     validation_size: float | int | None,
     seed: int,
     stratify_column: str | None,
+    group_column: str | None = None,
 ) -> dict[str, datasets.Dataset]:
     if "validation" in splits or "train" not in splits or not validation_size:
         return splits
     train = splits["train"]
     count = _validation_count(len(train), validation_size)
     rng = random.Random(seed)
-    if stratify_column is not None:
+    if group_column is not None and group_column in train.column_names:
+        columns = train.select_columns([group_column, *([stratify_column] if stratify_column else [])])[:]
+        picked = _grouped_pick(columns[group_column], columns.get(stratify_column), count, rng)
+    elif stratify_column is not None:
         labels = train.select_columns([stratify_column])[:][stratify_column]  # fast: no per-row Column access
         picked = _stratified_pick(labels, count, rng)
     else:
@@ -307,7 +344,7 @@ def _carve_validation(
     validation_rows = sorted(picked_set)
     train_rows = [i for i in range(len(train)) if i not in picked_set]
     result = dict(splits)
-    parts = (train._fingerprint, validation_size, seed, stratify_column)
+    parts = (train._fingerprint, validation_size, seed, stratify_column, group_column)
     result["train"] = train.select(train_rows, new_fingerprint=_fingerprint("carve-train", *parts))
     result["validation"] = train.select(validation_rows, new_fingerprint=_fingerprint("carve-validation", *parts))
     return result
@@ -346,8 +383,9 @@ def _finish(
     seed: int,
     max_samples: int | Mapping[str, int | None] | None,
     stratify_column: str | None,
+    group_column: str | None = None,
 ) -> datasets.DatasetDict:
-    splits = _carve_validation(splits, validation_size, seed, stratify_column)
+    splits = _carve_validation(splits, validation_size, seed, stratify_column, group_column)
     splits = _subset(splits, max_samples, seed)
     order = [name for name in _CANONICAL_SPLITS if name in splits] + sorted(set(splits) - set(_CANONICAL_SPLITS))
     return datasets.DatasetDict({name: splits[name] for name in order})
@@ -654,6 +692,23 @@ def _discover_classification_files(directory: Path) -> dict[str, Path]:
     return by_split
 
 
+def _has_column(path: Path | None, column: str) -> bool:
+    """Whether the first record (JSON lines) or the header (CSV) of ``path`` has ``column``."""
+    if path is None:
+        return False
+    with _open_text(path) as handle:
+        if _classification_suffix(path).startswith(".csv"):
+            return column in (csv.DictReader(handle).fieldnames or [])
+        for line in handle:
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except json.JSONDecodeError:
+                    return False  # _read_records reports the error with its line number
+                return isinstance(row, dict) and column in row
+    return False
+
+
 def _classification_features(extra: Mapping[str, datasets.features.features.FeatureType]) -> datasets.Features:
     return datasets.Features({"text": datasets.Value("string"), "label": datasets.Value("int64"), **extra})
 
@@ -665,6 +720,7 @@ def _load_local_classification(
     split_files: Mapping[str, str | os.PathLike] | None,
     extra_columns: Sequence[str],
     label_range: LabelRange,
+    group_column: str | None = None,
 ) -> dict[str, datasets.Dataset]:
     if path.is_file():
         if split_files is not None:
@@ -681,6 +737,8 @@ def _load_local_classification(
             files[split] = file
     else:
         files = _discover_classification_files(path)
+    if group_column and group_column not in extra_columns and _has_column(files.get("train"), group_column):
+        extra_columns = (*extra_columns, group_column)
     splits: dict[str, datasets.Dataset] = {}
     for split, file in files.items():
         columns = _read_records(file, text_column, label_column, extra_columns, label_range)
@@ -750,6 +808,7 @@ def load_classification_dataset(
     seed: int = 42,
     max_samples: int | Mapping[str, int | None] | None = None,
     extra_columns: Sequence[str] = (),
+    group_column: str | None = None,
     config_name: str | None = None,
     num_labels: int | None = None,
     allow_negative_labels: bool = True,
@@ -779,6 +838,11 @@ def load_classification_dataset(
         max_samples: keep at most this many rows per split (an int, or ``{split: n or None}``), a
             seeded random subset kept in its original order, taken after the validation split.
         extra_columns: further input columns to keep unchanged (e.g. ``("id",)``).
+        group_column: when the train split has this column (e.g. ``"movie"`` in the IMDB files of
+            ``../shared/data``), the carved validation split takes whole groups: every row with the
+            same value lands on the same side (still stratified by label, within a few rows of
+            ``validation_size``). Data without the column is carved by rows. The column is only
+            kept in the output when it is also in ``extra_columns``.
         config_name, **hub_kwargs: passed to :func:`datasets.load_dataset` for Hub datasets.
         num_labels: when given, every label of every split must be a class id ``0..num_labels-1``.
         allow_negative_labels: ``False``: a negative label is an error (``True`` keeps e.g. the
@@ -798,14 +862,23 @@ def load_classification_dataset(
                 f"config_name/hub arguments {sorted(hub_kwargs)} only apply to Hub datasets, not to {path}"
             )
         splits = _load_local_classification(
-            Path(path).expanduser(), text_column, label_column, split_files, tuple(extra_columns), label_range
+            Path(path).expanduser(), text_column, label_column, split_files, tuple(extra_columns), label_range,
+            group_column,
         )
     else:
         if split_files is not None:
             raise ValueError("split_files only applies to local directories")
         name = os.fspath(path)
-        splits = _hub_classification(
-            _load_hub(name, config_name, hub_kwargs), name, text_column, label_column, tuple(extra_columns),
-            label_range,
+        loaded = _load_hub(name, config_name, hub_kwargs)
+        extra = tuple(extra_columns)
+        if group_column and group_column not in extra and "train" in loaded and group_column in loaded["train"].column_names:
+            extra += (group_column,)
+        splits = _hub_classification(loaded, name, text_column, label_column, extra, label_range)
+    result = _finish(
+        splits, validation_size, seed, max_samples, stratify_column="label" if stratify else None, group_column=group_column
+    )
+    if group_column and group_column not in extra_columns:
+        result = datasets.DatasetDict(
+            {split: ds.remove_columns([c for c in ds.column_names if c == group_column]) for split, ds in result.items()}
         )
-    return _finish(splits, validation_size, seed, max_samples, stratify_column="label" if stratify else None)
+    return result

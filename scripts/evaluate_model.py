@@ -34,7 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output_dir", required=True, help="Where predictions and metrics go.")
     parser.add_argument("--per_device_eval_batch_size", type=int, default=64)
     parser.add_argument("--max_eval_samples", type=int, default=None,
-                        help="Evaluate a seeded random subset (the rows training's --max_eval_samples and --seed pick).")
+                        help="Evaluate a seeded random subset (the rows training's --max_eval_samples and --split_seed pick).")
     parser.add_argument("--source_lang", default="de")
     parser.add_argument("--target_lang", default="en")
     parser.add_argument("--text_column", default="text")
@@ -43,7 +43,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_target_length", type=int, default=None, help="Seq2seq: generation max_length (default: generation config).")
     parser.add_argument("--num_beams", type=int, default=None, help="Seq2seq: beams (default: generation config).")
     parser.add_argument("--max_length", type=int, default=512, help="Classification: truncate texts.")
-    parser.add_argument("--seed", type=int, default=42, help="Seed of carved validation splits / subsets.")
+    parser.add_argument("--seed", type=int, default=42, help="Seed of the evaluation dataloader (not of the rows).")
+    parser.add_argument("--split_seed", type=int, default=42,
+                        help="Seed of the validation split carved from train and of --max_eval_samples: the "
+                        "training run's --split_seed gives the rows it validated on.")
+    parser.add_argument("--group_column", default="movie",
+                        help='Classification: carve validation by whole groups of this column when present (as '
+                        'run_classification.py does); "" carves by rows.')
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="Run the code a checkpoint ships (auto_map) for model types hf_zformer does not provide. "
                         "Off by default: hf_zformer's own models load with the installed library code.")
@@ -91,17 +97,18 @@ def main(argv=None) -> dict:
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
     seq2seq = is_seq2seq(config)
     source = args.data_dir or args.dataset_name
-    loading = {"seed": args.seed, "config_name": args.dataset_config_name}
+    loading = {"seed": args.split_seed, "config_name": args.dataset_config_name}
     if seq2seq:
         raw = load_translation_dataset(source, args.source_lang, args.target_lang, **loading)
     else:
         raw = load_classification_dataset(
-            source, text_column=args.text_column, label_column=args.label_column, **loading
+            source, text_column=args.text_column, label_column=args.label_column,
+            group_column=args.group_column or None, **loading
         )
     split = args.split or ("test" if "test" in raw else "validation")
     if split not in raw:
         raise SystemExit(f"error: split {split!r} not in the dataset (splits: {list(raw)})")
-    training.subsample(raw, {split: args.max_eval_samples}, args.seed)  # the rows training evaluated on
+    training.subsample(raw, {split: args.max_eval_samples}, args.split_seed)  # the rows training evaluated on
     data = raw[split]
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
     model = auto.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code, dtype=torch.float32)

@@ -45,6 +45,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "id2label/label2id, which pipeline() shows. Default: the dataset's ClassLabel names (Hub datasets that "
         "have them, e.g. neg,pos), else LABEL_0, LABEL_1, ...",
     )
+    parser.add_argument(
+        "--group_column", default="movie",
+        help='When the data has this column, the validation split carved from train keeps each group (IMDB: each '
+        'movie\'s reviews) on one side; "" carves by rows.',
+    )
     training.add_model_args(parser, seq2seq=False)
     training.add_training_args(parser)
     args = parser.parse_args(argv)
@@ -61,6 +66,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     if args.num_labels is not None and args.num_labels < 2:
         parser.error(f"--num_labels must be >= 2, got {args.num_labels}")
     return training.validate_args(parser, args, seq2seq=False)
+
+
+def load_data(args: argparse.Namespace):
+    """The splits and the name of the evaluation one. The validation split carved from train
+    (grouped by ``--group_column`` when present) and its ``--max_eval_samples`` subset depend on
+    ``--split_seed`` only, so runs with different ``--seed`` validate on the same rows."""
+    from hf_zformer.data import load_classification_dataset
+
+    raw = load_classification_dataset(
+        args.data_dir or args.dataset_name,
+        text_column=args.text_column,
+        label_column=args.label_column,
+        seed=args.split_seed,
+        group_column=args.group_column or None,
+        config_name=args.dataset_config_name,
+        num_labels=args.num_labels,
+        allow_negative_labels=bool(args.dataset_name),  # Hub test splits use -1 for "no label"
+    )
+    eval_split = "validation" if "validation" in raw else "test"
+    training.subsample(raw, {"train": args.max_train_samples}, args.seed)
+    training.subsample(raw, {eval_split: args.max_eval_samples}, args.split_seed)
+    return raw, eval_split
 
 
 def class_count(raw, splits, source, logger) -> int:
@@ -104,24 +131,12 @@ def main(argv=None) -> dict:
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     import hf_zformer  # noqa: F401  (registers the Auto classes)
-    from hf_zformer.data import load_classification_dataset
 
     accelerator, logger = training.start_run(args, __name__)
 
     # ---- data
     with training.data_errors():  # bad data: a message naming file and line, before any training
-        raw = load_classification_dataset(
-            args.data_dir or args.dataset_name,
-            text_column=args.text_column,
-            label_column=args.label_column,
-            seed=args.split_seed,
-            config_name=args.dataset_config_name,
-            num_labels=args.num_labels,
-            allow_negative_labels=bool(args.dataset_name),  # Hub test splits use -1 for "no label"
-        )
-        eval_split = "validation" if "validation" in raw else "test"
-        training.subsample(raw, {"train": args.max_train_samples}, args.seed)
-        training.subsample(raw, {eval_split: args.max_eval_samples}, args.split_seed)  # same rows for every --seed
+        raw, eval_split = load_data(args)
         num_labels, id2label = label_mapping(args, raw, ("train", eval_split), args.data_dir or args.dataset_name, logger)
 
     # ---- tokenizer and model

@@ -5,10 +5,13 @@ validation split carved grouped by movie with its own --split_seed.
 
 Tiny end-to-end runs reuse the helpers and data of test_scripts.py."""
 
+import collections
 import json
+import random
 import shutil
 
 import pytest
+from conftest import SHARED_DATA
 from test_scripts import TINY_CLF, TINY_MT, load_script, run_script, tiny_data  # noqa: F401  (fixture)
 
 RECORD_FIELDS = {"task", "attention", "decoder_attention", "split", "metric", "value", "beams", "epochs", "seed",
@@ -43,8 +46,23 @@ def mt_best_run(tiny_data, tmp_path_factory):  # noqa: F811
 
 
 @pytest.fixture(scope="module")
-def clf_common(tiny_data):  # noqa: F811
-    return ["--data_dir", tiny_data / "clf", "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
+def movie_data(tmp_path_factory):
+    """120 reviews of 40 movies (3 each, one label per movie, movie-specific words), IMDB's layout."""
+    root = tmp_path_factory.mktemp("movies")
+    rng = random.Random(1)
+    words = "the a movie film plot actor scene story music ending".split()
+    with open(root / "train.jsonl", "w") as f:
+        for i in range(120):
+            movie, label = i % 40, i % 2
+            text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 20)))
+            f.write(json.dumps({"text": f"title{movie} {text} {'great fun' if label else 'awful bore'}",
+                                "label": label, "id": f"r{i}", "movie": f"tt{movie:04d}"}) + "\n")
+    return root
+
+
+@pytest.fixture(scope="module")
+def clf_common(movie_data):
+    return ["--data_dir", movie_data, "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
             "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 16, "--learning_rate", 3e-3,
             "--num_train_epochs", 2, "--eval_steps", 3, "--save_best", "--checkpointing_steps", 4]
 
@@ -114,6 +132,18 @@ def test_classification_best_model_restored(clf_best_run):
     assert record["ci95"][0] <= record["value"] <= record["ci95"][1]
 
 
+def test_evaluate_model_carves_the_same_validation_rows(clf_best_run, movie_data, tmp_path):
+    """evaluate_model.py (same default --split_seed and grouping) scores the best model on exactly
+    the rows the training run validated on: same count, same accuracy."""
+    out, _ = clf_best_run
+    run_script("evaluate_model.py", "--model_name_or_path", out, "--data_dir", movie_data, "--split", "validation",
+               "--max_length", 32, "--output_dir", tmp_path)
+    metrics = json.loads((tmp_path / "validation_results.json").read_text())
+    trained = json.loads((out / "all_results.json").read_text())
+    assert metrics["validation_samples"] == trained["eval_samples"] == 12
+    assert metrics["validation_accuracy"] == pytest.approx(trained["eval_accuracy"])
+
+
 def test_resume_keeps_best_and_history(clf_common, clf_best_run, tmp_path):
     """Resume in the same output folder from a mid-run checkpoint: the history is cut back to the
     checkpoint and extended again without duplicates, the best value/step come from the training
@@ -143,3 +173,73 @@ def test_eval_arguments_fail_before_training(tiny_data, tmp_path, capsys):  # no
         ["--data_dir", str(tiny_data / "mt"), "--attention_type", "full", "--output_dir", str(tmp_path)])
     assert args.eval_steps is None and args.eval_num_beams == 1 and not args.save_best and args.split_seed == 42
     assert args.results_file is None
+
+
+# --------------------------------------------------------------------------------------------
+# validation carved grouped by movie, seeded by --split_seed
+# --------------------------------------------------------------------------------------------
+
+
+def _validation(ds, column="id"):
+    return list(ds["validation"][column])
+
+
+def test_grouped_carve_keeps_movies_on_one_side(movie_data):
+    from hf_zformer.data import load_classification_dataset
+
+    for seed in range(5):
+        ds = load_classification_dataset(movie_data, group_column="movie", extra_columns=("id", "movie"), seed=seed)
+        assert not set(ds["train"]["movie"]) & set(ds["validation"]["movie"]), seed
+        assert len(ds["validation"]) == 12 and collections.Counter(ds["validation"]["label"]) == {0: 6, 1: 6}
+    plain = load_classification_dataset(movie_data, extra_columns=("id", "movie"), seed=0)
+    assert set(plain["train"]["movie"]) & set(plain["validation"]["movie"])  # a row carve splits movies
+    # the group column is used, not returned, unless asked for; data without it is carved by rows
+    assert load_classification_dataset(movie_data, group_column="movie")["train"].column_names == ["text", "label"]
+    assert len(load_classification_dataset(movie_data, group_column="no_such_column")["validation"]) == 12
+
+
+def test_grouped_pick_sizes():
+    """Groups of mixed labels and sizes: never above the label quotas, close to the requested size."""
+    from hf_zformer.data import _grouped_pick
+
+    rng = random.Random(0)
+    groups, labels = [], []
+    for movie in range(500):
+        for _ in range(rng.randint(1, 12)):
+            groups.append(movie)
+            labels.append(int(rng.random() < 0.5))
+    count = len(groups) // 10
+    picked = _grouped_pick(groups, labels, count, random.Random(3))
+    by_label = collections.Counter(labels[i] for i in picked)
+    share = sum(labels) / len(labels)
+    assert count - 5 <= len(picked) <= count and abs(by_label[1] - share * count) <= 3
+    chosen = {groups[i] for i in picked}
+    assert all((groups[i] in chosen) == (i in set(picked)) for i in range(len(groups)))  # whole groups only
+
+
+def test_split_seed_fixes_validation_rows_across_seeds(movie_data, tmp_path):
+    script = load_script("run_classification.py")
+
+    def validation(*extra):
+        args = script.parse_args(["--data_dir", str(movie_data), "--attention_type", "full",
+                                  "--output_dir", str(tmp_path), *extra])
+        raw, split = script.load_data(args)
+        assert split == "validation"
+        return raw["validation"]["text"]
+
+    assert validation("--seed", "1") == validation("--seed", "2")
+    assert validation("--seed", "1", "--max_eval_samples", "6") == validation("--seed", "2", "--max_eval_samples", "6")
+    assert validation("--split_seed", "7") != validation()
+    texts = validation()
+    assert len(texts) == 12 and len({t.split()[0] for t in texts}) == 4  # 4 whole movies
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_DATA / "imdb").is_dir(), reason="shared data not present")
+def test_imdb_carve_grouped_by_movie():
+    from hf_zformer.data import load_classification_dataset
+
+    ds = load_classification_dataset(SHARED_DATA / "imdb", group_column="movie", extra_columns=("movie",))
+    assert (len(ds["train"]), len(ds["validation"])) == (22500, 2500)
+    assert collections.Counter(ds["validation"]["label"]) == {0: 1250, 1: 1250}
+    assert not set(ds["train"]["movie"]) & set(ds["validation"]["movie"])
