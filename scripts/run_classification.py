@@ -86,7 +86,7 @@ def load_data(args: argparse.Namespace):
     )
     eval_split = "validation" if "validation" in raw else "test"
     training.subsample(raw, {"train": args.max_train_samples}, args.seed)
-    training.subsample(raw, {eval_split: args.max_eval_samples}, args.split_seed)
+    training.subsample(raw, {s: args.max_eval_samples for s in ("validation", "test") if s in raw}, args.split_seed)
     return raw, eval_split
 
 
@@ -137,7 +137,10 @@ def main(argv=None) -> dict:
     # ---- data
     with training.data_errors():  # bad data: a message naming file and line, before any training
         raw, eval_split = load_data(args)
-        num_labels, id2label = label_mapping(args, raw, ("train", eval_split), args.data_dir or args.dataset_name, logger)
+        # a test split next to validation is scored once at the end, if labelled (Hub test splits may hold -1)
+        labelled_test = "test" in raw and eval_split != "test" and min(raw["test"]["label"], default=-1) >= 0
+        eval_splits = [eval_split, *(["test"] if labelled_test else [])]
+        num_labels, id2label = label_mapping(args, raw, ("train", *eval_splits), args.data_dir or args.dataset_name, logger)
 
     # ---- tokenizer and model
     base = args.model_name_or_path
@@ -179,35 +182,35 @@ def main(argv=None) -> dict:
                 num_proc=args.preprocessing_num_workers,
                 desc=f"tokenize {split}",
             )
-            for split in ("train", eval_split)
+            for split in ("train", *eval_splits)
         }
     collate = training.pad_collate(tokenizer.pad_token_id)
     train_lengths = [len(x) for x in processed["train"]["input_ids"]]
     train_dataloader, train_sampler = training.make_dataloader(
         processed["train"], train_lengths, args.per_device_train_batch_size, collate, shuffle=True, seed=args.seed
     )
-    eval_lengths = [len(x) for x in processed[eval_split]["input_ids"]]
-    eval_dataloader, _ = training.make_dataloader(
-        processed[eval_split], eval_lengths, args.per_device_eval_batch_size, collate, shuffle=False, seed=args.seed
-    )
+    eval_dataloaders = {}
+    for split in eval_splits:
+        lengths = [len(x) for x in processed[split]["input_ids"]]
+        eval_dataloaders[split], _ = training.make_dataloader(
+            processed[split], lengths, args.per_device_eval_batch_size, collate, shuffle=False, seed=args.seed
+        )
 
     optimizer = training.make_optimizer(model, args)
-    model, optimizer, train_dataloader, eval_dataloader = accelerator.prepare(
-        model, optimizer, train_dataloader, eval_dataloader
-    )
+    model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+    eval_dataloaders = {split: accelerator.prepare(loader) for split, loader in eval_dataloaders.items()}
+    hits: dict[str, list[bool]] = {}  # per split and example, of its latest evaluation (bootstrap intervals)
 
-    hits: list[bool] = []  # per example, of the latest evaluation (bootstrap interval of --results_file)
-
-    def evaluate() -> dict:
+    def evaluate(split: str = eval_split) -> dict:
         model.eval()
-        hits.clear()
-        for batch in training.progress(eval_dataloader, desc="evaluate", main=accelerator.is_local_main_process):
+        hits[split] = []
+        for batch in training.progress(eval_dataloaders[split], desc=f"evaluate {split}", main=accelerator.is_local_main_process):
             with torch.no_grad():
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             predictions, references = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
-            hits.extend((predictions == references).tolist())
+            hits[split].extend((predictions == references).tolist())
         model.train()
-        return {"accuracy": sum(hits) / max(len(hits), 1), "samples": len(hits)}
+        return {"accuracy": sum(hits[split]) / max(len(hits[split]), 1), "samples": len(hits[split])}
 
     results = training.train(
         args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
@@ -216,6 +219,8 @@ def main(argv=None) -> dict:
     results["eval_split"] = eval_split
     if args.save_best and args.results_file:  # hits of the best model (the final one) for the interval
         evaluate()
+    if "test" in eval_splits and eval_split != "test":  # once, on the final (with --save_best: best) model
+        results.update({f"test_{k}": v for k, v in evaluate("test").items()})
     training.finish_run(
         args,
         accelerator,
@@ -232,10 +237,13 @@ def main(argv=None) -> dict:
             args, accelerator.unwrap_model(model).config, results, max_length=max_length,
             wall_time_s=time.perf_counter() - started, tokens_per_epoch=sum(train_lengths),
         )
-        record = {**common, "split": eval_split, "metric": "accuracy", "value": 100.0 * results["eval_accuracy"],
-                  "beams": None, "samples": len(hits), "ci95": records.accuracy_ci(hits, seed=args.seed)}
-        records.append_records(args.results_file, [record])
-        logger.info(f"result record appended to {args.results_file}")
+        rows = [
+            {**common, "split": split, "metric": "accuracy", "beams": None, "samples": len(hits[split]),
+             "value": 100.0 * results[f"{prefix}_accuracy"], "ci95": records.accuracy_ci(hits[split], seed=args.seed)}
+            for split, prefix in zip(eval_splits, ("eval", "test"))
+        ]
+        records.append_records(args.results_file, rows)
+        logger.info(f"{len(rows)} result records appended to {args.results_file}")
     return results
 
 

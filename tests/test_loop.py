@@ -47,17 +47,23 @@ def mt_best_run(tiny_data, tmp_path_factory):  # noqa: F811
 
 @pytest.fixture(scope="module")
 def movie_data(tmp_path_factory):
-    """120 reviews of 40 movies (3 each, one label per movie, movie-specific words), IMDB's layout."""
+    """120 training reviews of 40 movies (3 each, one label per movie, movie-specific words), IMDB's
+    layout, and 20 test reviews of 10 other movies."""
     root = tmp_path_factory.mktemp("movies")
     rng = random.Random(1)
     words = "the a movie film plot actor scene story music ending".split()
-    with open(root / "train.jsonl", "w") as f:
-        for i in range(120):
-            movie, label = i % 40, i % 2
+    for split, rows, movies, first_movie in (("train", 120, 40, 0), ("test", 20, 10, 40)):
+        _write_movie_reviews(root / f"{split}.jsonl", rows, movies, first_movie, rng, words)
+    return root
+
+
+def _write_movie_reviews(path, rows, movies, first_movie, rng, words):  # movies even: one label per movie
+    with open(path, "w") as f:
+        for i in range(rows):
+            movie, label = first_movie + i % movies, i % 2
             text = " ".join(rng.choice(words) for _ in range(rng.randint(3, 20)))
             f.write(json.dumps({"text": f"title{movie} {text} {'great fun' if label else 'awful bore'}",
                                 "label": label, "id": f"r{i}", "movie": f"tt{movie:04d}"}) + "\n")
-    return root
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +131,9 @@ def test_classification_best_model_restored(clf_best_run):
     assert results["best_step"] == first_best["step"] and results["eval_accuracy"] == first_best["accuracy"]
     assert results["last_eval_accuracy"] == history[-1]["accuracy"]
     assert _same_weights(out, out / "best")
-    [record] = json.loads(results_file.read_text())
+    record, test_record = json.loads(results_file.read_text())
+    assert test_record["split"] == "test" and test_record["samples"] == 20
+    assert test_record["value"] == pytest.approx(100 * results["test_accuracy"]) and results["test_samples"] == 20
     assert RECORD_FIELDS <= set(record)
     assert record["metric"] == "accuracy" and record["split"] == "validation" and record["decoder_attention"] is None
     assert record["value"] == pytest.approx(100 * first_best["accuracy"])  # re-scored best model, in %
@@ -243,3 +251,88 @@ def test_imdb_carve_grouped_by_movie():
     assert (len(ds["train"]), len(ds["validation"])) == (22500, 2500)
     assert collections.Counter(ds["validation"]["label"]) == {0: 1250, 1: 1250}
     assert not set(ds["train"]["movie"]) & set(ds["validation"]["movie"])
+
+
+# --------------------------------------------------------------------------------------------
+# scripts/plot_curves.py
+# --------------------------------------------------------------------------------------------
+
+
+def test_plot_curves(mt_best_run, clf_best_run, tmp_path, capsys):
+    pytest.importorskip("matplotlib")
+    script = load_script("plot_curves.py")
+    mt_out, _ = mt_best_run
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "eval_history.jsonl").write_text(
+        "".join(json.dumps({"step": s, "epoch": s / 5, "bleu": b}) + "\n" for s, b in ((3, 1.0), (6, 2.5), (9, 2.0))))
+    png = script.main([str(mt_out), str(other), "--output", str(tmp_path / "img" / "mt.png"), "--labels", "zformer,other"])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
+    clf_out, _ = clf_best_run
+    png = script.main([str(clf_out), "--output", str(tmp_path / "clf.png"), "--x", "epoch"])  # metric found: accuracy
+    assert png.is_file()
+    with pytest.raises(SystemExit):
+        script.parse_args([str(tmp_path), "--output", str(tmp_path / "x.png")])  # no history there
+    assert "no eval_history.jsonl" in capsys.readouterr().err
+    with pytest.raises(SystemExit, match="no metric"):
+        script.main([str(other), "--metric", "accuracy", "--output", str(tmp_path / "y.png")])
+
+
+# --------------------------------------------------------------------------------------------
+# hf_zformer.results
+# --------------------------------------------------------------------------------------------
+
+
+def _append_many(path, worker, count):
+    from hf_zformer.results import append_records
+
+    for i in range(count):
+        append_records(path, [{"worker": worker, "i": i}])
+
+
+def test_append_records_keeps_every_record(tmp_path):
+    import multiprocessing
+
+    from hf_zformer.results import append_records, read_records
+
+    path = tmp_path / "docs" / "results.json"
+    assert append_records(path, [{"a": 1}]) == [{"a": 1}]
+    append_records(path, [{"a": 2}, {"a": 3}])
+    assert read_records(path) == [{"a": 1}, {"a": 2}, {"a": 3}]
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_append_many, args=(path, w, 10)) for w in range(3)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=120)
+        assert worker.exitcode == 0
+    records = read_records(path)
+    assert len(records) == 33 and {(r["worker"], r["i"]) for r in records[3:]} == {(w, i) for w in range(3) for i in range(10)}
+    assert not [p.name for p in path.parent.iterdir() if p.name not in ("results.json", "results.json.lock")]
+    for bad in ('{"a": 1}', "[1, 2]", "not json"):
+        path.write_text(bad)
+        with pytest.raises(ValueError, match="results file"):
+            append_records(path, [{"a": 4}])
+        assert path.read_text() == bad  # left unchanged
+
+
+def test_bootstrap_intervals(tmp_path):
+    from sacrebleu.metrics import BLEU
+
+    from hf_zformer.results import accuracy_ci, bleu_ci, git_commit
+
+    hits = [True] * 80 + [False] * 20
+    low, high = accuracy_ci(hits, seed=1)
+    assert low < 80.0 < high and high - low < 20 and accuracy_ci(hits, seed=1) == [low, high]
+    rng = random.Random(0)
+    words = "a man dog cat runs plays on the street in park".split()
+    references = [" ".join(rng.choice(words) for _ in range(8)) for _ in range(200)]
+    predictions = [" ".join(r.split()[:5] + ["dog"]) if i % 3 else r.upper() for i, r in enumerate(references)]
+    cased = BLEU().corpus_score(predictions, [references]).score
+    lowered = BLEU(lowercase=True).corpus_score(predictions, [references]).score
+    low, high = bleu_ci(predictions, references, resamples=200)
+    assert low < cased < high
+    low, high = bleu_ci(predictions, references, lowercase=True, resamples=200)
+    assert low < lowered < high and lowered > cased
+    assert accuracy_ci([]) is None
+    assert len(git_commit() or "0" * 40) == 40 and git_commit(tmp_path) is None
