@@ -14,8 +14,9 @@ from huggingface_hub import EvalResult, HfApi, ModelCardData
 
 __all__ = ["LICENSE", "check_push_access", "model_card", "push_to_hub", "UPLOAD_IGNORE"]
 
-#: Files of an output folder that are not part of the model (resumable checkpoints, temp folders, logs).
-UPLOAD_IGNORE = ["step_*/**", "epoch_*/**", ".tmp-*/**", ".old-*/**", "runs/**", "hf_modules/**", "*.pkl", ".lock"]
+#: Files of an output folder that are not part of the model (resumable checkpoints, the --save_best copy of the
+#: final model, temp folders, logs).
+UPLOAD_IGNORE = ["step_*/**", "epoch_*/**", "best/**", ".tmp-*/**", ".old-*/**", "runs/**", "hf_modules/**", "*.pkl", ".lock"]
 
 #: License of the cards' ``license:`` metadata: the checkpoints ship hf_zformer's model code, which is
 #: under the project's license (``setup.cfg``).
