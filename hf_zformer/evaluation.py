@@ -111,12 +111,21 @@ class EvalTracker:
             return {}
         return {"best_metric": self.best_value, "best_step": self.best_step, "best_metrics": self.best_metrics}
 
-    def restore(self, state: dict[str, Any], completed_steps: int) -> None:
+    def restore(self, state: dict[str, Any], completed_steps: int, checkpoint: str | os.PathLike | None = None) -> None:
         """Take the best value/step back from a checkpoint's training state, and drop the history
-        records written after the checkpoint (the resumed run evaluates those steps again)."""
+        records written after the checkpoint (the resumed run evaluates those steps again). A run
+        resumed into another output folder copies the checkpoint's run's history and best model."""
         self.best_value = state.get("best_metric")
         self.best_step = state.get("best_step")
         self.best_metrics = state.get("best_metrics") or {}
+        source = Path(checkpoint).resolve().parent if checkpoint is not None else self.output_dir.resolve()
+        if source != self.output_dir.resolve() and self.accelerator.is_main_process:
+            if (source / HISTORY_FILE).is_file() and not (self.output_dir / HISTORY_FILE).exists():
+                shutil.copyfile(source / HISTORY_FILE, self.output_dir / HISTORY_FILE)
+            copy_best = self.save_best and self._saved_best_step(source) == self.best_step
+            if copy_best and not (self.output_dir / BEST_DIR).exists():
+                shutil.copytree(source / BEST_DIR, self.output_dir / BEST_DIR)
+        self.accelerator.wait_for_everyone()
         kept = [r for r in read_history(self.output_dir) if r["step"] <= completed_steps]
         if kept:
             self.last_step = kept[-1]["step"]
@@ -187,20 +196,29 @@ class EvalTracker:
         if self.logger is not None:
             self.logger.info(f"new best {self.metric} {self.best_value:.4f} at step {self.best_step}: saved {final}")
 
+    @staticmethod
+    def _saved_best_step(run_dir: Path) -> int | None:
+        state = run_dir / BEST_DIR / BEST_STATE_FILE
+        return json.loads(state.read_text()).get("best_step") if state.is_file() else None
+
     def load_best(self) -> bool:
-        """Load the weights of ``output_dir/best`` into the (prepared) model; False without one."""
+        """Load the weights of ``output_dir/best`` into the (prepared) model; False without one, or
+        when it is not the model of the tracked best step (warning; the final weights stay)."""
         path = self.output_dir / BEST_DIR
-        if not self.save_best or not (path / BEST_STATE_FILE).is_file():
+        if not self.save_best or self.best_step is None:
             return False
-        saved = json.loads((path / BEST_STATE_FILE).read_text())
-        if saved.get("best_step") != self.best_step and self.logger is not None:
-            self.logger.warning(f"{path} holds step {saved.get('best_step')}, the training state says {self.best_step}")
+        saved_step = self._saved_best_step(self.output_dir)
+        if saved_step != self.best_step:
+            if self.logger is not None:
+                self.logger.warning(f"{path} holds step {saved_step}, the best evaluation was step {self.best_step}: "
+                                    "the final model stays the last one")
+            return False
         unwrapped = self.accelerator.unwrap_model(self.model)
         best = type(unwrapped).from_pretrained(path, dtype=next(unwrapped.parameters()).dtype)
         unwrapped.load_state_dict(best.state_dict())
         del best
         if self.logger is not None:
-            self.logger.info(f"final model: the best one, step {saved.get('best_step')} ({self.metric} {saved.get('best_metric')})")
+            self.logger.info(f"final model: the best one, step {self.best_step} ({self.metric} {self.best_value})")
         return True
 
     def summary(self) -> dict[str, Any]:

@@ -761,7 +761,7 @@ def train(
         completed_steps, start_epoch, resume_batches = state["completed_steps"], state["epoch"], state["batches_done"]
         loss_sum, loss_count = state.get("loss_sum", 0.0), state.get("loss_count", 0)
         runtime_before = state.get("train_runtime_s", 0.0)
-        tracker.restore(state, completed_steps)
+        tracker.restore(state, completed_steps, path)
         if resume_batches >= len(train_dataloader):
             start_epoch, resume_batches = start_epoch + 1, 0
         logger.info(f"Resumed from {path}: step {completed_steps}, epoch {start_epoch}, batch {resume_batches}")

@@ -167,6 +167,13 @@ def test_resume_keeps_best_and_history(clf_common, clf_best_run, tmp_path):
     for key in ("best_step", "eval_accuracy", "last_eval_accuracy", "train_steps"):
         assert resumed[key] == uninterrupted[key], key
     assert _same_weights(out, reference) and _same_weights(out, out / "best")
+    # resumed into a new folder: history up to the checkpoint and the best model come along
+    other = tmp_path / "other"
+    run_script("run_classification.py", *clf_common, "--resume_from_checkpoint", reference / "step_8",
+               "--output_dir", other)
+    assert _history(other) == _history(reference)
+    assert json.loads((other / "all_results.json").read_text())["best_step"] == uninterrupted["best_step"]
+    assert _same_weights(other, reference) and _same_weights(other, other / "best")
 
 
 def test_eval_arguments_fail_before_training(tiny_data, tmp_path, capsys):  # noqa: F811
@@ -336,3 +343,16 @@ def test_bootstrap_intervals(tmp_path):
     assert low < lowered < high and lowered > cased
     assert accuracy_ci([]) is None
     assert len(git_commit() or "0" * 40) == 40 and git_commit(tmp_path) is None
+
+
+def test_translation_test_split_name(tiny_data, tmp_path):  # noqa: F811
+    script = load_script("run_translation.py")
+    base = ["--attention_type", "full", "--output_dir", str(tmp_path)]
+    assert script.test_split_name(script.parse_args(["--data_dir", str(tiny_data / "mt"), *base])) == "test"
+    multi30k = tmp_path / "multi30k"
+    multi30k.mkdir()
+    for stem in ("train", "test_2016_flickr"):
+        for lang in ("de", "en"):
+            (multi30k / f"{stem}.{lang}.gz").write_bytes(b"")
+    assert script.test_split_name(script.parse_args(["--data_dir", str(multi30k), *base])) == "test2016"
+    assert script.test_split_name(script.parse_args(["--dataset_name", "bentrevett/multi30k", *base])) == "test2016"
