@@ -118,7 +118,7 @@ def result_records(args, config, results: dict, test_outputs: dict, test_split: 
 
     common = records.run_fields(args, config, results, **fields)
     rows = [{**common, "split": results["eval_split"], "metric": "bleu", "value": results["eval_bleu"],
-             "beams": args.eval_num_beams, "samples": results.get("eval_samples")}]
+             "beams": args.eval_num_beams, "samples": results.get("eval_samples"), "ci95": None}]
     for beams, (predictions, references) in test_outputs.items():
         prefix = "test_" if beams == args.num_beams else "test_greedy_"
         for metric in ("bleu", "bleu_lowercase"):
