@@ -534,10 +534,11 @@ def test_evaluate_model_max_eval_samples_is_training_subset(clf_run, tmp_path):
                 label = int(i >= n // 2)  # sorted by label, like IMDB
                 f.write(json.dumps({"text": "great fun" if label else "awful bore", "label": label}) + "\n")
     run_script("evaluate_model.py", "--model_name_or_path", clf_out, "--data_dir", data, "--split", "validation",
-               "--max_eval_samples", 10, "--seed", 3, "--output_dir", tmp_path / "eval")
+               "--max_eval_samples", 10, "--split_seed", 3, "--seed", 5, "--output_dir", tmp_path / "eval")
     rows = [json.loads(line) for line in (tmp_path / "eval" / "validation_predictions.jsonl").read_text().splitlines()]
     raw = load_classification_dataset(data, seed=3)
-    training.subsample(raw, {"validation": 10}, 3)  # what run_classification.py --max_eval_samples 10 --seed 3 keeps
+    # what run_classification.py --max_eval_samples 10 --split_seed 3 keeps, whatever its --seed
+    training.subsample(raw, {"validation": 10}, 3)
     assert [r["label"] for r in rows] == raw["validation"]["label"]
     assert {r["label"] for r in rows} == {0, 1}
 
