@@ -188,6 +188,9 @@ def test_eval_arguments_fail_before_training(tiny_data, tmp_path, capsys):  # no
         ["--data_dir", str(tiny_data / "mt"), "--attention_type", "full", "--output_dir", str(tmp_path)])
     assert args.eval_steps is None and args.eval_num_beams == 1 and not args.save_best and args.split_seed == 42
     assert args.results_file is None
+    with pytest.raises(SystemExit):
+        load_script("run_classification.py").parse_args(["--help"])
+    assert "bleu for translation, accuracy for classification" in " ".join(capsys.readouterr().out.split())
 
 
 # --------------------------------------------------------------------------------------------
