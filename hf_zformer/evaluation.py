@@ -156,6 +156,10 @@ class EvalTracker:
         if self.accelerator.is_main_process and not repeated:
             with open(self.output_dir / HISTORY_FILE, "a") as f:
                 f.write(json.dumps(record) + "\n")
+        prefixed = {f"eval_{k}": v for k, v in metrics.items()}
+        if self.logger is not None:
+            where = f"epoch {epoch} (step {completed_steps})" if epoch is not None else f"step {completed_steps} evaluation"
+            self.logger.info(f"{where}: {prefixed}")
         if self.metric and self.metric in metrics and not repeated:
             value = metrics[self.metric]
             if self.best_value is None or value > self.best_value:
@@ -165,10 +169,7 @@ class EvalTracker:
         self.last_metrics = metrics
         self.eval_runtime_s += time.perf_counter() - started
         if getattr(self.args, "with_tracking", False):
-            self.accelerator.log({f"eval_{k}": v for k, v in metrics.items()}, step=completed_steps)
-        if self.logger is not None:
-            where = f"epoch {epoch} " if epoch is not None else ""
-            self.logger.info(f"evaluation {where}(step {completed_steps}): {metrics}")
+            self.accelerator.log(prefixed, step=completed_steps)
         return metrics
 
     # ---- best checkpoint

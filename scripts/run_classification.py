@@ -204,7 +204,8 @@ def main(argv=None) -> dict:
     def evaluate(split: str = eval_split) -> dict:
         model.eval()
         hits[split] = []
-        for batch in training.progress(eval_dataloaders[split], desc=f"evaluate {split}", main=accelerator.is_local_main_process):
+        desc = "evaluate" if split == eval_split else f"evaluate {split}"
+        for batch in training.progress(eval_dataloaders[split], desc=desc, main=accelerator.is_local_main_process):
             with torch.no_grad():
                 logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
             predictions, references = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
