@@ -80,6 +80,7 @@ def main(argv=None) -> dict:
     import hf_zformer  # noqa: F401
     from hf_zformer import training
     from hf_zformer.data import load_classification_dataset, load_translation_dataset
+    from hf_zformer.scoring import generate_and_score, predict_labels
 
     args.gradient_accumulation_steps, args.with_tracking = 1, False
     accelerator = training.make_accelerator(args)
@@ -133,9 +134,6 @@ def main(argv=None) -> dict:
     model, loader = accelerator.prepare(model, loader)
 
     if seq2seq:
-        sys.path.insert(0, str(Path(__file__).resolve().parent))
-        from run_translation import generate_and_score
-
         from hf_zformer import metrics as hf_metrics
 
         generation = accelerator.unwrap_model(model).generation_config
@@ -152,13 +150,8 @@ def main(argv=None) -> dict:
             for i, p in zip(indices, predictions)
         ]
     else:
-        model.eval()
-        found = {}
-        for batch in training.progress(loader, desc="evaluate", main=accelerator.is_local_main_process):
-            with torch.no_grad():
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            predicted, labels, index = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"], batch["index"]))
-            found.update(zip(index.tolist(), zip(predicted.tolist(), labels.tolist())))
+        predictions, labels, indices = predict_labels(accelerator, model, loader)
+        found = dict(zip(indices or [], zip(predictions, labels)))
         id2label = model.config.id2label
         rows = [
             {"index": i, "prediction": p, "prediction_label": id2label.get(p, str(p)), "label": y}

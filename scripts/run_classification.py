@@ -23,6 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from hf_zformer import training  # noqa: E402
+from hf_zformer.scoring import score_accuracy  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -202,16 +203,9 @@ def main(argv=None) -> dict:
     hits: dict[str, list[bool]] = {}  # per split and example, of its latest evaluation (bootstrap intervals)
 
     def evaluate(split: str = eval_split) -> dict:
-        model.eval()
-        hits[split] = []
         desc = "evaluate" if split == eval_split else f"evaluate {split}"
-        for batch in training.progress(eval_dataloaders[split], desc=desc, main=accelerator.is_local_main_process):
-            with torch.no_grad():
-                logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
-            predictions, references = accelerator.gather_for_metrics((logits.argmax(-1), batch["labels"]))
-            hits[split].extend((predictions == references).tolist())
-        model.train()
-        return {"accuracy": sum(hits[split]) / max(len(hits[split]), 1), "samples": len(hits[split])}
+        scores, hits[split] = score_accuracy(accelerator, model, eval_dataloaders[split], desc=desc)
+        return scores
 
     results = training.train(
         args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,

@@ -25,6 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from hf_zformer import training  # noqa: E402
+from hf_zformer.scoring import generate_and_score  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -63,43 +64,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     return training.validate_args(parser, args, seq2seq=True)
 
 
-def generate_and_score(accelerator, model, dataloader, tokenizer, *, num_beams, max_length, metric):
-    """Greedy/beam generation over ``dataloader`` on every process, gathered with
-    ``gather_for_metrics``; returns (metric scores, predictions and references in dataset order)."""
-    unwrapped = accelerator.unwrap_model(model)
-    model.eval()
-    indices, predictions, references = [], [], []
-    for batch in training.progress(dataloader, desc="generate", main=accelerator.is_local_main_process):
-        with torch.no_grad(), accelerator.autocast():
-            generated = unwrapped.generate(
-                input_ids=batch["input_ids"],
-                attention_mask=batch["attention_mask"],
-                num_beams=num_beams,
-                max_length=max_length,
-            )
-        generated = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
-        labels = accelerator.pad_across_processes(batch["labels"], dim=1, pad_index=-100)
-        generated, labels, index = accelerator.gather_for_metrics((generated, labels, batch["index"]))
-        labels = labels.masked_fill(labels == -100, tokenizer.pad_token_id)
-        predictions += tokenizer.batch_decode(generated, skip_special_tokens=True)
-        references += tokenizer.batch_decode(labels, skip_special_tokens=True)
-        indices += index.tolist()
-    model.train()
-    # Sorted-by-length batches: put rows back in dataset order (duplicates, if any, collapse).
-    rows = dict(zip(indices, zip(predictions, references)))
-    ordered = [rows[i] for i in sorted(rows)]
-    predictions, references = [p for p, _ in ordered], [r for _, r in ordered]
-    predictions, references = [p.strip() for p in predictions], [r.strip() for r in references]
-    scores = {
-        name: metric.compute(predictions=predictions, references=[[r] for r in references], lowercase=lowercase)["score"]
-        for name, lowercase in (("bleu", False), ("bleu_lowercase", True))
-    }
-    return {**scores, "samples": len(predictions)}, sorted(rows), predictions, references
-
-
 def score_test(generate: Callable[[int], tuple], num_beams: int) -> tuple[dict, dict]:
     """Score the test split once with ``num_beams`` and, when that is beam search, greedily too
-    (cheap next to beam search). ``generate(beams)`` is :func:`generate_and_score`'s result.
+    (cheap next to beam search). ``generate(beams)`` is :func:`hf_zformer.scoring.generate_and_score`'s result.
     Returns (``test_bleu``, ``test_bleu_lowercase``, ``test_samples``, ``test_greedy_*``) and
     ``{beams: (predictions, references)}`` for confidence intervals."""
     results, outputs = {}, {}

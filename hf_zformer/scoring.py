@@ -1,0 +1,84 @@
+"""Scoring a model on a prepared evaluation dataloader (library side, never shipped).
+
+What the scripts' evaluations run, on one process or many (results gathered with
+``accelerator.gather_for_metrics``, so every process gets the full split):
+
+* :func:`generate_and_score` -- translation: greedy/beam generation, detokenized sacreBLEU (cased
+  and lowercased), predictions and references back in dataset order;
+* :func:`predict_labels` / :func:`score_accuracy` -- classification: the argmax class of every
+  example, and the accuracy with the per-example hits (for bootstrap intervals).
+
+When to evaluate during training, and the best checkpoint, are :mod:`hf_zformer.evaluation`'s job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .training import progress
+
+__all__ = ["generate_and_score", "predict_labels", "score_accuracy"]
+
+
+def generate_and_score(accelerator, model, dataloader, tokenizer, *, num_beams, max_length, metric):
+    """Greedy/beam generation over ``dataloader`` on every process, gathered with
+    ``gather_for_metrics``; returns (metric scores, the dataset indices, predictions and
+    references in dataset order). Batches carry ``input_ids``, ``attention_mask``, ``labels`` and
+    ``index``; ``metric`` is a sacreBLEU metric (:func:`hf_zformer.metrics.load`)."""
+    unwrapped = accelerator.unwrap_model(model)
+    model.eval()
+    indices, predictions, references = [], [], []
+    for batch in progress(dataloader, desc="generate", main=accelerator.is_local_main_process):
+        with torch.no_grad(), accelerator.autocast():
+            generated = unwrapped.generate(
+                input_ids=batch["input_ids"],
+                attention_mask=batch["attention_mask"],
+                num_beams=num_beams,
+                max_length=max_length,
+            )
+        generated = accelerator.pad_across_processes(generated, dim=1, pad_index=tokenizer.pad_token_id)
+        labels = accelerator.pad_across_processes(batch["labels"], dim=1, pad_index=-100)
+        generated, labels, index = accelerator.gather_for_metrics((generated, labels, batch["index"]))
+        labels = labels.masked_fill(labels == -100, tokenizer.pad_token_id)
+        predictions += tokenizer.batch_decode(generated, skip_special_tokens=True)
+        references += tokenizer.batch_decode(labels, skip_special_tokens=True)
+        indices += index.tolist()
+    model.train()
+    # Sorted-by-length batches: put rows back in dataset order (duplicates, if any, collapse).
+    rows = dict(zip(indices, zip(predictions, references)))
+    ordered = [rows[i] for i in sorted(rows)]
+    predictions, references = [p.strip() for p, _ in ordered], [r.strip() for _, r in ordered]
+    scores = {
+        name: metric.compute(predictions=predictions, references=[[r] for r in references], lowercase=lowercase)["score"]
+        for name, lowercase in (("bleu", False), ("bleu_lowercase", True))
+    }
+    return {**scores, "samples": len(predictions)}, sorted(rows), predictions, references
+
+
+def predict_labels(accelerator, model, dataloader, *, desc: str = "evaluate") -> tuple[list, list, list | None]:
+    """``(predictions, labels, indices)`` of a sequence classifier over ``dataloader``, gathered
+    from every process in batch order; ``indices`` (the batches' ``index`` column) is None when the
+    batches have none. The model is left in training mode."""
+    model.eval()
+    predictions, labels, indices = [], [], []
+    for batch in progress(dataloader, desc=desc, main=accelerator.is_local_main_process):
+        with torch.no_grad():
+            logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        wanted = (logits.argmax(-1), batch["labels"], *((batch["index"],) if "index" in batch else ()))
+        gathered = accelerator.gather_for_metrics(wanted)
+        predictions += gathered[0].tolist()
+        labels += gathered[1].tolist()
+        if len(gathered) > 2:
+            indices += gathered[2].tolist()
+    model.train()
+    return predictions, labels, indices if indices else None
+
+
+def score_accuracy(accelerator, model, dataloader, *, desc: str = "evaluate") -> tuple[dict[str, Any], list[bool]]:
+    """``({"accuracy", "samples"}, hits)``: the accuracy over ``dataloader`` and whether each
+    example was classified right (for :func:`hf_zformer.results.accuracy_ci`)."""
+    predictions, labels, _ = predict_labels(accelerator, model, dataloader, desc=desc)
+    hits = [p == y for p, y in zip(predictions, labels)]
+    return {"accuracy": sum(hits) / max(len(hits), 1), "samples": len(hits)}, hits
