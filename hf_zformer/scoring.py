@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from .training import progress
+from .feedback import progress
 
 __all__ = ["generate_and_score", "predict_labels", "score_accuracy"]
 

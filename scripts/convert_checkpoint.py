@@ -45,7 +45,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None):
     args = parse_args(argv)
-    from hf_zformer.training import parse_config_overrides
+    from hf_zformer.arguments import parse_config_overrides
 
     attention_type = args.attention_type[0] if len(args.attention_type) == 1 else args.attention_type
     try:

@@ -78,13 +78,13 @@ def main(argv=None) -> dict:
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer
 
     import hf_zformer  # noqa: F401
-    from hf_zformer import training
+    from hf_zformer import batching, feedback, run
     from hf_zformer.data import load_classification_dataset, load_translation_dataset
     from hf_zformer.scoring import generate_and_score, predict_labels
 
     args.gradient_accumulation_steps, args.with_tracking = 1, False
-    accelerator = training.make_accelerator(args)
-    training.setup_logging(accelerator)
+    accelerator = run.make_accelerator(args)
+    feedback.setup_logging(accelerator)
     logger = get_logger(__name__)
     try:
         config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
@@ -109,7 +109,7 @@ def main(argv=None) -> dict:
     split = args.split or ("test" if "test" in raw else "validation")
     if split not in raw:
         raise SystemExit(f"error: split {split!r} not in the dataset (splits: {list(raw)})")
-    training.subsample(raw, {split: args.max_eval_samples}, args.split_seed)  # the rows training evaluated on
+    run.subsample(raw, {split: args.max_eval_samples}, args.split_seed)  # the rows training evaluated on
     data = raw[split]
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
     model = auto.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code, dtype=torch.float32)
@@ -127,9 +127,9 @@ def main(argv=None) -> dict:
                 "index": indices}
 
     processed = data.map(tokenize, batched=True, with_indices=True, remove_columns=data.column_names)
-    loader, _ = training.make_dataloader(
+    loader, _ = batching.make_dataloader(
         processed, [len(x) for x in processed["input_ids"]], args.per_device_eval_batch_size,
-        training.pad_collate(tokenizer.pad_token_id), shuffle=False, seed=args.seed,
+        batching.pad_collate(tokenizer.pad_token_id), shuffle=False, seed=args.seed,
     )
     model, loader = accelerator.prepare(model, loader)
 

@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import training  # noqa: E402
+from hf_zformer import arguments, batching, run, training  # noqa: E402
 from hf_zformer.scoring import score_accuracy  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    training.add_data_args(parser)
+    arguments.add_data_args(parser)
     parser.add_argument("--text_column", default="text")
     parser.add_argument("--label_column", default="label")
     parser.add_argument(
@@ -51,8 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         help='When the data has this column, the validation split carved from train keeps each group (IMDB: each '
         'movie\'s reviews) on one side; "" carves by rows.',
     )
-    training.add_model_args(parser, seq2seq=False)
-    training.add_training_args(parser)
+    arguments.add_model_args(parser, seq2seq=False)
+    arguments.add_training_args(parser)
     args = parser.parse_args(argv)
     if args.max_length < 2:
         parser.error(f"--max_length must be >= 2, got {args.max_length}")
@@ -66,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--num_labels {args.num_labels} but {len(args.label_names)} --label_names {args.label_names}")
     if args.num_labels is not None and args.num_labels < 2:
         parser.error(f"--num_labels must be >= 2, got {args.num_labels}")
-    return training.validate_args(parser, args, seq2seq=False)
+    return arguments.validate_args(parser, args, seq2seq=False)
 
 
 def load_data(args: argparse.Namespace):
@@ -86,8 +86,8 @@ def load_data(args: argparse.Namespace):
         allow_negative_labels=bool(args.dataset_name),  # Hub test splits use -1 for "no label"
     )
     eval_split = "validation" if "validation" in raw else "test"
-    training.subsample(raw, {"train": args.max_train_samples}, args.seed)
-    training.subsample(raw, {s: args.max_eval_samples for s in ("validation", "test") if s in raw}, args.split_seed)
+    run.subsample(raw, {"train": args.max_train_samples}, args.seed)
+    run.subsample(raw, {s: args.max_eval_samples for s in ("validation", "test") if s in raw}, args.split_seed)
     return raw, eval_split
 
 
@@ -133,10 +133,10 @@ def main(argv=None) -> dict:
 
     import hf_zformer  # noqa: F401  (registers the Auto classes)
 
-    accelerator, logger = training.start_run(args, __name__)
+    accelerator, logger = run.start_run(args, __name__)
 
     # ---- data
-    with training.data_errors():  # bad data: a message naming file and line, before any training
+    with run.data_errors():  # bad data: a message naming file and line, before any training
         raw, eval_split = load_data(args)
         # a test split next to validation is scored once at the end, if labelled (Hub test splits may hold -1)
         labelled_test = "test" in raw and eval_split != "test" and min(raw["test"]["label"], default=-1) >= 0
@@ -145,7 +145,7 @@ def main(argv=None) -> dict:
 
     # ---- tokenizer and model
     base = args.model_name_or_path
-    tokenizer = training.load_tokenizer(args, accelerator, raw, model_max_length=args.max_length)
+    tokenizer = run.load_tokenizer(args, accelerator, raw, model_max_length=args.max_length)
     if base:
         config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code)
         if getattr(config, "num_labels", None) != num_labels:
@@ -157,7 +157,7 @@ def main(argv=None) -> dict:
         )
     else:
         id2label = id2label or {i: f"LABEL_{i}" for i in range(num_labels)}
-        config = training.build_config(
+        config = arguments.build_config(
             args,
             vocab_size=len(tokenizer),
             seq2seq=False,
@@ -185,15 +185,15 @@ def main(argv=None) -> dict:
             )
             for split in ("train", *eval_splits)
         }
-    collate = training.pad_collate(tokenizer.pad_token_id)
+    collate = batching.pad_collate(tokenizer.pad_token_id)
     train_lengths = [len(x) for x in processed["train"]["input_ids"]]
-    train_dataloader, train_sampler = training.make_dataloader(
+    train_dataloader, train_sampler = batching.make_dataloader(
         processed["train"], train_lengths, args.per_device_train_batch_size, collate, shuffle=True, seed=args.seed
     )
     eval_dataloaders = {}
     for split in eval_splits:
         lengths = [len(x) for x in processed[split]["input_ids"]]
-        eval_dataloaders[split], _ = training.make_dataloader(
+        eval_dataloaders[split], _ = batching.make_dataloader(
             processed[split], lengths, args.per_device_eval_batch_size, collate, shuffle=False, seed=args.seed
         )
 
@@ -216,7 +216,7 @@ def main(argv=None) -> dict:
         evaluate()
     if "test" in eval_splits and eval_split != "test":  # once, on the final (with --save_best: best) model
         results.update({f"test_{k}": v for k, v in evaluate("test").items()})
-    training.finish_run(
+    run.finish_run(
         args,
         accelerator,
         model,

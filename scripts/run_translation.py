@@ -24,13 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import training  # noqa: E402
+from hf_zformer import arguments, batching, run, training  # noqa: E402
 from hf_zformer.scoring import generate_and_score  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    training.add_data_args(parser)
+    arguments.add_data_args(parser)
     parser.add_argument("--source_lang", default="de")
     parser.add_argument("--target_lang", default="en")
     parser.add_argument("--max_source_length", type=int, default=128, help="Truncate sources to this many tokens.")
@@ -48,8 +48,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "costs about half an epoch on CPU).",
     )
     parser.add_argument("--label_smoothing", type=float, default=0.0, help="Label smoothing of the loss.")
-    training.add_model_args(parser, seq2seq=True)
-    training.add_training_args(parser)
+    arguments.add_model_args(parser, seq2seq=True)
+    arguments.add_training_args(parser)
     args = parser.parse_args(argv)
     if args.source_lang == args.target_lang:
         parser.error(f"--source_lang and --target_lang are both {args.source_lang!r}")
@@ -61,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if not 0.0 <= args.label_smoothing < 1.0:
         parser.error(f"--label_smoothing must be in [0, 1), got {args.label_smoothing}")
-    return training.validate_args(parser, args, seq2seq=True)
+    return arguments.validate_args(parser, args, seq2seq=True)
 
 
 def score_test(generate: Callable[[int], tuple], num_beams: int) -> tuple[dict, dict]:
@@ -114,10 +114,10 @@ def main(argv=None) -> dict:
     from hf_zformer import metrics as hf_metrics
     from hf_zformer.data import load_translation_dataset
 
-    accelerator, logger = training.start_run(args, __name__)
+    accelerator, logger = run.start_run(args, __name__)
 
     # ---- data
-    with training.data_errors():  # bad data: a message naming file and line, before any training
+    with run.data_errors():  # bad data: a message naming file and line, before any training
         raw = load_translation_dataset(
             args.data_dir or args.dataset_name,
             args.source_lang,
@@ -128,12 +128,12 @@ def main(argv=None) -> dict:
     eval_splits = [s for s in ("validation", "test") if s in raw]
     if not eval_splits:
         raise ValueError(f"the dataset has no validation or test split (splits: {list(raw)})")
-    training.subsample(raw, {"train": args.max_train_samples}, args.seed)
-    training.subsample(raw, dict.fromkeys(eval_splits, args.max_eval_samples), args.split_seed)  # same rows for every --seed
+    run.subsample(raw, {"train": args.max_train_samples}, args.seed)
+    run.subsample(raw, dict.fromkeys(eval_splits, args.max_eval_samples), args.split_seed)  # same rows for every --seed
 
     # ---- tokenizer and model
     base = args.model_name_or_path
-    tokenizer = training.load_tokenizer(args, accelerator, raw)
+    tokenizer = run.load_tokenizer(args, accelerator, raw)
     if base:
         config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code, label_smoothing=args.label_smoothing)
         model = AutoModelForSeq2SeqLM.from_pretrained(
@@ -143,7 +143,7 @@ def main(argv=None) -> dict:
         extra = {"label_smoothing": args.label_smoothing}
         if "max_position_embeddings" not in args.config_kwargs:
             extra["max_position_embeddings"] = max(512, args.max_source_length, args.max_target_length)
-        config = training.build_config(args, vocab_size=len(tokenizer), seq2seq=True, **extra)
+        config = arguments.build_config(args, vocab_size=len(tokenizer), seq2seq=True, **extra)
         model = AutoModelForSeq2SeqLM.from_config(config)
     max_source = min(args.max_source_length, model.config.max_position_embeddings)
     max_target = min(args.max_target_length, model.config.max_position_embeddings)
@@ -175,16 +175,16 @@ def main(argv=None) -> dict:
             )
             for split in ["train", *eval_splits]
         }
-    collate = training.pad_collate(tokenizer.pad_token_id)
+    collate = batching.pad_collate(tokenizer.pad_token_id)
     train_set = processed["train"].remove_columns(["index"])
     train_lengths = [len(s) + len(t) for s, t in zip(train_set["input_ids"], train_set["labels"])]
-    train_dataloader, train_sampler = training.make_dataloader(
+    train_dataloader, train_sampler = batching.make_dataloader(
         train_set, train_lengths, args.per_device_train_batch_size, collate, shuffle=True, seed=args.seed
     )
     eval_dataloaders = {}
     for split in eval_splits:
         lengths = [len(s) for s in processed[split]["input_ids"]]
-        eval_dataloaders[split], _ = training.make_dataloader(
+        eval_dataloaders[split], _ = batching.make_dataloader(
             processed[split], lengths, args.per_device_eval_batch_size, collate, shuffle=False, seed=args.seed
         )
 
@@ -214,7 +214,7 @@ def main(argv=None) -> dict:
         logger.info(f"test: bleu {results['test_bleu']:.2f} (lowercased {results['test_bleu_lowercase']:.2f}), "
                     f"{args.num_beams} beams")
     results["num_beams"], results["eval_num_beams"] = args.num_beams, args.eval_num_beams
-    training.finish_run(
+    run.finish_run(
         args,
         accelerator,
         model,

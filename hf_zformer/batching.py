@@ -1,0 +1,95 @@
+"""Batching of the training scripts (library side, never shipped): :class:`LengthGroupedBatchSampler`
+(length-bucketed, seeded per epoch, resumable), :func:`pad_collate` (dynamic padding per batch) and
+:func:`make_dataloader`, which puts the two together."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+import torch
+
+__all__ = ["LengthGroupedBatchSampler", "make_dataloader", "pad_collate"]
+
+
+class LengthGroupedBatchSampler(torch.utils.data.Sampler):
+    """Batches of similar length, in a random order that depends only on ``(seed, epoch)``.
+
+    Each epoch: shuffle all indices, cut them into buckets of ``batch_size * bucket_batches``
+    examples, sort every bucket by length, cut buckets into batches, shuffle the batches. Padding
+    then stays small while the data order stays random. The order is a pure function of the epoch
+    (:meth:`use_epoch`; not named ``set_epoch``, which accelerate calls with its own iteration count that
+    restarts at 0 in a resumed run), so a resumed run sees the same batches; it consumes no global RNG.
+    Without ``shuffle`` the batches are the dataset sorted by length (for evaluation).
+    """
+
+    def __init__(self, lengths: Sequence[int], batch_size: int, *, shuffle: bool = True, seed: int = 0,
+                 bucket_batches: int = 50, drop_last: bool = False):
+        self.lengths = list(lengths)
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.bucket_batches = bucket_batches
+        self.drop_last = drop_last
+        self.epoch = 0
+
+    def use_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def batches(self) -> list[list[int]]:
+        n = len(self.lengths)
+        if not self.shuffle:
+            order = sorted(range(n), key=lambda i: -self.lengths[i])
+            return [order[i : i + self.batch_size] for i in range(0, n, self.batch_size)]
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        indices = torch.randperm(n, generator=generator).tolist()
+        bucket = self.batch_size * self.bucket_batches
+        batches = []
+        for start in range(0, n, bucket):
+            chunk = sorted(indices[start : start + bucket], key=lambda i: -self.lengths[i])
+            batches += [chunk[i : i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
+        if self.drop_last:
+            batches = [b for b in batches if len(b) == self.batch_size]
+        permutation = torch.randperm(len(batches), generator=generator).tolist()
+        return [batches[i] for i in permutation]
+
+    def __iter__(self):
+        return iter(self.batches())
+
+    def __len__(self) -> int:
+        if self.drop_last:
+            return len(self.lengths) // self.batch_size
+        return math.ceil(len(self.lengths) / self.batch_size)
+
+
+def pad_collate(pad_token_id: int, label_pad_id: int = -100) -> Callable[[list[dict]], dict[str, torch.Tensor]]:
+    """Collate function padding each batch to its own longest sequence (right padding).
+
+    Features: ``input_ids`` (pad ``pad_token_id``), ``attention_mask`` (pad 0), ``labels`` (a list:
+    pad ``label_pad_id``; a scalar: stacked), other scalars (e.g. ``index``) stacked.
+    """
+
+    def collate(features: list[dict]) -> dict[str, torch.Tensor]:
+        batch: dict[str, torch.Tensor] = {}
+        for key in features[0]:
+            values = [f[key] for f in features]
+            if isinstance(values[0], (list, tuple)):
+                pad = {"input_ids": pad_token_id, "attention_mask": 0, "labels": label_pad_id}.get(key, 0)
+                width = max(len(v) for v in values)
+                batch[key] = torch.tensor([list(v) + [pad] * (width - len(v)) for v in values], dtype=torch.long)
+            else:
+                batch[key] = torch.tensor(values)
+        return batch
+
+    return collate
+
+
+def make_dataloader(dataset, lengths, batch_size, collate_fn, *, shuffle, seed):
+    """DataLoader with length-grouped batches and its own RNG (iterating it never draws from the
+    global torch RNG, which dropout uses: resumed runs stay bit-identical)."""
+    sampler = LengthGroupedBatchSampler(lengths, batch_size, shuffle=shuffle, seed=seed)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_sampler=sampler, collate_fn=collate_fn, generator=torch.Generator().manual_seed(seed)
+    )
+    return loader, sampler
+

@@ -1,0 +1,91 @@
+"""Resumable checkpoints of the training loop (library side, never shipped): :func:`save_checkpoint`
+(``accelerator.save_state`` into a temporary folder, then an atomic rename), :func:`load_checkpoint`,
+:func:`latest_checkpoint` and :func:`clean_stale_checkpoints` (what an interrupted save left behind)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from .evaluation import replace_atomically
+
+__all__ = ["TRAINING_STATE_FILE", "clean_stale_checkpoints", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+
+TRAINING_STATE_FILE = "training_state.json"
+
+
+def save_checkpoint(accelerator, output_dir: str | os.PathLike, name: str, state: dict[str, Any]) -> Path:
+    """Save a resumable checkpoint ``output_dir/name`` atomically.
+
+    Every process calls this (``save_state`` writes one RNG file per process). Everything goes to
+    ``output_dir/.tmp-name`` first; the main process adds ``training_state.json`` (step counter,
+    epoch, batches done in the epoch) and renames the folder into place, so a crash never leaves a
+    half-written ``name`` behind.
+    """
+    final = Path(output_dir) / name
+    tmp = Path(output_dir) / f".tmp-{name}"
+    if accelerator.is_main_process and tmp.exists():
+        shutil.rmtree(tmp)
+    accelerator.wait_for_everyone()
+    with _explain_disk_full(output_dir, f"checkpoint {name}", cleanup=tmp if accelerator.is_main_process else None):
+        accelerator.save_state(str(tmp))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            (tmp / TRAINING_STATE_FILE).write_text(json.dumps(state, indent=2))
+            replace_atomically(tmp, final)
+    accelerator.wait_for_everyone()
+    return final
+
+
+@contextlib.contextmanager
+def _explain_disk_full(folder: str | os.PathLike, what: str, cleanup: Path | None = None):
+    """Turn ``OSError(ENOSPC)`` into a message that says the disk is full and names ``folder``
+    (removing the partial ``cleanup`` folder to give the space back)."""
+    try:
+        yield
+    except OSError as error:
+        if error.errno != errno.ENOSPC:
+            raise
+        if cleanup is not None:
+            shutil.rmtree(cleanup, ignore_errors=True)
+        raise OSError(
+            errno.ENOSPC,
+            f"The disk is full: no space left on the device of {folder} while writing {what}. "
+            "Free space there or pass another --output_dir.",
+        ) from error
+
+
+def clean_stale_checkpoints(output_dir: str | os.PathLike, logger=None) -> None:
+    """Undo what an interrupted :func:`save_checkpoint` left in ``output_dir``: remove
+    ``.tmp-NAME`` folders (partial saves) and ``.old-NAME`` folders (a replaced checkpoint), or
+    rename ``.old-NAME`` back to ``NAME`` when the run died between the two renames and it is the
+    only copy."""
+    for stale in sorted(Path(output_dir).glob(".tmp-*")) + sorted(Path(output_dir).glob(".old-*")):
+        if not stale.is_dir():
+            continue
+        final = stale.with_name(stale.name.removeprefix(".old-"))
+        if stale.name.startswith(".old-") and not final.exists():
+            os.replace(stale, final)
+            action = f"restored as {final}"
+        else:
+            shutil.rmtree(stale)
+            action = "removed"
+        if logger is not None:
+            logger.warning(f"stale checkpoint folder {stale} of an interrupted run: {action}")
+
+
+def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
+    """The most recent complete checkpoint folder in ``output_dir`` (by modification time)."""
+    candidates = [p for p in Path(output_dir).glob("*") if (p / TRAINING_STATE_FILE).is_file() and not p.name.startswith(".")]
+    return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+def load_checkpoint(accelerator, path: str | os.PathLike) -> dict[str, Any]:
+    """Restore model/optimizer/scheduler/RNG states; returns the saved training state."""
+    accelerator.load_state(str(path))
+    return json.loads((Path(path) / TRAINING_STATE_FILE).read_text())

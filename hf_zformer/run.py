@@ -1,0 +1,258 @@
+"""Setting up and finishing a training script's run (library side, never shipped).
+
+* :func:`start_run` -- accelerator (:func:`make_accelerator`), logging, seed, and the output
+  directory (created, locked against a second run, stale checkpoint folders cleaned);
+* :func:`data_errors`, :func:`subsample` and :func:`load_tokenizer` (given, or trained on the data
+  by the main process);
+* :func:`finish_run` -- ``save_pretrained`` + tokenizer + ``all_results.json`` + model card + push,
+  the card recording the :func:`command_line` that made the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .checkpoints import clean_stale_checkpoints
+from .feedback import setup_logging, show_bars
+
+__all__ = [
+    "command_line",
+    "data_errors",
+    "finish_run",
+    "load_tokenizer",
+    "lock_output_dir",
+    "make_accelerator",
+    "start_run",
+    "subsample",
+]
+
+LOCK_FILE = ".lock"  # in --output_dir; holds the pid of the run that owns the folder
+
+
+def make_accelerator(args: argparse.Namespace):
+    """The scripts' ``Accelerator``. A multi-process launch on a machine without accelerator
+    (``accelerate launch --multi_gpu --num_processes N`` on CPU) becomes DDP over gloo: accelerate
+    only picks its MULTI_CPU mode when asked for ``cpu=True``, and would otherwise run N
+    independent single-process jobs."""
+    from accelerate import Accelerator
+
+    has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
+    multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
+    return Accelerator(
+        cpu=multi_process and not has_accelerator,
+        gradient_accumulation_steps=args.gradient_accumulation_steps,
+        log_with=args.report_to if args.with_tracking else None,
+        project_dir=args.output_dir,
+    )
+
+
+
+def start_run(args: argparse.Namespace, logger_name: str):
+    """What every script does first: the Accelerator, logging (quiet on non-main processes), the
+    seed, and the output directory (created by the main process, seen by all). Returns
+    ``(accelerator, logger)``."""
+    from accelerate.logging import get_logger
+    from accelerate.utils import set_seed
+
+    accelerator = make_accelerator(args)
+    setup_logging(accelerator)
+    logger = get_logger(logger_name)
+    logger.info(accelerator.state, main_process_only=True)
+    set_seed(args.seed)
+    problem = None  # checked by the main process, raised by all (no process is left waiting)
+    if accelerator.is_main_process:
+        try:
+            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            lock_output_dir(args.output_dir)
+            clean_stale_checkpoints(args.output_dir, logger)
+            if args.push_to_hub:
+                from .hub import check_push_access
+
+                check_push_access(args.hub_model_id, token=args.hub_token)
+        except (RuntimeError, OSError) as error:
+            problem = str(error)
+    from accelerate.utils import broadcast_object_list
+
+    problem = broadcast_object_list([problem])[0]
+    if problem:
+        raise SystemExit(f"error: {problem}")
+    accelerator.wait_for_everyone()
+    return accelerator, logger
+
+
+_LOCKS: dict[str, Any] = {}  # lock file -> its open handle, held (locked) until the process exits
+
+
+def lock_output_dir(output_dir: str | os.PathLike) -> None:
+    """Make this process the only run writing ``output_dir``: an exclusive ``flock`` on
+    ``output_dir/.lock`` (which records our pid), held until the process exits; taking it again in
+    the same process is a no-op. Raises ``RuntimeError`` naming the folder and the pid of the run
+    that holds it. (No locking where ``fcntl`` does not exist, i.e. on Windows.)"""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    path = (Path(output_dir) / LOCK_FILE).resolve()
+    if str(path) in _LOCKS:
+        return
+    handle = open(path, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.seek(0)
+        owner = handle.read().strip() or "unknown"
+        handle.close()
+        raise RuntimeError(
+            f"--output_dir {output_dir} is in use by another run (pid {owner}, lock file {path}): two runs in one "
+            "folder overwrite each other's checkpoints and results. Wait for it to end or stop it, or pass another "
+            "--output_dir."
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"{os.getpid()}\n")
+    handle.flush()
+    _LOCKS[str(path)] = handle
+
+
+@contextlib.contextmanager
+def data_errors():
+    """Stop the script with the message of a data problem (the loaders' ``ValueError`` /
+    ``FileNotFoundError`` name the file, line and value) instead of a traceback."""
+    try:
+        yield
+    except (ValueError, FileNotFoundError) as error:
+        raise SystemExit(f"error: {error}") from None
+
+
+def subsample(raw, limits: dict[str, int | None], seed: int) -> None:
+    """Keep a seeded random ``limit`` rows of each split in ``limits`` (``--max_*_samples``), in place."""
+    for split, limit in limits.items():
+        if limit is not None and limit < len(raw[split]):
+            raw[split] = raw[split].shuffle(seed=seed).select(range(limit))
+
+
+def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
+    """``--tokenizer_name`` or the base model's tokenizer; without either, one trained on ``raw``
+    by the main process (:func:`hf_zformer.tokenization.train_tokenizer` with ``train_kwargs``)
+    and saved in ``--output_dir``, where every process loads it from."""
+    from transformers import AutoTokenizer
+
+    from .tokenization import train_tokenizer
+
+    source = args.tokenizer_name or args.model_name_or_path
+    if source:
+        return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+    if accelerator.is_main_process:
+        train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, show_progress=show_bars(), **train_kwargs)
+    accelerator.wait_for_everyone()
+    return AutoTokenizer.from_pretrained(args.output_dir)
+
+
+
+def command_line(secret: str | None = None) -> str:
+    """The command that started this process, as it would be typed (``accelerate launch`` noted),
+    with ``secret`` (the parsed ``--hub_token``, however the option was spelled) redacted."""
+    argv = [Path(sys.argv[0]).as_posix()] + sys.argv[1:]
+    for i, arg in enumerate(argv):  # never write a token into a model card
+        if arg == "--hub_token" and i + 1 < len(argv):
+            argv[i + 1] = "REDACTED"
+        elif arg.startswith("--hub_token="):
+            argv[i] = "--hub_token=REDACTED"
+        elif secret and arg == secret:
+            argv[i] = "REDACTED"
+        elif secret and arg.startswith("-") and arg.endswith(f"={secret}"):
+            argv[i] = arg[: -len(secret)] + "REDACTED"
+    script = " ".join(shlex.quote(a) for a in argv)
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 or "ACCELERATE_MIXED_PRECISION" in os.environ:
+        options = []
+        if world > 1:
+            options.append(f"--multi_gpu --num_processes {world}")
+        precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+        if precision != "no":
+            options.append(f"--mixed_precision {precision}")
+        return f"accelerate launch {' '.join(options)} {script}".replace("  ", " ")
+    return f"python {script}"
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _results_to_write(results: dict[str, Any], path: Path, logger) -> dict[str, Any]:
+    """``results`` as strict JSON: a non-finite number becomes ``None``, and a value this run could
+    not measure (``None``, e.g. the loss after resuming a checkpoint that predates the run
+    statistics) keeps the number an earlier run already wrote to ``path``: never replace good
+    results with empty ones."""
+    clean = {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in results.items()}
+    try:
+        previous = json.loads(path.read_text()) if path.is_file() else {}
+    except (OSError, ValueError):
+        previous = {}
+    previous = previous if isinstance(previous, dict) else {}
+    for key, value in clean.items():
+        if value is None and _is_number(previous.get(key)):
+            logger.warning(f"{key}: not measured by this run, keeping {previous[key]} from the existing {path}")
+            clean[key] = previous[key]
+    return clean
+
+
+def finish_run(
+    args: argparse.Namespace,
+    accelerator,
+    model,
+    tokenizer,
+    results: dict[str, Any],
+    card_kwargs: dict[str, Any],
+    logger,
+) -> None:
+    """Write the final model (loadable with ``trust_remote_code=True``), tokenizer,
+    ``all_results.json`` and the model card into ``--output_dir``; push it if asked.
+
+    The card names the dataset (``--dataset_name``, also listed as the card's Hub dataset, else the
+    ``--data_dir`` folder, with ``--dataset_config_name``), the model (``--hub_model_id``, else the
+    output folder, which its usage snippet loads: ``--output_dir`` as given) and the base model from
+    ``args``; ``card_kwargs`` adds the script's task, metric, languages and usage example."""
+    from . import hub
+
+    accelerator.wait_for_everyone()
+    unwrapped = accelerator.unwrap_model(model)
+    unwrapped.save_pretrained(
+        args.output_dir,
+        is_main_process=accelerator.is_main_process,
+        save_function=accelerator.save,
+        state_dict=accelerator.get_state_dict(model),
+    )
+    if accelerator.is_main_process:
+        tokenizer.save_pretrained(args.output_dir)
+        results = _results_to_write(results, Path(args.output_dir) / "all_results.json", logger)
+        with open(Path(args.output_dir) / "all_results.json", "w") as f:
+            json.dump(results, f, indent=2, allow_nan=False)
+        card = hub.model_card(
+            config=unwrapped.config,
+            results=results,
+            command=command_line(args.hub_token),
+            dataset_name=args.dataset_name or Path(args.data_dir).name,
+            dataset_config=args.dataset_config_name,
+            model_name=args.hub_model_id or Path(args.output_dir).name,
+            model_id=args.hub_model_id or args.output_dir,  # the usage snippet loads this as written
+            hub_dataset=bool(args.dataset_name),  # a --data_dir folder name is no Hub dataset id
+            base_model=args.model_name_or_path,
+            **card_kwargs,
+        )
+        (Path(args.output_dir) / "README.md").write_text(card)
+        logger.info(f"results: {json.dumps(results)}")
+        if args.push_to_hub:
+            url = hub.push_to_hub(args.output_dir, args.hub_model_id, token=args.hub_token)
+            logger.info(f"pushed to {url}")
+    accelerator.wait_for_everyone()
