@@ -1,0 +1,71 @@
+"""Speed and memory benchmarks of the attention family against PyTorch's fused attention.
+
+Library side of `scripts/benchmark_attention.py` (never shipped with a checkpoint). Three levels:
+
+- ``"attention"``: the attention module alone (the Zformer_Pytorch seed's experiment). The seed feeds
+  a tensor of shape (n, batch, d); we create it in that layout and transpose it to our (B, N, D)
+  layout *before* the timed region (`.transpose(0, 1).contiguous()`), so every type pays the same.
+- ``"model"``: a one-layer ``ZformerModel`` with the feed-forward shrunk away
+  (``intermediate_size=1``): embeddings, LayerNorms, attention, output projection and residuals.
+- ``"seq2seq"`` (`seq2seq_benchmark`): training tokens/s and greedy-generation sentences/s of our
+  encoder-decoder against transformers' ``BartForConditionalGeneration`` of identical size.
+
+Types: ``full`` (our `FullAttention` through transformers' SDPA integration, i.e. PyTorch's fused
+`scaled_dot_product_attention`), ``full_eager`` (our einsum reference), ``zformer``, ``xformer`` and
+``fastformer``. Modes: ``forward`` (under `torch.inference_mode`) and ``train`` (forward+backward).
+
+Every configuration reports the median wall time of several timed calls after warm-up, the peak
+extra memory of one call, and the achieved FLOP/s as a fraction of the measured matrix-multiply
+FLOP/s of the machine (see `attention_flops` for the counting). Nothing is hard-coded: every
+number comes from the run that writes it.
+
+The package: `cases` (what is measured), `harness` (machine measurements, timing, memory, the
+side-by-side runs), `flops` (FLOP accounting), `seq2seq` (the encoder-decoder level) and `reports`
+(CSV/JSON/markdown/plots). Every public name is importable from `hf_zformer.benchmark`.
+"""
+
+from .cases import BASELINE, DTYPES, LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, make_config
+from .flops import (
+    attention_flops,
+    case_flops,
+    executed_attention_flops,
+    folded,
+    model_flops,
+    set_flops_fractions,
+    step_flops,
+)
+from .harness import (
+    TIMING_ENVIRONMENT,
+    add_speedups,
+    available_memory_bytes,
+    load_average,
+    machine_info,
+    measure_matmul_flops,
+    peak_memory_bytes,
+    run_cases,
+    sweep,
+    synchronize,
+)
+from .reports import (
+    CSV_FIELDS,
+    command_line,
+    markdown_header,
+    markdown_table,
+    plot,
+    seq2seq_markdown,
+    write_csv,
+    write_json,
+    write_reports,
+    write_seq2seq_reports,
+)
+from .seq2seq import SEQ2SEQ_MODELS, Seq2SeqResult, Seq2SeqShape, build_seq2seq, seq2seq_benchmark
+
+__all__ = [
+    "BASELINE", "CSV_FIELDS", "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES",
+    "BenchCase", "BenchResult", "Seq2SeqResult", "Seq2SeqShape",
+    "add_speedups", "attention_flops", "available_memory_bytes", "build_module", "build_seq2seq", "case_flops",
+    "command_line", "executed_attention_flops", "folded", "load_average", "machine_info", "make_config",
+    "markdown_header", "markdown_table", "measure_matmul_flops", "model_flops", "peak_memory_bytes", "plot",
+    "run_cases", "seq2seq_benchmark", "seq2seq_markdown", "set_flops_fractions", "step_flops", "sweep",
+    "synchronize", "write_csv", "write_json", "write_reports", "write_seq2seq_reports",
+]

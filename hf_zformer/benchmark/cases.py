@@ -1,0 +1,84 @@
+"""What the attention benchmark measures: the types, modes, levels and dtypes, a case (one
+configuration) and its result, and the config and module each case times."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ..modeling.attention import ATTENTION_CLASSES
+from ..modeling.configuration_zformer import ZformerConfig
+
+TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer")
+MODES = ("forward", "train")
+LEVELS = ("attention", "model", "seq2seq")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# Baseline of every speedup column: PyTorch's fused attention.
+BASELINE = "full"
+
+
+def make_config(attention_type: str, length: int, width: int, heads: int, **overrides) -> ZformerConfig:
+    """A dropout-free config for `attention_type` with max_position_embeddings = `length` (xformer's
+    projection E has ceil(max_pos / beta) rows, so k grows with the benchmarked length)."""
+    if attention_type not in TYPES:
+        raise ValueError(f"unknown attention type {attention_type!r}; choose one of {list(TYPES)}")
+    kwargs = dict(
+        hidden_size=width,
+        num_attention_heads=heads,
+        num_hidden_layers=1,
+        attention_type="full" if attention_type.startswith("full") else attention_type,
+        max_position_embeddings=length,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+        vocab_size=1000,
+        intermediate_size=1,  # the FFN shrunk away (model level)
+        attn_implementation="eager" if attention_type == "full_eager" else "sdpa",
+    )
+    kwargs.update(overrides)
+    return ZformerConfig(**kwargs)
+
+
+def build_module(attention_type: str, config: ZformerConfig, level: str, device: torch.device) -> torch.nn.Module:
+    """The attention module (initialised like a model's) or a one-layer `ZformerModel`."""
+    from ..modeling.modeling_zformer import ZformerModel
+
+    model = ZformerModel(config)  # runs the model's _init_weights on every submodule
+    if level == "model":
+        return model.to(device)
+    attention = model.encoder.layers[0].attention
+    if not isinstance(attention, ATTENTION_CLASSES[config.layer_attention_types()[0]]):  # pragma: no cover
+        raise TypeError(f"unexpected attention module {type(attention).__name__}")
+    return attention.to(device)
+
+
+@dataclass
+class BenchCase:
+    level: str
+    attention_type: str
+    mode: str
+    batch: int
+    length: int
+    width: int
+    heads: int
+    dtype: str
+    device: str
+    mask: bool
+
+
+@dataclass
+class BenchResult(BenchCase):
+    """A case with its measurements (the CSV/JSON rows: the case's fields first)."""
+
+    status: str = "ok"  # ok | skipped | oom | error
+    note: str = ""
+    time_ms: float | None = None
+    times_ms: list = field(default_factory=list)
+    peak_memory_mb: float | None = None
+    flops: int | None = None
+    executed_flops: int | None = None
+    tflops: float | None = None
+    flops_fraction: float | None = None
+    executed_fraction: float | None = None
+    speedup_vs_full: float | None = None
+    profile: str = ""  # torch.profiler table of one call (--profile); not in the CSV

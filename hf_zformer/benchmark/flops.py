@@ -1,0 +1,129 @@
+"""FLOP accounting of the attention benchmark: nominal counts (the design's equations) and the
+counts hf_zformer's implementation executes (its folded forms do less work), per call and per
+timed step, and the FLOP/s fractions of the measured matmul rate."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ..modeling.attention import _use_folded_form
+from .cases import TYPES, BenchCase, BenchResult, make_config
+
+def attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None) -> int:
+    """Nominal forward FLOPs of one self-attention call (a multiply-add counts 2), by the equations
+    of the design (whatever an implementation executes):
+
+    - projections: a Linear D -> D' on B*N tokens costs 2 B N D D'.
+    - full / full_eager: Q, K, V projections + Q K^T + P V = 6 B N D^2 + 4 B N^2 D (softmax ignored).
+    - zformer: Q, K, V projections + K^T V + Q (K^T V) = 6 B N D^2 + 4 B N D d_h.
+    - xformer: Q' (D -> D/alpha) + K = E Q' + V = E X + scores + P V with k = ceil(max_pos / beta)
+      compressed keys: 2 B N D^2/alpha + 2 B k N (D/alpha + D + D/alpha + D).
+    - fastformer: Q, K, V (unless shared with Q) and W_r projections, 2 B N D^2 each, plus the
+      O(B N D) pooling/elementwise work: 2 scores + 2 poolings (2 B N D each) + 3 elementwise
+      (B N D each) = 11 B N D.
+    """
+    config = config if config is not None else make_config(attention_type, length, width, heads)
+    b, n, d = batch, length, width
+    head_dim = d // heads
+    if attention_type in ("full", "full_eager"):
+        return 6 * b * n * d * d + 4 * b * n * n * d
+    if attention_type == "zformer":
+        return 6 * b * n * d * d + 4 * b * n * d * head_dim
+    if attention_type == "xformer":
+        query_width = d // config.xformer_alpha
+        k = math.ceil(config.max_position_embeddings / config.xformer_beta)
+        return 2 * b * n * d * query_width + 2 * b * k * n * (2 * query_width + 2 * d)
+    if attention_type == "fastformer":
+        return 2 * _fastformer_projections(config) * b * n * d * d + 11 * b * n * d
+    raise ValueError(f"unknown attention type {attention_type!r}; choose one of {list(TYPES)}")
+
+
+def _fastformer_projections(config) -> int:
+    return 3 if config.fastformer_share_qv else 4
+
+
+def folded(attention_type: str, length: int, width: int, config, dtype: str = "fp32") -> bool:
+    """Whether hf_zformer's bidirectional zformer/fastformer take their folded form: the model's own
+    rule (`modeling.attention._use_folded_form`: fp32 outside autocast; a bf16 benchmark runs its
+    fp32 inputs under autocast) given each class's test that the folded form does fewer FLOPs."""
+    if attention_type == "zformer":
+        pays_off = length > width
+    elif attention_type == "fastformer":
+        pays_off = (_fastformer_projections(config) - 1) * length > width
+    else:
+        return False
+    probe = torch.empty(0)  # stands for the fp32 hidden states the benchmark feeds
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype != "fp32"):
+        return _use_folded_form(probe, pays_off=pays_off)
+
+
+def executed_attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None,
+                             dtype: str = "fp32") -> int:
+    """Forward FLOPs that hf_zformer's implementation actually executes (matmuls only):
+
+    - full, full_eager, and zformer/fastformer in their plain form: as `attention_flops`.
+    - zformer folded (fp32, N > D): Gram matrix 2 B N D^2 + [W_v|b_v] S 2 B D (D+1)^2 + per-head
+      products 4 B D (D+1) d_h + x_i A 2 B N D^2.
+    - fastformer folded (fp32, (projections - 1) N > D): 2 score products and 2 poolings
+      (2 B H N D each) + W_r diag(k_g) W_v 2 B D^3 + x_i A 2 B N D^2.
+    - xformer: as nominal, but fused attention scores run on value-wide heads (zero-padded query
+      and key channels): scores cost 2 B N k D instead of 2 B N k D/alpha.
+    """
+    config = config if config is not None else make_config(attention_type, length, width, heads)
+    b, n, d = batch, length, width
+    if folded(attention_type, n, d, config, dtype):
+        if attention_type == "zformer":
+            return 4 * b * n * d * d + 2 * b * d * (d + 1) ** 2 + 4 * b * d * (d + 1) * (d // heads)
+        return 8 * b * heads * n * d + 2 * b * d**3 + 2 * b * n * d * d
+    if attention_type == "xformer":
+        query_width = d // config.xformer_alpha
+        k = math.ceil(config.max_position_embeddings / config.xformer_beta)
+        return 2 * b * n * d * query_width + 2 * b * k * n * (query_width + 3 * d)
+    return attention_flops(attention_type, batch, length, width, heads, config)
+
+
+def model_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config,
+                executed: bool = False, dtype: str = "fp32") -> int:
+    """Forward FLOPs of the one-layer model: attention (`attention_flops`, or
+    `executed_attention_flops` when `executed`), the output projection (2 B N D^2) and the shrunk
+    feed-forward (4 B N D I); embeddings and LayerNorms are ignored. Executed, a folded attention
+    form merges the output projection into its per-sequence matrix when N > D, for 2 B D^3."""
+    b, n, d = batch, length, width
+    if not executed:
+        attention, projection = attention_flops(attention_type, b, n, d, heads, config), 2 * b * n * d * d
+    else:
+        attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype=dtype)
+        projection = 2 * b * n * d * d
+        if folded(attention_type, n, d, config, dtype) and n > d:
+            projection = 2 * b * d**3
+    return attention + projection + 4 * b * n * d * config.intermediate_size
+
+
+def step_flops(forward_flops: int, mode: str) -> int:
+    """FLOPs of one timed step: forward, or forward+backward counted as 3x forward (the backward
+    of a matmul is two matmuls of the same size)."""
+    return forward_flops if mode == "forward" else 3 * forward_flops
+
+
+def case_flops(case: BenchCase, config=None) -> tuple[int, int]:
+    """(nominal, executed) FLOPs of one timed call of `case`."""
+    config = config if config is not None else make_config(case.attention_type, case.length, case.width, case.heads)
+    shape = (case.attention_type, case.batch, case.length, case.width, case.heads, config)
+
+    if case.level == "model":
+        counts = model_flops(*shape), model_flops(*shape, executed=True, dtype=case.dtype)
+    else:
+        counts = attention_flops(*shape), executed_attention_flops(*shape, dtype=case.dtype)
+    return tuple(step_flops(count, case.mode) for count in counts)
+
+
+def set_flops_fractions(results: list[BenchResult], matmul_flops: float):
+    """flops_fraction = nominal FLOPs per second / the measured matmul FLOP/s (can exceed 1 where
+    the implementation does less work than the equations); executed_fraction the same with the
+    FLOPs actually executed (the hardware efficiency)."""
+    for r in results:
+        if r.status == "ok" and r.time_ms:
+            r.flops_fraction = r.flops / (r.time_ms / 1e3) / matmul_flops
+            r.executed_fraction = r.executed_flops / (r.time_ms / 1e3) / matmul_flops
