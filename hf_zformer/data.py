@@ -408,18 +408,26 @@ def _discover_translation_stems(directory: Path, source_lang: str, target_lang: 
         if split is None:
             continue
         if split in by_split and by_split[split] != stem:
-            raise ValueError(
-                f"Files for split {split!r} are ambiguous in {directory}: stems {by_split[split]!r} and "
-                f"{stem!r}; pass split_files={{{split!r}: ...}} to choose."
-            )
+            raise _ambiguous_split(split, directory, f"stems {by_split[split]!r} and {stem!r}")
         by_split[split] = stem
+    _require_train(by_split, directory, f"files train.{source_lang}[.gz]")
+    return by_split
+
+
+def _ambiguous_split(split: str, directory: Path, candidates: str) -> ValueError:
+    return ValueError(
+        f"Files for split {split!r} are ambiguous in {directory}: {candidates}; "
+        f"pass split_files={{{split!r}: ...}} to choose."
+    )
+
+
+def _require_train(by_split: dict, directory: Path, wanted: str) -> None:
+    """A local dataset folder must hold training data: else name what was looked for and what is there."""
     if "train" not in by_split:
         found = sorted(p.name for p in directory.iterdir())
         raise FileNotFoundError(
-            f"No training files train.{source_lang}[.gz] in {directory} (found: {found}); "
-            "pass `split_files` to name the files."
+            f"No training {wanted} in {directory} (found: {found}); pass `split_files` to name the files."
         )
-    return by_split
 
 
 def _load_local_translation(
@@ -678,17 +686,9 @@ def _discover_classification_files(directory: Path) -> dict[str, Path]:
         if split is None:
             continue
         if split in by_split:
-            raise ValueError(
-                f"Files for split {split!r} are ambiguous in {directory}: {by_split[split].name} and "
-                f"{entry.name}; pass split_files={{{split!r}: ...}} to choose."
-            )
+            raise _ambiguous_split(split, directory, f"{by_split[split].name} and {entry.name}")
         by_split[split] = entry
-    if "train" not in by_split:
-        found = sorted(p.name for p in directory.iterdir())
-        raise FileNotFoundError(
-            f"No training file train{{{','.join(_CLASSIFICATION_SUFFIXES)}}} in {directory} (found: {found}); "
-            "pass `split_files` to name the files."
-        )
+    _require_train(by_split, directory, f"file train{{{','.join(_CLASSIFICATION_SUFFIXES)}}}")
     return by_split
 
 
