@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-__all__ = ["LengthGroupedBatchSampler", "make_dataloader", "pad_collate"]
+__all__ = ["LengthGroupedBatchSampler", "make_dataloader", "make_eval_dataloaders", "pad_collate"]
 
 
 class LengthGroupedBatchSampler(torch.utils.data.Sampler):
@@ -93,3 +93,11 @@ def make_dataloader(dataset, lengths, batch_size, collate_fn, *, shuffle, seed):
     )
     return loader, sampler
 
+
+def make_eval_dataloaders(datasets: dict, splits, batch_size: int, collate_fn, *, seed: int) -> dict:
+    """``{split: DataLoader}`` for evaluation: batches of similar ``input_ids`` length, in a fixed order."""
+    return {
+        split: make_dataloader(datasets[split], [len(ids) for ids in datasets[split]["input_ids"]], batch_size,
+                               collate_fn, shuffle=False, seed=seed)[0]
+        for split in splits
+    }

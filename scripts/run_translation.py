@@ -181,12 +181,9 @@ def main(argv=None) -> dict:
     train_dataloader, train_sampler = batching.make_dataloader(
         train_set, train_lengths, args.per_device_train_batch_size, collate, shuffle=True, seed=args.seed
     )
-    eval_dataloaders = {}
-    for split in eval_splits:
-        lengths = [len(s) for s in processed[split]["input_ids"]]
-        eval_dataloaders[split], _ = batching.make_dataloader(
-            processed[split], lengths, args.per_device_eval_batch_size, collate, shuffle=False, seed=args.seed
-        )
+    eval_dataloaders = batching.make_eval_dataloaders(
+        processed, eval_splits, args.per_device_eval_batch_size, collate, seed=args.seed
+    )
 
     optimizer = training.make_optimizer(model, args)
     model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
