@@ -7,7 +7,7 @@ import torch
 from conftest import ATTENTION_TYPES, TINY, random_batch, repad, run_isolated
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from hf_zformer import ZformerDecodingState
+from hf_zformer import ZformerCache
 from hf_zformer.modeling.modeling_zformer import shift_tokens_right
 
 DECODER_TYPES = ["full", "zformer", "fastformer"]
@@ -54,7 +54,7 @@ def test_cache_equals_no_cache(encoder, decoder):
                     past_key_values=state, use_cache=True)
         state = out.past_key_values
         steps.append(out.logits)
-    assert isinstance(state, ZformerDecodingState) and state.get_seq_length() == 8
+    assert isinstance(state, ZformerCache) and state.get_seq_length() == 8
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)
     # tokens: greedy and beam search with and without the cache
     for kwargs in (dict(num_beams=1, do_sample=False), dict(num_beams=3, do_sample=False)):
@@ -93,7 +93,7 @@ def test_decoding_state_does_not_grow(decoder):
         out = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=length, min_new_tokens=length,
                              return_dict_in_generate=True)
         assert out.sequences.shape[1] == length + 1
-        sizes[length] = out.past_key_values.recurrent_state_numel()
+        sizes[length] = out.past_key_values.self_attention_numel()
     assert sizes[8] == sizes[200] > 0
 
 
@@ -101,7 +101,7 @@ def test_full_decoder_cache_grows_with_output():
     model = seq2seq("full", "full", max_position_embeddings=256)
     src, mask = _source()
     out = [model.generate(input_ids=src, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                          return_dict_in_generate=True).past_key_values.recurrent_state_numel() for n in (8, 40)]
+                          return_dict_in_generate=True).past_key_values.self_attention_numel() for n in (8, 40)]
     assert out[1] > out[0]
 
 

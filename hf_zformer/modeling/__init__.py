@@ -7,13 +7,16 @@ from .attention import (
     XformerAttention,
     ZformerAttention,
 )
+from .cache_zformer import ZformerCache
 from .configuration_zformer import FastformerConfig, ZformerConfig
 from .modeling_zformer import (
     FastformerForConditionalGeneration,
     FastformerForMaskedLM,
     FastformerForSequenceClassification,
     FastformerModel,
-    ZformerDecodingState,
+    FastformerForCausalLM,
+    ZformerForCausalLM,
+    register_auto_classes,
     ZformerForConditionalGeneration,
     ZformerForMaskedLM,
     ZformerForSequenceClassification,
