@@ -9,6 +9,7 @@ from .modeling import (
     ATTENTION_CLASSES,
     FastformerAttention,
     FastformerConfig,
+    FastformerForCausalLM,
     FastformerForConditionalGeneration,
     FastformerForMaskedLM,
     FastformerForSequenceClassification,
@@ -16,17 +17,16 @@ from .modeling import (
     FullAttention,
     XformerAttention,
     ZformerAttention,
-    ZformerConfig,
-    FastformerForCausalLM,
     ZformerCache,
+    ZformerConfig,
     ZformerForCausalLM,
-    register_auto_classes,
     ZformerForConditionalGeneration,
     ZformerForMaskedLM,
     ZformerForSequenceClassification,
     ZformerModel,
     ZformerPreTrainedModel,
     position_ids_from_mask,
+    register_auto_classes,
 )
 from .convert import convert_pretrained  # warm start from BERT / RoBERTa / DistilBERT checkpoints
 

@@ -10,17 +10,17 @@ from .attention import (
 from .cache_zformer import ZformerCache
 from .configuration_zformer import FastformerConfig, ZformerConfig
 from .modeling_zformer import (
+    FastformerForCausalLM,
     FastformerForConditionalGeneration,
     FastformerForMaskedLM,
     FastformerForSequenceClassification,
     FastformerModel,
-    FastformerForCausalLM,
     ZformerForCausalLM,
-    register_auto_classes,
     ZformerForConditionalGeneration,
     ZformerForMaskedLM,
     ZformerForSequenceClassification,
     ZformerModel,
     ZformerPreTrainedModel,
     position_ids_from_mask,
+    register_auto_classes,
 )
