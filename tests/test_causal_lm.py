@@ -4,7 +4,7 @@ fixed-size state of linear layers, pipelines, Trainer and remote-code loading.""
 
 import pytest
 import torch
-from conftest import TINY, random_batch, run_isolated
+from conftest import TINY, assert_same_generations_in_clean_process, random_batch
 from test_modeling import left_pad
 from transformers import AutoConfig, AutoModelForCausalLM
 
@@ -219,32 +219,9 @@ def test_trainer_one_step(tmp_path):
 
 def test_remote_code_generations_in_clean_process(tmp_path):
     ids, mask = left_pad(*_batch())
-    expected = {}
-    for name, attention_type in zip(IDS, TYPES):
-        model = causal_lm(attention_type)
-        model.save_pretrained(tmp_path / name)
-        expected[name] = _generate(model, ids, mask, num_beams=2)
-    fast = causal_lm("fastformer", model_type="fastformer")
-    fast.save_pretrained(tmp_path / "fastformer-type")
-    expected["fastformer-type"] = _generate(fast, ids, mask, num_beams=2)
-    torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
-    run_isolated(
-        """
-        import torch
-        from transformers import AutoModelForCausalLM
-        batch = torch.load("batch.pt")
-        results = {}
-        for name in %r:
-            model = AutoModelForCausalLM.from_pretrained(name, trust_remote_code=True).eval()
-            assert model.__module__.startswith("transformers_modules"), model.__module__
-            results[name] = model.generate(input_ids=batch["ids"], attention_mask=batch["mask"], num_beams=2,
-                                           max_new_tokens=8, min_new_tokens=8, suppress_tokens=[0, 1, 2, 3, 4],
-                                           no_repeat_ngram_size=2)
-        torch.save(results, "remote.pt")
-        """
-        % (list(expected),),
-        cwd=tmp_path,
+    models = {name: causal_lm(attention_type) for name, attention_type in zip(IDS, TYPES)}
+    models["fastformer-type"] = causal_lm("fastformer", model_type="fastformer")
+    assert_same_generations_in_clean_process(
+        tmp_path, "AutoModelForCausalLM", models, dict(input_ids=ids, attention_mask=mask), num_beams=2,
+        max_new_tokens=8, min_new_tokens=8, suppress_tokens=[0, 1, 2, 3, 4], no_repeat_ngram_size=2,
     )
-    remote = torch.load(tmp_path / "remote.pt")
-    for name, tokens in expected.items():
-        assert torch.equal(remote[name], tokens), name

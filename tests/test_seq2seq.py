@@ -4,7 +4,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import ATTENTION_TYPES, TINY, random_batch, repad, run_isolated
+from conftest import ATTENTION_TYPES, TINY, assert_same_generations_in_clean_process, random_batch, repad
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 from hf_zformer import ZformerCache
@@ -180,37 +180,13 @@ def test_seq2seq_trainer_predict_with_generate(tmp_path):
 
 def test_remote_code_generate_in_clean_process(tmp_path):
     src, mask = _source()
-    expected = {}
-    for encoder, decoder in [("xformer", "zformer"), ("fastformer", "fastformer"), ("zformer", "full")]:
-        name = f"{encoder}-{decoder}"
-        model = seq2seq(encoder, decoder)
-        model.save_pretrained(tmp_path / name)
-        expected[name] = _greedy(model, src, mask, num_beams=3)
-    fast = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model("fastformer", **TINY)).eval()
-    fast.save_pretrained(tmp_path / "fastformer-type")
-    expected["fastformer-type"] = _greedy(fast, src, mask, num_beams=2)
-    torch.save({"src": src, "mask": mask}, tmp_path / "batch.pt")
-    run_isolated(
-        """
-        import torch
-        from transformers import AutoModelForSeq2SeqLM
-        batch = torch.load("batch.pt")
-        results = {}
-        for name in %r:
-            model = AutoModelForSeq2SeqLM.from_pretrained(name, trust_remote_code=True).eval()
-            assert model.__module__.startswith("transformers_modules"), model.__module__
-            beams = 2 if name == "fastformer-type" else 3
-            results[name] = model.generate(input_ids=batch["src"], attention_mask=batch["mask"], num_beams=beams,
-                                           max_new_tokens=10, min_new_tokens=10, suppress_tokens=[0, 1, 2, 3, 4],
-                                           no_repeat_ngram_size=2)
-        torch.save(results, "remote.pt")
-        """
-        % (list(expected),),
-        cwd=tmp_path,
+    pairs = [("xformer", "zformer"), ("fastformer", "fastformer"), ("zformer", "full")]
+    models = {f"{encoder}-{decoder}": seq2seq(encoder, decoder) for encoder, decoder in pairs}
+    models["fastformer-type"] = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model("fastformer", **TINY)).eval()
+    assert_same_generations_in_clean_process(
+        tmp_path, "AutoModelForSeq2SeqLM", models, dict(input_ids=src, attention_mask=mask), num_beams=3,
+        max_new_tokens=10, min_new_tokens=10, suppress_tokens=[0, 1, 2, 3, 4], no_repeat_ngram_size=2,
     )
-    remote = torch.load(tmp_path / "remote.pt")
-    for name, tokens in expected.items():
-        assert torch.equal(remote[name], tokens), name
 
 
 @pytest.mark.parametrize("decoder", DECODER_TYPES)

@@ -160,7 +160,8 @@ class ZformerCache(Cache):
     """
 
     def __init__(self, layer_types: list[str], cross_attention: bool = False):
-        super().__init__(layers=[DynamicLayer() if kind == "full" else RECURRENT_LAYERS[kind]() for kind in layer_types])
+        layers = [DynamicLayer() if kind == "full" else RECURRENT_LAYERS[kind]() for kind in layer_types]
+        super().__init__(layers=layers)
         self.memory_layers = [MemoryLayer() for _ in layer_types] if cross_attention else []
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):

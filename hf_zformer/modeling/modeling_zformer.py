@@ -637,7 +637,8 @@ class ZformerDecoder(nn.Module):
         length = reference.shape[1]
         if attention_mask is not None and attention_mask.shape[1] == length and past_length:
             # the new tokens' mask only: the cached tokens were all real
-            attention_mask = torch.cat([attention_mask.new_ones(attention_mask.shape[0], past_length), attention_mask], 1)
+            past_mask = attention_mask.new_ones(attention_mask.shape[0], past_length)
+            attention_mask = torch.cat([past_mask, attention_mask], 1)
         if attention_mask is not None and attention_mask.shape[1] != past_length + length:
             raise ValueError(
                 f"attention_mask has {attention_mask.shape[1]} columns; expected {length} (the new tokens) or "
