@@ -5,18 +5,11 @@ transformers Auto classes, so ``AutoConfig.for_model("zformer", ...)`` and
 ``AutoModel*.from_pretrained(...)`` work without ``trust_remote_code``.
 """
 
-from transformers import (
-    AutoConfig,
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForSeq2SeqLM,
-    AutoModelForSequenceClassification,
-)
-
 from .modeling import (
     ATTENTION_CLASSES,
     FastformerAttention,
     FastformerConfig,
+    FastformerForCausalLM,
     FastformerForConditionalGeneration,
     FastformerForMaskedLM,
     FastformerForSequenceClassification,
@@ -24,33 +17,19 @@ from .modeling import (
     FullAttention,
     XformerAttention,
     ZformerAttention,
+    ZformerCache,
     ZformerConfig,
-    ZformerDecodingState,
+    ZformerForCausalLM,
     ZformerForConditionalGeneration,
     ZformerForMaskedLM,
     ZformerForSequenceClassification,
     ZformerModel,
     ZformerPreTrainedModel,
     position_ids_from_mask,
+    register_auto_classes,
 )
 from .convert import convert_pretrained  # warm start from BERT / RoBERTa / DistilBERT checkpoints
 
 __version__ = "0.1.0"
 
-_REGISTRY = (
-    (AutoModel, ZformerModel, FastformerModel),
-    (AutoModelForSequenceClassification, ZformerForSequenceClassification, FastformerForSequenceClassification),
-    (AutoModelForMaskedLM, ZformerForMaskedLM, FastformerForMaskedLM),
-    (AutoModelForSeq2SeqLM, ZformerForConditionalGeneration, FastformerForConditionalGeneration),
-)
-
-
-def _register():
-    AutoConfig.register("zformer", ZformerConfig, exist_ok=True)
-    AutoConfig.register("fastformer", FastformerConfig, exist_ok=True)
-    for auto_class, zformer_class, fastformer_class in _REGISTRY:
-        auto_class.register(ZformerConfig, zformer_class, exist_ok=True)
-        auto_class.register(FastformerConfig, fastformer_class, exist_ok=True)
-
-
-_register()
+register_auto_classes()  # the Auto classes of both model types (modeling_zformer.AUTO_CLASSES)

@@ -209,7 +209,7 @@ def _copy_attention(layer, parts):
       W_q maps (at xformer_alpha=1, full width); W_k and W_v have no place, and the sequence
       projection E keeps its fresh init.
 
-    The output projection W_o maps for every type (`attention_output`)."""
+    The output projection W_o maps for every type (`attention.output`)."""
     attention = layer.attention
     names = ("query",) if layer.attention_type == "xformer" else ("query", "key", "value")
     for name in names:
@@ -223,7 +223,7 @@ def _copy_attention(layer, parts):
         with torch.no_grad():
             attention.query_score.zero_()
             attention.key_score.zero_()
-    _copy(layer.attention_output, parts["attention_output"])
+    _copy(layer.attention.output, parts["attention_output"])
 
 
 def copy_weights(target, source, family: str, source_task: str):
@@ -294,9 +294,9 @@ def calibrate_zformer_scales(target, reference, input_ids: torch.Tensor, attenti
         if layer.attention_type != "zformer":
             continue
         x = inputs[i]
-        softmax_context = reference.base_model.encoder.layers[i].attention(x, attention_mask)[0]
+        softmax_context = reference.base_model.encoder.layers[i].attention.context(x, attention_mask)
         layer.attention.log_scale.zero_()  # s = 1
-        linear_context = layer.attention(x, attention_mask)[0]
+        linear_context = layer.attention.context(x, attention_mask)
         scale = float(_rms(linear_context, attention_mask) / _rms(softmax_context, attention_mask).clamp_min(1e-12))
         layer.attention.log_scale.fill_(math.log(max(scale, 1e-6)))
         scales.append(scale)

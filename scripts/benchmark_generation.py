@@ -91,7 +91,7 @@ def measure(args):
                 tokens[kind] = out.logits[:, -1:].argmax(-1)  # greedy
                 steps[kind].append(time.perf_counter() - start)
                 states[kind] = out.past_key_values
-    state_sizes = {kind: state.recurrent_state_numel() for kind, state in states.items()}
+    state_sizes = {kind: state.self_attention_numel() for kind, state in states.items()}
     return steps, state_sizes
 
 

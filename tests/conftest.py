@@ -72,6 +72,34 @@ def run_isolated(code: str, cwd, timeout=600):
     return result
 
 
+def assert_same_generations_in_clean_process(tmp_path, auto_class: str, models: dict, inputs: dict, **generate_kwargs):
+    """Save each of `models` ({name: model}) under `tmp_path`, load it back with
+    `transformers.<auto_class>.from_pretrained(name, trust_remote_code=True)` in a clean process
+    (`run_isolated`; the class must come from the folder's own code), and check that
+    `generate(**inputs, **generate_kwargs)` gives there exactly the tokens it gives here."""
+    expected = {}
+    for name, model in models.items():
+        model.save_pretrained(tmp_path / name)
+        expected[name] = model.generate(**inputs, **generate_kwargs)
+    torch.save({"inputs": inputs, "kwargs": generate_kwargs}, Path(tmp_path) / "generate_inputs.pt")
+    run_isolated(
+        f"""
+        import torch, transformers
+        saved = torch.load("generate_inputs.pt")
+        results = {{}}
+        for name in {list(models)!r}:
+            model = transformers.{auto_class}.from_pretrained(name, trust_remote_code=True).eval()
+            assert model.__module__.startswith("transformers_modules"), model.__module__
+            results[name] = model.generate(**saved["inputs"], **saved["kwargs"])
+        torch.save(results, "generated.pt")
+        """,
+        cwd=tmp_path,
+    )
+    remote = torch.load(Path(tmp_path) / "generated.pt")
+    for name, tokens in expected.items():
+        assert torch.equal(remote[name], tokens), name
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)

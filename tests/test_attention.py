@@ -13,6 +13,7 @@ from hf_zformer.modeling.attention import (
     XformerAttention,
     ZformerAttention,
 )
+from hf_zformer.modeling.cache_zformer import ZformerCache
 
 B, N, D, H = 2, 11, 32, 4
 DH = D // H
@@ -74,23 +75,20 @@ def test_einsum_reference_gives_padding_exactly_zero_weight():
 
 
 def test_full_causal_cache_equals_one_pass():
-    from transformers.cache_utils import DynamicLayer
-
     x, _ = _inputs()
-    attention = _randomize(FullAttention(tiny_config(attention_type="full"), is_causal=True)).eval()
+    attention = _randomize(FullAttention(tiny_config(attention_type="full"), is_causal=True, layer_idx=0)).eval()
     one_pass, _ = attention(x)
-    state, steps = DynamicLayer(), []
+    cache, steps = ZformerCache(["full"]), []
     for i in range(N):
-        step, state = attention(x[:, i : i + 1], state=state)
-        steps.append(step)
+        steps.append(attention(x[:, i : i + 1], cache=cache)[0])
     torch.testing.assert_close(torch.cat(steps, 1), one_pass, atol=1e-5, rtol=1e-5)
-    assert state.get_seq_length() == N
+    assert cache.get_seq_length() == N and cache.layers[0].keys.shape == (B, H, N, DH)
 
 
 def test_zformer_matches_equation_and_causal_state():
     x, mask = _inputs()
     attention = _randomize(ZformerAttention(tiny_config(attention_type="zformer")))
-    out, _ = attention(x, mask)
+    out = attention.context(x, mask)
     q = attention.query(x) / math.sqrt(DH)
     k = attention.key(x) * mask[..., None]
     v = attention.value(x)
@@ -100,21 +98,22 @@ def test_zformer_matches_equation_and_causal_state():
             expected = q[b, :, sl] @ (k[b, :, sl].T @ v[b, :, sl]) / attention.log_scale.exp()
             torch.testing.assert_close(out[b, :, sl], expected, atol=1e-4, rtol=1e-4)
 
-    attention.is_causal = True
-    causal, state = attention(x, mask)
+    attention.is_causal, attention.layer_idx = True, 0
+    causal = attention.context(x, mask)
     for i in range(N):
         for h in range(H):
             sl = slice(h * DH, (h + 1) * DH)
             expected = q[:, i, sl][:, None] @ (k[:, : i + 1, sl].transpose(1, 2) @ v[:, : i + 1, sl])
             torch.testing.assert_close(causal[:, i, sl], expected[:, 0] / attention.log_scale.exp(), atol=1e-4, rtol=1e-4)
-    # token by token through the recurrent state gives the same outputs and final state
-    step_state, steps = None, []
+    # token by token through the recurrent state (the cache) gives the same outputs; the state is the
+    # sum of k^T v over the real tokens, of size (B, H, d, d)
+    cache, steps = ZformerCache(["zformer"]), []
     for i in range(N):
-        step, step_state = attention(x[:, i : i + 1], mask[:, i : i + 1], state=step_state)
-        steps.append(step)
+        steps.append(attention.context(x[:, i : i + 1], mask[:, : i + 1], cache=cache))
     torch.testing.assert_close(torch.cat(steps, 1), causal, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(step_state, state, atol=1e-4, rtol=1e-4)
-    assert state.shape == (B, H, DH, DH)
+    k_heads, v_heads = (t.view(B, N, H, DH).transpose(1, 2) for t in (k, v))
+    torch.testing.assert_close(cache.layers[0].state, k_heads.transpose(-1, -2) @ v_heads, atol=1e-4, rtol=1e-4)
+    assert cache.get_seq_length() == N and cache.self_attention_numel() == B * H * DH * DH
 
 
 def test_zformer_causal_blocks_cover_long_sequences(monkeypatch):
@@ -139,9 +138,9 @@ def test_fastformer_matches_equation(pooling, share_qv):
     x, mask = _inputs()
     config = tiny_config(attention_type="fastformer", fastformer_pooling=pooling, fastformer_share_qv=share_qv)
     attention = _randomize(FastformerAttention(config))
-    out, _ = attention(x, mask)
+    out = attention.context(x, mask)
     attention.is_causal = True
-    causal, _ = attention(x, mask)
+    causal = attention.context(x, mask)
 
     q_all, k_all = attention.query(x), attention.key(x)
     v_all = q_all if share_qv else attention.value(x)
@@ -171,15 +170,14 @@ def test_fastformer_matches_equation(pooling, share_qv):
 
 def test_fastformer_causal_state_is_constant_size_and_exact():
     x, mask = _inputs()
-    attention = _randomize(FastformerAttention(tiny_config(attention_type="fastformer"), is_causal=True))
-    full, state = attention(x, mask)
-    step_state, steps = None, []
+    attention = _randomize(FastformerAttention(tiny_config(attention_type="fastformer"), is_causal=True, layer_idx=0))
+    full, _ = attention(x, mask)
+    cache, steps = ZformerCache(["fastformer"]), []
     for i in range(N):
-        step, step_state = attention(x[:, i : i + 1], mask[:, i : i + 1], state=step_state)
-        steps.append(step)
+        steps.append(attention(x[:, i : i + 1], mask[:, : i + 1], cache=cache)[0])
     torch.testing.assert_close(torch.cat(steps, 1)[mask.bool()], full[mask.bool()], atol=1e-5, rtol=1e-5)
-    sizes = [t.shape for pool_state in step_state for t in pool_state]
-    assert sizes == [(B, H), (B, H), (B, H, DH)] * 2
+    sizes = [t.shape for t in cache.layers[0].tensors()]
+    assert sizes == [(B, H), (B, H), (B, H, DH)] * 2 and cache.get_seq_length() == N
 
 
 def test_xformer_matches_equation():
@@ -187,7 +185,7 @@ def test_xformer_matches_equation():
     config = tiny_config(attention_type="xformer", xformer_alpha=2, xformer_beta=4, max_position_embeddings=16)
     attention = _randomize(XformerAttention(config))
     assert attention.sequence_projection.shape == (4, 16)  # ceil(16 / 4) compressed keys, no bias
-    out, _ = attention(x, mask)
+    out = attention.context(x, mask)
     e = attention.sequence_projection[:, :N]
     dq = D // 2 // H
     for b in range(B):
@@ -250,9 +248,10 @@ def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_ma
     attention = _randomize(ZformerAttention(config) if config.attention_type == "zformer" else FastformerAttention(config))
     if hasattr(attention, "log_scale"):
         torch.nn.init.constant_(attention.log_scale, 1.0)
+    if not projected:
+        attention.output = torch.nn.Identity()  # the folded map without an output projection to fold in
     attention.double()
-    projection = _randomize(torch.nn.Linear(D, D)).double() if projected else None
-    parameters = [*attention.parameters(), *(projection.parameters() if projected else [])]
+    parameters = list(attention.parameters())
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, length, D, generator=generator, dtype=torch.float64).requires_grad_()
     mask = torch.ones(4, length, dtype=torch.long)
@@ -263,7 +262,7 @@ def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_ma
     results = []
     for enabled in (True, False):
         _folding(monkeypatch, enabled)
-        output, _ = attention(x, mask, output_projection=projection)
+        output, _ = attention(x, mask)
         loss = (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum() + output.pow(2).sum()
         results.append((output, torch.autograd.grad(loss, [x, *parameters])))
     (folded_out, folded_grads), (plain_out, plain_grads) = results
@@ -277,7 +276,7 @@ def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_ma
         _folding(monkeypatch, True)
         padded_x = torch.cat([x, torch.randn(4, 5, D, generator=generator, dtype=torch.float64)], 1)
         padded_mask = torch.cat([mask, torch.zeros(4, 5, dtype=torch.long)], 1)
-        padded, _ = attention(padded_x, padded_mask, output_projection=projection)
+        padded, _ = attention(padded_x, padded_mask)
         real = mask.bool()
         torch.testing.assert_close(padded[:, :length][real], folded_out[real], atol=1e-10, rtol=1e-10)
 
@@ -294,17 +293,62 @@ def test_folded_form_is_taken_for_long_fp32_sequences_only():
 
 
 @pytest.mark.parametrize("attention_type", ["full", "zformer", "xformer", "fastformer"])
-def test_output_projection_is_applied_by_every_type(attention_type):
-    """`output_projection` gives the projection of the plain context, folded or not."""
+def test_output_is_the_projected_context_for_every_type(attention_type):
+    """Every type owns its output projection: forward gives `output(context)`, folded or not."""
     from hf_zformer.modeling.attention import ATTENTION_CLASSES
 
     config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=64, attention_type=attention_type)
     attention = _randomize(ATTENTION_CLASSES[attention_type](config)).eval()
-    projection = _randomize(torch.nn.Linear(D, D))
     x = torch.randn(2, 48, D)  # N > D: zformer/fastformer fold the projection in
     mask = torch.ones(2, 48, dtype=torch.long)
     mask[1, 30:] = 0
     with torch.no_grad():
-        context, _ = attention(x, mask)
-        projected, _ = attention(x, mask, output_projection=projection)
-    torch.testing.assert_close(projected, projection(context), atol=1e-4, rtol=1e-4)
+        projected, _ = attention(x, mask)
+        context = attention.context(x, mask)
+    torch.testing.assert_close(projected, attention.output(context), atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize(
+    "attention_type, role, message",
+    [("xformer", dict(is_causal=True), "XformerAttention cannot be causal"),
+     ("xformer", dict(is_cross=True), "XformerAttention cannot be cross-attention"),
+     ("fastformer", dict(is_cross=True), "FastformerAttention cannot be cross-attention"),
+     ("full", dict(is_causal=True, is_cross=True), "is_causal=True and is_cross=True")],
+)
+def test_roles_a_type_cannot_play_raise(attention_type, role, message):
+    from hf_zformer.modeling.attention import ATTENTION_CLASSES
+
+    with pytest.raises(ValueError, match=message):
+        ATTENTION_CLASSES[attention_type](tiny_config(attention_type=attention_type), **role)
+
+
+@pytest.mark.parametrize("attention_type", ["full", "zformer", "xformer", "fastformer"])
+def test_every_type_has_the_same_constructor_and_forward(attention_type):
+    import inspect
+
+    from hf_zformer.modeling.attention import ATTENTION_CLASSES, Attention
+
+    cls = ATTENTION_CLASSES[attention_type]
+    assert issubclass(cls, Attention)
+    for method in ("__init__", "forward", "context"):
+        assert list(inspect.signature(getattr(cls, method)).parameters) == list(
+            inspect.signature(getattr(Attention, method)).parameters
+        ), method
+
+
+@pytest.mark.parametrize("attention_type", ["full", "zformer"])
+def test_cross_attention_memory_is_computed_once_into_the_cache(attention_type):
+    config = tiny_config(attention_type=attention_type)
+    from hf_zformer.modeling.attention import ATTENTION_CLASSES
+
+    attention = _randomize(ATTENTION_CLASSES[attention_type](config, is_cross=True, layer_idx=0)).eval()
+    x, memory = torch.randn(B, 3, D), torch.randn(B, N, D)
+    memory_mask = torch.ones(B, N, dtype=torch.long)
+    memory_mask[1, 6:] = 0
+    cache = ZformerCache(["full"], cross_attention=True)
+    first, _ = attention(x, memory=memory, memory_mask=memory_mask, cache=cache)
+    assert cache.has_memory(0)
+    again, _ = attention(x, memory_mask=memory_mask, cache=cache)  # no memory: the cached projection
+    torch.testing.assert_close(again, first)
+    without_padding, _ = attention(x[1:], memory=memory[1:, :6])
+    torch.testing.assert_close(first[1:], without_padding, atol=1e-5, rtol=1e-5)

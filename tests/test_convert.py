@@ -12,6 +12,7 @@ import pytest
 import torch
 from transformers import (
     AutoModel,
+    AutoModelForSequenceClassification,
     AutoTokenizer,
     BertConfig,
     BertForMaskedLM,
@@ -252,7 +253,7 @@ def test_script_writes_folder_that_loads_in_clean_process(tmp_path):
         """, cwd=tmp_path)
     with torch.no_grad():
         expected = source(input_ids=ids, attention_mask=mask).logits
-        local = hf_zformer.AutoModelForSequenceClassification.from_pretrained(outputs["hybrid"]).eval()
+        local = AutoModelForSequenceClassification.from_pretrained(outputs["hybrid"]).eval()
         hybrid = local(input_ids=ids, attention_mask=mask).logits
     torch.testing.assert_close(torch.load(tmp_path / "full.pt"), expected, atol=1e-5, rtol=0)
     torch.testing.assert_close(torch.load(tmp_path / "hybrid.pt"), hybrid, atol=0, rtol=0)

@@ -189,10 +189,10 @@ def test_remote_code_round_trip_in_clean_process(tmp_path):
     saved = json.loads((tmp_path / "full-AutoModel" / "config.json").read_text())
     assert set(saved["auto_map"]) == {
         "AutoConfig", "AutoModel", "AutoModelForSequenceClassification", "AutoModelForMaskedLM",
-        "AutoModelForSeq2SeqLM",
+        "AutoModelForSeq2SeqLM", "AutoModelForCausalLM",
     }
     assert sorted(p.name for p in (tmp_path / "full-AutoModel").glob("*.py")) == [
-        "attention.py", "configuration_zformer.py", "modeling_zformer.py"
+        "attention.py", "cache_zformer.py", "configuration_zformer.py", "modeling_zformer.py"
     ]
     torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
     run_isolated(

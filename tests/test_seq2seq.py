@@ -4,10 +4,10 @@ import itertools
 
 import pytest
 import torch
-from conftest import ATTENTION_TYPES, TINY, random_batch, repad, run_isolated
+from conftest import ATTENTION_TYPES, TINY, assert_same_generations_in_clean_process, random_batch, repad
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
-from hf_zformer import ZformerDecodingState
+from hf_zformer import ZformerCache
 from hf_zformer.modeling.modeling_zformer import shift_tokens_right
 
 DECODER_TYPES = ["full", "zformer", "fastformer"]
@@ -54,7 +54,7 @@ def test_cache_equals_no_cache(encoder, decoder):
                     past_key_values=state, use_cache=True)
         state = out.past_key_values
         steps.append(out.logits)
-    assert isinstance(state, ZformerDecodingState) and state.get_seq_length() == 8
+    assert isinstance(state, ZformerCache) and state.get_seq_length() == 8
     torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-4, rtol=1e-4)
     # tokens: greedy and beam search with and without the cache
     for kwargs in (dict(num_beams=1, do_sample=False), dict(num_beams=3, do_sample=False)):
@@ -93,7 +93,7 @@ def test_decoding_state_does_not_grow(decoder):
         out = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=length, min_new_tokens=length,
                              return_dict_in_generate=True)
         assert out.sequences.shape[1] == length + 1
-        sizes[length] = out.past_key_values.recurrent_state_numel()
+        sizes[length] = out.past_key_values.self_attention_numel()
     assert sizes[8] == sizes[200] > 0
 
 
@@ -101,7 +101,7 @@ def test_full_decoder_cache_grows_with_output():
     model = seq2seq("full", "full", max_position_embeddings=256)
     src, mask = _source()
     out = [model.generate(input_ids=src, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
-                          return_dict_in_generate=True).past_key_values.recurrent_state_numel() for n in (8, 40)]
+                          return_dict_in_generate=True).past_key_values.self_attention_numel() for n in (8, 40)]
     assert out[1] > out[0]
 
 
@@ -180,37 +180,13 @@ def test_seq2seq_trainer_predict_with_generate(tmp_path):
 
 def test_remote_code_generate_in_clean_process(tmp_path):
     src, mask = _source()
-    expected = {}
-    for encoder, decoder in [("xformer", "zformer"), ("fastformer", "fastformer"), ("zformer", "full")]:
-        name = f"{encoder}-{decoder}"
-        model = seq2seq(encoder, decoder)
-        model.save_pretrained(tmp_path / name)
-        expected[name] = _greedy(model, src, mask, num_beams=3)
-    fast = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model("fastformer", **TINY)).eval()
-    fast.save_pretrained(tmp_path / "fastformer-type")
-    expected["fastformer-type"] = _greedy(fast, src, mask, num_beams=2)
-    torch.save({"src": src, "mask": mask}, tmp_path / "batch.pt")
-    run_isolated(
-        """
-        import torch
-        from transformers import AutoModelForSeq2SeqLM
-        batch = torch.load("batch.pt")
-        results = {}
-        for name in %r:
-            model = AutoModelForSeq2SeqLM.from_pretrained(name, trust_remote_code=True).eval()
-            assert model.__module__.startswith("transformers_modules"), model.__module__
-            beams = 2 if name == "fastformer-type" else 3
-            results[name] = model.generate(input_ids=batch["src"], attention_mask=batch["mask"], num_beams=beams,
-                                           max_new_tokens=10, min_new_tokens=10, suppress_tokens=[0, 1, 2, 3, 4],
-                                           no_repeat_ngram_size=2)
-        torch.save(results, "remote.pt")
-        """
-        % (list(expected),),
-        cwd=tmp_path,
+    pairs = [("xformer", "zformer"), ("fastformer", "fastformer"), ("zformer", "full")]
+    models = {f"{encoder}-{decoder}": seq2seq(encoder, decoder) for encoder, decoder in pairs}
+    models["fastformer-type"] = AutoModelForSeq2SeqLM.from_config(AutoConfig.for_model("fastformer", **TINY)).eval()
+    assert_same_generations_in_clean_process(
+        tmp_path, "AutoModelForSeq2SeqLM", models, dict(input_ids=src, attention_mask=mask), num_beams=3,
+        max_new_tokens=10, min_new_tokens=10, suppress_tokens=[0, 1, 2, 3, 4], no_repeat_ngram_size=2,
     )
-    remote = torch.load(tmp_path / "remote.pt")
-    for name, tokens in expected.items():
-        assert torch.equal(remote[name], tokens), name
 
 
 @pytest.mark.parametrize("decoder", DECODER_TYPES)

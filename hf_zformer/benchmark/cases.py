@@ -49,6 +49,7 @@ def build_module(attention_type: str, config: ZformerConfig, level: str, device:
     attention = model.encoder.layers[0].attention
     if not isinstance(attention, ATTENTION_CLASSES[config.layer_attention_types()[0]]):  # pragma: no cover
         raise TypeError(f"unexpected attention module {type(attention).__name__}")
+    attention.output = torch.nn.Identity()  # the attention alone: model-level cases count the output projection
     return attention.to(device)
 
 

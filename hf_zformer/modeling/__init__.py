@@ -7,17 +7,20 @@ from .attention import (
     XformerAttention,
     ZformerAttention,
 )
+from .cache_zformer import ZformerCache
 from .configuration_zformer import FastformerConfig, ZformerConfig
 from .modeling_zformer import (
+    FastformerForCausalLM,
     FastformerForConditionalGeneration,
     FastformerForMaskedLM,
     FastformerForSequenceClassification,
     FastformerModel,
-    ZformerDecodingState,
+    ZformerForCausalLM,
     ZformerForConditionalGeneration,
     ZformerForMaskedLM,
     ZformerForSequenceClassification,
     ZformerModel,
     ZformerPreTrainedModel,
     position_ids_from_mask,
+    register_auto_classes,
 )

@@ -1,15 +1,15 @@
 """The attention family: full (softmax), Zformer, Xformer and Fastformer.
 
-Every class maps hidden states `(B, N, D)` to a context `(B, N, D)`. The layer's output projection
-(a `nn.Linear`) is passed in as `output_projection` and applied by the attention, so the folded
-bidirectional forms can merge it into their per-sequence matrix (`_apply_folded`); the layer adds
-the residual. `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
+Every class follows one protocol (`Attention`): the same constructor and forward, its own output
+projection `output` (so the folded bidirectional forms can merge it into their per-sequence
+matrix, `_apply_folded`); the layer adds the residual. `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
 0/False at padding; padded positions never influence real ones, so outputs at real positions are
 exactly invariant to extra padding. Sums over the sequence run in fp32 with autocast disabled
 (linear-attention sums overflow fp16 and lose precision in bf16).
 
-Causal (decoder) forms take and return a recurrent `state` whose size does not depend on the
-number of tokens seen: feeding a sequence in one call or token by token gives the same outputs.
+Causal (decoder) forms keep their state in a cache (`cache_zformer.ZformerCache`) whose size, for
+Zformer and Fastformer, does not depend on the number of tokens seen: feeding a sequence in one
+call or token by token gives the same outputs.
 
 This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and stdlib only.
 """
@@ -96,39 +96,108 @@ def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return fresh + other
 
 
-def _project(context: torch.Tensor, output_projection: nn.Module | None) -> torch.Tensor:
-    """The layer's output projection of a context (B, N, D), when one is given."""
-    return context if output_projection is None else output_projection(context)
+def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, output: nn.Module) -> torch.Tensor:
+    """`output(x @ matrix^T + offset)`: the output of a folded attention form, through its output projection.
 
-
-def _apply_folded(
-    x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, output_projection: nn.Linear | None
-) -> torch.Tensor:
-    """`x @ matrix^T + offset`, then `output_projection`: the output of a folded attention form.
-
-    x (B, N, D); matrix (B, D, D) and offset (B, D) map every token of a sequence. A projection
-    y = W c + b of that output is itself one per-sequence map (W matrix, W offset + b), which costs
-    2 D^3 FLOPs per sequence instead of 2 N D^2, and saves a (B, N, D) intermediate: it is folded
-    in when N > D, and applied afterwards otherwise.
+    x (B, N, D); matrix (B, D, D) and offset (B, D) map every token of a sequence. A Linear
+    projection y = W c + b of that output is itself one per-sequence map (W matrix, W offset + b),
+    which costs 2 D^3 FLOPs per sequence instead of 2 N D^2, and saves a (B, N, D) intermediate: it
+    is folded in when N > D, and applied afterwards otherwise (or when `output` is not a Linear).
     """
-    if output_projection is not None and x.shape[1] > x.shape[2]:
-        matrix = output_projection.weight @ matrix
-        offset = output_projection(offset)
-        output_projection = None
-    return _project(torch.baddbmm(offset[:, None, :], x, matrix.transpose(1, 2)), output_projection)
+    if isinstance(output, nn.Linear) and x.shape[1] > x.shape[2]:
+        return torch.baddbmm(output(offset)[:, None, :], x, (output.weight @ matrix).transpose(1, 2))
+    return output(torch.baddbmm(offset[:, None, :], x, matrix.transpose(1, 2)))
 
 
-class _QKVAttention(nn.Module):
-    """What full and Zformer attention share: H heads of width d_h = D / H, query/key/value
-    projections D -> D, and the role flags (causal self-attention, cross-attention)."""
+def _new_tokens_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """The columns of `attention_mask` (B, past + N) that belong to the N new tokens."""
+    return None if attention_mask is None else attention_mask[:, attention_mask.shape[1] - length :]
 
-    def __init__(self, config, is_causal: bool, is_cross: bool, layer_idx: int | None):
+
+class Attention(nn.Module):
+    """The protocol every attention type follows (BART-style: one class for every role it can play).
+
+    `Attention(config, is_causal=False, is_cross=False, layer_idx=None)`: bidirectional
+    self-attention by default; `is_causal=True` for decoder self-attention (output i sees tokens
+    j <= i only); `is_cross=True` for attention from the decoder to `memory` (the encoder's output).
+    A type that cannot play a role raises a ValueError naming it (`CAN_BE_CAUSAL`, `CAN_BE_CROSS`).
+    `layer_idx` is the layer's index in a decoding cache.
+
+    `forward(hidden_states, attention_mask, memory, memory_mask, cache, position_ids, output_attentions)`
+    returns `(output (B, N, D), weights or None)`. The output has been through the attention's own
+    output projection `output` (W_o); the layer adds the residual. Masks are 1/True at real tokens:
+    `attention_mask` (B, past + N) covers the tokens a causal cache already holds and the N new ones
+    (past = 0 without a cache), `memory_mask` (B, Nk) the memory. Decoding state lives in `cache` (a
+    `ZformerCache`), reached only through `cache.update(...)` and `cache.update_memory(...)`.
+    `context(...)` gives the output before W_o (the plain form).
+    """
+
+    CAN_BE_CAUSAL = True
+    CAN_BE_CROSS = True
+
+    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__()
+        kind = type(self).__name__
+        if is_causal and is_cross:
+            raise ValueError(f"{kind}: is_causal=True and is_cross=True: cross-attention sees the whole memory")
+        if is_causal and not self.CAN_BE_CAUSAL:
+            raise ValueError(f"{kind} cannot be causal (is_causal=True): it has no exact causal form")
+        if is_cross and not self.CAN_BE_CROSS:
+            raise ValueError(f"{kind} cannot be cross-attention (is_cross=True)")
         self.num_heads = config.num_attention_heads
         self.head_dim = config.hidden_size // config.num_attention_heads
         self.is_causal = is_causal
         self.is_cross = is_cross
         self.layer_idx = layer_idx
+        self.output = nn.Linear(config.hidden_size, config.hidden_size)  # W_o
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        memory: torch.Tensor | None = None,
+        memory_mask: torch.Tensor | None = None,
+        cache=None,
+        position_ids: torch.Tensor | None = None,
+        output_attentions: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """hidden_states (B, N, D) -> (output (B, N, D), None); see the class docstring."""
+        if output_attentions:
+            raise ValueError(f"output_attentions=True: {type(self).__name__} forms no attention matrix")
+        if not (self.is_causal or self.is_cross):
+            folded = self._folded_output(hidden_states, attention_mask)
+            if folded is not None:
+                return folded, None
+        context = self.context(hidden_states, attention_mask, memory, memory_mask, cache, position_ids)
+        return self.output(context), None
+
+    def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
+                position_ids=None) -> torch.Tensor:
+        """The attention's output before its output projection (B, N, D)."""
+        raise NotImplementedError
+
+    def _folded_output(self, hidden_states, attention_mask) -> torch.Tensor | None:
+        """The bidirectional output in a folded form where one pays off, else None."""
+        return None
+
+    def _memory(self, memory, memory_mask, cache):
+        """Cross-attention: the projected memory (`_project_memory`), computed at the first decoding
+        step and kept in the cache."""
+        if self.is_cross and memory is None and (cache is None or not cache.has_memory(self.layer_idx)):
+            raise ValueError(f"{type(self).__name__} is cross-attention: pass `memory` (the encoder states)")
+        if cache is not None and cache.has_memory(self.layer_idx):
+            return cache.memory(self.layer_idx)
+        projected = self._project_memory(memory, memory_mask)
+        if cache is not None:
+            cache.update_memory(projected, self.layer_idx)
+        return projected
+
+
+class _QKVAttention(Attention):
+    """Query/key/value projections D -> D, shared by full, Zformer and Fastformer attention."""
+
+    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
+        super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
         self.query = nn.Linear(config.hidden_size, config.hidden_size)
         self.key = nn.Linear(config.hidden_size, config.hidden_size)
         self.value = nn.Linear(config.hidden_size, config.hidden_size)
@@ -168,62 +237,58 @@ class FullAttention(_QKVAttention):
     """Softmax attention, `softmax(Q K^T / sqrt(d_h) + mask) V`, through transformers'
     `ALL_ATTENTION_FUNCTIONS` (fused `scaled_dot_product_attention` by default).
 
-    As self-attention it is optionally causal; as cross-attention (`is_cross=True`) keys and values
-    come from `encoder_hidden_states`. Decoding caches keys/values (transformers' cache classes).
+    Causal self-attention appends its keys/values (B, H, N, d) to the cache (a transformers
+    `DynamicLayer`, `cache.update(keys, values, layer_idx)`) and attends to all of them; as
+    cross-attention the keys/values of the memory are computed once and kept in the cache.
     """
 
-    def __init__(self, config, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
-        super().__init__(config, is_causal, is_cross, layer_idx)
+    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
+        super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
         self.config = config
         self.scaling = self.head_dim**-0.5
         self.dropout = config.attention_probs_dropout_prob
 
-    def project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None):
+    def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None):
         """Keys and values (B, H, Nk, d) of `memory` (B, Nk, D)."""
         return _split_heads(self.key(memory), self.num_heads), _split_heads(self.value(memory), self.num_heads)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        key_value: tuple[torch.Tensor, torch.Tensor] | None = None,
-        key_mask: torch.Tensor | None = None,
-        state=None,
-        output_projection: nn.Module | None = None,
-        output_attentions: bool = False,
-        **kwargs,
-    ):
-        """hidden_states (B, Nq, D). Self-attention: `attention_mask` (B, Nq) masks the keys; a causal
-        module appends its keys/values to `state` (a transformers `DynamicLayer`, when decoding) and
-        attends to all of them. Cross-attention: `key_value` = keys and values (B, H, Nk, d) from
-        `project_memory`, masked by `key_mask` (B, Nk). Returns (context (B, Nq, D), state), the
-        context passed through `output_projection` when one is given; with `output_attentions` the
-        softmax weights (B, H, Nq, Nk) follow, computed through the einsum reference (SDPA returns none).
-        """
-        context, state, weights = self._attend(hidden_states, attention_mask, key_value, key_mask, state,
-                                               output_attentions)
-        context = _project(context, output_projection)  # Q, K and V are freed by now
-        return (context, state, weights) if output_attentions else (context, state)
+    def forward(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
+                position_ids=None, output_attentions=False):
+        """As `Attention.forward`; with `output_attentions` the softmax weights (B, H, N, Nk) come
+        second, computed through the einsum reference (SDPA returns none)."""
+        context, weights = self._attend(hidden_states, attention_mask, memory, memory_mask, cache, output_attentions)
+        return self.output(context), weights  # Q, K and V are freed by now
 
-    def _attend(self, hidden_states, attention_mask, key_value, key_mask, state, output_attentions=False):
+    def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
+                position_ids=None):
+        return self._attend(hidden_states, attention_mask, memory, memory_mask, cache)[0]
+
+    def _attend(self, hidden_states, attention_mask, memory, memory_mask, cache, output_attentions=False):
         query = _split_heads(self.query(hidden_states), self.num_heads)  # (B, H, Nq, d)
-        if key_value is None:
-            key, value = self.project_memory(hidden_states, attention_mask)
-            key_mask = attention_mask
-            if state is not None:
-                key, value = state.update(key, value)
-                key_mask = None  # right padding: causality already hides padded positions from real ones
-        else:
-            key, value = key_value
         batch, _, q_len, _ = query.shape
+        if self.is_cross:
+            key, value = self._memory(memory, memory_mask, cache)
+            key_mask = memory_mask
+        else:
+            key, value = self._project_memory(hidden_states, None)
+            if cache is not None:
+                key, value = cache.update(key, value, self.layer_idx)  # (B, H, past + Nq, d)
+            key_mask = attention_mask
         k_len = key.shape[2]
         key_mask = _drop_full_mask(key_mask)  # no padding: SDPA can take its unmasked (fastest) kernel
-        mask = None
-        if key_mask is not None:
-            mask = key_mask.bool().view(batch, 1, 1, k_len)
-        if self.is_causal and q_len > 1:
+        if key_mask is not None and key_mask.shape[1] != k_len:
+            raise ValueError(
+                f"the attention mask covers {key_mask.shape[1]} tokens, the keys {k_len} (cached and new tokens)"
+            )
+        mask = None if key_mask is None else key_mask.bool().view(batch, 1, 1, k_len)
+        if self.is_causal and (q_len > 1 or mask is not None):
             causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
-            mask = causal.view(1, 1, q_len, k_len) if mask is None else mask & causal
+            if mask is not None:  # every query sees itself: a padded query attends to something (finite output)
+                causal_mask = mask & causal
+                itself = torch.zeros_like(causal).diagonal_scatter(torch.ones(q_len, dtype=torch.bool), k_len - q_len)
+                mask = causal_mask | itself
+            else:
+                mask = causal.view(1, 1, q_len, k_len)
         if mask is not None:
             mask = mask.expand(batch, 1, q_len, k_len)
 
@@ -242,12 +307,32 @@ class FullAttention(_QKVAttention):
             scaling=self.scaling,
             is_causal=False,  # causality is in `mask`
         )
-        return output.reshape(batch, q_len, -1), state, weights
+        return output.reshape(batch, q_len, -1), weights if output_attentions else None
 
 
 # ----------------------------------------------------------------------------------------------
 # Zformer: softmax-free linear attention
 # ----------------------------------------------------------------------------------------------
+
+
+def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
+    """out_i = q_i (past + sum_{j<=i} k_j^T v_j), in fp32, computed in blocks of ZFORMER_CAUSAL_BLOCK
+    tokens: quadratic inside a block, recurrent across blocks. query/key/value (B, H, N, d); past
+    (B, H, d, d) (the sum over earlier tokens) or None. Returns (B, H, N, d)."""
+    batch, heads, length, dim = query.shape
+    with _no_autocast(query.device.type):
+        query, key, value = _fp32(query, key, value)
+        state = query.new_zeros(batch, heads, dim, dim) if past is None else past
+        outputs = []
+        for start in range(0, length, ZFORMER_CAUSAL_BLOCK):
+            q = query[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
+            k = key[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
+            v = value[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
+            scores = (q @ k.transpose(-1, -2)).tril()  # (B, H, b, b): no softmax, only causality
+            outputs.append(q @ state + scores @ v)
+            if start + ZFORMER_CAUSAL_BLOCK < length:
+                state = state + k.transpose(-1, -2) @ v
+    return torch.cat(outputs, dim=2)
 
 
 class ZformerAttention(_QKVAttention):
@@ -266,15 +351,15 @@ class ZformerAttention(_QKVAttention):
     same result (`_folded`): 4 N D^2 + 2 D^3 FLOPs per sequence instead of 6 N D^2 + 4 N D d_h.
     """
 
-    def __init__(self, config, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
-        super().__init__(config, is_causal, is_cross, layer_idx)
+    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
+        super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
         self.scale_init = float(config.zformer_scale_init)
         self.log_scale = nn.Parameter(torch.tensor(math.log(self.scale_init)))
 
     def _queries(self, hidden_states):
         return _split_heads(self.query(hidden_states), self.num_heads) * self.head_dim**-0.5
 
-    def project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
+    def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D)."""
         key = _split_heads(_zero_padding(self.key(memory), memory_mask), self.num_heads)
         value = _split_heads(self.value(memory), self.num_heads)
@@ -282,42 +367,35 @@ class ZformerAttention(_QKVAttention):
             key, value = _fp32(key, value)
             return torch.einsum("bhnd,bhne->bhde", key, value)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        key_value: torch.Tensor | None = None,
-        state: torch.Tensor | None = None,
-        output_projection: nn.Linear | None = None,
-        **kwargs,
-    ):
-        """Bidirectional self-attention by default; `key_value` = a precomputed K^T V (cross-attention);
-        causal modules take and return `state` (the K^T V prefix sum). Returns (context, state), the
-        context passed through `output_projection` when one is given."""
-        if not self.is_causal and key_value is None:
-            # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
-            if _use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
-                return self._folded(hidden_states, attention_mask, output_projection), state
-        context, state = self._attend(hidden_states, attention_mask, key_value, state)
-        return _project(context, output_projection), state
+    def _folded_output(self, hidden_states, attention_mask):
+        # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
+        if _use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
+            return self._folded(hidden_states, attention_mask)
+        return None
 
-    def _attend(self, hidden_states, attention_mask, key_value, state):
-        """The plain form: Q, and K^T V or its causal prefix sums. Returns (context (B, N, D), state)."""
+    def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
+                position_ids=None):
+        """The plain form: Q, and K^T V (of the memory, or of the sequence) or its causal prefix sums.
+        A causal module with a cache hands its keys/values to `cache.update`, which returns the sum
+        of k^T v over the tokens before them (B, H, d, d)."""
         query = self._queries(hidden_states)  # (B, H, N, d)
         if self.is_causal:
-            key = _split_heads(_zero_padding(self.key(hidden_states), attention_mask), self.num_heads)
+            new_mask = _new_tokens_mask(attention_mask, hidden_states.shape[1])
+            key = _split_heads(_zero_padding(self.key(hidden_states), new_mask), self.num_heads)
             value = _split_heads(self.value(hidden_states), self.num_heads)
-            context, state = self._causal(query, key, value, state)
+            past = None if cache is None else cache.update(key, value, self.layer_idx)
+            context = causal_linear_attention(query, key, value, past)
         else:
-            kv = self.project_memory(hidden_states, attention_mask) if key_value is None else key_value
+            if self.is_cross:
+                kv = self._memory(memory, memory_mask, cache)
+            else:
+                kv = self._project_memory(hidden_states, attention_mask)
             with _no_autocast(hidden_states.device.type):
                 context = torch.einsum("bhnd,bhde->bhne", *_fp32(query), kv)
         context = (context * torch.exp(-self.log_scale.to(context.dtype))).to(query.dtype)
-        return _merge_heads(context), state
+        return _merge_heads(context)
 
-    def _folded(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_projection: nn.Linear | None
-    ) -> torch.Tensor:
+    def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Bidirectional self-attention `Q (K^T V) / s` folded into one (D, D) matrix per sequence.
 
         Write [W | b] for a projection with its bias as a column (D, D+1) and x' = [x; 1]. Over the
@@ -347,25 +425,7 @@ class ZformerAttention(_QKVAttention):
         kv_t = value_moments @ key.view(heads, dim, width + 1).transpose(1, 2)  # (K^T V)^T (B, H, d, d)
         kv_t = kv_t * (dim**-0.5 * torch.exp(-self.log_scale))
         folded = (kv_t @ query.view(heads, dim, width + 1)).view(batch, width, width + 1)  # [A^T | c]
-        return _apply_folded(x, folded[:, :, :width], folded[:, :, width], output_projection)  # (B, N, D)
-
-    @staticmethod
-    def _causal(query, key, value, state):
-        """Blockwise causal linear attention. query/key/value (B, H, N, d); state (B, H, d, d) or None."""
-        batch, heads, length, dim = query.shape
-        with _no_autocast(query.device.type):
-            query, key, value = _fp32(query, key, value)
-            if state is None:
-                state = query.new_zeros(batch, heads, dim, dim)
-            outputs = []
-            for start in range(0, length, ZFORMER_CAUSAL_BLOCK):
-                q = query[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
-                k = key[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
-                v = value[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
-                scores = (q @ k.transpose(-1, -2)).tril()  # (B, H, b, b): no softmax, only causality
-                outputs.append(q @ state + scores @ v)
-                state = state + k.transpose(-1, -2) @ v
-        return torch.cat(outputs, dim=2), state
+        return _apply_folded(x, folded[:, :, :width], folded[:, :, width], self.output)  # (B, N, D)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -373,45 +433,41 @@ class ZformerAttention(_QKVAttention):
 # ----------------------------------------------------------------------------------------------
 
 
-class XformerAttention(nn.Module):
+class XformerAttention(Attention):
     """Xformer attention (Xformer_Pytorch). Q' = X W_q has width D / alpha. A projection E along
     the sequence (max_position_embeddings -> k = ceil(max_position_embeddings / beta) rows, no bias)
     is shared by keys and values: K = E Q', V = E X, summing over real positions only, so k does
     not depend on the padded length. Q' and K split into H heads of D / (alpha H), V into H heads of
-    D / H; softmax attention of every query over the k compressed keys. Not causal.
+    D / H; softmax attention of every query over the k compressed keys. Bidirectional
+    self-attention only: E mixes future tokens into every key (no causal form), and it indexes
+    positions of the sequence itself (no cross form).
     """
 
-    def __init__(self, config, layer_idx: int | None = None, **kwargs):
-        super().__init__()
-        self.num_heads = config.num_attention_heads
+    CAN_BE_CAUSAL = False
+    CAN_BE_CROSS = False
+
+    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
+        super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
         self.query_width = config.hidden_size // config.xformer_alpha
         self.scaling = (self.query_width // self.num_heads) ** -0.5
         self.max_length = config.max_position_embeddings
         self.position_offset = config.position_offset  # the column of a first token (RoBERTa-style tables)
         self.compressed_length = math.ceil(config.max_position_embeddings / config.xformer_beta)
-        self.layer_idx = layer_idx
         self.query = nn.Linear(config.hidden_size, self.query_width)
         self.sequence_projection = nn.Parameter(torch.empty(self.compressed_length, self.max_length))  # E
         self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        output_projection: nn.Module | None = None,
-        position_ids: torch.Tensor | None = None,
-        **kwargs,
-    ):
+    def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
+                position_ids=None):
         """`position_ids` (B, N) (or (1, N)): the column of E each token uses, by default its index
-        plus `position_offset`. Returns (context (B, N, D), None), the context passed through `output_projection` when one
-        is given (xformer is never causal: no state)."""
+        plus `position_offset`."""
         length = hidden_states.shape[1]
         if position_ids is None and length + self.position_offset > self.max_length:
             raise ValueError(
                 f"xformer attention got a sequence of {length} tokens, more than max_position_embeddings="
                 f"{self.max_length} - position_offset={self.position_offset}"
             )
-        return _project(self._attend(hidden_states, attention_mask, position_ids), output_projection), None
+        return self._attend(hidden_states, attention_mask, position_ids)
 
     def _projection(self, length, attention_mask, position_ids):
         """E restricted to the tokens' positions: (k, N) when every real token sits at the column of
@@ -461,12 +517,11 @@ def _pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None)
     return torch.einsum("bhn,bhnd->bhd", weights, values)
 
 
-def _prefix_pool(scores, values, mask, state):
-    """Causal `_pool`: output i pools positions j <= i. state = (running max (B, H),
-    denominator (B, H), numerator (B, H, d)) of the positions before this call, or None."""
+def prefix_pool(scores, values, state=None):
+    """Causal `_pool`: output i pools positions j <= i. scores (B, H, N), -inf at padding; values
+    (B, H, N, d); state = (running max (B, H), denominator (B, H), numerator (B, H, d)) of the
+    positions before these, or None. Returns (pooled (B, H, N, d), the state after them)."""
     batch, heads, length, dim = values.shape
-    if mask is not None:
-        scores = scores.masked_fill(~mask.bool()[:, None, :], float("-inf"))
     if state is None:
         state = (scores.new_full((batch, heads), float("-inf")), scores.new_zeros(batch, heads),
                  values.new_zeros(batch, heads, dim))
@@ -482,7 +537,7 @@ def _prefix_pool(scores, values, mask, state):
     return pooled, (new_max, den[..., -1], num[:, :, -1])
 
 
-class FastformerAttention(nn.Module):
+class FastformerAttention(_QKVAttention):
     """Fastformer additive attention (Wu et al. 2021, arXiv 2108.09084), per head:
 
         alpha_i = softmax_i(w_q . q_i / sqrt(d_h));  q_g = sum_i alpha_i q_i
@@ -491,24 +546,23 @@ class FastformerAttention(nn.Module):
 
     `fastformer_pooling="mean"` replaces both softmax poolings by the plain mean over real tokens
     (the FastFormer seed; w_q and w_k then do not exist). `fastformer_share_qv=True` uses the query
-    projection for the values (the official code). Cost O(N D).
+    projection for the values (the official code). Cost O(N D). Self-attention only: the pooled
+    global query mixes with each token's own key (no cross form).
 
     Causal form: the poolings become prefix poolings (running max, numerator and denominator),
-    an O(1) state per generated token.
+    an O(1) state per generated token; with a cache, each pooling goes through
+    `cache.update(scores, values, layer_idx, pool)`.
 
     Bidirectional attention on all but short sequences takes a folded form with the same result
     (`_folded`): 2 N D^2 + 2 D^3 FLOPs per sequence instead of the 8 N D^2 of four projections.
     """
 
-    def __init__(self, config, is_causal: bool = False, layer_idx: int | None = None, **kwargs):
-        super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.head_dim = config.hidden_size // config.num_attention_heads
-        self.is_causal = is_causal
-        self.layer_idx = layer_idx
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = None if config.fastformer_share_qv else nn.Linear(config.hidden_size, config.hidden_size)
+    CAN_BE_CROSS = False
+
+    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
+        super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
+        if config.fastformer_share_qv:
+            self.value = None
         self.additive = config.fastformer_pooling == "additive"
         if self.additive:
             self.query_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_q per head
@@ -521,27 +575,25 @@ class FastformerAttention(nn.Module):
             return x.new_zeros(x.shape[:-1])
         return torch.einsum("bhnd,hd->bhn", x, weight.to(x.dtype)) * self.head_dim**-0.5
 
-    def forward(
-        self,
-        hidden_states: torch.Tensor,
-        attention_mask: torch.Tensor | None = None,
-        state=None,
-        output_projection: nn.Linear | None = None,
-        **kwargs,
-    ):
-        """Returns (context (B, N, D), state), the context passed through `output_projection` when one
-        is given; state is a pair of prefix-pool states when causal."""
-        if not self.is_causal:
-            projections = 3 if self.value is None else 4
-            # fewer FLOPs when 2 (projections - 1) N D^2 > 2 D^3
-            length, width = hidden_states.shape[1:]
-            if _use_folded_form(hidden_states, pays_off=(projections - 1) * length > width):
-                return self._folded(hidden_states, attention_mask, output_projection), state
-        context, state = self._attend(hidden_states, attention_mask, state)
-        return _project(context, output_projection), state
+    def _folded_output(self, hidden_states, attention_mask):
+        projections = 3 if self.value is None else 4
+        # fewer FLOPs when 2 (projections - 1) N D^2 > 2 D^3
+        length, width = hidden_states.shape[1:]
+        if _use_folded_form(hidden_states, pays_off=(projections - 1) * length > width):
+            return self._folded(hidden_states, attention_mask)
+        return None
 
-    def _attend(self, hidden_states, attention_mask, state):
-        """The plain form: the four projections and two (prefix) poolings. Returns (context, state)."""
+    def _causal_pool(self, scores, values, mask, cache, pool: int):
+        """Prefix pooling `pool` (0: the query's, 1: the key's), through the cache when there is one."""
+        if mask is not None:
+            scores = scores.masked_fill(~mask.bool()[:, None, :], float("-inf"))
+        if cache is None:
+            return prefix_pool(scores, values)[0]
+        return cache.update(scores, values, self.layer_idx, pool=pool)
+
+    def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
+                position_ids=None):
+        """The plain form: the four projections and two (prefix) poolings."""
         query_proj = self.query(hidden_states)
         value_proj = query_proj if self.value is None else self.value(hidden_states)
         query = _split_heads(query_proj, self.num_heads)
@@ -552,21 +604,18 @@ class FastformerAttention(nn.Module):
         with _no_autocast(hidden_states.device.type):
             query32, key32 = _fp32(query, key)
             if self.is_causal:
-                query_state, key_state = state if state is not None else (None, None)
-                global_query, query_state = _prefix_pool(self._scores(query32, w_q), query32, attention_mask, query_state)
+                mask = _new_tokens_mask(attention_mask, hidden_states.shape[1])
+                global_query = self._causal_pool(self._scores(query32, w_q), query32, mask, cache, pool=0)
                 mixed = global_query * key32  # p_i  (B, H, N, d)
-                global_key, key_state = _prefix_pool(self._scores(mixed, w_k), mixed, attention_mask, key_state)
-                state = (query_state, key_state)
+                global_key = self._causal_pool(self._scores(mixed, w_k), mixed, mask, cache, pool=1)
             else:
                 global_query = _pool(self._scores(query32, w_q), query32, attention_mask)[:, :, None]  # (B, H, 1, d)
                 mixed = global_query * key32
                 global_key = _pool(self._scores(mixed, w_k), mixed, attention_mask)[:, :, None]
         mixed_value = _merge_heads(global_key.to(value.dtype) * value)  # u_i  (B, N, D)
-        return add_into_fresh(self.transform(mixed_value), query_proj), state  # r_i = W_r u_i + q_i
+        return add_into_fresh(self.transform(mixed_value), query_proj)  # r_i = W_r u_i + q_i
 
-    def _folded(
-        self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None, output_projection: nn.Linear | None
-    ) -> torch.Tensor:
+    def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Bidirectional Fastformer with every step linear in the tokens x_i, per head:
 
             w_q . q_i = x_i . (W_q^T w_q) + const        (scores without forming Q; a constant
@@ -611,7 +660,7 @@ class FastformerAttention(nn.Module):
         scaled_transform = self.transform.weight * global_key.reshape(batch, 1, width)  # W_r diag(k_g)  (B, D, D)
         matrix = torch.baddbmm(self.query.weight, scaled_transform, value_layer.weight.expand(batch, -1, -1))
         offset = scaled_transform @ value_layer.bias + self.transform.bias + self.query.bias  # c (B, D)
-        return _apply_folded(x, matrix, offset, output_projection)  # (B, N, D)
+        return _apply_folded(x, matrix, offset, self.output)  # (B, N, D)
 
 
 ATTENTION_CLASSES = {

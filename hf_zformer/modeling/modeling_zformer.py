@@ -13,10 +13,12 @@ from torch.nn import BCEWithLogitsLoss, CrossEntropyLoss, MSELoss
 from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
-from transformers.cache_utils import DynamicLayer
+from transformers.conversion_mapping import register_checkpoint_conversion_mapping
+from transformers.core_model_loading import WeightRenaming
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
+    CausalLMOutputWithPast,
     MaskedLMOutput,
     Seq2SeqLMOutput,
     SequenceClassifierOutput,
@@ -30,7 +32,8 @@ from .attention import (
     add_into_fresh,
     masked_softmax,
 )
-from .configuration_zformer import FastformerConfig, ZformerConfig
+from .cache_zformer import ZformerCache
+from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
 
 
 def sinusoidal_table(length: int, width: int) -> torch.Tensor:
@@ -185,7 +188,7 @@ class ZformerLayer(GradientCheckpointingLayer):
     """Pre-LayerNorm encoder layer: x + W_o Attn(LN(x)), then x + FFN(LN(x)); or, with
     `layer_norm_position="post"` (BERT), LN(x + W_o Attn(x)), then LN(x + FFN(x)).
 
-    The attention applies the output projection W_o (`attention_output`; the folded bidirectional
+    The attention applies its own output projection W_o (`attention.output`; the folded bidirectional
     forms merge it into their per-sequence map), and each residual is added in place to its branch's
     fresh output (`add_into_fresh`; out of place when autocast made the branch bf16/fp16, so the
     residual stream stays fp32), so a layer allocates no (B, N, D) buffer for the sums: on long
@@ -198,7 +201,6 @@ class ZformerLayer(GradientCheckpointingLayer):
         self.post_norm = config.layer_norm_position == "post"
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.attention = ATTENTION_CLASSES[attention_type](config, layer_idx=layer_idx)
-        self.attention_output = nn.Linear(config.hidden_size, config.hidden_size)
         self.feed_forward_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.feed_forward = ZformerFeedForward(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
@@ -214,14 +216,14 @@ class ZformerLayer(GradientCheckpointingLayer):
         hidden states, and with `output_attentions` (full attention only) also the attention weights
         (B, H, N, N)."""
         post = self.post_norm
-        outputs = self.attention(  # (context, state[, weights])
-            norm_input(self.attention_norm, hidden_states, post), attention_mask,
-            output_projection=self.attention_output, position_ids=position_ids, output_attentions=output_attentions,
+        branch, weights = self.attention(
+            norm_input(self.attention_norm, hidden_states, post), attention_mask, position_ids=position_ids,
+            output_attentions=output_attentions,
         )
-        hidden_states = residual(self.dropout(outputs[0]), hidden_states, self.attention_norm, post)
+        hidden_states = residual(self.dropout(branch), hidden_states, self.attention_norm, post)
         branch = self.feed_forward(norm_input(self.feed_forward_norm, hidden_states, post))
         hidden_states = residual(branch, hidden_states, self.feed_forward_norm, post)
-        return (hidden_states, outputs[2]) if output_attentions else hidden_states
+        return (hidden_states, weights) if output_attentions else hidden_states
 
 
 class ZformerPreTrainedModel(PreTrainedModel):
@@ -564,146 +566,97 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
 # ----------------------------------------------------------------------------------------------
 
 
-class ZformerDecodingState:
-    """Everything a decoder keeps between generation steps, per layer:
-
-    - self-attention: a transformers `DynamicLayer` of keys/values for `full` layers (grows with
-      the output); a fixed-size recurrent state for `zformer` (the d_h x d_h sum of k^T v) and
-      `fastformer` (running max, numerator and denominator of both poolings) layers;
-    - cross-attention: the projected source, computed at the first step and reused (keys/values
-      for `full`, K^T V for `zformer`).
-
-    `generate()` receives it as `past_key_values`; beam search calls `reorder_cache`.
-    """
-
-    is_compileable = False
-
-    def __init__(self, layer_types: list[str]):
-        self.self_states = [DynamicLayer() if kind == "full" else None for kind in layer_types]
-        self.memories = [None] * len(layer_types)
-        self.num_tokens = 0
-
-    def get_seq_length(self, layer_idx: int = 0) -> int:
-        """Number of target tokens decoded so far."""
-        return self.num_tokens
-
-    def recurrent_state_numel(self) -> int:
-        """Elements held by the self-attention states (the part that depends on the output length)."""
-        total = 0
-        for state in self.self_states:
-            if isinstance(state, DynamicLayer):
-                total += sum(t.numel() for t in (state.keys, state.values) if t is not None and t.dim() > 1)
-            else:
-                total += sum(t.numel() for t in _tensors(state))
-        return total
-
-    def _map(self, function):
-        for i, state in enumerate(self.self_states):
-            if isinstance(state, DynamicLayer):
-                if state.is_initialized:
-                    state.keys, state.values = function(state.keys), function(state.values)
-            else:
-                self.self_states[i] = _map_tensors(state, function)
-        self.memories = [_map_tensors(memory, function) for memory in self.memories]
-
-    def reorder_cache(self, beam_idx: torch.LongTensor):
-        """Keep, for every row, the state of the beam it continues."""
-        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
-
-    def batch_repeat_interleave(self, repeats: int):
-        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
-
-    def batch_select_indices(self, indices: torch.Tensor):
-        self._map(lambda t: t[indices])
-
-
-def _tensors(structure):
-    if structure is None:
-        return []
-    if torch.is_tensor(structure):
-        return [structure]
-    return [t for item in structure for t in _tensors(item)]
-
-
-def _map_tensors(structure, function):
-    if structure is None:
-        return None
-    if torch.is_tensor(structure):
-        return function(structure)
-    return type(structure)(_map_tensors(item, function) for item in structure)
-
-
 class ZformerDecoderLayer(GradientCheckpointingLayer):
-    """Decoder layer: causal self-attention, cross-attention to the encoder, FFN; each a residual
-    branch with pre- or post-LayerNorm (`layer_norm_position`), as in `ZformerLayer`."""
+    """Decoder layer: causal self-attention, cross-attention to the encoder (encoder-decoders only),
+    FFN; each a residual branch with pre- or post-LayerNorm (`layer_norm_position`), as in `ZformerLayer`."""
 
-    def __init__(self, config, attention_type: str, layer_idx: int):
+    def __init__(self, config, attention_type: str, layer_idx: int, cross_attention: bool = True):
         super().__init__()
         self.layer_idx = layer_idx
         self.post_norm = config.layer_norm_position == "post"
         width, eps = config.hidden_size, config.layer_norm_eps
         self.self_attention_norm = nn.LayerNorm(width, eps=eps)
         self.self_attention = ATTENTION_CLASSES[attention_type](config, is_causal=True, layer_idx=layer_idx)
-        self.self_attention_output = nn.Linear(width, width)
-        self.cross_attention_norm = nn.LayerNorm(width, eps=eps)
-        self.cross_attention = ATTENTION_CLASSES[config.cross_attention_type](config, is_cross=True, layer_idx=layer_idx)
-        self.cross_attention_output = nn.Linear(width, width)
+        if cross_attention:
+            self.cross_attention_norm = nn.LayerNorm(width, eps=eps)
+            cross_class = ATTENTION_CLASSES[config.cross_attention_type]
+            self.cross_attention = cross_class(config, is_cross=True, layer_idx=layer_idx)
+        else:
+            self.cross_attention = None
         self.feed_forward_norm = nn.LayerNorm(width, eps=eps)
         self.feed_forward = ZformerFeedForward(config)
         self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
-    def forward(self, hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values=None):
-        cache, post = past_key_values, self.post_norm
-        state = cache.self_states[self.layer_idx] if cache is not None else None
-        branch, state = self.self_attention(
-            norm_input(self.self_attention_norm, hidden_states, post), state=state,
-            output_projection=self.self_attention_output,
+    def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
+                past_key_values=None):
+        """hidden_states (B, N, D); attention_mask (B, past + N) or None; encoder states (B, S, D) and
+        mask (B, S) for cross-attention; past_key_values: the `ZformerCache` when decoding."""
+        post = self.post_norm
+        branch, _ = self.self_attention(
+            norm_input(self.self_attention_norm, hidden_states, post), attention_mask, cache=past_key_values
         )
-        if cache is not None:
-            cache.self_states[self.layer_idx] = state
         hidden_states = residual(self.dropout(branch), hidden_states, self.self_attention_norm, post)
-
-        memory = cache.memories[self.layer_idx] if cache is not None else None
-        if memory is None:
-            memory = self.cross_attention.project_memory(encoder_hidden_states, encoder_attention_mask)
-            if cache is not None:
-                cache.memories[self.layer_idx] = memory
-        branch, _ = self.cross_attention(
-            norm_input(self.cross_attention_norm, hidden_states, post),
-            key_value=memory,
-            key_mask=encoder_attention_mask,
-            output_projection=self.cross_attention_output,
-        )
-        hidden_states = residual(self.dropout(branch), hidden_states, self.cross_attention_norm, post)
+        if self.cross_attention is not None:
+            branch, _ = self.cross_attention(
+                norm_input(self.cross_attention_norm, hidden_states, post), memory=encoder_hidden_states,
+                memory_mask=encoder_attention_mask, cache=past_key_values,
+            )
+            hidden_states = residual(self.dropout(branch), hidden_states, self.cross_attention_norm, post)
         branch = self.feed_forward(norm_input(self.feed_forward_norm, hidden_states, post))
         return residual(branch, hidden_states, self.feed_forward_norm, post)
 
 
 class ZformerDecoder(nn.Module):
-    def __init__(self, config):
+    """Embeddings, causal layers (with cross-attention when `cross_attention`), final LayerNorm:
+    the decoder of the encoder-decoder, and the whole stack of a causal language model."""
+
+    def __init__(self, config, layer_types: list[str], cross_attention: bool = True):
         super().__init__()
-        self.layer_types = config.layer_attention_types(decoder=True)
+        self.layer_types = layer_types
+        self.cross_attention = cross_attention
         self.embeddings = ZformerEmbeddings(config)
-        self.layers = nn.ModuleList(ZformerDecoderLayer(config, kind, i) for i, kind in enumerate(self.layer_types))
+        self.layers = nn.ModuleList(
+            ZformerDecoderLayer(config, kind, i, cross_attention) for i, kind in enumerate(layer_types)
+        )
         self.final_norm = final_norm(config)
         self.position_offset = config.position_offset
 
-    def forward(self, input_ids, encoder_hidden_states, encoder_attention_mask, past_key_values=None,
-                inputs_embeds=None, output_hidden_states=False):
+    def new_cache(self) -> ZformerCache:
+        return ZformerCache(self.layer_types, cross_attention=self.cross_attention)
+
+    def forward(self, input_ids=None, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
+                past_key_values=None, inputs_embeds=None, position_ids=None, token_type_ids=None,
+                output_hidden_states=False):
+        """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N) or (B, past + N), 1 at
+        real tokens (the cache's tokens included), or None (no padding). Positions continue from the
+        cache: each row's real tokens get consecutive positions whatever its (left) padding
+        (`position_ids_from_mask` over the whole mask); `position_ids` (B, N) overrides them.
+        Returns (hidden states (B, N, D), all hidden states or None)."""
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
-        # positions continue from the cache: past_length, past_length + 1, ...
-        position_ids = position_ids_from_mask(
-            reference.new_ones(1, reference.shape[1]), past_length, offset=self.position_offset
-        )
-        hidden_states = self.embeddings(position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds)
+        length = reference.shape[1]
+        if attention_mask is not None and attention_mask.shape[1] == length and past_length:
+            # the new tokens' mask only: the cached tokens were all real
+            past_mask = attention_mask.new_ones(attention_mask.shape[0], past_length)
+            attention_mask = torch.cat([past_mask, attention_mask], 1)
+        if attention_mask is not None and attention_mask.shape[1] != past_length + length:
+            raise ValueError(
+                f"attention_mask has {attention_mask.shape[1]} columns; expected {length} (the new tokens) or "
+                f"{past_length + length} (the {past_length} cached tokens and the new ones)"
+            )
+        if position_ids is None:
+            if attention_mask is None:
+                position_ids = position_ids_from_mask(reference.new_ones(1, length), past_length, self.position_offset)
+            else:
+                position_ids = position_ids_from_mask(attention_mask, offset=self.position_offset)[:, past_length:]
+        hidden_states = self.embeddings(position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds,
+                                        token_type_ids=token_type_ids)
         all_hidden = (hidden_states,) if output_hidden_states else None
         for layer in self.layers:
-            hidden_states = layer(hidden_states, encoder_hidden_states, encoder_attention_mask, past_key_values)
+            hidden_states = layer(hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask,
+                                  past_key_values)
             if output_hidden_states:
                 all_hidden += (hidden_states,)
-        if past_key_values is not None:
-            past_key_values.num_tokens += hidden_states.shape[1]
         if self.final_norm is not None:
             hidden_states = self.final_norm(hidden_states)
             if output_hidden_states:
@@ -719,14 +672,34 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
-class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
+class ZformerGenerationMixin(GenerationMixin):
+    """`generate()` for models with a `ZformerDecoder` (`self.decoder`): it decodes with the
+    decoder's `ZformerCache`, which knows the kind of every layer (no DynamicCache)."""
+
+    def _prepare_cache_for_generation(
+        self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
+    ):
+        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
+            if generation_config.cache_implementation not in (None, "dynamic"):
+                raise ValueError(
+                    f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
+                    f"Zformer-family decoders decode with their ZformerCache"
+                )
+            model_kwargs["past_key_values"] = self.decoder.new_cache()
+            return
+        super()._prepare_cache_for_generation(
+            generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
+        )
+
+
+class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationMixin):
     """Encoder-decoder for translation/summarisation. The encoder takes any attention type (or a
     per-layer list); decoder self-attention is `full`, `zformer` or `fastformer` in causal form;
     cross-attention is `full` or `zformer`. One embedding matrix is shared by source, target and
     the output projection (joint vocabulary).
 
     `generate()` supports greedy, beam search and sampling. Zformer/Fastformer decoders keep a
-    recurrent state whose size does not depend on the generated length (see `ZformerDecodingState`).
+    recurrent state whose size does not depend on the generated length (see `ZformerCache`).
     The source may be padded on either side; decoder inputs must be right-padded (causality then
     hides padding from real tokens; `decoder_attention_mask` is checked for that).
     """
@@ -740,14 +713,10 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
         config.is_encoder_decoder = True
         super().__init__(config)
         self.encoder = ZformerModel(config)
-        self.decoder = ZformerDecoder(config)
+        self.decoder = ZformerDecoder(config, config.layer_attention_types(decoder=True), cross_attention=True)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._is_stateful = any(kind != "full" for kind in self.decoder.layer_types)  # no assisted generation
         self.post_init()
-
-    @classmethod
-    def _supports_default_dynamic_cache(cls) -> bool:
-        # generate() must not build a DynamicCache: the first forward creates a ZformerDecodingState.
-        return False
 
     def get_encoder(self, modality=None):
         return self.encoder
@@ -775,7 +744,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
         decoder_input_ids: torch.LongTensor | None = None,
         decoder_attention_mask: torch.Tensor | None = None,
         encoder_outputs=None,
-        past_key_values: ZformerDecodingState | None = None,
+        past_key_values: ZformerCache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         decoder_inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
@@ -825,13 +794,13 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
         encoder_hidden = encoder_outputs.last_hidden_state
         attention_mask = _hidden_mask(attention_mask, None, encoder_hidden)
         if use_cache and past_key_values is None:
-            past_key_values = ZformerDecodingState(self.decoder.layer_types)
+            past_key_values = self.decoder.new_cache()
         if not use_cache:
             past_key_values = None
 
         hidden_states, decoder_hidden = self.decoder(
-            decoder_input_ids, encoder_hidden, attention_mask, past_key_values, decoder_inputs_embeds,
-            output_hidden_states,
+            decoder_input_ids, None, encoder_hidden, attention_mask, past_key_values, decoder_inputs_embeds,
+            output_hidden_states=output_hidden_states,
         )
         logits = self.lm_head(hidden_states)
         loss = None
@@ -847,6 +816,109 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, GenerationMixin):
             decoder_hidden_states=decoder_hidden,
             encoder_last_hidden_state=encoder_hidden,
             encoder_hidden_states=encoder_outputs.hidden_states,
+        )
+        return output if return_dict else output.to_tuple()
+
+
+# ----------------------------------------------------------------------------------------------
+# decoder-only language model
+# ----------------------------------------------------------------------------------------------
+
+
+def causal_lm_loss(logits, labels, num_items_in_batch=None) -> torch.Tensor:
+    """Next-token cross-entropy: the logits at position i score labels[i + 1] (labels are the input
+    ids, -100 where nothing is scored: transformers' convention); `mean_loss` normalisation."""
+    shifted_logits = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
+    return mean_loss(CrossEntropyLoss, num_items_in_batch, shifted_logits, labels[:, 1:].reshape(-1))
+
+
+class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
+    """Decoder-only language model: embeddings, `num_hidden_layers` causal layers of the per-layer
+    `attention_type` (`"full"`, `"zformer"` or `"fastformer"`, or a list mixing them), final
+    LayerNorm, and an output projection tied to the input embeddings (`tie_word_embeddings`).
+
+    Inputs may be padded on either side (`attention_mask`, 1 at real tokens): padding never reaches
+    a real token, and each row's real tokens get positions 0, 1, ... (`position_ids_from_mask`), so
+    a left-padded batch gives every row the outputs it gets alone; `generate()` continues each
+    row's positions from its own length. Decoding state (`ZformerCache`): keys/values growing with
+    the text for `full` layers, a fixed-size state for `zformer` / `fastformer` layers.
+    """
+
+    _tied_weights_keys = {"lm_head.weight": "decoder.embeddings.word_embeddings.weight"}
+
+    def __init__(self, config):
+        layer_types = config.layer_attention_types()
+        for i, kind in enumerate(layer_types):
+            if kind not in CAUSAL_ATTENTION_TYPES:
+                raise ValueError(
+                    f"attention_type={config.attention_type!r}: layer {i} is {kind!r}, which cannot be causal; a "
+                    f"causal language model takes {list(CAUSAL_ATTENTION_TYPES)}"
+                )
+        config.is_encoder_decoder = False
+        super().__init__(config)
+        self.decoder = ZformerDecoder(config, layer_types, cross_attention=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self._is_stateful = any(kind != "full" for kind in layer_types)  # no assisted generation
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.decoder.embeddings.word_embeddings
+
+    def set_input_embeddings(self, value):
+        self.decoder.embeddings.word_embeddings = value
+
+    def get_output_embeddings(self):
+        return self.lm_head
+
+    def set_output_embeddings(self, new_embeddings):
+        self.lm_head = new_embeddings
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: ZformerCache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        num_items_in_batch=None,
+        token_type_ids: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        return_dict: bool | None = None,
+        logits_to_keep: int = 0,
+    ):
+        """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), or (B, past + N) with a
+        cache (what `generate()` passes), 1 at real tokens, padding on either side; position_ids
+        (B, N) by default from the mask. `past_key_values`: the `ZformerCache` of earlier calls (a
+        new one when `use_cache` and none is given). labels (B, N): the input ids, -100 where not
+        scored; shifted inside. `logits_to_keep` > 0 computes only the last ones. Returns
+        `CausalLMOutputWithPast(loss, logits (B, N, vocab), past_key_values, hidden_states)`."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        if output_attentions:
+            raise ValueError("output_attentions=True is not supported by the causal language model")
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        use_cache = use_cache if use_cache is not None else self.config.use_cache
+        if labels is not None and past_key_values is None:
+            use_cache = False
+        if use_cache and past_key_values is None:
+            past_key_values = self.decoder.new_cache()
+        if not use_cache:
+            past_key_values = None
+        hidden_states, all_hidden = self.decoder(
+            input_ids, attention_mask, past_key_values=past_key_values, inputs_embeds=inputs_embeds,
+            position_ids=position_ids, token_type_ids=token_type_ids, output_hidden_states=output_hidden_states,
+        )
+        logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        loss = causal_lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
+        output = CausalLMOutputWithPast(
+            loss=loss, logits=logits, past_key_values=past_key_values, hidden_states=all_hidden
         )
         return output if return_dict else output.to_tuple()
 
@@ -876,36 +948,57 @@ class FastformerForConditionalGeneration(ZformerForConditionalGeneration):
     config_class = FastformerConfig
 
 
-# Auto class -> model class name (without the model-type prefix) for every Auto class we support.
+class FastformerForCausalLM(ZformerForCausalLM):
+    config: FastformerConfig
+    config_class = FastformerConfig
+
+
+# The one registration table: Auto class -> (model class of type "zformer", of type "fastformer").
+# It feeds the Auto registration on import of hf_zformer (`register_auto_classes`) and the `auto_map`
+# of saved checkpoints (remote-code loading).
 AUTO_CLASSES = {
-    "AutoModel": "Model",
-    "AutoModelForSequenceClassification": "ForSequenceClassification",
-    "AutoModelForMaskedLM": "ForMaskedLM",
-    "AutoModelForSeq2SeqLM": "ForConditionalGeneration",
+    "AutoModel": (ZformerModel, FastformerModel),
+    "AutoModelForSequenceClassification": (ZformerForSequenceClassification, FastformerForSequenceClassification),
+    "AutoModelForMaskedLM": (ZformerForMaskedLM, FastformerForMaskedLM),
+    "AutoModelForSeq2SeqLM": (ZformerForConditionalGeneration, FastformerForConditionalGeneration),
+    "AutoModelForCausalLM": (ZformerForCausalLM, FastformerForCausalLM),
 }
-MODEL_TYPE_PREFIX = {"zformer": "Zformer", "fastformer": "Fastformer"}
+CONFIG_CLASSES = (ZformerConfig, FastformerConfig)
 
 
 def auto_map_for(model_type: str) -> dict:
     """The `auto_map` of a saved checkpoint: every supported Auto class, for remote-code loading."""
-    prefix = MODEL_TYPE_PREFIX[model_type]
-    auto_map = {"AutoConfig": f"configuration_zformer.{prefix}Config"}
-    for auto_class, suffix in AUTO_CLASSES.items():
-        auto_map[auto_class] = f"modeling_zformer.{prefix}{suffix}"
+    column = [config.model_type for config in CONFIG_CLASSES].index(model_type)
+    auto_map = {"AutoConfig": f"configuration_zformer.{CONFIG_CLASSES[column].__name__}"}
+    for auto_class, model_classes in AUTO_CLASSES.items():
+        auto_map[auto_class] = f"modeling_zformer.{model_classes[column].__name__}"
     return auto_map
 
 
-def _model_classes():
-    """(auto class name, model class) for every model class in this file."""
-    for prefix in MODEL_TYPE_PREFIX.values():
-        for auto_class, suffix in AUTO_CLASSES.items():
-            yield auto_class, globals()[f"{prefix}{suffix}"]
+def register_auto_classes():
+    """Register both model types with transformers' Auto classes (exist_ok: importing twice is fine)."""
+    import transformers
+
+    for column, config_class in enumerate(CONFIG_CLASSES):
+        transformers.AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+        for auto_class, model_classes in AUTO_CLASSES.items():
+            getattr(transformers, auto_class).register(config_class, model_classes[column], exist_ok=True)
 
 
-for _auto_class, _model_class in _model_classes():
-    _model_class.register_for_auto_class(_auto_class)
-ZformerConfig.register_for_auto_class("AutoConfig")
-FastformerConfig.register_for_auto_class("AutoConfig")
+for _auto_class, _model_classes in AUTO_CLASSES.items():
+    for _model_class in _model_classes:
+        _model_class.register_for_auto_class(_auto_class)
+for _config_class in CONFIG_CLASSES:
+    _config_class.register_for_auto_class("AutoConfig")
+
+# Checkpoints saved before 0.2.0 hold each layer's output projection beside its attention
+# (`attention_output`, `self_attention_output`, `cross_attention_output`); the attention owns it now
+# (`attention.output`, ...). transformers renames the keys on load (from_pretrained, remote code
+# included) and, as for its own legacy renames, a checkpoint re-saved keeps the layout it was loaded with.
+for _config_class in CONFIG_CLASSES:
+    register_checkpoint_conversion_mapping(
+        _config_class.model_type, [WeightRenaming(r"attention_output\.", "attention.output.")], overwrite=True
+    )
 
 __all__ = [
     "ZformerPreTrainedModel",
@@ -917,6 +1010,8 @@ __all__ = [
     "FastformerForMaskedLM",
     "ZformerForConditionalGeneration",
     "FastformerForConditionalGeneration",
-    "ZformerDecodingState",
+    "ZformerForCausalLM",
+    "FastformerForCausalLM",
+    "ZformerCache",
     "position_ids_from_mask",
 ]

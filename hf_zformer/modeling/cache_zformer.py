@@ -1,0 +1,216 @@
+"""The decoding cache of Zformer-family decoders: a transformers `Cache` with one layer per decoder
+layer (transformers' `DynamicLayer` for full attention, a fixed-size recurrent layer for Zformer
+and Fastformer) and, for encoder-decoders, the projected encoder states of each cross-attention.
+
+This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and siblings only.
+"""
+
+import torch
+from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+
+from .attention import _fp32, _no_autocast, prefix_pool
+
+
+class RecurrentLayer(CacheLayerMixin):
+    """A cache layer whose state has a fixed size (no sequence axis): `tensors()` lists it.
+    It counts the tokens it has seen (padding included, as a `DynamicLayer` does), so
+    `get_seq_length` works when every layer is recurrent. Beam search and batch selection index
+    the state's batch axis; `crop` cannot undo a sum and is refused."""
+
+    is_compileable = False
+    is_croppable = False
+    supports_early_init = False
+
+    def __init__(self):
+        super().__init__()
+        self.num_tokens = 0
+
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+        self.device = key_states.device
+        self.is_initialized = True
+
+    def tensors(self) -> list[torch.Tensor]:
+        raise NotImplementedError
+
+    def _map(self, function) -> None:
+        raise NotImplementedError
+
+    def get_seq_length(self) -> int:
+        return self.num_tokens
+
+    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
+        return self.num_tokens + query_length, 0
+
+    def get_max_length(self) -> int:
+        return -1
+
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+        self._map(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int) -> None:
+        self._map(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor) -> None:
+        self._map(lambda t: t[indices])
+
+    def offload(self):
+        self._map(lambda t: t.to("cpu", non_blocking=True))
+
+    def prefetch(self):
+        if self.is_initialized:
+            self._map(lambda t: t.to(self.device, non_blocking=True))
+
+    def reset(self) -> None:
+        self.__init__()
+
+    def crop(self, tokens_to_remove: int) -> None:
+        if tokens_to_remove != 0:
+            raise ValueError(f"{type(self).__name__} is a running sum: it cannot drop its last tokens")
+
+
+class ZformerStateLayer(RecurrentLayer):
+    """Causal Zformer: the running sum of k_j^T v_j per head, (B, H, d_h, d_h) in fp32."""
+
+    def __init__(self):
+        super().__init__()
+        self.state: torch.Tensor | None = None
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
+        """key_states (zero at padding) / value_states (B, H, N, d) of N new tokens. Returns the sum
+        over the tokens before them (B, H, d, d), and adds theirs to the state."""
+        batch, heads, length, dim = key_states.shape
+        if not self.is_initialized:
+            self.lazy_initialization(key_states, value_states)
+            self.state = key_states.new_zeros(batch, heads, dim, dim, dtype=torch.float32)
+        past = self.state
+        with _no_autocast(key_states.device.type):
+            key, value = _fp32(key_states, value_states)
+            self.state = past + key.transpose(-1, -2) @ value
+        self.num_tokens += length
+        return past
+
+    def tensors(self):
+        return [] if self.state is None else [self.state]
+
+    def _map(self, function):
+        if self.state is not None:
+            self.state = function(self.state)
+
+
+class FastformerStateLayer(RecurrentLayer):
+    """Causal Fastformer: for each of its two poolings (0: the query's, 1: the key's) the running
+    max (B, H), denominator (B, H) and numerator (B, H, d_h) of the prefix softmax."""
+
+    def __init__(self):
+        super().__init__()
+        self.pools: list[tuple[torch.Tensor, ...] | None] = [None, None]
+
+    def update(self, scores: torch.Tensor, values: torch.Tensor, *args, pool: int = 0, **kwargs) -> torch.Tensor:
+        """scores (B, H, N), -inf at padding, and values (B, H, N, d) of N new tokens for pooling
+        `pool`. Returns every new token's prefix pooling (B, H, N, d) over all tokens so far."""
+        if not self.is_initialized:
+            self.lazy_initialization(scores, values)
+        pooled, self.pools[pool] = prefix_pool(scores, values, self.pools[pool])
+        if pool == 0:
+            self.num_tokens += scores.shape[-1]
+        return pooled
+
+    def tensors(self):
+        return [t for state in self.pools if state is not None for t in state]
+
+    def _map(self, function):
+        self.pools = [None if state is None else tuple(function(t) for t in state) for state in self.pools]
+
+
+class MemoryLayer:
+    """A cross-attention's projected memory (keys/values (B, H, Nk, d) for full attention, K^T V
+    (B, H, d, d) for Zformer), stored at the first decoding step."""
+
+    def __init__(self):
+        self.memory = None
+
+    def _map(self, function):
+        if self.memory is not None:
+            self.memory = tuple(function(t) for t in self.memory) if isinstance(self.memory, tuple) else function(
+                self.memory
+            )
+
+    def tensors(self) -> list[torch.Tensor]:
+        if self.memory is None:
+            return []
+        return list(self.memory) if isinstance(self.memory, tuple) else [self.memory]
+
+
+RECURRENT_LAYERS = {"zformer": ZformerStateLayer, "fastformer": FastformerStateLayer}
+
+
+class ZformerCache(Cache):
+    """Decoding state of a Zformer-family decoder, what `generate()` passes as `past_key_values`.
+
+    `layers[i]` holds decoder layer i's causal self-attention: a transformers `DynamicLayer` of keys
+    and values for `full` layers (it grows with the output), a `ZformerStateLayer` or
+    `FastformerStateLayer` for `zformer` / `fastformer` layers (fixed size). With
+    `cross_attention=True` (encoder-decoders) `memory_layers[i]` keeps layer i's projected encoder
+    states. Attention modules reach it through `update` (self-attention) and `update_memory` /
+    `memory` (cross-attention); beam search reorders both parts.
+
+    Args:
+        layer_types: the decoder's attention type per layer (`"full"`, `"zformer"` or `"fastformer"`).
+        cross_attention: whether the decoder has cross-attention.
+    """
+
+    def __init__(self, layer_types: list[str], cross_attention: bool = False):
+        layers = [DynamicLayer() if kind == "full" else RECURRENT_LAYERS[kind]() for kind in layer_types]
+        super().__init__(layers=layers)
+        self.memory_layers = [MemoryLayer() for _ in layer_types] if cross_attention else []
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
+        """Self-attention of layer `layer_idx`: hands the new tokens' states to its cache layer and
+        returns what the attention needs: all keys/values (`DynamicLayer`), the k^T v sum before the
+        new tokens (`ZformerStateLayer`) or the prefix poolings (`FastformerStateLayer`)."""
+        return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def has_memory(self, layer_idx: int) -> bool:
+        return layer_idx < len(self.memory_layers) and self.memory_layers[layer_idx].memory is not None
+
+    def memory(self, layer_idx: int):
+        return self.memory_layers[layer_idx].memory
+
+    def update_memory(self, memory, layer_idx: int) -> None:
+        """Store cross-attention layer `layer_idx`'s projected encoder states."""
+        self.memory_layers[layer_idx].memory = memory
+
+    def self_attention_numel(self) -> int:
+        """Elements held by the self-attention layers: constant in the generated length for Zformer
+        and Fastformer layers, growing for full attention."""
+        total = 0
+        for layer in self.layers:
+            if isinstance(layer, RecurrentLayer):
+                total += sum(t.numel() for t in layer.tensors())
+            elif layer.is_initialized:
+                total += layer.keys.numel() + layer.values.numel()
+        return total
+
+    def _for_memories(self, function):
+        for layer in self.memory_layers:
+            layer._map(function)
+
+    def reset(self):
+        super().reset()
+        for layer in self.memory_layers:
+            layer.memory = None
+
+    def reorder_cache(self, beam_idx: torch.LongTensor):
+        super().reorder_cache(beam_idx)
+        self._for_memories(lambda t: t.index_select(0, beam_idx.to(t.device)))
+
+    def batch_repeat_interleave(self, repeats: int):
+        super().batch_repeat_interleave(repeats)
+        self._for_memories(lambda t: t.repeat_interleave(repeats, dim=0))
+
+    def batch_select_indices(self, indices: torch.Tensor):
+        super().batch_select_indices(indices)
+        self._for_memories(lambda t: t[indices])
+
+
+__all__ = ["ZformerCache", "ZformerStateLayer", "FastformerStateLayer"]
