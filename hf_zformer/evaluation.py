@@ -39,8 +39,8 @@ def add_evaluation_args(group) -> None:
     )
     group.add_argument(
         "--save_best", action="store_true",
-        help=f"Keep the model with the best validation metric (bleu for translation and accuracy for classification, "
-        f"higher is better; perplexity for language modelling, lower is better) in output_dir/{BEST_DIR}; at the end "
+        help=f"Keep the model with the best validation metric (bleu for translation, accuracy for classification: "
+        f"higher is better; perplexity for language modelling: lower is better) in output_dir/{BEST_DIR}; at the end "
         "the final model in output_dir is that best one and the test split is scored on it.",
     )
     group.add_argument(
