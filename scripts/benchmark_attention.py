@@ -151,10 +151,7 @@ def run_seq2seq(args, device, metadata):
     )
     results = benchmark.seq2seq_benchmark(args.seq2seq_models, shape, device=str(device), dtype=args.dtype,
                                           warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress)
-    metadata["load_average_end"] = benchmark.load_average()
-    paths = benchmark.write_seq2seq_reports(results, args.output, metadata)
-    print(benchmark.seq2seq_markdown(results))
-    print("wrote " + ", ".join(os.path.relpath(p) for p in paths.values()), file=sys.stderr)
+    report(args, metadata, results, benchmark.write_seq2seq_reports, benchmark.seq2seq_markdown)
 
 
 def run_causal(args, device, metadata):
@@ -162,9 +159,14 @@ def run_causal(args, device, metadata):
                                   layers=args.layers, heads=args.heads[0], ffn=args.ffn, vocab=args.vocab)
     results = benchmark.causal_benchmark(args.causal_models, shape, device=str(device), dtype=args.dtype,
                                          warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress)
+    report(args, metadata, results, benchmark.write_causal_reports, benchmark.causal_markdown)
+
+
+def report(args, metadata, results, write_reports, markdown):
+    """The side-by-side levels' ending: load average, CSV/JSON/markdown files, the table on stdout."""
     metadata["load_average_end"] = benchmark.load_average()
-    paths = benchmark.write_causal_reports(results, args.output, metadata)
-    print(benchmark.causal_markdown(results))
+    paths = write_reports(results, args.output, metadata)
+    print(markdown(results))
     print("wrote " + ", ".join(os.path.relpath(p) for p in paths.values()), file=sys.stderr)
 
 
