@@ -242,7 +242,7 @@ def finish_run(
             config=unwrapped.config,
             results=results,
             command=command_line(args.hub_token),
-            dataset_name=args.dataset_name or Path(args.data_dir or args.train_file).name,
+            dataset_name=args.dataset_name or Path(args.data_dir or getattr(args, "train_file", None)).name,
             dataset_config=args.dataset_config_name,
             model_name=args.hub_model_id or Path(args.output_dir).name,
             model_id=args.hub_model_id or args.output_dir,  # the usage snippet loads this as written
