@@ -110,12 +110,17 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     """Check the arguments shared by the scripts; ``parser.error`` (exit code 2) with a clear
     message on the first problem. Also builds the model config of a new model once, so invalid
     model settings (``ValueError`` of the config class) surface here, before any data is read."""
-    if args.dataset_name and args.data_dir:
-        parser.error("--dataset_name and --data_dir are exclusive: give one dataset source")
-    if not args.dataset_name and not args.data_dir:
-        parser.error("no data: pass --dataset_name (Hub) or --data_dir (local folder)")
+    sources = [f"--{name}" for name in ("dataset_name", "data_dir", "train_file") if getattr(args, name, None)]
+    if len(sources) > 1:
+        parser.error(f"{' and '.join(sources)} are exclusive: give one dataset source")
+    if not sources:
+        files = " or --train_file (local file)" if hasattr(args, "train_file") else ""
+        parser.error(f"no data: pass --dataset_name (Hub) or --data_dir (local folder){files}")
     if args.data_dir and not Path(args.data_dir).expanduser().is_dir():
         parser.error(f"--data_dir {args.data_dir!r} is not a directory")
+    for name in ("train_file", "validation_file"):
+        if getattr(args, name, None) and not Path(getattr(args, name)).expanduser().is_file():
+            parser.error(f"--{name} {getattr(args, name)!r} is not a file")
     for name in (
         "per_device_train_batch_size",
         "per_device_eval_batch_size",

@@ -1,15 +1,20 @@
 """Batching of the training scripts (library side, never shipped): :class:`LengthGroupedBatchSampler`
 (length-bucketed, seeded per epoch, resumable), :func:`pad_collate` (dynamic padding per batch) and
-:func:`make_dataloader`, which puts the two together."""
+:func:`make_dataloader`, which puts the two together; for language modelling, :func:`group_into_blocks`
+(documents concatenated and cut into fixed-length blocks) and :func:`block_collate`."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 
+import numpy as np
 import torch
 
-__all__ = ["LengthGroupedBatchSampler", "make_dataloader", "make_eval_dataloaders", "pad_collate"]
+__all__ = [
+    "LengthGroupedBatchSampler", "block_collate", "group_into_blocks", "make_dataloader", "make_eval_dataloaders",
+    "pad_collate",
+]
 
 
 class LengthGroupedBatchSampler(torch.utils.data.Sampler):
@@ -101,3 +106,24 @@ def make_eval_dataloaders(datasets: dict, splits, batch_size: int, collate_fn, *
                                collate_fn, shuffle=False, seed=seed)[0]
         for split in splits
     }
+
+
+def group_into_blocks(documents: Iterable[Sequence[int]], block_size: int, eos_token_id: int) -> np.ndarray:
+    """Language-modelling examples, as in transformers' ``run_clm``: the token ids of all
+    ``documents`` concatenated, each followed by ``eos_token_id`` (so a block that spans two
+    documents sees where one ends), cut into blocks of ``block_size`` tokens, shape
+    ``(blocks, block_size)``; the remainder that does not fill a last block is dropped."""
+    if block_size < 2:
+        raise ValueError(f"block_size must be >= 2, got {block_size}")
+    eos = np.array([eos_token_id], dtype=np.int64)
+    parts = [part for ids in documents for part in (np.asarray(ids, dtype=np.int64), eos)]
+    stream = np.concatenate(parts) if parts else eos[:0]
+    blocks = len(stream) // block_size
+    return stream[: blocks * block_size].reshape(blocks, block_size)
+
+
+def block_collate(features: list[dict]) -> dict[str, torch.Tensor]:
+    """Stack equal-length ``input_ids`` blocks; ``labels`` are the same ids (the causal LM shifts
+    them inside). No attention mask: a block has no padding."""
+    input_ids = torch.tensor(np.array([f["input_ids"] for f in features]), dtype=torch.long)
+    return {"input_ids": input_ids, "labels": input_ids.clone()}

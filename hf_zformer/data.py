@@ -9,6 +9,7 @@ with the same schema whatever the source:
   convention of the ``transformers`` translation examples and of the WMT datasets on the Hub.
 * :func:`load_classification_dataset` -> columns ``text`` (str) and ``label`` (int64), plus any
   ``extra_columns`` asked for.
+* :func:`load_text_dataset` -> one column ``text`` (str): documents for language modelling.
 
 Split names are normalised to ``train``, ``validation`` and ``test`` (``val``, ``valid`` and
 ``dev`` mean ``validation``; Multi30K's ``test_2016_flickr`` means ``test``). When a dataset has
@@ -42,6 +43,7 @@ import pyarrow as pa
 __all__ = [
     "dataset_source",
     "load_classification_dataset",
+    "load_text_dataset",
     "load_translation_dataset",
 ]
 
@@ -619,9 +621,10 @@ def _classification_suffix(path: Path) -> str:
 
 
 def _read_records(
-    path: Path, text_column: str, label_column: str, extra_columns: Sequence[str], label_range: LabelRange
+    path: Path, text_column: str, label_column: str | None, extra_columns: Sequence[str], label_range: LabelRange
 ) -> dict[str, list]:
-    """Read a ``.jsonl[.gz]`` / ``.csv[.gz]`` file into columns, checking every row."""
+    """Read a ``.jsonl[.gz]`` / ``.csv[.gz]`` file into columns, checking every row (no label
+    column when ``label_column`` is None)."""
     try:
         return _read_record_rows(path, text_column, label_column, extra_columns, label_range)
     except _UNREADABLE as error:
@@ -629,10 +632,10 @@ def _read_records(
 
 
 def _read_record_rows(
-    path: Path, text_column: str, label_column: str, extra_columns: Sequence[str], label_range: LabelRange
+    path: Path, text_column: str, label_column: str | None, extra_columns: Sequence[str], label_range: LabelRange
 ) -> dict[str, list]:
     suffix = _classification_suffix(path)
-    wanted = [text_column, label_column, *extra_columns]
+    wanted = [text_column, *([label_column] if label_column is not None else []), *extra_columns]
     columns: dict[str, list] = {name: [] for name in wanted}
 
     def add(row: Mapping[str, Any], where: str) -> None:
@@ -643,7 +646,8 @@ def _read_record_rows(
         if not isinstance(text, str):
             raise ValueError(f"{where}: text column {text_column!r} has the non-string value {text!r}")
         columns[text_column].append(text)
-        columns[label_column].append(_as_int_label(row[label_column], where, label_column, label_range))
+        if label_column is not None:  # None: text only (language modelling)
+            columns[label_column].append(_as_int_label(row[label_column], where, label_column, label_range))
         for name in extra_columns:
             columns[name].append(row[name])
 
@@ -673,13 +677,13 @@ def _read_record_rows(
     return columns
 
 
-def _discover_classification_files(directory: Path) -> dict[str, Path]:
+def _discover_classification_files(directory: Path, suffixes: Sequence[str] = _CLASSIFICATION_SUFFIXES) -> dict[str, Path]:
     by_split: dict[str, Path] = {}
     for entry in sorted(directory.iterdir()):
         if not entry.is_file():
             continue
         name = entry.name.lower()
-        suffix = next((s for s in _CLASSIFICATION_SUFFIXES if name.endswith(s)), None)
+        suffix = next((s for s in suffixes if name.endswith(s)), None)
         if suffix is None:
             continue
         split = SPLIT_ALIASES.get(entry.name[: -len(suffix)])
@@ -688,7 +692,7 @@ def _discover_classification_files(directory: Path) -> dict[str, Path]:
         if split in by_split:
             raise _ambiguous_split(split, directory, f"{by_split[split].name} and {entry.name}")
         by_split[split] = entry
-    _require_train(by_split, directory, f"file train{{{','.join(_CLASSIFICATION_SUFFIXES)}}}")
+    _require_train(by_split, directory, f"file train{{{','.join(suffixes)}}}")
     return by_split
 
 
@@ -882,3 +886,91 @@ def load_classification_dataset(
             {split: ds.remove_columns([c for c in ds.column_names if c == group_column]) for split, ds in result.items()}
         )
     return result
+
+
+# --------------------------------------------------------------------------------------------
+# plain text (language modelling)
+# --------------------------------------------------------------------------------------------
+
+_TEXT_SUFFIXES = (*_CLASSIFICATION_SUFFIXES, ".txt", ".txt.gz")
+
+
+def _read_text_file(path: Path, text_column: str, group_column: str | None) -> dict[str, list]:
+    """The documents of one file: a ``.txt[.gz]`` file holds one per line, a ``.jsonl[.gz]`` /
+    ``.csv[.gz]`` file one per row (its ``text_column``, and ``group_column`` when the file has it)."""
+    if path.name.lower().endswith(_TEXT_SUFFIXES[-2:]):
+        return {"text": _read_lines(path)}
+    extra = (group_column,) if group_column and _has_column(path, group_column) else ()
+    columns = _read_records(path, text_column, None, extra, (None, None))
+    return {"text": columns.pop(text_column), **columns}
+
+
+def _text_split(columns: dict[str, list], fingerprint: str) -> datasets.Dataset:
+    """A ``Dataset`` of the non-empty documents in ``columns``."""
+    keep = [i for i, text in enumerate(columns["text"]) if text.strip()]
+    table = pa.table({name: pa.array([values[i] for i in keep]) for name, values in columns.items()})
+    return _in_memory_dataset(table, datasets.Features.from_arrow_schema(table.schema), fingerprint)
+
+
+def load_text_dataset(
+    path: str | os.PathLike,
+    *,
+    text_column: str = "text",
+    validation_file: str | os.PathLike | None = None,
+    validation_size: float | int | None = 0.05,
+    seed: int = 42,
+    group_column: str | None = None,
+    config_name: str | None = None,
+    **hub_kwargs: Any,
+) -> datasets.DatasetDict:
+    """Load documents for language modelling as a ``DatasetDict`` with one column ``text``.
+
+    Args:
+        path: a ``.jsonl[.gz]`` / ``.csv[.gz]`` file (one document per row, in ``text_column``; e.g.
+            ``../shared/data/imdb/unsup.jsonl.gz``) or ``.txt[.gz]`` file (one document per line),
+            loaded as ``train``; a directory of such ``<split>.*`` files (``train``, ``validation``
+            and its aliases, ``test``); or a Hub dataset name (``"wikitext"`` with
+            ``config_name="wikitext-103-raw-v1"``). See :func:`dataset_source`.
+        validation_file: local only: a file of validation documents (instead of carving them).
+        validation_size: without a validation split, hold out this fraction (float in (0, 1)) or
+            number (int) of training documents, chosen with ``seed``.
+        group_column: when the training data has this column (``movie`` in the IMDB files), the
+            held-out validation documents are whole groups, so no group is on both sides.
+        config_name, **hub_kwargs: passed to :func:`datasets.load_dataset` for Hub datasets.
+
+    Empty and whitespace-only documents are dropped (Hub text datasets such as wikitext have many).
+    Raises like :func:`load_classification_dataset` for missing files, bad bytes, bad JSON or a
+    missing text column, naming the file and line.
+    """
+    if dataset_source(path) == "local":
+        if hub_kwargs or config_name is not None:
+            raise ValueError(f"config_name/hub arguments {sorted(hub_kwargs)} only apply to Hub datasets, not to {path}")
+        base = Path(path).expanduser()
+        files = {"train": base} if base.is_file() else _discover_classification_files(base, _TEXT_SUFFIXES)
+        if validation_file is not None:
+            if "validation" in files:
+                raise ValueError(f"validation_file {validation_file} given, but {base} has a validation file too")
+            files["validation"] = Path(validation_file).expanduser()
+            if not files["validation"].is_file():
+                raise FileNotFoundError(f"Validation file not found: {files['validation']}")
+        splits = {
+            split: _text_split(_read_text_file(file, text_column, group_column if split == "train" else None),
+                               _fingerprint("text", text_column, group_column, _file_identity(file)))
+            for split, file in files.items()
+        }
+    else:
+        if validation_file is not None:
+            raise ValueError("validation_file only applies to local data")
+        name = os.fspath(path)
+        splits = {}
+        for split, ds in _load_hub(name, config_name, hub_kwargs).items():
+            if text_column not in ds.column_names:
+                raise ValueError(f"Hub dataset {name!r} split {split!r} has no text column {text_column!r}; its "
+                                 f"columns are {ds.column_names} (choose one with --text_column)")
+            keep = [text_column, *([group_column] if group_column in ds.column_names and split == "train" else [])]
+            ds = ds.select_columns(keep).rename_columns({text_column: "text"} if text_column != "text" else {})
+            splits[split] = ds.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
+    result = _finish(splits, validation_size, seed, None, stratify_column=None, group_column=group_column)
+    return datasets.DatasetDict(
+        {split: ds.select_columns(["text"]) for split, ds in result.items()}
+    )

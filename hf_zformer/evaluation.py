@@ -39,9 +39,9 @@ def add_evaluation_args(group) -> None:
     )
     group.add_argument(
         "--save_best", action="store_true",
-        help=f"Keep the model with the best validation metric (bleu for translation, accuracy for classification; "
-        f"higher is better) in output_dir/{BEST_DIR}; at the end the final model in output_dir is that best one and "
-        "the test split is scored on it.",
+        help=f"Keep the model with the best validation metric (bleu for translation, accuracy for classification: "
+        f"higher is better; perplexity for language modelling: lower is better) in output_dir/{BEST_DIR}; at the end "
+        "the final model in output_dir is that best one and the test split is scored on it.",
     )
     group.add_argument(
         "--split_seed", type=int, default=42,
@@ -79,16 +79,19 @@ def replace_atomically(tmp: Path, final: Path) -> None:
 class EvalTracker:
     """Evaluation schedule, history and best checkpoint of one training run (see the module doc).
 
-    ``metric`` names the key of ``evaluate_fn()``'s result that ``--save_best`` maximises (``"bleu"``,
-    ``"accuracy"``); ``tokenizer`` is saved next to the best model."""
+    ``metric`` names the key of ``evaluate_fn()``'s result that ``--save_best`` optimises: maximises
+    (``"bleu"``, ``"accuracy"``) or, with ``greater_is_better=False``, minimises (``"perplexity"``);
+    ``tokenizer`` is saved next to the best model."""
 
     def __init__(self, args, accelerator, model, evaluate_fn: Callable[[], dict[str, float]], *,
-                 metric: str | None, tokenizer=None, updates_per_epoch: int = 1, logger=None):
+                 metric: str | None, greater_is_better: bool = True, tokenizer=None, updates_per_epoch: int = 1,
+                 logger=None):
         self.args = args
         self.accelerator = accelerator
         self.model = model
         self.evaluate_fn = evaluate_fn
         self.metric = metric
+        self.greater_is_better = greater_is_better
         self.tokenizer = tokenizer
         self.updates_per_epoch = max(updates_per_epoch, 1)
         self.logger = logger
@@ -96,7 +99,7 @@ class EvalTracker:
         self.eval_steps = getattr(args, "eval_steps", None)
         self.save_best = bool(getattr(args, "save_best", False))
         if self.save_best and not metric:
-            raise ValueError("--save_best needs the name of the validation metric to maximise")
+            raise ValueError("--save_best needs the name of the validation metric to optimise")
         self.best_value: float | None = None
         self.best_step: int | None = None
         self.best_metrics: dict[str, Any] = {}
@@ -162,7 +165,7 @@ class EvalTracker:
             self.logger.info(f"{where}: {prefixed}")
         if self.metric and self.metric in metrics and not repeated:
             value = metrics[self.metric]
-            if self.best_value is None or value > self.best_value:
+            if self.best_value is None or (value > self.best_value if self.greater_is_better else value < self.best_value):
                 self.best_value, self.best_step, self.best_metrics = value, completed_steps, metrics
                 if self.save_best:
                     self._save_best()
@@ -190,7 +193,7 @@ class EvalTracker:
             if self.tokenizer is not None:
                 self.tokenizer.save_pretrained(tmp)
             state = {"best_metric": self.best_value, "best_step": self.best_step, "metric": self.metric,
-                     "metrics": self.best_metrics}
+                     "greater_is_better": self.greater_is_better, "metrics": self.best_metrics}
             (tmp / BEST_STATE_FILE).write_text(json.dumps(state, indent=2))
             replace_atomically(tmp, final)
         accelerator.wait_for_everyone()

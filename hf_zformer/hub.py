@@ -21,9 +21,11 @@ UPLOAD_IGNORE = ["step_*/**", "epoch_*/**", "best/**", ".tmp-*/**", ".old-*/**",
 #: License of the cards' ``license:`` metadata: the checkpoints ship hf_zformer's model code, which is
 #: under the project's license (``setup.cfg``).
 LICENSE = "apache-2.0"
-_TASK_NAMES = {"translation": "Translation", "text-classification": "Text Classification"}
-_EXAMPLES = {"translation": "Ein Mann fährt mit dem Fahrrad durch den Park.", "text-classification": "What a great film!"}
-_METRIC_NAMES = {"bleu": "BLEU (sacreBLEU)", "accuracy": "Accuracy"}
+_TASK_NAMES = {"translation": "Translation", "text-classification": "Text Classification",
+               "text-generation": "Causal Language Modeling"}
+_EXAMPLES = {"translation": "Ein Mann fährt mit dem Fahrrad durch den Park.", "text-classification": "What a great film!",
+             "text-generation": "This movie"}
+_METRIC_NAMES = {"bleu": "BLEU (sacreBLEU)", "accuracy": "Accuracy", "perplexity": "Perplexity"}
 
 
 def _attention_summary(config) -> str:
@@ -58,7 +60,8 @@ def model_card(
     for local data), tags (hf_zformer, the attention types, the task), then a short description,
     the results table, the exact training command and a usage snippet that runs as written: it
     loads ``model_id`` (a Hub id or folder; default ``model_name``) with ``trust_remote_code=True``
-    and translates / classifies ``example`` (default: a German sentence / an English review)."""
+    and translates / classifies / continues ``example`` (default: a German sentence / an English review
+    / the start of one)."""
     attention_types = set()
     for field in ("attention_type", "decoder_attention_type") if getattr(config, "is_encoder_decoder", False) else ("attention_type",):
         value = getattr(config, field)
@@ -100,7 +103,7 @@ def model_card(
 # {model_name}
 
 A {config.model_type} model ({_attention_summary(config)} attention; hidden size {config.hidden_size},
-{config.num_hidden_layers} encoder layers{f", {config.num_decoder_layers} decoder layers" if getattr(config, "is_encoder_decoder", False) else ""},
+{config.num_hidden_layers} {"decoder" if task == "text-generation" else "encoder"} layers{f", {config.num_decoder_layers} decoder layers" if getattr(config, "is_encoder_decoder", False) else ""},
 {config.num_attention_heads} heads) trained for {task} on `{dataset_name}` with
 the hf_zformer scripts{f", fine-tuned from `{base_model}`" if base_model else ""}.
 
@@ -138,6 +141,12 @@ model = AutoModelForSeq2SeqLM.from_pretrained(model_id, trust_remote_code=True)
 inputs = tokenizer([{example!r}], return_tensors="pt")
 outputs = model.generate(**inputs)  # num_beams and max_length from generation_config.json
 print(tokenizer.batch_decode(outputs, skip_special_tokens=True)[0])"""
+    if task == "text-generation":
+        return f"""from transformers import pipeline
+
+model_id = {model_id!r}
+generate = pipeline("text-generation", model=model_id, trust_remote_code=True)
+print(generate({example!r}, max_new_tokens=30, do_sample=False)[0]["generated_text"])"""
     return f"""from transformers import pipeline
 
 model_id = {model_id!r}

@@ -7,8 +7,9 @@ base model, 95% bootstrap interval, ... (the fields are documented in ``docs/res
 * :func:`append_records` -- read-modify-write of the list under an exclusive lock, written to a
   temporary file and renamed into place, so concurrent runs never lose each other's records and a
   crash never leaves a truncated file;
-* :func:`bootstrap_ci`, :func:`accuracy_ci`, :func:`bleu_ci` -- seeded percentile bootstrap over
-  examples (BLEU: over sentences, re-computing corpus BLEU from per-sentence n-gram statistics);
+* :func:`bootstrap_ci`, :func:`accuracy_ci`, :func:`bleu_ci`, :func:`perplexity_ci` -- seeded
+  percentile bootstrap over examples (BLEU: over sentences, re-computing corpus BLEU from
+  per-sentence n-gram statistics; perplexity: over equal-length blocks);
 * :func:`run_fields` -- the fields every record of a run shares.
 """
 
@@ -35,6 +36,7 @@ __all__ = [
     "bootstrap_ci",
     "git_commit",
     "machine",
+    "perplexity_ci",
     "read_records",
     "run_fields",
     "task_name",
@@ -142,6 +144,13 @@ def accuracy_ci(correct: Sequence[bool], **kwargs: Any) -> list[float] | None:
     return bootstrap_ci(len(hits), lambda idx: 100.0 * hits[idx].mean(), **kwargs)
 
 
+def perplexity_ci(block_losses: Sequence[float], **kwargs: Any) -> list[float] | None:
+    """Bootstrap interval of the perplexity exp(mean loss), resampling equal-length blocks (their
+    mean token losses ``block_losses``; see :func:`bootstrap_ci` for ``kwargs``)."""
+    losses = np.asarray(block_losses, dtype=np.float64)
+    return bootstrap_ci(len(losses), lambda idx: float(np.exp(losses[idx].mean())), **kwargs)
+
+
 def bleu_ci(predictions: Sequence[str], references: Sequence[str], *, lowercase: bool = False, **kwargs: Any):
     """Bootstrap interval of corpus BLEU (sacreBLEU defaults: 13a tokenization, exp smoothing),
     resampling sentences: per-sentence n-gram statistics are extracted once and summed per resample."""
@@ -191,9 +200,13 @@ def machine() -> str:
 
 
 def task_name(args) -> str:
-    """``--data_dir``'s folder name or ``--dataset_name``'s last part (``multi30k``, ``imdb``)."""
+    """``--data_dir``'s folder name, ``--train_file``'s folder and name (``imdb-unsup`` for
+    ``imdb/unsup.jsonl.gz``) or ``--dataset_name``'s last part (``multi30k``, ``imdb``)."""
     if getattr(args, "data_dir", None):
         return Path(args.data_dir).expanduser().resolve().name
+    if getattr(args, "train_file", None):
+        path = Path(args.train_file).expanduser().resolve()
+        return f"{path.parent.name}-{path.name.split('.')[0]}"
     return str(args.dataset_name).rstrip("/").split("/")[-1]
 
 

@@ -220,7 +220,7 @@ def finish_run(
     ``all_results.json`` and the model card into ``--output_dir``; push it if asked.
 
     The card names the dataset (``--dataset_name``, also listed as the card's Hub dataset, else the
-    ``--data_dir`` folder, with ``--dataset_config_name``), the model (``--hub_model_id``, else the
+    ``--data_dir`` folder or ``--train_file``, with ``--dataset_config_name``), the model (``--hub_model_id``, else the
     output folder, which its usage snippet loads: ``--output_dir`` as given) and the base model from
     ``args``; ``card_kwargs`` adds the script's task, metric, languages and usage example."""
     from . import hub
@@ -242,7 +242,7 @@ def finish_run(
             config=unwrapped.config,
             results=results,
             command=command_line(args.hub_token),
-            dataset_name=args.dataset_name or Path(args.data_dir).name,
+            dataset_name=args.dataset_name or Path(args.data_dir or getattr(args, "train_file", None)).name,
             dataset_config=args.dataset_config_name,
             model_name=args.hub_model_id or Path(args.output_dir).name,
             model_id=args.hub_model_id or args.output_dir,  # the usage snippet loads this as written

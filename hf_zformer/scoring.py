@@ -6,20 +6,23 @@ What the scripts' evaluations run, on one process or many (results gathered with
 * :func:`generate_and_score` -- translation: greedy/beam generation, detokenized sacreBLEU (cased
   and lowercased), predictions and references back in dataset order;
 * :func:`predict_labels` / :func:`score_accuracy` -- classification: the argmax class of every
-  example, and the accuracy with the per-example hits (for bootstrap intervals).
+  example, and the accuracy with the per-example hits (for bootstrap intervals);
+* :func:`score_perplexity` -- language modelling: mean token loss and perplexity over fixed-length
+  blocks, with the loss of every block (for bootstrap intervals).
 
 When to evaluate during training, and the best checkpoint, are :mod:`hf_zformer.evaluation`'s job.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 
 from .feedback import progress
 
-__all__ = ["generate_and_score", "predict_labels", "score_accuracy"]
+__all__ = ["generate_and_score", "predict_labels", "score_accuracy", "score_perplexity"]
 
 
 def generate_and_score(accelerator, model, dataloader, tokenizer, *, num_beams, max_length, metric):
@@ -82,3 +85,25 @@ def score_accuracy(accelerator, model, dataloader, *, desc: str = "evaluate") ->
     predictions, labels, _ = predict_labels(accelerator, model, dataloader, desc=desc)
     hits = [p == y for p, y in zip(predictions, labels)]
     return {"accuracy": sum(hits) / max(len(hits), 1), "samples": len(hits)}, hits
+
+
+def score_perplexity(accelerator, model, dataloader, *, desc: str = "evaluate") -> tuple[dict[str, Any], list[float]]:
+    """``({"loss", "perplexity", "samples", "tokens"}, block_losses)`` of a causal LM over
+    ``dataloader``'s equal-length blocks (:func:`hf_zformer.batching.block_collate`): every block
+    scores the same number of tokens (its length - 1, the first has no context), so the mean token
+    loss is the mean of the blocks' mean losses, and ``perplexity = exp(loss)``. The model is left
+    in training mode."""
+    model.eval()
+    losses, scored = [], 0  # scored: tokens scored per block
+    for batch in progress(dataloader, desc=desc, main=accelerator.is_local_main_process):
+        with torch.no_grad(), accelerator.autocast():
+            logits = model(input_ids=batch["input_ids"]).logits
+        targets = batch["labels"][:, 1:]
+        scored = targets.shape[1]
+        token_losses = torch.nn.functional.cross_entropy(
+            logits[:, :-1].float().transpose(1, 2), targets, reduction="none"
+        )  # (B, N - 1)
+        losses += accelerator.gather_for_metrics(token_losses.mean(dim=1)).tolist()
+    model.train()
+    loss = sum(losses) / max(len(losses), 1)
+    return {"loss": loss, "perplexity": math.exp(loss), "samples": len(losses), "tokens": len(losses) * scored}, losses

@@ -102,13 +102,14 @@ def train(
     *,
     tokenizer=None,
     best_metric: str | None = None,
+    greater_is_better: bool = True,
 ) -> dict[str, Any]:
     """Run the training loop on prepared ``model``/``optimizer``/``train_dataloader``.
 
     Builds and prepares the LR scheduler, resumes from ``--resume_from_checkpoint``, evaluates with
     ``evaluate_fn`` (returns ``{"bleu": ...}``-style metrics) after every epoch and every
     ``--eval_steps`` (:class:`hf_zformer.evaluation.EvalTracker`: history file, ``--save_best`` on
-    ``best_metric``, saved with ``tokenizer``), checkpoints every ``--checkpointing_steps``. Returns
+    ``best_metric``, higher or, with ``greater_is_better=False``, lower is better, saved with ``tokenizer``), checkpoints every ``--checkpointing_steps``. Returns
     the last evaluation metrics prefixed ``eval_`` (with ``--save_best``: the best evaluation's, the
     last one's as ``last_eval_``, and the final model holds the best weights) plus ``best_step``,
     ``train_loss``, ``train_steps``, ``epoch``, ``train_runtime_s``, ``eval_runtime_s``.
@@ -118,7 +119,8 @@ def train(
     if args.with_tracking:
         accelerator.init_trackers(Path(args.output_dir).name or "run", _tracker_config(args))
     _log_plan(args, accelerator, len(train_sampler.lengths), logger)
-    tracker = EvalTracker(args, accelerator, model, evaluate_fn, metric=best_metric, tokenizer=tokenizer,
+    tracker = EvalTracker(args, accelerator, model, evaluate_fn, metric=best_metric,
+                          greater_is_better=greater_is_better, tokenizer=tokenizer,
                           updates_per_epoch=updates_per_epoch, logger=logger)
     loop = _Loop(args, accelerator, model, optimizer, lr_scheduler, tracker, logger)
     if args.resume_from_checkpoint:

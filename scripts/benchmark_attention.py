@@ -11,6 +11,7 @@ fraction of this machine's measured matmul FLOP/s, as CSV, JSON, a markdown tabl
     python scripts/benchmark_attention.py --level model --mask              # one-layer models, FFN shrunk away
     python scripts/benchmark_attention.py --device cuda --dtype bf16 --lengths 1024 4096 16384
     python scripts/benchmark_attention.py --level seq2seq --batch 16 --source-length 32   # vs BART
+    python scripts/benchmark_attention.py --level causal --lengths 64 512 2048 8192       # vs GPT-2
 
 See docs/benchmarks.md for the method and measured results.
 """
@@ -29,11 +30,15 @@ def parse_args(argv=None):
     parser.add_argument("--level", choices=benchmark.LEVELS, default="attention",
                         help="'attention': the attention module alone; 'model': a one-layer ZformerModel with "
                              "intermediate_size=1 (the FFN shrunk away), fed token ids; 'seq2seq': training "
-                             "tokens/s and greedy sentences/s of our encoder-decoder against BART of identical size")
+                             "tokens/s and greedy sentences/s of our encoder-decoder against BART of identical size; "
+                             "'causal': training and generation tokens/s, cache size and FLOP ratios of our causal LM "
+                             "against GPT-2 of identical size")
     parser.add_argument("--types", nargs="+", choices=benchmark.TYPES, default=list(benchmark.TYPES),
                         help="attention types; 'full' is fused SDPA (the baseline of every speedup), "
                              "'full_eager' our einsum reference")
-    parser.add_argument("--lengths", nargs="+", type=int, default=[128, 256, 512, 1024, 2048, 4096, 8192])
+    parser.add_argument("--lengths", nargs="+", type=int, default=None,
+                        help="sequence lengths (default 128 ... 8192 by powers of 2); --level causal: training "
+                             "length and generation prompt + output, half each (default 64 512 2048 8192)")
     parser.add_argument("--widths", nargs="+", type=int, default=[512])
     parser.add_argument("--heads", nargs="+", type=int, default=[8])
     parser.add_argument("--batch", type=int, default=4)
@@ -45,12 +50,14 @@ def parse_args(argv=None):
     parser.add_argument("--mask", action="store_true",
                         help="pass an all-ones (B, N) padding mask, as the models do (default: no mask, "
                              "SDPA's best case)")
-    seq2seq = parser.add_argument_group("--level seq2seq (width and heads: the first of --widths / --heads)")
+    seq2seq = parser.add_argument_group("--level seq2seq / causal (width and heads: the first of --widths / --heads)")
     seq2seq.add_argument("--seq2seq-models", nargs="+", choices=benchmark.SEQ2SEQ_MODELS,
                          default=list(benchmark.SEQ2SEQ_MODELS))
+    seq2seq.add_argument("--causal-models", nargs="+", choices=benchmark.CAUSAL_MODELS,
+                         default=list(benchmark.CAUSAL_MODELS), help="--level causal: GPT-2 and our attention types")
     seq2seq.add_argument("--source-length", type=int, default=32)
     seq2seq.add_argument("--target-length", type=int, default=32, help="also the number of tokens generated")
-    seq2seq.add_argument("--layers", type=int, default=6, help="encoder layers = decoder layers")
+    seq2seq.add_argument("--layers", type=int, default=6, help="encoder layers = decoder layers (causal: layers)")
     seq2seq.add_argument("--ffn", type=int, default=2048)
     seq2seq.add_argument("--vocab", type=int, default=8000)
     parser.add_argument("--warmup", type=int, default=1)
@@ -71,7 +78,12 @@ def parse_args(argv=None):
     parser.add_argument("--plot", default=None, help="PNG path (default: <output>.png)")
     parser.add_argument("--no-plot", action="store_true")
     parser.add_argument("--no-progress", action="store_true")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.lengths is None:
+        args.lengths = [64, 512, 2048, 8192] if args.level == "causal" else [128, 256, 512, 1024, 2048, 4096, 8192]
+    if args.level == "causal" and min(args.lengths) < 2:
+        parser.error(f"--level causal: every length must be >= 2 (a prompt and a generated token), got {args.lengths}")
+    return args
 
 
 def main(argv=None):
@@ -91,6 +103,8 @@ def main(argv=None):
     metadata["args"] = vars(args)
     if args.level == "seq2seq":
         return run_seq2seq(args, device, metadata)
+    if args.level == "causal":
+        return run_causal(args, device, metadata)
     dtype = benchmark.DTYPES[args.dtype]
     print(f"measuring {args.dtype} matmul FLOP/s on {device} ...", file=sys.stderr)
     metadata["matmul_start"] = benchmark.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
@@ -137,9 +151,22 @@ def run_seq2seq(args, device, metadata):
     )
     results = benchmark.seq2seq_benchmark(args.seq2seq_models, shape, device=str(device), dtype=args.dtype,
                                           warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress)
+    report(args, metadata, results, benchmark.write_seq2seq_reports, benchmark.seq2seq_markdown)
+
+
+def run_causal(args, device, metadata):
+    shape = benchmark.CausalShape(batch=args.batch, lengths=tuple(args.lengths), width=args.widths[0],
+                                  layers=args.layers, heads=args.heads[0], ffn=args.ffn, vocab=args.vocab)
+    results = benchmark.causal_benchmark(args.causal_models, shape, device=str(device), dtype=args.dtype,
+                                         warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress)
+    report(args, metadata, results, benchmark.write_causal_reports, benchmark.causal_markdown)
+
+
+def report(args, metadata, results, write_reports, markdown):
+    """The side-by-side levels' ending: load average, CSV/JSON/markdown files, the table on stdout."""
     metadata["load_average_end"] = benchmark.load_average()
-    paths = benchmark.write_seq2seq_reports(results, args.output, metadata)
-    print(benchmark.seq2seq_markdown(results))
+    paths = write_reports(results, args.output, metadata)
+    print(markdown(results))
     print("wrote " + ", ".join(os.path.relpath(p) for p in paths.values()), file=sys.stderr)
 
 

@@ -83,6 +83,48 @@ def test_seq2seq_level_compares_with_bart(tmp_path):
     assert "BartForConditionalGeneration" in Path(f"{prefix}.md").read_text()
 
 
+def test_causal_level_compares_with_gpt2(tmp_path):
+    prefix = tmp_path / "causal"
+    width, layers, positions = 32, 2, 32
+    load_script().main(["--level", "causal", "--widths", str(width), "--heads", "4", "--layers", str(layers), "--ffn",
+                        "64", "--vocab", "50", "--batch", "2", "--lengths", "16", str(positions), "--repeats", "1",
+                        "--no-progress", "--output", str(prefix)])
+    rows = read_csv(f"{prefix}.csv")
+    assert {(r["model"], r["kind"], int(r["length"])) for r in rows} == {
+        (m, k, n) for m in benchmark.CAUSAL_MODELS for k in benchmark.CAUSAL_KINDS for n in (16, 32)}
+    for row in rows:
+        assert 0 < float(row["tokens_per_s"]) < float("inf") and float(row["time_ms"]) > 0 and int(row["flops"]) > 0
+        assert float(row["speedup_vs_gpt2"]) > 0 and float(row["flops_ratio_vs_gpt2"]) > 0
+        if row["kind"] == "generate":
+            assert float(row["cache_mb"]) > 0 and int(row["new_tokens"]) == int(row["length"]) // 2
+        if row["model"] == "gpt2":
+            assert float(row["speedup_vs_gpt2"]) == pytest.approx(1.0) and float(row["flops_ratio_vs_gpt2"]) == 1.0
+    cache = {(r["model"], int(r["length"])): float(r["cache_mb"]) for r in rows if r["kind"] == "generate"}
+    assert cache["full", 32] == pytest.approx(cache["gpt2", 32])  # the same keys and values
+    assert cache["gpt2", 32] == pytest.approx(2 * cache["gpt2", 16], rel=0.1)  # grows with the text
+    assert cache["zformer", 32] == cache["zformer", 16] and cache["fastformer", 32] == cache["fastformer", 16]
+    # identical size, up to the known differences (benchmark.build_causal): GPT-2's learned positions,
+    # zformer's scale, fastformer's W_r and pooling vectors
+    params = {r["model"]: int(r["parameters"]) for r in rows}
+    assert params["gpt2"] - params["full"] == positions * width
+    assert params["zformer"] - params["full"] == layers
+    assert params["fastformer"] - params["full"] == layers * (width * width + width + 2 * width)
+    markdown = Path(f"{prefix}.md").read_text()
+    assert "GPT2LMHeadModel" in markdown and "| n | gpt2 | full | zformer | fastformer |" in markdown
+
+
+def test_causal_flops_follow_the_attention_formulas():
+    shape = benchmark.CausalShape(batch=2, lengths=(8,), width=32, layers=2, heads=4, ffn=64, vocab=50)
+    b, d, n, i, v = 2, 32, 8, 64, 50
+    layer = benchmark.attention_flops("full", b, n, d, 4) + 2 * b * n * d * d + 4 * b * n * d * i
+    assert benchmark.causal_flops("gpt2", "train", n, shape) == 3 * (2 * layer + 2 * b * n * d * v)
+    assert benchmark.causal_flops("full", "generate", n, shape) == benchmark.causal_flops("gpt2", "generate", n, shape)
+    # generation: linear attention's token steps do not grow with the context, full attention's do
+    long = benchmark.CausalShape(batch=1, lengths=(4096,), width=32, layers=1, heads=4, ffn=64, vocab=50)
+    assert benchmark.causal_flops("zformer", "generate", 4096, long) < 0.5 * benchmark.causal_flops(
+        "gpt2", "generate", 4096, long)
+
+
 def test_slow_and_memory_hungry_configurations_are_skipped(tmp_path):
     prefix = tmp_path / "skip"
     load_script().main(TINY + ["--types", "full", "full_eager", "--max-seconds", "0", "--max-memory-gb", "0",

@@ -9,6 +9,9 @@ Library side of `scripts/benchmark_attention.py` (never shipped with a checkpoin
   (``intermediate_size=1``): embeddings, LayerNorms, attention, output projection and residuals.
 - ``"seq2seq"`` (`seq2seq_benchmark`): training tokens/s and greedy-generation sentences/s of our
   encoder-decoder against transformers' ``BartForConditionalGeneration`` of identical size.
+- ``"causal"`` (`causal_benchmark`): training and greedy-generation tokens/s, cache size and nominal
+  FLOP ratios of our decoder-only LM (full, zformer, fastformer) against ``GPT2LMHeadModel`` of
+  identical size.
 
 Types: ``full`` (our `FullAttention` through transformers' SDPA integration, i.e. PyTorch's fused
 `scaled_dot_product_attention`), ``full_eager`` (our einsum reference), ``zformer``, ``xformer`` and
@@ -20,11 +23,22 @@ FLOP/s of the machine (see `attention_flops` for the counting). Nothing is hard-
 number comes from the run that writes it.
 
 The package: `cases` (what is measured), `harness` (machine measurements, timing, memory, the
-side-by-side runs), `flops` (FLOP accounting), `seq2seq` (the encoder-decoder level) and `reports`
+side-by-side runs), `flops` (FLOP accounting), `seq2seq` (the encoder-decoder level), `causal` (the
+decoder-only level) and `reports`
 (CSV/JSON/markdown/plots). Every public name is importable from `hf_zformer.benchmark`.
 """
 
 from .cases import BASELINE, DTYPES, LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, make_config
+from .causal import (
+    CAUSAL_KINDS,
+    CAUSAL_MODELS,
+    CausalResult,
+    CausalShape,
+    build_causal,
+    cache_bytes,
+    causal_benchmark,
+    causal_flops,
+)
 from .flops import (
     attention_flops,
     case_flops,
@@ -48,11 +62,13 @@ from .harness import (
 )
 from .reports import (
     CSV_FIELDS,
+    causal_markdown,
     command_line,
     markdown_header,
     markdown_table,
     plot,
     seq2seq_markdown,
+    write_causal_reports,
     write_csv,
     write_json,
     write_reports,
@@ -61,11 +77,12 @@ from .reports import (
 from .seq2seq import SEQ2SEQ_MODELS, Seq2SeqResult, Seq2SeqShape, build_seq2seq, seq2seq_benchmark
 
 __all__ = [
-    "BASELINE", "CSV_FIELDS", "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES",
-    "BenchCase", "BenchResult", "Seq2SeqResult", "Seq2SeqShape",
-    "add_speedups", "attention_flops", "available_memory_bytes", "build_module", "build_seq2seq", "case_flops",
+    "BASELINE", "CAUSAL_KINDS", "CAUSAL_MODELS", "CSV_FIELDS", "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_MODELS",
+    "TIMING_ENVIRONMENT", "TYPES", "BenchCase", "BenchResult", "CausalResult", "CausalShape", "Seq2SeqResult",
+    "Seq2SeqShape", "add_speedups", "attention_flops", "available_memory_bytes", "build_causal", "build_module",
+    "build_seq2seq", "cache_bytes", "case_flops", "causal_benchmark", "causal_flops", "causal_markdown",
     "command_line", "executed_attention_flops", "folded", "load_average", "machine_info", "make_config",
     "markdown_header", "markdown_table", "measure_matmul_flops", "model_flops", "peak_memory_bytes", "plot",
     "run_cases", "seq2seq_benchmark", "seq2seq_markdown", "set_flops_fractions", "step_flops", "sweep",
-    "synchronize", "write_csv", "write_json", "write_reports", "write_seq2seq_reports",
+    "synchronize", "write_causal_reports", "write_csv", "write_json", "write_reports", "write_seq2seq_reports",
 ]

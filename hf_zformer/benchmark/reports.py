@@ -10,6 +10,7 @@ from dataclasses import asdict
 
 from .cases import BenchResult
 from .harness import TIMING_ENVIRONMENT
+from .causal import CausalResult
 from .seq2seq import Seq2SeqResult
 
 
@@ -43,6 +44,52 @@ def write_seq2seq_reports(results: list[Seq2SeqResult], output_prefix: str, meta
                {"train_times_ms": ".1f", "generate_times_ms": ".1f"})
     write_json(results, paths["json"], metadata)
     _write_markdown(paths["md"], metadata, seq2seq_markdown(results))
+    return paths
+
+
+def causal_markdown(results: list[CausalResult]) -> str:
+    """One table per kind (training, generation): a row per length, per model its tokens/s with
+    the time ratio and the nominal FLOP ratio against GPT-2 (and, generating, the cache size)."""
+    if not results:
+        return ""
+    r0 = results[0]
+    models = list(dict.fromkeys(r.model for r in results))
+    cell = {(r.model, r.kind, r.length): r for r in results}
+    lines = [
+        f"**decoder-only, batch {r0.batch}, width {r0.width}, {r0.layers} layers, {r0.heads} heads, FFN {r0.ffn}, "
+        f"vocabulary {r0.vocab}, {r0.dtype}, {r0.device}**\n",
+        "Each cell: tokens/s (tokens/s ratio vs GPT-2; nominal FLOP ratio vs GPT-2)"
+        + ("; generating: cache MB at the end" if any(r.kind == "generate" for r in results) else "") + ".\n",
+    ]
+    for kind, title in (("train", "training (forward + backward + AdamW step, batch x n tokens)"),
+                        ("generate", "greedy generation with the cache (prompt n/2, n/2 new tokens)")):
+        lengths = sorted({r.length for r in results if r.kind == kind})
+        if not lengths:
+            continue
+        lines += [f"{title}:\n", "| n | " + " | ".join(models) + " |", "|---:|" + "---:|" * len(models)]
+        for n in lengths:
+            row = []
+            for model in models:
+                r = cell.get((model, kind, n))
+                if r is None or r.tokens_per_s is None:
+                    row.append("—")
+                    continue
+                ratios = f" ({_fmt(r.speedup_vs_gpt2, '.2f')}x; FLOPs {_fmt(r.flops_ratio_vs_gpt2, '.2f')})"
+                cache = f"; {r.cache_mb:.3g} MB" if r.cache_mb is not None else ""
+                row.append(f"{r.tokens_per_s:.0f}{ratios}{cache}")
+            lines.append(f"| {n} | " + " | ".join(row) + " |")
+        lines.append("")
+    parameters = {r.model: (r.parameters, r.description) for r in results}
+    lines.extend(f"- `{m}`: {d}, {p / 1e6:.2f}M parameters" for m, (p, d) in parameters.items())
+    return "\n".join(lines) + "\n"
+
+
+def write_causal_reports(results: list[CausalResult], output_prefix: str, metadata: dict) -> dict:
+    """Write `<prefix>.csv`, `<prefix>.json` and `<prefix>.md` of the decoder-only level; returns the paths."""
+    paths = _report_paths(output_prefix)
+    _write_csv(results, paths["csv"], list(CausalResult.__dataclass_fields__), {"times_ms": ".1f"})
+    write_json(results, paths["json"], metadata)
+    _write_markdown(paths["md"], metadata, causal_markdown(results))
     return paths
 
 

@@ -142,13 +142,13 @@ def seq2seq_benchmark(models: Iterable[str], shape: Seq2SeqShape, device: str = 
 
 
 def _time_alternating(functions: dict, models: list[str], warmup: int, repeats: int, device: torch.device,
-                      progress: bool) -> dict[str, dict[str, list[float]]]:
+                      progress: bool, desc: str = "seq2seq") -> dict[str, dict[str, list[float]]]:
     """``{model: {kind: seconds of each timed call}}``: for each kind (``function(model)``), the
     calls of all models alternate, warm-up calls first (not kept)."""
     from tqdm.auto import tqdm
 
     times = {name: {kind: [] for kind in functions} for name in models}
-    bar = tqdm(total=len(functions) * (warmup + repeats) * len(models), disable=not progress, desc="seq2seq",
+    bar = tqdm(total=len(functions) * (warmup + repeats) * len(models), disable=not progress, desc=desc,
                dynamic_ncols=True)
     for kind, function in functions.items():
         for index in range(warmup + repeats):
