@@ -177,7 +177,7 @@ def test_fastformer_causal_state_is_constant_size_and_exact():
         steps.append(attention(x[:, i : i + 1], mask[:, : i + 1], cache=cache)[0])
     torch.testing.assert_close(torch.cat(steps, 1)[mask.bool()], full[mask.bool()], atol=1e-5, rtol=1e-5)
     sizes = [t.shape for t in cache.layers[0].tensors()]
-    assert sizes == [(B, H), (B, H), (B, H, DH)] * 2 and cache.get_seq_length() == N
+    assert sizes == [(B, H, 1, 1), (B, H, 1, 1), (B, H, 1, DH)] * 2 and cache.get_seq_length() == N
 
 
 def test_xformer_matches_equation():

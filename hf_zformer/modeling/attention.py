@@ -14,6 +14,7 @@ call or token by token gives the same outputs.
 This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and stdlib only.
 """
 
+import contextlib
 import math
 from collections.abc import Callable
 
@@ -27,12 +28,17 @@ ZFORMER_CAUSAL_BLOCK = 64
 
 
 def _fp32(*tensors):
-    """The tensors in at least fp32 (fp64 stays fp64), for sums over the sequence."""
-    return [t if t.dtype == torch.float64 else t.float() for t in tensors]
+    """The tensors in at least fp32 (fp64 stays fp64), for sums over the sequence. fp32/fp64
+    tensors come back as they are, without a dispatched no-op conversion (decoding steps make many
+    such calls: see docs/benchmarks.md, "Where the time goes at 32 tokens")."""
+    return [t if t.dtype in (torch.float32, torch.float64) else t.float() for t in tensors]
 
 
 def _no_autocast(device_type: str):
-    return torch.autocast(device_type=device_type, enabled=False)
+    """A context that disables autocast for fp32 sums; nothing to enter when autocast is off."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
 
 
 def _split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
@@ -91,9 +97,19 @@ def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     allocating a (B, N, D) buffer, whose first touch is a pass of page faults on long inputs. Under
     autocast a bf16/fp16 branch meets an fp32 residual stream: then the sum is a new fp32 tensor, as
     `+` would give, so the stream never drops to low precision."""
-    if fresh.shape == other.shape and torch.result_type(fresh, other) == fresh.dtype:
+    if fresh.shape == other.shape and (
+        fresh.dtype == other.dtype or torch.promote_types(fresh.dtype, other.dtype) == fresh.dtype
+    ):
         return fresh.add_(other)
     return fresh + other
+
+
+class Dropout(nn.Dropout):
+    """`nn.Dropout` that, inactive (eval mode or p = 0), returns its input without a call: a decoding
+    step of a 6-layer decoder otherwise dispatches ~25 identity dropouts (docs/benchmarks.md)."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return super().__call__(x) if self.training and self.p > 0 else x
 
 
 def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, output: nn.Module) -> torch.Tensor:
@@ -281,7 +297,18 @@ class FullAttention(_QKVAttention):
                 f"the attention mask covers {key_mask.shape[1]} tokens, the keys {k_len} (cached and new tokens)"
             )
         mask = None if key_mask is None else key_mask.bool().view(batch, 1, 1, k_len)
-        if self.is_causal and (q_len > 1 or mask is not None):
+        attention_function: Callable = einsum_attention_forward
+        if not output_attentions:
+            attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(
+                self.config._attn_implementation, einsum_attention_forward
+            )
+        # Causal attention over the whole sequence without padding: the kernel's own causal mode
+        # (no (N, N) mask to build; SDPA picks its causal flash kernel). With a cache (k_len > q_len)
+        # or padding the mask is explicit: the kernels align `is_causal` to the top left.
+        fused_causal = (
+            self.is_causal and mask is None and q_len == k_len and attention_function is not einsum_attention_forward
+        )
+        if self.is_causal and not fused_causal and (q_len > 1 or mask is not None):
             causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
             if mask is not None:  # every query sees itself: a padded query attends to something (finite output)
                 causal_mask = mask & causal
@@ -292,11 +319,6 @@ class FullAttention(_QKVAttention):
         if mask is not None:
             mask = mask.expand(batch, 1, q_len, k_len)
 
-        attention_function: Callable = einsum_attention_forward
-        if not output_attentions:
-            attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(
-                self.config._attn_implementation, einsum_attention_forward
-            )
         output, weights = attention_function(
             self,
             query,
@@ -305,7 +327,7 @@ class FullAttention(_QKVAttention):
             mask,
             dropout=self.dropout if self.training else 0.0,
             scaling=self.scaling,
-            is_causal=False,  # causality is in `mask`
+            is_causal=fused_causal,  # otherwise causality is in `mask`
         )
         return output.reshape(batch, q_len, -1), weights if output_attentions else None
 
@@ -319,20 +341,23 @@ def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
     """out_i = q_i (past + sum_{j<=i} k_j^T v_j), in fp32, computed in blocks of ZFORMER_CAUSAL_BLOCK
     tokens: quadratic inside a block, recurrent across blocks. query/key/value (B, H, N, d); past
     (B, H, d, d) (the sum over earlier tokens) or None. Returns (B, H, N, d)."""
-    batch, heads, length, dim = query.shape
+    length = query.shape[2]
     with _no_autocast(query.device.type):
         query, key, value = _fp32(query, key, value)
-        state = query.new_zeros(batch, heads, dim, dim) if past is None else past
+        state = past  # None: nothing before the first block (no product with a zero state)
         outputs = []
         for start in range(0, length, ZFORMER_CAUSAL_BLOCK):
             q = query[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
             k = key[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
             v = value[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
-            scores = (q @ k.transpose(-1, -2)).tril()  # (B, H, b, b): no softmax, only causality
-            outputs.append(q @ state + scores @ v)
+            scores = q @ k.transpose(-1, -2)  # (B, H, b, b): no softmax, only causality
+            if q.shape[2] > 1:
+                scores = scores.tril()
+            outputs.append(scores @ v if state is None else torch.matmul(q, state).add_(scores @ v))
             if start + ZFORMER_CAUSAL_BLOCK < length:
-                state = state + k.transpose(-1, -2) @ v
-    return torch.cat(outputs, dim=2)
+                update = k.transpose(-1, -2) @ v
+                state = update if state is None else state + update
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
 class ZformerAttention(_QKVAttention):
@@ -357,7 +382,11 @@ class ZformerAttention(_QKVAttention):
         self.log_scale = nn.Parameter(torch.tensor(math.log(self.scale_init)))
 
     def _queries(self, hidden_states):
-        return _split_heads(self.query(hidden_states), self.num_heads) * self.head_dim**-0.5
+        """Q / (sqrt(d_h) s) (B, H, N, d): both scalings in one product."""
+        scale = torch.exp(self.log_scale.neg().add(math.log(self.head_dim**-0.5)))  # log_scale: fp32 parameter
+        if scale.dtype != hidden_states.dtype:
+            scale = scale.to(hidden_states.dtype)
+        return _split_heads(self.query(hidden_states), self.num_heads) * scale
 
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D)."""
@@ -378,21 +407,30 @@ class ZformerAttention(_QKVAttention):
         """The plain form: Q, and K^T V (of the memory, or of the sequence) or its causal prefix sums.
         A causal module with a cache hands its keys/values to `cache.update`, which returns the sum
         of k^T v over the tokens before them (B, H, d, d)."""
-        query = self._queries(hidden_states)  # (B, H, N, d)
+        query = self._queries(hidden_states)  # (B, H, N, d), scaled by 1 / (sqrt(d_h) s)
         if self.is_causal:
-            new_mask = _new_tokens_mask(attention_mask, hidden_states.shape[1])
+            length = hidden_states.shape[1]
+            new_mask = _new_tokens_mask(attention_mask, length)
             key = _split_heads(_zero_padding(self.key(hidden_states), new_mask), self.num_heads)
             value = _split_heads(self.value(hidden_states), self.num_heads)
-            past = None if cache is None else cache.update(key, value, self.layer_idx)
-            context = causal_linear_attention(query, key, value, past)
+            if cache is None:
+                context = causal_linear_attention(query, key, value)
+            else:
+                past, current = cache.update(key, value, self.layer_idx)
+                if length == 1:  # a decoding step: q (sum over all tokens so far)
+                    with _no_autocast(hidden_states.device.type):
+                        context = _fp32(query)[0] @ current
+                else:
+                    context = causal_linear_attention(query, key, value, past)
         else:
             if self.is_cross:
                 kv = self._memory(memory, memory_mask, cache)
             else:
                 kv = self._project_memory(hidden_states, attention_mask)
             with _no_autocast(hidden_states.device.type):
-                context = torch.einsum("bhnd,bhde->bhne", *_fp32(query), kv)
-        context = (context * torch.exp(-self.log_scale.to(context.dtype))).to(query.dtype)
+                context = _fp32(query)[0] @ kv  # (B, H, N, d)
+        if context.dtype != query.dtype:
+            context = context.to(query.dtype)
         return _merge_heads(context)
 
     def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -455,7 +493,7 @@ class XformerAttention(Attention):
         self.compressed_length = math.ceil(config.max_position_embeddings / config.xformer_beta)
         self.query = nn.Linear(config.hidden_size, self.query_width)
         self.sequence_projection = nn.Parameter(torch.empty(self.compressed_length, self.max_length))  # E
-        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
+        self.dropout = Dropout(config.attention_probs_dropout_prob)
 
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
@@ -519,22 +557,33 @@ def _pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None)
 
 def prefix_pool(scores, values, state=None):
     """Causal `_pool`: output i pools positions j <= i. scores (B, H, N), -inf at padding; values
-    (B, H, N, d); state = (running max (B, H), denominator (B, H), numerator (B, H, d)) of the
-    positions before these, or None. Returns (pooled (B, H, N, d), the state after them)."""
+    (B, H, N, d); state = (running max (B, H, 1, 1), denominator (B, H, 1, 1), numerator
+    (B, H, 1, d)) of the positions before these, or None. Returns (pooled (B, H, N, d), the state
+    after them).
+
+    The running max starts at the lowest finite float, not -inf: padding (-inf) then gets weight
+    exp(-inf) = 0 and never makes a NaN, without a guard. The state keeps the sequence axis (size
+    1) and a single new token (a decoding step) skips the prefix sums: a step is eleven small
+    operations, the per-call overhead that dominates decoding (docs/benchmarks.md)."""
     batch, heads, length, dim = values.shape
+    scores = scores[..., None]  # (B, H, N, 1)
     if state is None:
-        state = (scores.new_full((batch, heads), float("-inf")), scores.new_zeros(batch, heads),
-                 values.new_zeros(batch, heads, dim))
+        state = (scores.new_full((batch, heads, 1, 1), torch.finfo(scores.dtype).min),
+                 scores.new_zeros(batch, heads, 1, 1), values.new_zeros(batch, heads, 1, dim))
     old_max, old_den, old_num = state
-    new_max = torch.maximum(old_max, scores.amax(dim=-1))
-    new_max = torch.where(torch.isfinite(new_max), new_max, torch.zeros_like(new_max))
+    new_max = torch.maximum(old_max, scores if length == 1 else scores.amax(dim=2, keepdim=True))
     rescale = torch.exp(old_max - new_max)  # 0 when nothing was seen yet
-    weights = torch.exp(scores - new_max[..., None])  # (B, H, N)
-    den = old_den[..., None] * rescale[..., None] + weights.cumsum(dim=-1)
-    num = old_num[:, :, None] * rescale[..., None, None] + (weights[..., None] * values).cumsum(dim=2)
+    weights = torch.exp(scores - new_max)  # (B, H, N, 1)
+    weighted = weights * values
+    if length > 1:
+        weights, weighted = weights.cumsum(dim=2), weighted.cumsum(dim=2)
+    den = torch.addcmul(weights, old_den, rescale)  # (B, H, N, 1)
+    num = torch.addcmul(weighted, old_num, rescale)  # (B, H, N, d)
     # A prefix with no real token yet (only padding) pools to zero instead of 0/0.
-    pooled = num / den.clamp_min(torch.finfo(den.dtype).tiny)[..., None]
-    return pooled, (new_max, den[..., -1], num[:, :, -1])
+    pooled = num / den.clamp_min(torch.finfo(den.dtype).tiny)
+    if length > 1:
+        den, num = den[:, :, -1:], num[:, :, -1:]
+    return pooled, (new_max, den, num)
 
 
 class FastformerAttention(_QKVAttention):
@@ -573,7 +622,8 @@ class FastformerAttention(_QKVAttention):
         """(B, H, N, d) -> pooling scores (B, H, N); zero scores give the plain mean."""
         if weight is None:
             return x.new_zeros(x.shape[:-1])
-        return torch.einsum("bhnd,hd->bhn", x, weight.to(x.dtype)) * self.head_dim**-0.5
+        return torch.einsum("bhnd,hd->bhn", x, weight if weight.dtype == x.dtype else weight.to(x.dtype)) * (
+            self.head_dim**-0.5)
 
     def _folded_output(self, hidden_states, attention_mask):
         projections = 3 if self.value is None else 4
@@ -612,7 +662,9 @@ class FastformerAttention(_QKVAttention):
                 global_query = _pool(self._scores(query32, w_q), query32, attention_mask)[:, :, None]  # (B, H, 1, d)
                 mixed = global_query * key32
                 global_key = _pool(self._scores(mixed, w_k), mixed, attention_mask)[:, :, None]
-        mixed_value = _merge_heads(global_key.to(value.dtype) * value)  # u_i  (B, N, D)
+        if global_key.dtype != value.dtype:
+            global_key = global_key.to(value.dtype)
+        mixed_value = _merge_heads(global_key * value)  # u_i  (B, N, D)
         return add_into_fresh(self.transform(mixed_value), query_proj)  # r_i = W_r u_i + q_i
 
     def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

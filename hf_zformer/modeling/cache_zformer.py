@@ -75,9 +75,10 @@ class ZformerStateLayer(RecurrentLayer):
         super().__init__()
         self.state: torch.Tensor | None = None
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs) -> torch.Tensor:
-        """key_states (zero at padding) / value_states (B, H, N, d) of N new tokens. Returns the sum
-        over the tokens before them (B, H, d, d), and adds theirs to the state."""
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        """key_states (zero at padding) / value_states (B, H, N, d) of N new tokens. Adds theirs to
+        the state and returns (the sum over the tokens before them, the sum including them), each
+        (B, H, d, d): a single new token attends to the second, a block of tokens starts from the first."""
         batch, heads, length, dim = key_states.shape
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
@@ -87,7 +88,7 @@ class ZformerStateLayer(RecurrentLayer):
             key, value = _fp32(key_states, value_states)
             self.state = past + key.transpose(-1, -2) @ value
         self.num_tokens += length
-        return past
+        return past, self.state
 
     def tensors(self):
         return [] if self.state is None else [self.state]
@@ -99,7 +100,8 @@ class ZformerStateLayer(RecurrentLayer):
 
 class FastformerStateLayer(RecurrentLayer):
     """Causal Fastformer: for each of its two poolings (0: the query's, 1: the key's) the running
-    max (B, H), denominator (B, H) and numerator (B, H, d_h) of the prefix softmax."""
+    max (B, H, 1, 1), denominator (B, H, 1, 1) and numerator (B, H, 1, d_h) of the prefix softmax
+    (`prefix_pool`)."""
 
     def __init__(self):
         super().__init__()
@@ -166,8 +168,8 @@ class ZformerCache(Cache):
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Self-attention of layer `layer_idx`: hands the new tokens' states to its cache layer and
-        returns what the attention needs: all keys/values (`DynamicLayer`), the k^T v sum before the
-        new tokens (`ZformerStateLayer`) or the prefix poolings (`FastformerStateLayer`)."""
+        returns what the attention needs: all keys/values (`DynamicLayer`), the k^T v sums before
+        and including the new tokens (`ZformerStateLayer`) or the prefix poolings (`FastformerStateLayer`)."""
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
 
     def has_memory(self, layer_idx: int) -> bool:

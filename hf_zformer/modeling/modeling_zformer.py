@@ -26,9 +26,11 @@ from transformers.modeling_outputs import (
 
 from .attention import (
     ATTENTION_CLASSES,
+    Dropout,
     FastformerAttention,
     XformerAttention,
     ZformerAttention,
+    _drop_full_mask,
     add_into_fresh,
     masked_softmax,
 )
@@ -82,11 +84,14 @@ class ZformerEmbeddings(nn.Module):
         self.type_vocab_size = config.type_vocab_size
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
         self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps) if config.embedding_layer_norm else None
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
-    def positions(self, position_ids: torch.Tensor) -> torch.Tensor:
-        """Position vectors (B, N, D) of `position_ids` (B, N) (or (1, N), shared by the batch)."""
-        if not torch.compiler.is_compiling():  # a clear error instead of an index error (a device assert on GPU)
+    def positions(self, position_ids: torch.Tensor, max_position: int | None = None) -> torch.Tensor:
+        """Position vectors (B, N, D) of `position_ids` (B, N) (or (1, N), shared by the batch).
+        `max_position`: a bound on the ids the caller knows (the models derive the ids from the
+        mask); within the table it spares the range check its host synchronisation."""
+        checked = max_position is not None and max_position < self.max_length
+        if not checked and not torch.compiler.is_compiling():  # a clear error instead of an index error (a device assert on GPU)
             low, high = (int(v) for v in torch.aminmax(position_ids))
             if high >= self.max_length:
                 raise ValueError(
@@ -125,9 +130,10 @@ class ZformerEmbeddings(nn.Module):
                 )
         return self.token_type_embeddings(token_type_ids)
 
-    def forward(self, position_ids: torch.Tensor, input_ids=None, inputs_embeds=None, token_type_ids=None):
+    def forward(self, position_ids: torch.Tensor, input_ids=None, inputs_embeds=None, token_type_ids=None,
+                max_position: int | None = None):
         """position_ids (B, N) or (1, N); input_ids (B, N) or inputs_embeds (B, N, D); token_type_ids
-        (B, N) or None. Returns the embeddings (B, N, D)."""
+        (B, N) or None; `max_position` (see `positions`). Returns the embeddings (B, N, D)."""
         if inputs_embeds is None:
             # A fresh tensor, scaled and shifted in place: every (B, N, D) buffer not allocated saves
             # a pass of page faults on long inputs.
@@ -144,7 +150,7 @@ class ZformerEmbeddings(nn.Module):
                 f"{tuple(tokens.shape[:2])}"
             )
         types = self.token_types(token_type_ids, tokens)  # checked before `tokens` changes in place
-        positions = self.positions(position_ids).to(tokens.dtype)  # (B or 1, N, D)
+        positions = self.positions(position_ids, max_position).to(tokens.dtype)  # (B or 1, N, D)
         if self.merge is None:
             hidden = tokens.add_(positions)
         else:
@@ -163,10 +169,10 @@ class ZformerFeedForward(nn.Module):
         self.activation = ACT2FN[config.hidden_act]
         self.output = nn.Linear(config.intermediate_size, config.hidden_size)
         activation_dropout = config.activation_dropout
-        self.activation_dropout = nn.Dropout(
+        self.activation_dropout = Dropout(
             config.hidden_dropout_prob if activation_dropout is None else activation_dropout
         )
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states):
         return self.dropout(self.output(self.activation_dropout(self.activation(self.intermediate(hidden_states)))))
@@ -203,7 +209,7 @@ class ZformerLayer(GradientCheckpointingLayer):
         self.attention = ATTENTION_CLASSES[attention_type](config, layer_idx=layer_idx)
         self.feed_forward_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.feed_forward = ZformerFeedForward(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(
         self,
@@ -377,14 +383,24 @@ class ZformerModel(ZformerPreTrainedModel):
         )
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        attention_mask = _hidden_mask(attention_mask, input_ids, inputs_embeds)
+        length = (input_ids if input_ids is not None else inputs_embeds).shape[1]
+        offset = self.config.position_offset
+        # Masks and positions are settled once per forward, not per layer: without padding the layers
+        # get no mask (no masking passes; SDPA's unmasked kernel) and the default positions.
+        attention_mask = _drop_full_mask(attention_mask)
+        layer_positions, max_position = position_ids, None
         if position_ids is None:
-            position_ids = position_ids_from_mask(attention_mask, offset=self.config.position_offset)
+            max_position = offset + length - 1
+            if attention_mask is None:
+                position_ids = torch.arange(offset, offset + length, device=self.embeddings.word_embeddings.weight.device)[None]
+            else:
+                position_ids = layer_positions = position_ids_from_mask(attention_mask, offset=offset)
         hidden_states = self.embeddings(
-            position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds, token_type_ids=token_type_ids
+            position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds, token_type_ids=token_type_ids,
+            max_position=max_position,
         )
         hidden_states, all_hidden, attentions = self.encoder(
-            hidden_states, attention_mask, position_ids, output_hidden_states, output_attentions
+            hidden_states, attention_mask, layer_positions, output_hidden_states, output_attentions
         )
         output = BaseModelOutput(last_hidden_state=hidden_states, hidden_states=all_hidden, attentions=attentions)
         return output if return_dict else output.to_tuple()
@@ -444,7 +460,7 @@ class ZformerForSequenceClassification(ZformerPreTrainedModel):
         self.zformer = ZformerModel(config)
         self.pooler = ZformerPooler(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
@@ -585,7 +601,7 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
             self.cross_attention = None
         self.feed_forward_norm = nn.LayerNorm(width, eps=eps)
         self.feed_forward = ZformerFeedForward(config)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
                 past_key_values=None):
@@ -644,13 +660,19 @@ class ZformerDecoder(nn.Module):
                 f"attention_mask has {attention_mask.shape[1]} columns; expected {length} (the new tokens) or "
                 f"{past_length + length} (the {past_length} cached tokens and the new ones)"
             )
+        # Masks and positions are settled once per forward (per decoding step), not per layer.
+        attention_mask = _drop_full_mask(attention_mask)
+        encoder_attention_mask = _drop_full_mask(encoder_attention_mask)
+        max_position = None
         if position_ids is None:
+            first = past_length + self.position_offset
+            max_position = first + length - 1  # a bound: each row has at most past + N real tokens
             if attention_mask is None:
-                position_ids = position_ids_from_mask(reference.new_ones(1, length), past_length, self.position_offset)
+                position_ids = torch.arange(first, first + length, device=reference.device)[None]
             else:
                 position_ids = position_ids_from_mask(attention_mask, offset=self.position_offset)[:, past_length:]
         hidden_states = self.embeddings(position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds,
-                                        token_type_ids=token_type_ids)
+                                        token_type_ids=token_type_ids, max_position=max_position)
         all_hidden = (hidden_states,) if output_hidden_states else None
         for layer in self.layers:
             hidden_states = layer(hidden_states, attention_mask, encoder_hidden_states, encoder_attention_mask,
@@ -792,7 +814,6 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         elif not isinstance(encoder_outputs, BaseModelOutput):
             encoder_outputs = BaseModelOutput(*encoder_outputs)
         encoder_hidden = encoder_outputs.last_hidden_state
-        attention_mask = _hidden_mask(attention_mask, None, encoder_hidden)
         if use_cache and past_key_values is None:
             past_key_values = self.decoder.new_cache()
         if not use_cache:
