@@ -394,7 +394,7 @@ class ZformerAttention(_QKVAttention):
         value = _split_heads(self.value(memory), self.num_heads)
         with _no_autocast(memory.device.type):
             key, value = _fp32(key, value)
-            return torch.einsum("bhnd,bhne->bhde", key, value)
+            return key.transpose(-1, -2) @ value
 
     def _folded_output(self, hidden_states, attention_mask):
         # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
@@ -550,35 +550,38 @@ class XformerAttention(Attention):
 
 def _pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     """sum_i softmax_i(scores) values_i over real positions (zero for a row without any).
-    scores (B, H, N), values (B, H, N, d)."""
-    weights = masked_softmax(scores, None if mask is None else mask.bool()[:, None, :])
-    return torch.einsum("bhn,bhnd->bhd", weights, values)
+    scores (B, H, N, 1), values (B, H, N, d); returns (B, H, 1, d)."""
+    weights = masked_softmax(scores, None if mask is None else mask.bool()[:, None, :, None], dim=2)
+    return weights.transpose(-1, -2) @ values
 
 
 def prefix_pool(scores, values, state=None):
-    """Causal `_pool`: output i pools positions j <= i. scores (B, H, N), -inf at padding; values
+    """Causal `_pool`: output i pools positions j <= i. scores (B, H, N, 1), -inf at padding; values
     (B, H, N, d); state = (running max (B, H, 1, 1), denominator (B, H, 1, 1), numerator
     (B, H, 1, d)) of the positions before these, or None. Returns (pooled (B, H, N, d), the state
     after them).
 
     The running max starts at the lowest finite float, not -inf: padding (-inf) then gets weight
     exp(-inf) = 0 and never makes a NaN, without a guard. The state keeps the sequence axis (size
-    1) and a single new token (a decoding step) skips the prefix sums: a step is eleven small
-    operations, the per-call overhead that dominates decoding (docs/benchmarks.md)."""
-    batch, heads, length, dim = values.shape
-    scores = scores[..., None]  # (B, H, N, 1)
-    if state is None:
-        state = (scores.new_full((batch, heads, 1, 1), torch.finfo(scores.dtype).min),
-                 scores.new_zeros(batch, heads, 1, 1), values.new_zeros(batch, heads, 1, dim))
-    old_max, old_den, old_num = state
-    new_max = torch.maximum(old_max, scores if length == 1 else scores.amax(dim=2, keepdim=True))
-    rescale = torch.exp(old_max - new_max)  # 0 when nothing was seen yet
-    weights = torch.exp(scores - new_max)  # (B, H, N, 1)
-    weighted = weights * values
-    if length > 1:
-        weights, weighted = weights.cumsum(dim=2), weighted.cumsum(dim=2)
-    den = torch.addcmul(weights, old_den, rescale)  # (B, H, N, 1)
-    num = torch.addcmul(weighted, old_num, rescale)  # (B, H, N, d)
+    1), a single new token (a decoding step) skips the prefix sums and a first call skips the
+    state: a step is ten small operations, the per-call overhead that dominates decoding
+    (docs/benchmarks.md)."""
+    length = values.shape[2]
+    floor = torch.finfo(scores.dtype).min
+    if state is None:  # nothing before: the prefix sums alone
+        new_max = scores.amax(dim=2, keepdim=True).clamp_min(floor)
+        weights = torch.exp(scores - new_max)  # (B, H, N, 1)
+        den, num = weights.cumsum(dim=2), (weights * values).cumsum(dim=2)
+    else:
+        old_max, old_den, old_num = state
+        new_max = torch.maximum(old_max, scores if length == 1 else scores.amax(dim=2, keepdim=True))
+        rescale = torch.exp(old_max - new_max)  # 0 when nothing was seen yet
+        weights = torch.exp(scores - new_max)  # (B, H, N, 1)
+        weighted = weights * values
+        if length > 1:
+            weights, weighted = weights.cumsum(dim=2), weighted.cumsum(dim=2)
+        den = torch.addcmul(weights, old_den, rescale)  # (B, H, N, 1)
+        num = torch.addcmul(weighted, old_num, rescale)  # (B, H, N, d)
     # A prefix with no real token yet (only padding) pools to zero instead of 0/0.
     pooled = num / den.clamp_min(torch.finfo(den.dtype).tiny)
     if length > 1:
@@ -619,11 +622,12 @@ class FastformerAttention(_QKVAttention):
         self.transform = nn.Linear(config.hidden_size, config.hidden_size)  # W_r
 
     def _scores(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        """(B, H, N, d) -> pooling scores (B, H, N); zero scores give the plain mean."""
+        """(B, H, N, d) -> pooling scores (B, H, N, 1); zero scores give the plain mean. A batched
+        matmul (an einsum here costs twice the small operations, forward and backward)."""
         if weight is None:
-            return x.new_zeros(x.shape[:-1])
-        return torch.einsum("bhnd,hd->bhn", x, weight if weight.dtype == x.dtype else weight.to(x.dtype)) * (
-            self.head_dim**-0.5)
+            return x.new_zeros(*x.shape[:-1], 1)
+        weight = (weight * self.head_dim**-0.5)[:, :, None]  # (H, d, 1)
+        return x @ (weight if weight.dtype == x.dtype else weight.to(x.dtype))
 
     def _folded_output(self, hidden_states, attention_mask):
         projections = 3 if self.value is None else 4
@@ -636,7 +640,7 @@ class FastformerAttention(_QKVAttention):
     def _causal_pool(self, scores, values, mask, cache, pool: int):
         """Prefix pooling `pool` (0: the query's, 1: the key's), through the cache when there is one."""
         if mask is not None:
-            scores = scores.masked_fill(~mask.bool()[:, None, :], float("-inf"))
+            scores = scores.masked_fill(~mask.bool()[:, None, :, None], float("-inf"))
         if cache is None:
             return prefix_pool(scores, values)[0]
         return cache.update(scores, values, self.layer_idx, pool=pool)
@@ -659,9 +663,9 @@ class FastformerAttention(_QKVAttention):
                 mixed = global_query * key32  # p_i  (B, H, N, d)
                 global_key = self._causal_pool(self._scores(mixed, w_k), mixed, mask, cache, pool=1)
             else:
-                global_query = _pool(self._scores(query32, w_q), query32, attention_mask)[:, :, None]  # (B, H, 1, d)
+                global_query = _pool(self._scores(query32, w_q), query32, attention_mask)  # (B, H, 1, d)
                 mixed = global_query * key32
-                global_key = _pool(self._scores(mixed, w_k), mixed, attention_mask)[:, :, None]
+                global_key = _pool(self._scores(mixed, w_k), mixed, attention_mask)
         if global_key.dtype != value.dtype:
             global_key = global_key.to(value.dtype)
         mixed_value = _merge_heads(global_key * value)  # u_i  (B, N, D)

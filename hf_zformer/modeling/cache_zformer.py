@@ -108,13 +108,13 @@ class FastformerStateLayer(RecurrentLayer):
         self.pools: list[tuple[torch.Tensor, ...] | None] = [None, None]
 
     def update(self, scores: torch.Tensor, values: torch.Tensor, *args, pool: int = 0, **kwargs) -> torch.Tensor:
-        """scores (B, H, N), -inf at padding, and values (B, H, N, d) of N new tokens for pooling
+        """scores (B, H, N, 1), -inf at padding, and values (B, H, N, d) of N new tokens for pooling
         `pool`. Returns every new token's prefix pooling (B, H, N, d) over all tokens so far."""
         if not self.is_initialized:
             self.lazy_initialization(scores, values)
         pooled, self.pools[pool] = prefix_pool(scores, values, self.pools[pool])
         if pool == 0:
-            self.num_tokens += scores.shape[-1]
+            self.num_tokens += scores.shape[2]
         return pooled
 
     def tensors(self):
