@@ -11,12 +11,21 @@ fraction of this machine's measured matmul FLOP/s, as CSV, JSON, a markdown tabl
     python scripts/benchmark_attention.py --level model --mask              # one-layer models, FFN shrunk away
     python scripts/benchmark_attention.py --device cuda --dtype bf16 --lengths 1024 4096 16384
     python scripts/benchmark_attention.py --level seq2seq --batch 16 --source-length 32   # vs BART
+    python scripts/benchmark_attention.py --level seq2seq --batch 4 --seq2seq-lengths 16 32 64 128 256 512 1024
     python scripts/benchmark_attention.py --level causal --lengths 64 512 2048 8192       # vs GPT-2
+    python scripts/benchmark_attention.py --level classification --batch 8 --lengths 128 256 512 1024 2048 4096
+
+Levels: 'attention' and 'model' (above); 'seq2seq' (our encoder-decoder against BART of identical
+size, at one source/target length or swept with --seq2seq-lengths, source = target = n); 'causal'
+(our causal LM against GPT-2); 'classification' (our sequence classifier against BERT). The last
+three measure all models side by side (timed calls alternating) and report nominal FLOP ratios next
+to the time ratios.
 
 See docs/benchmarks.md for the method and measured results.
 """
 
 import argparse
+import functools
 import os
 import sys
 
@@ -32,36 +41,50 @@ def parse_args(argv=None):
                              "intermediate_size=1 (the FFN shrunk away), fed token ids; 'seq2seq': training "
                              "tokens/s and greedy sentences/s of our encoder-decoder against BART of identical size; "
                              "'causal': training and generation tokens/s, cache size and FLOP ratios of our causal LM "
-                             "against GPT-2 of identical size")
+                             "against GPT-2 of identical size; 'classification': inference and training tokens/s and "
+                             "FLOP ratios of our sequence classifier against BERT of identical size")
     parser.add_argument("--types", nargs="+", choices=benchmark.TYPES, default=list(benchmark.TYPES),
                         help="attention types; 'full' is fused SDPA (the baseline of every speedup), "
                              "'full_eager' our einsum reference")
-    parser.add_argument("--lengths", nargs="+", type=int, default=None,
+    parser.add_argument("--lengths", nargs="+", type=positive_int, default=None,
                         help="sequence lengths (default 128 ... 8192 by powers of 2); --level causal: training "
-                             "length and generation prompt + output, half each (default 64 512 2048 8192)")
-    parser.add_argument("--widths", nargs="+", type=int, default=[512])
-    parser.add_argument("--heads", nargs="+", type=int, default=[8])
-    parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--modes", nargs="+", choices=benchmark.MODES, default=["forward"],
-                        help="'forward': inference under torch.inference_mode; 'train': forward+backward")
+                             "length and generation prompt + output, half each (default 64 512 2048 8192); "
+                             "--level classification: default 128 ... 4096")
+    parser.add_argument("--widths", nargs="+", type=positive_int, default=[512])
+    parser.add_argument("--heads", nargs="+", type=positive_int, default=[8])
+    parser.add_argument("--batch", type=positive_int, default=None, help="default 8 for --level classification, else 4")
+    parser.add_argument("--modes", nargs="+", choices=benchmark.MODES, default=None,
+                        help="'forward': inference under torch.inference_mode; 'train': forward+backward (--level "
+                             "classification: forward with labels, backward and an AdamW step); default forward, "
+                             "--level classification both")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     parser.add_argument("--dtype", choices=list(benchmark.DTYPES), default="fp32",
                         help="bf16 runs fp32 parameters and inputs under torch.autocast(dtype=bfloat16)")
     parser.add_argument("--mask", action="store_true",
                         help="pass an all-ones (B, N) padding mask, as the models do (default: no mask, "
                              "SDPA's best case)")
-    seq2seq = parser.add_argument_group("--level seq2seq / causal (width and heads: the first of --widths / --heads)")
+    seq2seq = parser.add_argument_group(
+        "--level seq2seq / causal / classification (width and heads: the first of --widths / --heads)")
     seq2seq.add_argument("--seq2seq-models", nargs="+", choices=benchmark.SEQ2SEQ_MODELS,
                          default=list(benchmark.SEQ2SEQ_MODELS))
     seq2seq.add_argument("--causal-models", nargs="+", choices=benchmark.CAUSAL_MODELS,
                          default=list(benchmark.CAUSAL_MODELS), help="--level causal: GPT-2 and our attention types")
-    seq2seq.add_argument("--source-length", type=int, default=32)
-    seq2seq.add_argument("--target-length", type=int, default=32, help="also the number of tokens generated")
-    seq2seq.add_argument("--layers", type=int, default=6, help="encoder layers = decoder layers (causal: layers)")
-    seq2seq.add_argument("--ffn", type=int, default=2048)
-    seq2seq.add_argument("--vocab", type=int, default=8000)
-    parser.add_argument("--warmup", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=5, help="timed calls per configuration (median reported)")
+    seq2seq.add_argument("--classification-models", nargs="+", choices=benchmark.CLASSIFICATION_MODELS,
+                         default=[m for m in benchmark.CLASSIFICATION_MODELS if m != "xformer"],
+                         help="--level classification: BERT and our attention types")
+    seq2seq.add_argument("--source-length", type=positive_int, default=None, help="default 32")
+    seq2seq.add_argument("--target-length", type=positive_int, default=None,
+                         help="also the number of tokens generated (default 32)")
+    seq2seq.add_argument("--seq2seq-lengths", nargs="+", type=positive_int, default=None,
+                         help="a sweep instead of one length: source = target = n for each n, every length measured "
+                              "side by side (a plot of the ratios against n as well)")
+    seq2seq.add_argument("--layers", type=positive_int, default=6,
+                         help="encoder layers = decoder layers (causal, classification: layers)")
+    seq2seq.add_argument("--ffn", type=positive_int, default=2048, help="feed-forward width (BERT's intermediate_size)")
+    seq2seq.add_argument("--vocab", type=positive_int, default=8000)
+    parser.add_argument("--warmup", type=non_negative_int, default=1)
+    parser.add_argument("--repeats", type=positive_int, default=5,
+                        help="timed calls per configuration (median reported)")
     parser.add_argument("--max-seconds", type=float, default=30.0,
                         help="once a call of a type takes longer, its longer lengths are recorded as skipped")
     parser.add_argument("--max-memory-gb", type=float, default=None,
@@ -80,10 +103,44 @@ def parse_args(argv=None):
     parser.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     if args.lengths is None:
-        args.lengths = [64, 512, 2048, 8192] if args.level == "causal" else [128, 256, 512, 1024, 2048, 4096, 8192]
+        args.lengths = {"causal": [64, 512, 2048, 8192], "classification": [128, 256, 512, 1024, 2048, 4096]}.get(
+            args.level, [128, 256, 512, 1024, 2048, 4096, 8192])
+    if args.batch is None:
+        args.batch = 8 if args.level == "classification" else 4
+    if args.modes is None:
+        args.modes = list(benchmark.MODES) if args.level == "classification" else ["forward"]
+    if args.seq2seq_lengths is not None and (args.source_length is not None or args.target_length is not None):
+        parser.error("--seq2seq-lengths sets source = target = n: give it or --source-length / --target-length, "
+                     "not both")
+    if args.seq2seq_lengths is not None and args.level != "seq2seq":
+        parser.error(f"--seq2seq-lengths is an option of --level seq2seq, not --level {args.level}")
+    args.source_length = args.source_length or 32
+    args.target_length = args.target_length or 32
+    if args.level in ("seq2seq", "causal", "classification") and args.widths[0] % args.heads[0]:
+        parser.error(f"the width ({args.widths[0]}) must be a multiple of the number of heads ({args.heads[0]})")
     if args.level == "causal" and min(args.lengths) < 2:
         parser.error(f"--level causal: every length must be >= 2 (a prompt and a generated token), got {args.lengths}")
     return args
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    return _bounded_int(text, 1, "a positive integer")
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: an integer >= 0."""
+    return _bounded_int(text, 0, "an integer >= 0")
+
+
+def _bounded_int(text: str, low: int, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if value < low:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
 
 
 def main(argv=None):
@@ -105,6 +162,8 @@ def main(argv=None):
         return run_seq2seq(args, device, metadata)
     if args.level == "causal":
         return run_causal(args, device, metadata)
+    if args.level == "classification":
+        return run_classification(args, device, metadata)
     dtype = benchmark.DTYPES[args.dtype]
     print(f"measuring {args.dtype} matmul FLOP/s on {device} ...", file=sys.stderr)
     metadata["matmul_start"] = benchmark.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
@@ -150,8 +209,10 @@ def run_seq2seq(args, device, metadata):
         width=args.widths[0], layers=args.layers, heads=args.heads[0], ffn=args.ffn, vocab=args.vocab,
     )
     results = benchmark.seq2seq_benchmark(args.seq2seq_models, shape, device=str(device), dtype=args.dtype,
-                                          warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress)
-    report(args, metadata, results, benchmark.write_seq2seq_reports, benchmark.seq2seq_markdown)
+                                          warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress,
+                                          lengths=args.seq2seq_lengths)
+    write = functools.partial(benchmark.write_seq2seq_reports, make_plot=not args.no_plot)
+    report(args, metadata, results, write, benchmark.seq2seq_markdown)
 
 
 def run_causal(args, device, metadata):
@@ -160,6 +221,16 @@ def run_causal(args, device, metadata):
     results = benchmark.causal_benchmark(args.causal_models, shape, device=str(device), dtype=args.dtype,
                                          warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress)
     report(args, metadata, results, benchmark.write_causal_reports, benchmark.causal_markdown)
+
+
+def run_classification(args, device, metadata):
+    shape = benchmark.ClassificationShape(batch=args.batch, lengths=tuple(args.lengths), width=args.widths[0],
+                                          layers=args.layers, heads=args.heads[0], ffn=args.ffn, vocab=args.vocab)
+    results = benchmark.classification_benchmark(
+        args.classification_models, shape, kinds=args.modes, device=str(device), dtype=args.dtype,
+        warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress)
+    write = functools.partial(benchmark.write_classification_reports, make_plot=not args.no_plot)
+    report(args, metadata, results, write, benchmark.classification_markdown)
 
 
 def report(args, metadata, results, write_reports, markdown):

@@ -171,3 +171,128 @@ def test_flop_counts_follow_the_documented_formulas():
             + projection
             + 4 * b * length * d * config.intermediate_size
         )
+
+
+TINY_MODEL = ["--widths", "16", "--heads", "2", "--ffn", "32", "--vocab", "50", "--batch", "2", "--repeats", "1",
+              "--warmup", "0", "--no-progress"]
+
+
+def test_seq2seq_flops_follow_the_formulas():
+    b, s, t, d, h, i, v = 1, 2, 2, 4, 2, 8, 10
+    shape = benchmark.Seq2SeqShape(batch=b, source_length=s, target_length=t, width=d, layers=1, heads=h, ffn=i,
+                                   vocab=v)
+    encoder = 6 * b * s * d * d + 4 * b * s * s * d + 2 * b * s * d * d + 4 * b * s * d * i  # attention, W_o, FFN
+    memory = 4 * b * s * d * d  # cross-attention keys and values of the memory
+    cross = 2 * b * t * d * d + 4 * b * t * s * d + 2 * b * t * d * d  # queries, scores + values, W_o
+    decoder = 6 * b * t * d * d + 4 * b * t * t * d + 2 * b * t * d * d + 4 * b * t * d * i + memory + cross
+    forward = encoder + decoder + 2 * b * t * d * v
+    assert forward == 1632  # by hand
+    assert benchmark.seq2seq_flops("bart", "train", shape) == 3 * forward
+    # generation: the encoder once, the memory once, then per token k = 1..t a step attending to k tokens
+    step = sum(6 * d * d + 4 * k * d + 2 * d * d + 4 * d * i + (2 * d * d + 4 * s * d + 2 * d * d) + 2 * d * v
+               for k in range(1, t + 1))
+    assert benchmark.seq2seq_flops("bart", "generate", shape) == encoder + memory + b * step == 1616
+    for kind in ("train", "generate"):
+        assert benchmark.seq2seq_flops("full", kind, shape) == benchmark.seq2seq_flops("bart", kind, shape)
+
+
+@pytest.mark.parametrize("kind", ["train", "generate"])
+def test_seq2seq_flops_grow_quadratically_for_full_and_linearly_for_zformer(kind):
+    def flops(model, n):
+        shape = benchmark.Seq2SeqShape(batch=2, source_length=n, target_length=n, width=8, layers=2, heads=2, ffn=16,
+                                       vocab=30)
+        return benchmark.seq2seq_flops(model, kind, shape)
+
+    n = 64
+    for model in ("bart", "full"):  # A n^2 + B n with A > 0
+        quadratic = flops(model, 2 * n) - 2 * flops(model, n)
+        assert quadratic > 0 and flops(model, 4 * n) - 2 * flops(model, 2 * n) == 4 * quadratic
+    assert flops("zformer", 2 * n) == 2 * flops("zformer", n)  # every term proportional to n
+    assert flops("zformer", 1024) < 0.5 * flops("bart", 1024)
+
+
+def test_classification_flops_follow_the_formulas():
+    shape = benchmark.ClassificationShape(batch=2, lengths=(8, 64), width=16, layers=2, heads=2, ffn=32, vocab=50)
+    b, d, i, n = 2, 16, 32, 64
+    layer = benchmark.attention_flops("full", b, n, d, 2) + 2 * b * n * d * d + 4 * b * n * d * i
+    forward = 2 * layer + 2 * b * d * d + 2 * b * d * 2  # layers, pooler, classifier
+    assert benchmark.classification_flops("bert", "forward", n, shape) == forward
+    for model in benchmark.CLASSIFICATION_MODELS:
+        assert benchmark.classification_flops(model, "train", n, shape) == 3 * benchmark.classification_flops(
+            model, "forward", n, shape)
+    assert benchmark.classification_flops("full", "train", n, shape) == benchmark.classification_flops(
+        "bert", "train", n, shape)
+    # executed: the same for full attention, fewer for the folded zformer/fastformer forms (fp32, n > d)
+    assert benchmark.classification_flops("bert", "forward", n, shape, executed=True) == forward
+    for model in ("zformer", "fastformer"):
+        assert benchmark.classification_flops(model, "forward", n, shape, executed=True) < (
+            benchmark.classification_flops(model, "forward", n, shape))
+        assert benchmark.classification_flops(model, "forward", n, shape, executed=True, dtype="bf16") == (
+            benchmark.classification_flops(model, "forward", n, shape))
+
+
+def test_seq2seq_sweep_over_lengths(tmp_path):
+    prefix = tmp_path / "sweep" / "seq2seq"
+    load_script().main(["--level", "seq2seq", "--layers", "1", "--seq2seq-lengths", "4", "8", "--output", str(prefix)]
+                       + TINY_MODEL)
+    rows = read_csv(f"{prefix}.csv")
+    assert {(r["model"], int(r["source_length"]), int(r["target_length"])) for r in rows} == {
+        (m, n, n) for m in benchmark.SEQ2SEQ_MODELS for n in (4, 8)}
+    ratios = ("train_speedup_vs_bart", "generate_speedup_vs_bart", "train_flops_ratio_vs_bart",
+              "generate_flops_ratio_vs_bart")
+    for row in rows:
+        assert float(row["train_tokens_per_s"]) > 0 and float(row["sentences_per_s"]) > 0
+        assert int(row["train_flops"]) > 0 and int(row["generate_flops"]) > 0
+        assert all(float(row[key]) > 0 for key in ratios)
+        if row["model"] in ("bart", "full"):  # the same nominal FLOPs
+            assert float(row["train_flops_ratio_vs_bart"]) == float(row["generate_flops_ratio_vs_bart"]) == 1.0
+    markdown = Path(f"{prefix}.md").read_text()
+    assert markdown.count("| n | bart | full | zformer | fastformer |") == 2  # training and generation tables
+    assert "| 4 | " in markdown and "| 8 | " in markdown
+    assert Path(f"{prefix}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_classification_level_compares_with_bert(tmp_path):
+    prefix = tmp_path / "classification"
+    load_script().main(["--level", "classification", "--layers", "1", "--lengths", "8", "16", "--classification-models",
+                        *benchmark.CLASSIFICATION_MODELS, "--output", str(prefix)] + TINY_MODEL)
+    rows = read_csv(f"{prefix}.csv")
+    assert {(r["model"], r["kind"], int(r["length"])) for r in rows} == {
+        (m, k, n) for m in benchmark.CLASSIFICATION_MODELS for k in benchmark.CLASSIFICATION_KINDS for n in (8, 16)}
+    for row in rows:
+        assert 0 < float(row["tokens_per_s"]) < float("inf") and float(row["time_ms"]) > 0
+        for key in ("speedup_vs_bert", "flops_ratio_vs_bert", "executed_flops_ratio_vs_bert"):
+            assert float(row[key]) > 0
+        if row["model"] == "bert":
+            assert float(row["speedup_vs_bert"]) == pytest.approx(1.0) and float(row["flops_ratio_vs_bert"]) == 1.0
+    # BERT's architecture around our full attention: the same parameters, one for one
+    params = {r["model"]: int(r["parameters"]) for r in rows}
+    assert params["full"] == params["bert"]
+    markdown = Path(f"{prefix}.md").read_text()
+    assert markdown.count("| n | bert | full | zformer | xformer | fastformer |") == 2  # inference and training
+    assert "BertForSequenceClassification" in markdown
+    assert Path(f"{prefix}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--level", "classification", "--lengths", "0", "16"], "'0' is not a positive integer"),
+    (["--level", "seq2seq", "--seq2seq-lengths", "8", "-4"], "'-4' is not a positive integer"),
+    (["--level", "seq2seq", "--seq2seq-lengths", "8", "--source-length", "8"], "not both"),
+    (["--level", "classification", "--seq2seq-lengths", "8"], "option of --level seq2seq"),
+    (["--level", "classification", "--widths", "30", "--heads", "4"], "multiple of the number of heads"),
+    (["--level", "classification", "--repeats", "0"], "'0' is not a positive integer"),
+    (["--level", "classification", "--warmup", "-1"], "'-1' is not an integer >= 0"),
+    (["--level", "classification", "--classification-models", "gpt2"], "invalid choice"),
+])
+def test_bad_arguments_give_clear_errors(argv, message, capsys):
+    with pytest.raises(SystemExit) as error:
+        load_script().parse_args(argv)
+    assert error.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_classification_defaults():
+    args = load_script().parse_args(["--level", "classification"])
+    assert args.batch == 8 and args.lengths == [128, 256, 512, 1024, 2048, 4096]
+    assert args.modes == ["forward", "train"] and "xformer" not in args.classification_models
+    assert load_script().parse_args([]).batch == 4

@@ -8,10 +8,17 @@ Library side of `scripts/benchmark_attention.py` (never shipped with a checkpoin
 - ``"model"``: a one-layer ``ZformerModel`` with the feed-forward shrunk away
   (``intermediate_size=1``): embeddings, LayerNorms, attention, output projection and residuals.
 - ``"seq2seq"`` (`seq2seq_benchmark`): training tokens/s and greedy-generation sentences/s of our
-  encoder-decoder against transformers' ``BartForConditionalGeneration`` of identical size.
+  encoder-decoder against transformers' ``BartForConditionalGeneration`` of identical size, with
+  nominal FLOP ratios (`seq2seq_flops`), at one source/target length or swept over lengths
+  (source = target = n, each length side by side; a plot of the ratios against n).
 - ``"causal"`` (`causal_benchmark`): training and greedy-generation tokens/s, cache size and nominal
   FLOP ratios of our decoder-only LM (full, zformer, fastformer) against ``GPT2LMHeadModel`` of
   identical size.
+- ``"classification"`` (`classification_benchmark`): inference and training tokens/s of our
+  ``ZformerForSequenceClassification`` (full, zformer, fastformer, optionally xformer; BERT's
+  post-LayerNorm, embeddings and pooler around the attention) against transformers'
+  ``BertForSequenceClassification`` of identical size over lengths, with nominal and executed FLOP
+  ratios (`classification_flops`) and a plot of the ratios against n.
 
 Types: ``full`` (our `FullAttention` through transformers' SDPA integration, i.e. PyTorch's fused
 `scaled_dot_product_attention`), ``full_eager`` (our einsum reference), ``zformer``, ``xformer`` and
@@ -24,7 +31,7 @@ number comes from the run that writes it.
 
 The package: `cases` (what is measured), `harness` (machine measurements, timing, memory, the
 side-by-side runs), `flops` (FLOP accounting), `seq2seq` (the encoder-decoder level), `causal` (the
-decoder-only level) and `reports`
+decoder-only level), `classification` (the sequence-classification level) and `reports`
 (CSV/JSON/markdown/plots). Every public name is importable from `hf_zformer.benchmark`.
 """
 
@@ -39,14 +46,26 @@ from .causal import (
     causal_benchmark,
     causal_flops,
 )
+from .classification import (
+    CLASSIFICATION_KINDS,
+    CLASSIFICATION_MODELS,
+    ClassificationResult,
+    ClassificationShape,
+    build_classifier,
+    classification_benchmark,
+    classification_flops,
+)
 from .flops import (
     attention_flops,
     case_flops,
+    dense_flops,
     executed_attention_flops,
     folded,
+    layer_flops,
     model_flops,
     set_flops_fractions,
     step_flops,
+    token_attention_flops,
 )
 from .harness import (
     TIMING_ENVIRONMENT,
@@ -63,26 +82,36 @@ from .harness import (
 from .reports import (
     CSV_FIELDS,
     causal_markdown,
+    classification_markdown,
+    classification_plot,
     command_line,
     markdown_header,
     markdown_table,
     plot,
+    ratio_plot,
     seq2seq_markdown,
+    seq2seq_plot,
+    seq2seq_sweep_markdown,
     write_causal_reports,
+    write_classification_reports,
     write_csv,
     write_json,
     write_reports,
     write_seq2seq_reports,
 )
-from .seq2seq import SEQ2SEQ_MODELS, Seq2SeqResult, Seq2SeqShape, build_seq2seq, seq2seq_benchmark
+from .seq2seq import SEQ2SEQ_MODELS, Seq2SeqResult, Seq2SeqShape, build_seq2seq, seq2seq_benchmark, seq2seq_flops
 
 __all__ = [
-    "BASELINE", "CAUSAL_KINDS", "CAUSAL_MODELS", "CSV_FIELDS", "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_MODELS",
-    "TIMING_ENVIRONMENT", "TYPES", "BenchCase", "BenchResult", "CausalResult", "CausalShape", "Seq2SeqResult",
-    "Seq2SeqShape", "add_speedups", "attention_flops", "available_memory_bytes", "build_causal", "build_module",
+    "BASELINE", "CAUSAL_KINDS", "CAUSAL_MODELS", "CLASSIFICATION_KINDS", "CLASSIFICATION_MODELS", "CSV_FIELDS",
+    "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase", "BenchResult",
+    "CausalResult", "CausalShape", "ClassificationResult", "ClassificationShape", "Seq2SeqResult", "Seq2SeqShape",
+    "add_speedups", "attention_flops", "available_memory_bytes", "build_causal", "build_classifier", "build_module",
     "build_seq2seq", "cache_bytes", "case_flops", "causal_benchmark", "causal_flops", "causal_markdown",
-    "command_line", "executed_attention_flops", "folded", "load_average", "machine_info", "make_config",
-    "markdown_header", "markdown_table", "measure_matmul_flops", "model_flops", "peak_memory_bytes", "plot",
-    "run_cases", "seq2seq_benchmark", "seq2seq_markdown", "set_flops_fractions", "step_flops", "sweep",
-    "synchronize", "write_causal_reports", "write_csv", "write_json", "write_reports", "write_seq2seq_reports",
+    "classification_benchmark", "classification_flops", "classification_markdown", "classification_plot",
+    "command_line", "dense_flops", "executed_attention_flops", "folded", "layer_flops", "load_average",
+    "machine_info", "make_config", "markdown_header", "markdown_table", "measure_matmul_flops", "model_flops",
+    "peak_memory_bytes", "plot", "ratio_plot", "run_cases", "seq2seq_benchmark", "seq2seq_flops",
+    "seq2seq_markdown", "seq2seq_plot", "seq2seq_sweep_markdown", "set_flops_fractions", "step_flops", "sweep",
+    "synchronize", "token_attention_flops", "write_causal_reports", "write_classification_reports", "write_csv",
+    "write_json", "write_reports", "write_seq2seq_reports",
 ]

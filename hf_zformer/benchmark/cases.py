@@ -12,7 +12,7 @@ from ..modeling.configuration_zformer import ZformerConfig
 
 TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer")
 MODES = ("forward", "train")
-LEVELS = ("attention", "model", "seq2seq", "causal")
+LEVELS = ("attention", "model", "seq2seq", "causal", "classification")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Baseline of every speedup column: PyTorch's fused attention.
 BASELINE = "full"

@@ -13,8 +13,8 @@ import torch
 
 from ..modeling.configuration_zformer import ZformerConfig
 from .cases import DTYPES
-from .flops import attention_flops
-from .seq2seq import _time_alternating
+from .flops import dense_flops, layer_flops, token_attention_flops
+from .seq2seq import _runners, _time_alternating, _train_step
 
 CAUSAL_MODELS = ("gpt2", "full", "zformer", "fastformer")
 CAUSAL_KINDS = ("train", "generate")
@@ -107,13 +107,9 @@ def _attention_type(model: str) -> str:
 
 def _token_flops(model: str, context: int, shape: CausalShape, config) -> int:
     """Nominal forward FLOPs of one new token in one layer that attends to `context` tokens:
-    attention (`attention_flops` of one token; full attention scores and sums over `context`
-    keys), output projection 2 D^2, FFN 4 D I."""
-    kind, d = _attention_type(model), shape.width
-    attention = attention_flops(kind, 1, 1, d, shape.heads, config)
-    if kind == "full":
-        attention += 4 * (context - 1) * d
-    return attention + 2 * d * d + 4 * d * shape.ffn
+    attention (`token_attention_flops`), output projection 2 D^2, FFN 4 D I."""
+    return token_attention_flops(_attention_type(model), context, shape.width, shape.heads, config) + dense_flops(
+        1, 1, shape.width, shape.ffn)
 
 
 def causal_flops(model: str, kind: str, length: int, shape: CausalShape, config=None) -> int:
@@ -124,16 +120,14 @@ def causal_flops(model: str, kind: str, length: int, shape: CausalShape, config=
     generated token, each with its LM head; the prompt's LM head is counted once (last position)."""
     config = config if config is not None else ZformerConfig(
         hidden_size=shape.width, num_attention_heads=shape.heads, attention_type=_attention_type(model))
-    b, d, n = shape.batch, shape.width, length
+    b, d = shape.batch, shape.width
     head = 2 * d * shape.vocab
+    n = length if kind == "train" else length // 2  # the prompt, when generating
+    forward = shape.layers * layer_flops(_attention_type(model), b, n, d, shape.heads, shape.ffn, config)
     if kind == "train":
-        layer = attention_flops(_attention_type(model), b, n, d, shape.heads, config) + 2 * b * n * d * d + 4 * b * n * d * shape.ffn
-        return 3 * (shape.layers * layer + b * n * head)
-    prompt = length // 2
-    layer = attention_flops(_attention_type(model), b, prompt, d, shape.heads, config) + 2 * b * prompt * d * d + (
-        4 * b * prompt * d * shape.ffn)
-    steps = sum(shape.layers * _token_flops(model, context, shape, config) + head for context in range(prompt + 1, length))
-    return shape.layers * layer + b * head + b * steps
+        return 3 * (forward + b * n * head)
+    steps = sum(shape.layers * _token_flops(model, context, shape, config) + head for context in range(n + 1, length))
+    return forward + b * head + b * steps
 
 
 def causal_benchmark(models: Iterable[str], shape: CausalShape, device: str = "cpu", dtype: str = "fp32",
@@ -148,22 +142,11 @@ def causal_benchmark(models: Iterable[str], shape: CausalShape, device: str = "c
     use_autocast = autocast_dtype != torch.float32
     generator = torch.Generator().manual_seed(0)
     ids = {n: torch.randint(3, shape.vocab, (shape.batch, n), generator=generator).to(device_) for n in shape.lengths}
-    runners = {}
-    for name in models:
-        torch.manual_seed(0)
-        model, description = build_causal(name, shape)
-        model.to(device_)
-        runners[name] = (model, description, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    runners = _runners(models, build_causal, shape, device_)
     cache_sizes: dict[tuple[str, int], int] = {}
 
     def train_step(name, n):
-        model, _, optimizer = runners[name]
-        model.train()
-        with torch.autocast(device_.type, dtype=autocast_dtype, enabled=use_autocast):
-            loss = model(input_ids=ids[n], labels=ids[n]).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        _train_step(*runners[name][::2], autocast_dtype, input_ids=ids[n], labels=ids[n])
 
     def generate(name, n):
         model, prompt, new = runners[name][0], ids[n][:, : n // 2], n - n // 2

@@ -40,6 +40,26 @@ def attention_flops(attention_type: str, batch: int, length: int, width: int, he
     raise ValueError(f"unknown attention type {attention_type!r}; choose one of {list(TYPES)}")
 
 
+def dense_flops(batch: int, length: int, width: int, ffn: int) -> int:
+    """The rest of a layer around its attention: output projection 2 B N D^2 + feed-forward 4 B N D I."""
+    return 2 * batch * length * width * width + 4 * batch * length * width * ffn
+
+
+def layer_flops(attention_type: str, batch: int, length: int, width: int, heads: int, ffn: int, config=None) -> int:
+    """Nominal forward FLOPs of one (self-attention) layer: `attention_flops` + `dense_flops`."""
+    return attention_flops(attention_type, batch, length, width, heads, config) + dense_flops(batch, length, width, ffn)
+
+
+def token_attention_flops(attention_type: str, context: int, width: int, heads: int, config=None) -> int:
+    """Nominal forward FLOPs of one causal self-attention step (one new token, cache on) that attends
+    to `context` tokens: `attention_flops` of one token, and full attention scores and sums over
+    all `context` keys (4 D per further key)."""
+    flops = attention_flops(attention_type, 1, 1, width, heads, config)
+    if attention_type in ("full", "full_eager"):
+        flops += 4 * (context - 1) * width
+    return flops
+
+
 def _fastformer_projections(config) -> int:
     return 3 if config.fastformer_share_qv else 4
 
@@ -92,13 +112,10 @@ def model_flops(attention_type: str, batch: int, length: int, width: int, heads:
     form merges the output projection into its per-sequence matrix when N > D, for 2 B D^3."""
     b, n, d = batch, length, width
     if not executed:
-        attention, projection = attention_flops(attention_type, b, n, d, heads, config), 2 * b * n * d * d
-    else:
-        attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype=dtype)
-        projection = 2 * b * n * d * d
-        if folded(attention_type, n, d, config, dtype) and n > d:
-            projection = 2 * b * d**3
-    return attention + projection + 4 * b * n * d * config.intermediate_size
+        return layer_flops(attention_type, b, n, d, heads, config.intermediate_size, config)
+    attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype=dtype)
+    folded_projection = 2 * b * n * d * d - 2 * b * d**3 if folded(attention_type, n, d, config, dtype) and n > d else 0
+    return attention + dense_flops(b, n, d, config.intermediate_size) - folded_projection
 
 
 def step_flops(forward_flops: int, mode: str) -> int:

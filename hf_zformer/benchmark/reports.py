@@ -11,23 +11,50 @@ from dataclasses import asdict
 from .cases import BenchResult
 from .harness import TIMING_ENVIRONMENT
 from .causal import CausalResult
+from .classification import ClassificationResult
 from .seq2seq import Seq2SeqResult
 
 
+def _ratios(time_ratio, flops_ratio) -> str:
+    """` (1.23x; FLOPs 0.81)`: a throughput ratio and the nominal FLOP ratio against the baseline."""
+    return f" ({_fmt(time_ratio, '.2f')}x; FLOPs {_fmt(flops_ratio, '.2f')})"
+
+
+def _length_table(title: str, models: list[str], lengths: list[int], cell) -> list[str]:
+    """Markdown lines of one table: a row per length, a column per model, `cell(model, n)` its text
+    (None: a dash)."""
+    lines = [f"{title}:\n", "| n | " + " | ".join(models) + " |", "|---:|" + "---:|" * len(models)]
+    for n in lengths:
+        cells = [cell(model, n) for model in models]
+        lines.append(f"| {n} | " + " | ".join("—" if c is None else c for c in cells) + " |")
+    return lines + [""]
+
+
+def _model_list(results: list) -> list[str]:
+    """`- `model`: description, parameters` lines, one per model."""
+    parameters = {r.model: (r.parameters, r.description) for r in results}
+    return [f"- `{m}`: {d}, {p / 1e6:.2f}M parameters" for m, (p, d) in parameters.items()]
+
+
 def seq2seq_markdown(results: list[Seq2SeqResult]) -> str:
+    """One length: a row per model (times, tokens/s and sentences/s with the time and nominal FLOP
+    ratios against BART). A sweep (several lengths): `seq2seq_sweep_markdown`."""
     if not results:
         return ""
+    if len({(r.source_length, r.target_length) for r in results}) > 1:
+        return seq2seq_sweep_markdown(results)
     r0 = results[0]
     lines = [
         f"**encoder-decoder, batch {r0.batch}, source {r0.source_length} / target {r0.target_length} tokens, "
         f"width {r0.width}, {r0.layers}+{r0.layers} layers, {r0.heads} heads, FFN {r0.ffn}, vocabulary {r0.vocab}, "
         f"{r0.dtype}, {r0.device}**\n",
-        "| model | parameters | train step ms | train tokens/s (vs BART) | greedy generate ms | sentences/s (vs BART) |",
+        "| model | parameters | train step ms | train tokens/s (vs BART; FLOPs vs BART) | greedy generate ms | "
+        "sentences/s (vs BART; FLOPs vs BART) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        train_ratio = f" ({r.train_speedup_vs_bart:.2f}x)" if r.train_speedup_vs_bart is not None else ""
-        gen_ratio = f" ({r.generate_speedup_vs_bart:.2f}x)" if r.generate_speedup_vs_bart is not None else ""
+        train_ratio = _ratios(r.train_speedup_vs_bart, r.train_flops_ratio_vs_bart)
+        gen_ratio = _ratios(r.generate_speedup_vs_bart, r.generate_flops_ratio_vs_bart)
         lines.append(
             f"| {r.model} | {r.parameters / 1e6:.1f}M | {r.train_step_ms:.0f} | {r.train_tokens_per_s:.0f}{train_ratio} | "
             f"{r.generate_ms:.0f} | {r.sentences_per_s:.2f}{gen_ratio} |"
@@ -37,14 +64,55 @@ def seq2seq_markdown(results: list[Seq2SeqResult]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_seq2seq_reports(results: list[Seq2SeqResult], output_prefix: str, metadata: dict) -> dict:
-    """Write `<prefix>.csv`, `<prefix>.json` and `<prefix>.md` of the encoder-decoder level; returns the paths."""
-    paths = _report_paths(output_prefix)
-    _write_csv(results, paths["csv"], list(Seq2SeqResult.__dataclass_fields__),
-               {"train_times_ms": ".1f", "generate_times_ms": ".1f"})
-    write_json(results, paths["json"], metadata)
-    _write_markdown(paths["md"], metadata, seq2seq_markdown(results))
-    return paths
+def seq2seq_sweep_markdown(results: list[Seq2SeqResult]) -> str:
+    """Two tables (training, greedy generation): a row per length n (source = target = n), per
+    model its tokens/s or sentences/s with the time ratio and the nominal FLOP ratio against BART."""
+    if not results:
+        return ""
+    r0 = results[0]
+    models = list(dict.fromkeys(r.model for r in results))
+    lengths = sorted({r.source_length for r in results})
+    cell = {(r.model, r.source_length): r for r in results}
+    lines = [
+        _shape_line("encoder-decoder, source = target = n tokens", r0, f"{r0.layers}+{r0.layers} layers"),
+        "Each cell: throughput (its ratio vs BART; nominal FLOP ratio vs BART).\n",
+    ]
+
+    def train(model, n):
+        r = cell.get((model, n))
+        return None if r is None else f"{r.train_tokens_per_s:.0f}" + _ratios(
+            r.train_speedup_vs_bart, r.train_flops_ratio_vs_bart)
+
+    def generate(model, n):
+        r = cell.get((model, n))
+        return None if r is None else f"{r.sentences_per_s:.3g}" + _ratios(
+            r.generate_speedup_vs_bart, r.generate_flops_ratio_vs_bart)
+
+    lines += _length_table("training, tokens/s (forward + backward + AdamW step; source + target tokens)",
+                           models, lengths, train)
+    lines += _length_table("greedy generation of n tokens, sentences/s", models, lengths, generate)
+    lines += _model_list(results)
+    return "\n".join(lines) + "\n"
+
+
+def write_seq2seq_reports(results: list[Seq2SeqResult], output_prefix: str, metadata: dict,
+                          make_plot: bool = True) -> dict:
+    """Write `<prefix>.csv`, `<prefix>.json` and `<prefix>.md` of the encoder-decoder level, and for
+    a sweep over lengths `<prefix>.png` (`seq2seq_plot`); returns the paths."""
+    sweep = len({r.source_length for r in results}) > 1
+    return _write_level_reports(results, output_prefix, metadata, list(Seq2SeqResult.__dataclass_fields__),
+                                {"train_times_ms": ".1f", "generate_times_ms": ".1f"}, seq2seq_markdown(results),
+                                seq2seq_plot if make_plot and sweep else None)
+
+
+def seq2seq_plot(results: list[Seq2SeqResult], path: str):
+    """Throughput ratio vs BART against n (source = target), training and generation panels."""
+    panels = []
+    for kind, speedup, flops in (("training", "train_speedup_vs_bart", "train_flops_ratio_vs_bart"),
+                                 ("greedy generation", "generate_speedup_vs_bart", "generate_flops_ratio_vs_bart")):
+        points = [(r.model, r.source_length, getattr(r, speedup), getattr(r, flops)) for r in results]
+        panels.append((f"encoder-decoder {kind}, B={results[0].batch}, d={results[0].width}", points))
+    ratio_plot(panels, path, "BART", "source = target length n")
 
 
 def causal_markdown(results: list[CausalResult]) -> str:
@@ -52,45 +120,112 @@ def causal_markdown(results: list[CausalResult]) -> str:
     the time ratio and the nominal FLOP ratio against GPT-2 (and, generating, the cache size)."""
     if not results:
         return ""
-    r0 = results[0]
+    legend = ("Each cell: tokens/s (tokens/s ratio vs GPT-2; nominal FLOP ratio vs GPT-2)"
+              + ("; generating: cache MB at the end" if any(r.kind == "generate" for r in results) else "") + ".\n")
+
+    def text(r):
+        cache = f"; {r.cache_mb:.3g} MB" if r.cache_mb is not None else ""
+        return f"{r.tokens_per_s:.0f}" + _ratios(r.speedup_vs_gpt2, r.flops_ratio_vs_gpt2) + cache
+
+    return _kind_markdown(results, "decoder-only", legend, (
+        ("train", "training (forward + backward + AdamW step, batch x n tokens)"),
+        ("generate", "greedy generation with the cache (prompt n/2, n/2 new tokens)")), text)
+
+
+def _kind_markdown(results: list, what: str, legend: str, sections, text) -> str:
+    """The by-length report of a side-by-side level whose results have a `kind`: the shape line,
+    `legend`, then per (kind, title) of `sections` that has results a table (a row per length, a
+    column per model, `text(result)` each cell), then the models."""
     models = list(dict.fromkeys(r.model for r in results))
-    cell = {(r.model, r.kind, r.length): r for r in results}
-    lines = [
-        f"**decoder-only, batch {r0.batch}, width {r0.width}, {r0.layers} layers, {r0.heads} heads, FFN {r0.ffn}, "
-        f"vocabulary {r0.vocab}, {r0.dtype}, {r0.device}**\n",
-        "Each cell: tokens/s (tokens/s ratio vs GPT-2; nominal FLOP ratio vs GPT-2)"
-        + ("; generating: cache MB at the end" if any(r.kind == "generate" for r in results) else "") + ".\n",
-    ]
-    for kind, title in (("train", "training (forward + backward + AdamW step, batch x n tokens)"),
-                        ("generate", "greedy generation with the cache (prompt n/2, n/2 new tokens)")):
+    cell = {(r.model, r.kind, r.length): r for r in results if r.tokens_per_s is not None}
+    lines = [_shape_line(what, results[0], f"{results[0].layers} layers"), legend]
+    for kind, title in sections:
         lengths = sorted({r.length for r in results if r.kind == kind})
-        if not lengths:
-            continue
-        lines += [f"{title}:\n", "| n | " + " | ".join(models) + " |", "|---:|" + "---:|" * len(models)]
-        for n in lengths:
-            row = []
-            for model in models:
-                r = cell.get((model, kind, n))
-                if r is None or r.tokens_per_s is None:
-                    row.append("—")
-                    continue
-                ratios = f" ({_fmt(r.speedup_vs_gpt2, '.2f')}x; FLOPs {_fmt(r.flops_ratio_vs_gpt2, '.2f')})"
-                cache = f"; {r.cache_mb:.3g} MB" if r.cache_mb is not None else ""
-                row.append(f"{r.tokens_per_s:.0f}{ratios}{cache}")
-            lines.append(f"| {n} | " + " | ".join(row) + " |")
-        lines.append("")
-    parameters = {r.model: (r.parameters, r.description) for r in results}
-    lines.extend(f"- `{m}`: {d}, {p / 1e6:.2f}M parameters" for m, (p, d) in parameters.items())
+        if lengths:
+            lines += _length_table(title, models, lengths, lambda model, n, kind=kind: (
+                None if (model, kind, n) not in cell else text(cell[model, kind, n])))
+    lines += _model_list(results)
     return "\n".join(lines) + "\n"
+
+
+def _shape_line(what: str, r, layers: str) -> str:
+    return (f"**{what}, batch {r.batch}, width {r.width}, {layers}, {r.heads} heads, FFN {r.ffn}, "
+            f"vocabulary {r.vocab}, {r.dtype}, {r.device}**\n")
 
 
 def write_causal_reports(results: list[CausalResult], output_prefix: str, metadata: dict) -> dict:
     """Write `<prefix>.csv`, `<prefix>.json` and `<prefix>.md` of the decoder-only level; returns the paths."""
-    paths = _report_paths(output_prefix)
-    _write_csv(results, paths["csv"], list(CausalResult.__dataclass_fields__), {"times_ms": ".1f"})
-    write_json(results, paths["json"], metadata)
-    _write_markdown(paths["md"], metadata, causal_markdown(results))
-    return paths
+    return _write_level_reports(results, output_prefix, metadata, list(CausalResult.__dataclass_fields__),
+                                {"times_ms": ".1f"}, causal_markdown(results))
+
+
+def classification_markdown(results: list[ClassificationResult]) -> str:
+    """One table per kind (inference, training): a row per length, per model its tokens/s with the
+    time ratio and the nominal FLOP ratio against BERT (and the executed FLOP ratio where it differs)."""
+    if not results:
+        return ""
+    legend = ("Each cell: tokens/s (tokens/s ratio vs BERT; nominal FLOP ratio vs BERT; executed FLOP ratio, "
+              "where hf_zformer's folded forms run fewer FLOPs than nominal).\n")
+
+    def text(r):
+        ratios = _ratios(r.speedup_vs_bert, r.flops_ratio_vs_bert)
+        if r.executed_flops != r.flops and r.executed_flops_ratio_vs_bert is not None:
+            ratios = ratios[:-1] + f"; executed {r.executed_flops_ratio_vs_bert:.2f})"
+        return f"{r.tokens_per_s:.0f}{ratios}"
+
+    return _kind_markdown(results, "sequence classification", legend, (
+        ("forward", "inference (eval, torch.inference_mode, batch x n tokens)"),
+        ("train", "training (forward with labels + backward + AdamW step, batch x n tokens)")), text)
+
+
+def write_classification_reports(results: list[ClassificationResult], output_prefix: str, metadata: dict,
+                                 make_plot: bool = True) -> dict:
+    """Write `<prefix>.csv`, `<prefix>.json`, `<prefix>.md` and `<prefix>.png` (`classification_plot`)
+    of the sequence-classification level; returns the paths."""
+    return _write_level_reports(results, output_prefix, metadata, list(ClassificationResult.__dataclass_fields__),
+                                {"times_ms": ".1f"}, classification_markdown(results),
+                                classification_plot if make_plot else None)
+
+
+def classification_plot(results: list[ClassificationResult], path: str):
+    """Tokens/s ratio vs BERT against n, one panel per kind (inference, training)."""
+    panels = []
+    for kind in dict.fromkeys(r.kind for r in results):
+        points = [(r.model, r.length, r.speedup_vs_bert, r.flops_ratio_vs_bert) for r in results if r.kind == kind]
+        panels.append((f"classification {kind}, B={results[0].batch}, d={results[0].width}", points))
+    ratio_plot(panels, path, "BERT", "sequence length n")
+
+
+def ratio_plot(panels: list[tuple[str, list[tuple]]], path: str, baseline: str, xlabel: str):
+    """One panel per (title, points), side by side; points: (model, n, time ratio, FLOP ratio).
+    Solid lines: the measured throughput ratio vs `baseline` against n (log2 x, log y); dashed,
+    same colour: the speedup the nominal FLOPs alone predict (1 / FLOP ratio)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
+    for ax, (title, points) in zip(axes[0], panels):
+        for index, model in enumerate(dict.fromkeys(p[0] for p in points)):
+            color = f"C{index}"
+            measured = sorted((n, ratio) for m, n, ratio, _ in points if m == model and ratio)
+            predicted = sorted((n, 1 / flops) for m, n, _, flops in points if m == model and flops)
+            if measured:
+                ax.plot(*zip(*measured), marker="o", color=color, label=model)
+            if predicted and model != baseline.lower():
+                ax.plot(*zip(*predicted), linestyle="--", color=color, alpha=0.6)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(f"throughput ratio vs {baseline} (dashed: 1 / FLOP ratio)")
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 CSV_FIELDS = [
@@ -220,13 +355,22 @@ def plot(results: list[BenchResult], path: str):
 
 def write_reports(results: list[BenchResult], output_prefix: str, metadata: dict, make_plot: bool = True) -> dict:
     """Write `<prefix>.csv`, `<prefix>.json`, `<prefix>.md` (and `<prefix>.png`); returns the paths."""
+    return _write_level_reports(results, output_prefix, metadata, CSV_FIELDS, {"times_ms": ".3f"},
+                                markdown_table(results), plot if make_plot else None)
+
+
+def _write_level_reports(results: list, output_prefix: str, metadata: dict, fields: list[str],
+                         time_lists: dict[str, str], body: str, plotter=None) -> dict:
+    """`<prefix>.csv` (`fields`, `time_lists` as in `_write_csv`), `<prefix>.json`, `<prefix>.md`
+    (the machine header and `body`) and, given a `plotter(results, path)`, `<prefix>.png`; returns
+    the paths."""
     paths = _report_paths(output_prefix)
-    write_csv(results, paths["csv"])
+    _write_csv(results, paths["csv"], fields, time_lists)
     write_json(results, paths["json"], metadata)
-    _write_markdown(paths["md"], metadata, markdown_table(results))
-    if make_plot:
+    _write_markdown(paths["md"], metadata, body)
+    if plotter is not None:
         paths["png"] = output_prefix + ".png"
-        plot(results, paths["png"])
+        plotter(results, paths["png"])
     return paths
 
 

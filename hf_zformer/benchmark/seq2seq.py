@@ -1,8 +1,10 @@
 """Encoder-decoder level of the benchmark: our translation model against transformers' BART of
-identical size (training tokens/s and greedy-generation sentences/s)."""
+identical size (training tokens/s and greedy-generation sentences/s, with nominal FLOP ratios),
+at one source/target length or swept over lengths (source = target = n), all models side by side."""
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -11,6 +13,7 @@ import torch
 
 from ..modeling.configuration_zformer import ZformerConfig
 from .cases import DTYPES
+from .flops import attention_flops, dense_flops, layer_flops, token_attention_flops
 from .harness import _timed_call
 
 SEQ2SEQ_MODELS = ("bart", "full", "zformer", "fastformer")
@@ -49,6 +52,10 @@ class Seq2SeqResult:
     generate_ms: float | None = None
     sentences_per_s: float | None = None
     generate_speedup_vs_bart: float | None = None
+    train_flops: int | None = None  # nominal FLOPs of one training step (`seq2seq_flops`)
+    train_flops_ratio_vs_bart: float | None = None  # train_flops / BART's: the FLOP count predicts 1/this speedup
+    generate_flops: int | None = None  # nominal FLOPs of one greedy generation
+    generate_flops_ratio_vs_bart: float | None = None
     train_times_ms: list = field(default_factory=list)
     generate_times_ms: list = field(default_factory=list)
 
@@ -88,57 +95,144 @@ def build_seq2seq(model: str, shape: Seq2SeqShape):
     return ZformerForConditionalGeneration(config), description
 
 
+def _attention_types(model: str) -> tuple[str, str, str]:
+    """(encoder, decoder, cross-attention) types of a seq2seq model (as `build_seq2seq` builds them)."""
+    if model == "bart":
+        return "full", "full", "full"
+    return model, model, "zformer" if model == "zformer" else "full"
+
+
+def seq2seq_flops(model: str, kind: str, shape: Seq2SeqShape, config=None) -> int:
+    """Nominal FLOPs (the design's equations, `flops.attention_flops`; embeddings, LayerNorms and
+    softmax ignored) of one timed call at `shape`'s source length S and target length T (B batch,
+    D width, d_h head width, I FFN, V vocabulary, L layers each side):
+
+    - encoder layer: self-attention (`attention_flops`) + output projection 2 B S D^2 + FFN 4 B S D I;
+    - decoder layer: causal self-attention (training: `attention_flops` over T, full counting its
+      whole T x T product; generating: one token step per new token, full attention's growing with
+      its context, `token_attention_flops`) + cross-attention + 2 output projections + FFN;
+    - cross-attention: queries 2 D^2 per token, keys and values of the memory once (4 B S D^2);
+      full: scores and values 4 S D per query token; zformer: K^T V of the memory once
+      (2 B S D d_h) and Q (K^T V) 2 D d_h per query token;
+    - LM head 2 D V per target token.
+
+    train: 3 x the forward (encoder, teacher-forced decoder, LM head on T tokens). generate: the
+    encoder's forward once, then T decoder steps (greedy, cache on), each with its LM head.
+    BART counts as `full` everywhere."""
+    encoder_type, decoder_type, cross_type = _attention_types(model)
+    config = config if config is not None else ZformerConfig(
+        hidden_size=shape.width, num_attention_heads=shape.heads, attention_type=encoder_type)
+    b, s, t, d, h, ffn = shape.batch, shape.source_length, shape.target_length, shape.width, shape.heads, shape.ffn
+    head_dim = d // h
+    encoder = shape.layers * layer_flops(encoder_type, b, s, d, h, ffn, config)
+    memory = 4 * b * s * d * d + (2 * b * s * d * head_dim if cross_type == "zformer" else 0)
+
+    def cross(queries: int) -> int:  # per sequence: query projection, attention over the memory, output projection
+        attention = 2 * queries * d * head_dim if cross_type == "zformer" else 4 * queries * s * d
+        return 2 * queries * d * d + attention + 2 * queries * d * d
+
+    lm_head = 2 * d * shape.vocab
+    if kind == "train":
+        decoder_layer = (attention_flops(decoder_type, b, t, d, h, config) + dense_flops(b, t, d, ffn) + memory
+                         + b * cross(t))
+        return 3 * (encoder + shape.layers * decoder_layer + b * t * lm_head)
+    steps = sum(
+        shape.layers * (token_attention_flops(decoder_type, context, d, h, config) + dense_flops(1, 1, d, ffn)
+                        + cross(1))
+        + lm_head
+        for context in range(1, t + 1)
+    )
+    return encoder + shape.layers * memory + b * steps
+
+
 def seq2seq_benchmark(models: Iterable[str], shape: Seq2SeqShape, device: str = "cpu", dtype: str = "fp32",
-                      warmup: int = 1, repeats: int = 5, progress: bool = True) -> list[Seq2SeqResult]:
+                      warmup: int = 1, repeats: int = 5, progress: bool = True,
+                      lengths: Iterable[int] | None = None) -> list[Seq2SeqResult]:
     """Training steps (forward, backward, AdamW step on random token ids) and greedy generation of
     exactly `target_length` tokens (EOS suppressed, so every model does the same work), all models
     measured side by side: their timed calls alternate, so load from other processes hits all alike.
-    tokens/s counts source + target tokens of a training batch; sentences/s = batch / generate time."""
+    tokens/s counts source + target tokens of a training batch; sentences/s = batch / generate time.
+
+    `lengths`: a sweep, source = target = n for each n (`shape`'s own lengths ignored); each length
+    is measured side by side, the models built once (positions for the longest). One result per
+    model and length, with time and nominal FLOP ratios (`seq2seq_flops`) against BART's."""
     models = list(models)
+    pairs = [(n, n) for n in lengths] if lengths is not None else [(shape.source_length, shape.target_length)]
+    longest = max(max(pair) for pair in pairs)
     device_ = torch.device(device)
     autocast_dtype = DTYPES[dtype]
     use_autocast = autocast_dtype != torch.float32
     generator = torch.Generator().manual_seed(0)
-    source = torch.randint(3, shape.vocab, (shape.batch, shape.source_length), generator=generator).to(device_)
-    source_mask = torch.ones_like(source)
-    labels = torch.randint(3, shape.vocab, (shape.batch, shape.target_length), generator=generator).to(device_)
+    data = {}
+    for s, t in pairs:
+        source = torch.randint(3, shape.vocab, (shape.batch, s), generator=generator).to(device_)
+        labels = torch.randint(3, shape.vocab, (shape.batch, t), generator=generator).to(device_)
+        data[s, t] = source, torch.ones_like(source), labels
 
-    runners = {}
-    for name in models:
-        torch.manual_seed(0)
-        model, description = build_seq2seq(name, shape)
-        model.to(device_)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        runners[name] = (model, description, optimizer)
+    built = dataclasses.replace(shape, source_length=longest, target_length=longest) if lengths is not None else shape
+    runners = _runners(models, build_seq2seq, built, device_)
 
-    def train_step(name):
-        model, _, optimizer = runners[name]
-        model.train()
-        with torch.autocast(device_.type, dtype=autocast_dtype, enabled=use_autocast):
-            loss = model(input_ids=source, attention_mask=source_mask, labels=labels).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    def train_step(name, pair):
+        source, source_mask, labels = data[pair]
+        _train_step(*runners[name][::2], autocast_dtype, input_ids=source, attention_mask=source_mask, labels=labels)
 
-    def generate(name):
+    def generate(name, pair):
         model = runners[name][0]
+        source, source_mask, _ = data[pair]
+        target_length = pair[1]
         model.eval()
         with torch.inference_mode(), torch.autocast(device_.type, dtype=autocast_dtype, enabled=use_autocast):
             output = model.generate(
-                input_ids=source, attention_mask=source_mask, max_new_tokens=shape.target_length,
-                min_new_tokens=shape.target_length, num_beams=1, do_sample=False,
+                input_ids=source, attention_mask=source_mask, max_new_tokens=target_length,
+                min_new_tokens=target_length, num_beams=1, do_sample=False,
             )
-        if output.shape[1] < shape.target_length:  # pragma: no cover - min_new_tokens guarantees it
-            raise RuntimeError(f"{name} generated {output.shape[1]} tokens, fewer than {shape.target_length}")
+        if output.shape[1] < target_length:  # pragma: no cover - min_new_tokens guarantees it
+            raise RuntimeError(f"{name} generated {output.shape[1]} tokens, fewer than {target_length}")
 
-    times = _time_alternating({"train": train_step, "generate": generate}, models, warmup, repeats, device_, progress)
-    results = [_result(name, *runners[name][:2], shape, dtype, device, times[name]) for name in models]
-    base = next((r for r in results if r.model == "bart"), None)
+    functions = {}
+    for pair in pairs:
+        functions[f"train {pair[0]} {pair[1]}"] = lambda name, pair=pair: train_step(name, pair)
+        functions[f"generate {pair[0]} {pair[1]}"] = lambda name, pair=pair: generate(name, pair)
+    times = _time_alternating(functions, models, warmup, repeats, device_, progress)
+    results = []
+    for s, t in pairs:
+        at = dataclasses.replace(shape, source_length=s, target_length=t)
+        for name in models:
+            kinds = {kind: times[name][f"{kind} {s} {t}"] for kind in ("train", "generate")}
+            results.append(_result(name, *runners[name][:2], at, dtype, device, kinds))
+    bases = {(r.source_length, r.target_length): r for r in results if r.model == "bart"}
     for r in results:
+        base = bases.get((r.source_length, r.target_length))
         if base is not None:
             r.train_speedup_vs_bart = r.train_tokens_per_s / base.train_tokens_per_s
             r.generate_speedup_vs_bart = r.sentences_per_s / base.sentences_per_s
+            r.train_flops_ratio_vs_bart = r.train_flops / base.train_flops
+            r.generate_flops_ratio_vs_bart = r.generate_flops / base.generate_flops
     return results
+
+
+def _runners(models: list[str], build, shape, device: torch.device) -> dict:
+    """``{name: (model, description, AdamW optimizer)}``: each model built by ``build(name, shape)``
+    from the same seed and moved to `device`."""
+    runners = {}
+    for name in models:
+        torch.manual_seed(0)
+        model, description = build(name, shape)
+        model.to(device)
+        runners[name] = (model, description, torch.optim.AdamW(model.parameters(), lr=1e-4))
+    return runners
+
+
+def _train_step(model, optimizer, autocast_dtype: torch.dtype, **inputs):
+    """One training step: train mode, forward with `inputs` (labels included; under autocast unless
+    fp32), backward, optimizer step, gradients dropped."""
+    model.train()
+    device_type = next(model.parameters()).device.type
+    with torch.autocast(device_type, dtype=autocast_dtype, enabled=autocast_dtype != torch.float32):
+        loss = model(**inputs).loss
+    loss.backward()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
 
 
 def _time_alternating(functions: dict, models: list[str], warmup: int, repeats: int, device: torch.device,
@@ -166,6 +260,7 @@ def _result(name: str, model, description: str, shape: Seq2SeqShape, dtype: str,
             times: dict[str, list[float]]) -> Seq2SeqResult:
     train = statistics.median(times["train"])
     gen = statistics.median(times["generate"])
+    config = model.config if name != "bart" else None
     return Seq2SeqResult(
         model=name, description=description, parameters=sum(p.numel() for p in model.parameters()),
         batch=shape.batch, source_length=shape.source_length, target_length=shape.target_length,
@@ -173,6 +268,8 @@ def _result(name: str, model, description: str, shape: Seq2SeqShape, dtype: str,
         dtype=dtype, device=device, train_step_ms=train * 1e3,
         train_tokens_per_s=shape.batch * (shape.source_length + shape.target_length) / train,
         generate_ms=gen * 1e3, sentences_per_s=shape.batch / gen,
+        train_flops=seq2seq_flops(name, "train", shape, config),
+        generate_flops=seq2seq_flops(name, "generate", shape, config),
         train_times_ms=[t * 1e3 for t in times["train"]],
         generate_times_ms=[t * 1e3 for t in times["generate"]],
     )
