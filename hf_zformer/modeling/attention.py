@@ -96,7 +96,12 @@ def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     that nothing else uses (a just-computed branch output, which autograd does not save). Saves
     allocating a (B, N, D) buffer, whose first touch is a pass of page faults on long inputs. Under
     autocast a bf16/fp16 branch meets an fp32 residual stream: then the sum is a new fp32 tensor, as
-    `+` would give, so the stream never drops to low precision."""
+    `+` would give, so the stream never drops to low precision. Under autograd the sum is out of
+    place too: `fresh` is usually a view (a Linear's 3-D output), and an in-place add on a view
+    makes autograd zero-fill and copy a (B, N, D) gradient buffer in the backward (`CopySlices`),
+    which costs more than the buffer it saved (docs/benchmarks.md, "Where the time goes at 32 tokens")."""
+    if torch.is_grad_enabled() and (fresh.requires_grad or other.requires_grad):
+        return fresh + other
     if fresh.shape == other.shape and (
         fresh.dtype == other.dtype or torch.promote_types(fresh.dtype, other.dtype) == fresh.dtype
     ):
