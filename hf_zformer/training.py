@@ -80,14 +80,19 @@ __all__ = [
 
 
 def make_optimizer(model, args) -> torch.optim.Optimizer:
-    """AdamW without weight decay on biases, norms and the Zformer scale (as in the examples)."""
+    """AdamW without weight decay on biases, norms and the Zformer scale (as in the examples), in
+    PyTorch's fused implementation where the parameters' device has one (CPU and CUDA): one kernel
+    per step instead of ~10 per parameter tensor, 25-39 -> 7 ms per step for the d=256 3+3
+    translation model on one CPU thread (docs/benchmarks.md, "Training scripts")."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
         if not param.requires_grad:
             continue
         (no_decay if param.ndim < 2 else decay).append(param)
     groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=args.learning_rate)
+    device_types = {param.device.type for group in groups for param in group["params"]}
+    fused = bool(device_types) and device_types <= {"cpu", "cuda"}
+    return torch.optim.AdamW(groups, lr=args.learning_rate, fused=fused or None)
 
 
 def train(
