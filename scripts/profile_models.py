@@ -3,13 +3,13 @@
 greedy generation), ours against BART of identical size.
 
     python scripts/profile_models.py --source-length 32 --target-length 32 --batch 4
-    python scripts/profile_models.py --models bart zformer --kinds generate --group-by module
+    python scripts/profile_models.py --models bart fastformer --kinds generate --threads 1
 
 For each model and kind it runs one warm-up call, then profiles `--steps` calls and prints the
-operators (or, with `--group-by module`, our model's own modules are not split out: the table
-is per operator, with its share of the total) sorted by self CPU time, plus the totals and the
-number of operator calls, the figure that shows per-call overhead on short inputs.
-See docs/benchmarks.md ("Where the time goes at 32 tokens") for what it showed.
+operators sorted by self CPU time (their share of the total and their calls per call), the wall
+time and the total number of operator calls per call: on short inputs every operator costs a
+dispatch, so that count shows per-call overhead. See docs/benchmarks.md ("Where the time goes at
+32 tokens") for what it showed.
 """
 
 import argparse

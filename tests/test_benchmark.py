@@ -296,3 +296,21 @@ def test_classification_defaults():
     assert args.batch == 8 and args.lengths == [128, 256, 512, 1024, 2048, 4096]
     assert args.modes == ["forward", "train"] and "xformer" not in args.classification_models
     assert load_script().parse_args([]).batch == 4
+
+
+def test_profile_script_prints_operator_tables(capsys):
+    spec = importlib.util.spec_from_file_location("profile_models", SCRIPT.parent / "profile_models.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--models", "bart", "fastformer", "--batch", "2", "--source-length", "4", "--target-length", "3",
+                 "--width", "16", "--layers", "1", "--heads", "2", "--ffn", "32", "--vocab", "40", "--steps", "1",
+                 "--top", "3"])
+    out = capsys.readouterr().out
+    for name in ("bart", "fastformer"):
+        for kind in ("train", "generate"):
+            assert f"## {name} {kind}:" in out
+    assert out.count("| operator | self ms / call | share | calls / call |") == 4
+    calls = [int(line.split(", ")[-1].split()[0]) for line in out.splitlines() if line.startswith("per call:")]
+    assert len(calls) == 4 and all(c > 0 for c in calls)
+    with pytest.raises(SystemExit):
+        module.parse_args(["--steps", "0"])
