@@ -352,3 +352,51 @@ def test_cross_attention_memory_is_computed_once_into_the_cache(attention_type):
     torch.testing.assert_close(again, first)
     without_padding, _ = attention(x[1:], memory=memory[1:, :6])
     torch.testing.assert_close(first[1:], without_padding, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("is_cross", [False, True])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, with_mask):
+    """Short inputs take (Q K^T) V instead of Q (K^T V): the same product in the cheaper order. In
+    fp64 both orders agree (outputs and every gradient), padding and all-padding rows included, and
+    extra padding leaves real positions unchanged."""
+    config = tiny_config(hidden_size=D, num_attention_heads=H, attention_type="zformer")
+    attention = _randomize(ZformerAttention(config, is_cross=is_cross, layer_idx=0)).double()
+    torch.nn.init.constant_(attention.log_scale, 1.0)
+    parameters = list(attention.parameters())
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, D, generator=generator, dtype=torch.float64).requires_grad_()
+    source = torch.randn(4, 7, D, generator=generator, dtype=torch.float64).requires_grad_() if is_cross else x
+    mask = torch.ones(4, source.shape[1], dtype=torch.long)
+    mask[1, 3:] = 0
+    mask[3] = 0
+    mask = mask if with_mask else None
+    kwargs = dict(memory=source, memory_mask=mask) if is_cross else dict(attention_mask=mask)
+    results = []
+    for quadratic in (True, False):
+        monkeypatch.setattr(ZformerAttention, "_quadratic_pays_off", lambda self, nq, nk, q=quadratic: q)
+        output, _ = attention(x, **kwargs)
+        loss = (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum() + output.pow(2).sum()
+        inputs = [x, source] if is_cross else [x]
+        results.append((output, torch.autograd.grad(loss, [*inputs, *parameters])))
+    (quad_out, quad_grads), (lin_out, lin_grads) = results
+    torch.testing.assert_close(quad_out, lin_out, atol=1e-10, rtol=1e-10)
+    for quad_grad, lin_grad in zip(quad_grads, lin_grads):
+        torch.testing.assert_close(quad_grad, lin_grad, atol=1e-9, rtol=1e-10)
+    if with_mask:  # padding invariance of the quadratic order
+        monkeypatch.setattr(ZformerAttention, "_quadratic_pays_off", lambda self, nq, nk: True)
+        extra = torch.randn(4, 3, D, generator=generator, dtype=torch.float64)
+        padded_mask = torch.cat([mask, torch.zeros(4, 3, dtype=torch.long)], 1)
+        if is_cross:
+            padded, _ = attention(x, memory=torch.cat([source, extra], 1), memory_mask=padded_mask)
+            torch.testing.assert_close(padded, quad_out, atol=1e-10, rtol=1e-10)
+        else:
+            padded, _ = attention(torch.cat([x, extra], 1), padded_mask)
+            torch.testing.assert_close(padded[:, :5][mask.bool()], quad_out[mask.bool()], atol=1e-10, rtol=1e-10)
+
+
+def test_zformer_takes_the_cheaper_order():
+    attention = ZformerAttention(tiny_config(hidden_size=64, num_attention_heads=2, attention_type="zformer"))
+    assert attention.head_dim == 32
+    assert attention._quadratic_pays_off(31, 31) and not attention._quadratic_pays_off(32, 32)
+    assert attention._quadratic_pays_off(1, 40) and not attention._quadratic_pays_off(40, 40)

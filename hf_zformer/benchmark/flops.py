@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..modeling.attention import _use_folded_form
+from ..modeling.attention import _use_folded_form, quadratic_order_pays_off
 from .cases import TYPES, BenchCase, BenchResult, make_config
 
 def attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None) -> int:
@@ -83,7 +83,8 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
                              dtype: str = "fp32") -> int:
     """Forward FLOPs that hf_zformer's implementation actually executes (matmuls only):
 
-    - full, full_eager, and zformer/fastformer in their plain form: as `attention_flops`.
+    - full, full_eager, and zformer/fastformer in their plain form: as `attention_flops`; zformer
+      on short inputs (`quadratic_order_pays_off`: N < d_h) computes (Q K^T) V, 6 B N D^2 + 4 B N^2 D.
     - zformer folded (fp32, N > D): Gram matrix 2 B N D^2 + [W_v|b_v] S 2 B D (D+1)^2 + per-head
       products 4 B D (D+1) d_h + x_i A 2 B N D^2.
     - fastformer folded (fp32, (projections - 1) N > D): 2 score products and 2 poolings
@@ -101,6 +102,8 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
         query_width = d // config.xformer_alpha
         k = math.ceil(config.max_position_embeddings / config.xformer_beta)
         return 2 * b * n * d * query_width + 2 * b * k * n * (query_width + 3 * d)
+    if attention_type == "zformer" and quadratic_order_pays_off(n, n, d // heads):
+        return 6 * b * n * d * d + 4 * b * n * n * d
     return attention_flops(attention_type, batch, length, width, heads, config)
 
 

@@ -365,6 +365,12 @@ def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
+def quadratic_order_pays_off(query_length: int, key_length: int, head_dim: int) -> bool:
+    """Whether Zformer's `(Q K^T) V` (4 Nq Nk d_h FLOPs per head) costs less than `Q (K^T V)`
+    (2 (Nq + Nk) d_h^2): short inputs, 2 Nq Nk < d_h (Nq + Nk), i.e. N < d_h for self-attention."""
+    return 2 * query_length * key_length < head_dim * (query_length + key_length)
+
+
 class ZformerAttention(_QKVAttention):
     """Zformer linear attention (the Zformer_Pytorch code): with Q = X W_q / sqrt(d_h),
     K = X W_k, V = X W_v per head, `out = Q (K^T V) / s`, `s` a learnable scalar (init
@@ -395,11 +401,18 @@ class ZformerAttention(_QKVAttention):
 
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D)."""
-        key = _split_heads(_zero_padding(self.key(memory), memory_mask), self.num_heads)
-        value = _split_heads(self.value(memory), self.num_heads)
+        key, value = self._keys_values(memory, memory_mask)
         with _no_autocast(memory.device.type):
-            key, value = _fp32(key, value)
             return key.transpose(-1, -2) @ value
+
+    def _keys_values(self, x: torch.Tensor, mask: torch.Tensor | None):
+        """K (zero at padding) and V (B, H, N, d) of `x` (B, N, D), in fp32."""
+        key = _split_heads(_zero_padding(self.key(x), mask), self.num_heads)
+        value = _split_heads(self.value(x), self.num_heads)
+        return _fp32(key, value)
+
+    def _quadratic_pays_off(self, query_length: int, key_length: int) -> bool:
+        return quadratic_order_pays_off(query_length, key_length, self.head_dim)
 
     def _folded_output(self, hidden_states, attention_mask):
         # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
@@ -410,8 +423,9 @@ class ZformerAttention(_QKVAttention):
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
         """The plain form: Q, and K^T V (of the memory, or of the sequence) or its causal prefix sums.
-        A causal module with a cache hands its keys/values to `cache.update`, which returns the sum
-        of k^T v over the tokens before them (B, H, d, d)."""
+        On short inputs without a cache, `(Q K^T) V` instead, the same product in the cheaper order
+        (`_quadratic_pays_off`). A causal module with a cache hands its keys/values to
+        `cache.update`, which returns the sums of k^T v before and including them (B, H, d, d)."""
         query = self._queries(hidden_states)  # (B, H, N, d), scaled by 1 / (sqrt(d_h) s)
         if self.is_causal:
             length = hidden_states.shape[1]
@@ -428,12 +442,17 @@ class ZformerAttention(_QKVAttention):
                 else:
                     context = causal_linear_attention(query, key, value, past)
         else:
-            if self.is_cross:
-                kv = self._memory(memory, memory_mask, cache)
+            source, source_mask = (memory, memory_mask) if self.is_cross else (hidden_states, attention_mask)
+            if cache is None and source is not None and self._quadratic_pays_off(query.shape[2], source.shape[1]):
+                # the cheaper order on short inputs; keys are zero at padding, as in K^T V
+                key, value = self._keys_values(source, source_mask)
+                with _no_autocast(hidden_states.device.type):
+                    context = (_fp32(query)[0] @ key.transpose(-1, -2)) @ value  # (B, H, N, d)
             else:
-                kv = self._project_memory(hidden_states, attention_mask)
-            with _no_autocast(hidden_states.device.type):
-                context = _fp32(query)[0] @ kv  # (B, H, N, d)
+                kv = self._memory(memory, memory_mask, cache) if self.is_cross else self._project_memory(
+                    hidden_states, attention_mask)
+                with _no_autocast(hidden_states.device.type):
+                    context = _fp32(query)[0] @ kv  # (B, H, N, d)
         if context.dtype != query.dtype:
             context = context.to(query.dtype)
         return _merge_heads(context)
