@@ -359,3 +359,18 @@ def test_translation_test_split_name(tiny_data, tmp_path):  # noqa: F811
             (multi30k / f"{stem}.{lang}.gz").write_bytes(b"")
     assert script.test_split_name(script.parse_args(["--data_dir", str(multi30k), *base])) == "test2016"
     assert script.test_split_name(script.parse_args(["--dataset_name", "bentrevett/multi30k", *base])) == "test2016"
+
+
+def test_optimizer_is_fused_adamw_without_decay_on_vectors():
+    import argparse
+
+    import torch
+
+    from hf_zformer.training import make_optimizer
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    optimizer = make_optimizer(model, argparse.Namespace(weight_decay=0.01, learning_rate=1e-3))
+    assert isinstance(optimizer, torch.optim.AdamW) and optimizer.defaults["fused"]
+    decay, no_decay = optimizer.param_groups
+    assert [p.ndim for p in decay["params"]] == [2] and decay["weight_decay"] == 0.01
+    assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0

@@ -529,3 +529,15 @@ def test_config_fields_set_after_construction_are_validated_when_the_model_is_bu
         setattr(config, field, value)
         with pytest.raises(ValueError, match=message):
             auto_class.from_config(config)
+
+
+def test_dropout_is_active_in_training_and_skipped_otherwise():
+    """`attention.Dropout` returns its input untouched (no call) in eval mode or with p = 0, and
+    drops in training mode like `nn.Dropout`."""
+    from hf_zformer.modeling.attention import Dropout
+
+    x = torch.ones(64, 64)
+    dropout = Dropout(0.5)
+    assert dropout.eval()(x) is x and Dropout(0.0).train()(x) is x
+    dropped = dropout.train()(x)
+    assert (dropped == 0).any() and torch.allclose(dropped[dropped != 0], torch.full_like(dropped[dropped != 0], 2.0))
