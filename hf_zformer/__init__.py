@@ -29,6 +29,7 @@ from .modeling import (
     register_auto_classes,
 )
 from .convert import convert_pretrained  # warm start from BERT / RoBERTa / DistilBERT checkpoints
+from .memory import retain_freed_memory  # CPU training: keep freed memory instead of re-faulting it
 
 __version__ = "0.1.0"
 

@@ -24,6 +24,7 @@ import torch
 
 from .checkpoints import clean_stale_checkpoints
 from .feedback import setup_logging, show_bars
+from .memory import retain_freed_memory
 
 __all__ = [
     "command_line",
@@ -68,6 +69,8 @@ def start_run(args: argparse.Namespace, logger_name: str):
     setup_logging(accelerator)
     logger = get_logger(logger_name)
     logger.info(accelerator.state, main_process_only=True)
+    if getattr(args, "cpu_allocator", "system") == "retain" and retain_freed_memory():
+        logger.info("C allocator: freed memory is kept for reuse (--cpu_allocator retain)", main_process_only=True)
     set_seed(args.seed)
     problem = None  # checked by the main process, raised by all (no process is left waiting)
     if accelerator.is_main_process:

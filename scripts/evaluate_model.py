@@ -23,6 +23,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 
+def score_by_length(rows: list[dict], texts: dict, edges: list[int], seq2seq: bool) -> list[dict]:
+    """Per length bucket of the inputs (whitespace words of `texts[row["index"]]`; buckets end at
+    `edges`, the last open): the number of examples and sacreBLEU (corpus BLEU of the bucket's
+    sentences, cased and lowercased) or accuracy in %."""
+    bounds = [(1 if i == 0 else edges[i - 1] + 1, edge) for i, edge in enumerate(edges)] + [(edges[-1] + 1, None)]
+    words = {index: len(text.split()) for index, text in texts.items()}
+    buckets = []
+    for low, high in bounds:
+        members = [r for r in rows if low <= words[r["index"]] and (high is None or words[r["index"]] <= high)]
+        entry = {"words": f"{low}-{high}" if high is not None else f">={low}", "samples": len(members)}
+        if seq2seq:
+            from hf_zformer import metrics as hf_metrics
+
+            metric = hf_metrics.load("sacrebleu")
+            for name, lowercase in (("bleu", False), ("bleu_lowercase", True)):
+                entry[name] = metric.compute(
+                    predictions=[r["prediction"] for r in members], references=[[r["reference"]] for r in members],
+                    lowercase=lowercase)["score"] if members else None
+        else:
+            entry["accuracy"] = 100 * sum(r["prediction"] == r["label"] for r in members) / len(members) if members else None
+        buckets.append(entry)
+    return buckets
+
+
+def length_table(buckets: list[dict], seq2seq: bool) -> str:
+    """A markdown table of `score_by_length`'s buckets."""
+    names = ["bleu", "bleu_lowercase"] if seq2seq else ["accuracy"]
+    lines = ["| words | samples | " + " | ".join(names) + " |", "|---|---:|" + "---:|" * len(names)]
+    for b in buckets:
+        cells = ["-" if b[n] is None else f"{b[n]:.2f}" for n in names]
+        lines.append(f"| {b['words']} | {b['samples']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], allow_abbrev=False)
     parser.add_argument("--model_name_or_path", required=True, help="Saved folder or Hub id.")
@@ -50,10 +84,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--group_column", default="movie",
                         help='Classification: carve validation by whole groups of this column when present (as '
                         'run_classification.py does); "" carves by rows.')
+    parser.add_argument("--length_buckets", type=int, nargs="+", default=None,
+                        help="Also score by input length: the upper ends (in words of the source / text, "
+                        "whitespace-split) of the length buckets, the last bucket open-ended, e.g. 8 12 16 "
+                        "for Multi30K, 128 256 512 for IMDB. BLEU (cased and lowercased) or accuracy per bucket, "
+                        "in <split>_results.json under <split>_by_length and printed as a table.")
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="Run the code a checkpoint ships (auto_map) for model types hf_zformer does not provide. "
                         "Off by default: hf_zformer's own models load with the installed library code.")
     args = parser.parse_args(argv)
+    edges = args.length_buckets
+    if edges is not None and (edges[0] < 1 or any(b <= a for a, b in zip(edges, edges[1:]))):
+        parser.error(f"--length_buckets must be increasing positive word counts, got {edges}")
     if bool(args.dataset_name) == bool(args.data_dir):
         parser.error("pass exactly one of --dataset_name (Hub) and --data_dir (local folder)")
     if args.data_dir and not Path(args.data_dir).is_dir():
@@ -161,6 +203,11 @@ def main(argv=None) -> dict:
         results = {f"{split}_accuracy": accuracy, f"{split}_samples": len(rows)}
     results.update(model=args.model_name_or_path, dataset=source, split=split,
                    task="translation" if seq2seq else "text-classification")
+    if args.length_buckets:
+        texts = {r["index"]: data[r["index"]]["translation"][args.source_lang] if seq2seq else data[r["index"]][args.text_column]
+                 for r in rows}
+        results[f"{split}_by_length"] = score_by_length(rows, texts, args.length_buckets, seq2seq)
+        logger.info("by input length (words):\n" + length_table(results[f"{split}_by_length"], seq2seq))
     if accelerator.is_main_process:
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)

@@ -177,3 +177,40 @@ def test_imdb_unsup_carve():
     data = load_text_dataset(SHARED_DATA / "imdb" / "unsup.jsonl.gz", validation_size=0.05, group_column="movie")
     assert len(data["train"]) + len(data["validation"]) == 50_000
     assert 2400 <= len(data["validation"]) <= 2500
+
+
+def test_loss_by_position(lm_run, lm_data, tmp_path, capsys):
+    """scripts/loss_by_position.py: run_clm.py's validation documents, each read from its first
+    token; per-bucket mean losses that match a direct computation, the same for the same model."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, _ = lm_run
+    script = load_script("loss_by_position.py")
+    common = ["--train_file", str(lm_data / "train.jsonl"), "--validation_split_percentage", "10",
+              "--max_length", "12", "--bucket_starts", "1", "4", "8", "--batch_size", "3"]
+    table = script.main(["--model_name_or_path", str(out), str(out), "--labels", "a,b", *common,
+                         "--output", str(tmp_path / "lbp.json")])
+    assert table["buckets"] == ["1-3", "4-7", "8-11"]
+    assert table["models"]["a"]["mean_loss"] == table["models"]["b"]["mean_loss"]
+    assert json.loads((tmp_path / "lbp.json").read_text()) == table and "| 1-3 |" in capsys.readouterr().out
+
+    texts = script.validation_documents(script.parse_args(["--model_name_or_path", str(out), *common]))
+    assert len(texts) == table["documents"] > 0
+    tokenizer, model = AutoTokenizer.from_pretrained(out), AutoModelForCausalLM.from_pretrained(out).eval()
+    sums, counts = torch.zeros(12, dtype=torch.float64), torch.zeros(12, dtype=torch.float64)
+    for text in texts:  # one document at a time, no padding
+        ids = torch.tensor([tokenizer(text, add_special_tokens=False)["input_ids"][:12]])
+        if ids.shape[1] < 2:
+            continue
+        with torch.no_grad():
+            logits = model(input_ids=ids).logits
+        losses = torch.nn.functional.cross_entropy(logits[0, :-1], ids[0, 1:], reduction="none").double()
+        sums[1 : ids.shape[1]] += losses
+        counts[1 : ids.shape[1]] += 1
+    expected = [float(sums[a:b].sum() / counts[a:b].sum()) for a, b in [(1, 4), (4, 8), (8, 12)]]
+    assert table["models"]["a"]["mean_loss"] == pytest.approx(expected, rel=1e-5)
+    assert table["models"]["a"]["tokens"] == [int(counts[a:b].sum()) for a, b in [(1, 4), (4, 8), (8, 12)]]
+
+    with pytest.raises(SystemExit):
+        script.parse_args(["--model_name_or_path", str(out), *common, "--bucket_starts", "4", "2"])  # not increasing

@@ -6,6 +6,9 @@ validation split carved grouped by movie with its own --split_seed.
 Tiny end-to-end runs reuse the helpers and data of test_scripts.py."""
 
 import collections
+import os
+import subprocess
+import sys
 import json
 import random
 import shutil
@@ -145,11 +148,15 @@ def test_evaluate_model_carves_the_same_validation_rows(clf_best_run, movie_data
     the rows the training run validated on: same count, same accuracy."""
     out, _ = clf_best_run
     run_script("evaluate_model.py", "--model_name_or_path", out, "--data_dir", movie_data, "--split", "validation",
-               "--max_length", 32, "--output_dir", tmp_path)
+               "--max_length", 32, "--output_dir", tmp_path, "--length_buckets", 8)
     metrics = json.loads((tmp_path / "validation_results.json").read_text())
     trained = json.loads((out / "all_results.json").read_text())
     assert metrics["validation_samples"] == trained["eval_samples"] == 12
     assert metrics["validation_accuracy"] == pytest.approx(trained["eval_accuracy"])
+    buckets = metrics["validation_by_length"]  # accuracy by words of the review: 1-8, >= 9
+    assert [b["words"] for b in buckets] == ["1-8", ">=9"] and sum(b["samples"] for b in buckets) == 12
+    correct = sum(b["accuracy"] * b["samples"] / 100 for b in buckets if b["samples"])
+    assert correct / 12 == pytest.approx(metrics["validation_accuracy"])
 
 
 def test_resume_keeps_best_and_history(clf_common, clf_best_run, tmp_path):
@@ -374,3 +381,49 @@ def test_optimizer_is_fused_adamw_without_decay_on_vectors():
     decay, no_decay = optimizer.param_groups
     assert [p.ndim for p in decay["params"]] == [2] and decay["weight_decay"] == 0.01
     assert len(no_decay["params"]) == 3 and no_decay["weight_decay"] == 0.0
+
+
+_REFAULT_PROBE = """
+import resource, sys, torch
+from hf_zformer import retain_freed_memory
+print(retain_freed_memory())
+def step():  # a training step's pattern: several large activations, all freed at the end
+    tensors = [torch.ones(6 * 2**20) for _ in range(4)]  # 4 x 24 MiB, touched
+    del tensors
+for _ in range(4):  # the heap settles over the first steps (small objects can split it at first)
+    step()
+faults = []
+for _ in range(3):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    step()
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(min(faults))
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_retain_freed_memory_avoids_refaulting_a_steps_activations():
+    """`--cpu_allocator retain` (the scripts' default): memory a step frees is reused by the next
+    step without page faults; the system allocator returns it and faults it in again. A user's own
+    MALLOC_* setting wins. (The fewest faults of three steps after four warm-up steps: CI once saw
+    one of the four blocks faulted in again on the third step, before the heap had settled.)"""
+    def probe(**env):
+        environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env
+        out = subprocess.run([sys.executable, "-c", _REFAULT_PROBE], env=environment, capture_output=True,
+                             text=True, check=True).stdout.split()
+        return out[0] == "True", int(out[1])
+
+    applied, retained = probe()
+    assert applied
+    user_set, returned = probe(MALLOC_TRIM_THRESHOLD_="131072")
+    assert not user_set and returned > 10000, returned  # 96 MiB faulted in again: ~24k faults of 4 KiB
+    assert retained < returned / 4, (retained, returned)
+
+
+def test_cpu_allocator_argument(tiny_data):
+    script = load_script("run_classification.py")
+    common = ["--data_dir", str(tiny_data / "clf"), "--output_dir", "x", "--attention_type", "full"]
+    assert script.parse_args(common).cpu_allocator == "retain"
+    assert script.parse_args(common + ["--cpu_allocator", "system"]).cpu_allocator == "system"
+    with pytest.raises(SystemExit):
+        script.parse_args(common + ["--cpu_allocator", "bogus"])

@@ -353,6 +353,27 @@ def test_left_padding_equals_right_padding_and_no_padding(attention_type, positi
                                        _real(alone, mask[row : row + 1, :length]), atol=1e-5, rtol=1e-5)
 
 
+def test_layer_positions_are_settled_once_per_forward(monkeypatch):
+    """Xformer layers get positions only where they need them (left padding); whether they do is
+    settled once per forward by the model, not once per layer (a host synchronisation each)."""
+    from hf_zformer.modeling.modeling_zformer import position_ids_from_mask
+
+    ids, mask = random_batch([7, 10, 3], pad_to=12)
+    left_ids, left_mask = left_pad(ids, mask)
+    model = AutoModel.from_config(tiny_config(attention_type=["xformer", "zformer"])).eval()
+    seen = []
+    for layer in model.encoder.layers:
+        original = layer.forward
+        monkeypatch.setattr(layer, "forward", lambda *a, _f=original, **k: seen.append(a[2]) or _f(*a, **k))
+    model(input_ids=ids, attention_mask=mask)  # right padding: every real token at its column
+    assert seen == [None, None]
+    seen.clear()
+    model(input_ids=left_ids, attention_mask=left_mask)
+    assert all(torch.equal(p, position_ids_from_mask(left_mask)) for p in seen) and len(seen) == 2
+    plain = AutoModel.from_config(tiny_config(attention_type="zformer")).eval()
+    assert plain._layer_positions(position_ids_from_mask(left_mask), left_mask, 0) is None  # no xformer layer
+
+
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
 def test_explicit_position_ids(attention_type):
     from hf_zformer.modeling.modeling_zformer import position_ids_from_mask

@@ -497,7 +497,7 @@ def test_label_names_default_to_class_label_names():
 
 def test_evaluate_model_script_translation(mt_run, tiny_data, tmp_path):
     result = run_script("evaluate_model.py", "--model_name_or_path", mt_run, "--data_dir", tiny_data / "mt",
-                        "--output_dir", tmp_path / "mt")
+                        "--output_dir", tmp_path / "mt", "--length_buckets", 4, 1000)
     assert re.search(r"generate: done 1 batches, \d+\.\d+ batches/s", result.stderr), result.stderr  # not silent
     metrics = json.loads((tmp_path / "mt" / "test_results.json").read_text())
     trained = json.loads((mt_run / "all_results.json").read_text())
@@ -505,6 +505,12 @@ def test_evaluate_model_script_translation(mt_run, tiny_data, tmp_path):
     assert metrics["test_bleu"] == pytest.approx(trained["test_bleu"])  # same model, data and decoding
     rows = [json.loads(line) for line in (tmp_path / "mt" / "test_predictions.jsonl").read_text().splitlines()]
     assert [r["index"] for r in rows] == list(range(12)) and {"source", "prediction", "reference"} <= set(rows[0])
+    short, rest, empty = metrics["test_by_length"]  # by source words: 1-4, 5-1000, >=1001
+    assert short["words"] == "1-4" and empty == {"words": ">=1001", "samples": 0, "bleu": None, "bleu_lowercase": None}
+    assert short["samples"] == sum(len(r["source"].split()) <= 4 for r in rows) and short["samples"] + rest["samples"] == 12
+    if short["samples"] == 0:  # then the second bucket holds every sentence: the overall score
+        assert rest["bleu"] == pytest.approx(metrics["test_bleu"])
+    assert "| 1-4 |" in result.stderr
 
 
 @pytest.mark.slow  # the classification branch is the simpler one; keeps the default run short

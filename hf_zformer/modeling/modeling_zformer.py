@@ -356,6 +356,22 @@ class ZformerModel(ZformerPreTrainedModel):
     def set_input_embeddings(self, value):
         self.embeddings.word_embeddings = value
 
+    def _layer_positions(self, position_ids, attention_mask, offset: int):
+        """The positions the layers get: only xformer layers read them (to pick columns of their
+        sequence projection), and they take their cheaper shared slice when `position_ids` is None.
+        So None when no layer is xformer, or when every real token sits at the column of its index
+        (no left padding): settled here once per forward instead of once per xformer layer (a host
+        synchronisation each)."""
+        if "xformer" not in self.config.layer_attention_types():
+            return None
+        if torch.compiler.is_compiling():
+            return position_ids
+        columns = torch.arange(offset, offset + position_ids.shape[1], device=position_ids.device)
+        at_column = position_ids == columns
+        if attention_mask is not None:
+            at_column |= ~attention_mask.bool()  # padding's column does not matter (its inputs are zeroed)
+        return None if bool(at_column.all()) else position_ids
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -398,7 +414,9 @@ class ZformerModel(ZformerPreTrainedModel):
         hidden_states = self.embeddings(
             position_ids, input_ids=input_ids, inputs_embeds=inputs_embeds, token_type_ids=token_type_ids,
             max_position=max_position,
-        )
+        )  # checks given position_ids first
+        if layer_positions is not None:
+            layer_positions = self._layer_positions(layer_positions, attention_mask, offset)
         hidden_states, all_hidden, attentions = self.encoder(
             hidden_states, attention_mask, layer_positions, output_hidden_states, output_attentions
         )
