@@ -32,6 +32,7 @@ __all__ = [
     "DEFAULT_RESAMPLES",
     "accuracy_ci",
     "append_records",
+    "base_model_of",
     "bleu_ci",
     "bootstrap_ci",
     "git_commit",
@@ -210,6 +211,24 @@ def task_name(args) -> str:
     return str(args.dataset_name).rstrip("/").split("/")[-1]
 
 
+def base_model_of(name_or_path: str | None) -> str | None:
+    """The pretrained checkpoint a run started from: for a local folder whose model card names a
+    ``base_model`` (a folder written by :func:`hf_zformer.convert_pretrained`), that name; otherwise
+    ``name_or_path`` itself (a Hub id, or ``None`` for a model trained from scratch)."""
+    if not name_or_path:
+        return None
+    card = Path(name_or_path).expanduser() / "README.md"
+    if card.is_file():
+        from huggingface_hub import metadata_load
+
+        base = (metadata_load(card) or {}).get("base_model")
+        if isinstance(base, list):  # the card format allows several
+            base = base[0] if len(base) == 1 else None
+        if isinstance(base, str) and base:
+            return base
+    return str(name_or_path)
+
+
 def _layer_types(value) -> str | None:
     if value is None:
         return None
@@ -242,7 +261,8 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
         "seed": args.seed,
         "split_seed": getattr(args, "split_seed", None),
         "commit": git_commit(),
-        "base_model": args.model_name_or_path,
+        "base_model": base_model_of(args.model_name_or_path),
+        "model_name_or_path": args.model_name_or_path,  # the folder or id the run loaded
         "max_length": max_length,
         "config": model_config,
         "best_step": results.get("best_step"),

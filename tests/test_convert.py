@@ -277,7 +277,7 @@ def test_converted_bert_fine_tunes_with_run_classification(tmp_path):
     # position_offset=2 as in a converted RoBERTa: 62 of the 64 positions hold tokens, and the script
     # must truncate the longest texts (64 words and more) to that, whatever --max_length says
     hf_zformer.convert_pretrained(folder, "fastformer", converted, task="text-classification",
-                                  classifier_pooling="mean", position_offset=2)
+                                  classifier_pooling="mean", position_offset=2, base_model="someone/tiny-bert")
     data = tmp_path / "data"
     data.mkdir()
     with open(data / "train.jsonl", "w") as f:
@@ -288,9 +288,13 @@ def test_converted_bert_fine_tunes_with_run_classification(tmp_path):
     out = tmp_path / "run"
     result = _run_converter(REPO_ROOT / "scripts" / "run_classification.py", "--model_name_or_path", converted,
                             "--data_dir", data, "--max_length", 512, "--per_device_train_batch_size", 8,
-                            "--max_train_steps", 3, "--learning_rate", 1e-4, "--output_dir", out)
+                            "--max_train_steps", 3, "--learning_rate", 1e-4, "--output_dir", out,
+                            "--results_file", tmp_path / "results.json")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     results = json.loads((out / "all_results.json").read_text())
     assert "eval_accuracy" in results
+    # the results record names the pretrained source from the converted folder's model card
+    (record,) = json.loads((tmp_path / "results.json").read_text())
+    assert record["base_model"] == "someone/tiny-bert" and record["model_name_or_path"] == str(converted)
     assert json.loads((out / "config.json").read_text())["classifier_pooling"] == "mean"
     assert len(AutoTokenizer.from_pretrained(out)) == 99  # the converted folder's tokenizer, not one trained on the data
