@@ -178,6 +178,26 @@ def test_zformer_scale_matches_softmax_output_size(tmp_path):
     assert again == pytest.approx(scales, rel=1e-5)
 
 
+@pytest.mark.parametrize("share_qv", [False, True])
+def test_fastformer_output_size_matches_softmax(tmp_path, share_qv):
+    """Each converted fastformer layer's attention output has the size (RMS over real tokens) of the
+    softmax attention it replaces, on the calibration text at that layer's input, also when the
+    values share the (scaled) query projection."""
+    from hf_zformer.convert import _attention_inputs, _calibration_batch, _rms
+
+    folder, _ = make_source(tmp_path, "bert", "base")
+    full = hf_zformer.convert_pretrained(folder, attention_type="full")
+    model = hf_zformer.convert_pretrained(folder, attention_type=["fastformer", "full"], fastformer_share_qv=share_qv)
+    ids, mask = _calibration_batch(AutoTokenizer.from_pretrained(folder), model.config)
+    x = _attention_inputs(full, ids, mask)[0]
+    with torch.no_grad():
+        softmax_size = _rms(full.encoder.layers[0].attention.context(x, mask), mask)
+        fastformer_size = _rms(model.encoder.layers[0].attention.context(x, mask), mask)
+    assert fastformer_size.item() == pytest.approx(softmax_size.item(), rel=1e-3)
+    # the query projection was scaled: it no longer equals the source's W_q
+    assert not torch.equal(model.encoder.layers[0].attention.query.weight, full.encoder.layers[0].attention.query.weight)
+
+
 def test_heads_follow_source_architecture_or_task(tmp_path):
     folder, source = make_source(tmp_path, "bert", "base")
     assert type(hf_zformer.convert_pretrained(folder)).__name__ == "ZformerModel"
