@@ -103,7 +103,7 @@ def append_records(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "w") as f:
-                json.dump(merged, f, indent=1, ensure_ascii=False)
+                json.dump(merged, f, indent=2, ensure_ascii=False)
                 f.write("\n")
                 f.flush()
                 os.fsync(f.fileno())

@@ -231,7 +231,7 @@ def main(argv=None) -> dict:
         )
         rows = [
             {**common, "split": split, "metric": "accuracy", "beams": None, "samples": len(hits[split]),
-             "value": 100.0 * results[f"{prefix}_accuracy"], "ci95": records.accuracy_ci(hits[split], seed=args.seed)}
+             "value": round(100.0 * results[f"{prefix}_accuracy"], 4), "ci95": records.accuracy_ci(hits[split], seed=args.seed)}
             for split, prefix in zip(eval_splits, ("eval", "test"))
         ]
         records.append_records(args.results_file, rows)
