@@ -53,11 +53,16 @@ def generate_and_score(accelerator, model, dataloader, tokenizer, *, num_beams, 
     rows = dict(zip(indices, zip(predictions, references)))
     ordered = [rows[i] for i in sorted(rows)]
     predictions, references = [p.strip() for p, _ in ordered], [r.strip() for _, r in ordered]
-    scores = {
+    return {**corpus_bleu(metric, predictions, references), "samples": len(predictions)}, sorted(rows), predictions, references
+
+
+def corpus_bleu(metric, predictions: list[str], references: list[str]) -> dict[str, float]:
+    """Corpus sacreBLEU of ``predictions`` against one reference each, cased (``bleu``) and
+    lowercased (``bleu_lowercase``); ``metric`` from :func:`hf_zformer.metrics.load`."""
+    return {
         name: metric.compute(predictions=predictions, references=[[r] for r in references], lowercase=lowercase)["score"]
         for name, lowercase in (("bleu", False), ("bleu_lowercase", True))
     }
-    return {**scores, "samples": len(predictions)}, sorted(rows), predictions, references
 
 
 def predict_labels(accelerator, model, dataloader, *, desc: str = "evaluate") -> tuple[list, list, list | None]:

@@ -23,24 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 
-def score_by_length(rows: list[dict], texts: dict, edges: list[int], seq2seq: bool) -> list[dict]:
+def score_by_length(rows: list[dict], texts: dict, edges: list[int], metric=None) -> list[dict]:
     """Per length bucket of the inputs (whitespace words of `texts[row["index"]]`; buckets end at
-    `edges`, the last open): the number of examples and sacreBLEU (corpus BLEU of the bucket's
-    sentences, cased and lowercased) or accuracy in %."""
+    `edges`, the last open): the number of examples and, with a sacreBLEU `metric` (translation),
+    corpus BLEU of the bucket's sentences, cased and lowercased, else accuracy in %."""
+    from hf_zformer.scoring import corpus_bleu
+
     bounds = [(1 if i == 0 else edges[i - 1] + 1, edge) for i, edge in enumerate(edges)] + [(edges[-1] + 1, None)]
     words = {index: len(text.split()) for index, text in texts.items()}
     buckets = []
     for low, high in bounds:
         members = [r for r in rows if low <= words[r["index"]] and (high is None or words[r["index"]] <= high)]
         entry = {"words": f"{low}-{high}" if high is not None else f">={low}", "samples": len(members)}
-        if seq2seq:
-            from hf_zformer import metrics as hf_metrics
-
-            metric = hf_metrics.load("sacrebleu")
-            for name, lowercase in (("bleu", False), ("bleu_lowercase", True)):
-                entry[name] = metric.compute(
-                    predictions=[r["prediction"] for r in members], references=[[r["reference"]] for r in members],
-                    lowercase=lowercase)["score"] if members else None
+        if metric is not None:
+            entry.update(corpus_bleu(metric, [r["prediction"] for r in members], [r["reference"] for r in members])
+                         if members else {"bleu": None, "bleu_lowercase": None})
         else:
             entry["accuracy"] = 100 * sum(r["prediction"] == r["label"] for r in members) / len(members) if members else None
         buckets.append(entry)
@@ -181,9 +178,9 @@ def main(argv=None) -> dict:
         generation = accelerator.unwrap_model(model).generation_config
         num_beams = args.num_beams or generation.num_beams or 1
         max_length = min(args.max_target_length or generation.max_length or 128, limit)
+        metric = hf_metrics.load("sacrebleu")
         scores, indices, predictions, _ = generate_and_score(
-            accelerator, model, loader, tokenizer, num_beams=num_beams, max_length=max_length,
-            metric=hf_metrics.load("sacrebleu"),
+            accelerator, model, loader, tokenizer, num_beams=num_beams, max_length=max_length, metric=metric,
         )
         results = {f"{split}_bleu": scores["bleu"], f"{split}_samples": scores["samples"], "num_beams": num_beams}
         rows = [
@@ -206,7 +203,7 @@ def main(argv=None) -> dict:
     if args.length_buckets:
         texts = {r["index"]: data[r["index"]]["translation"][args.source_lang] if seq2seq else data[r["index"]][args.text_column]
                  for r in rows}
-        results[f"{split}_by_length"] = score_by_length(rows, texts, args.length_buckets, seq2seq)
+        results[f"{split}_by_length"] = score_by_length(rows, texts, args.length_buckets, metric if seq2seq else None)
         logger.info("by input length (words):\n" + length_table(results[f"{split}_by_length"], seq2seq))
     if accelerator.is_main_process:
         out = Path(args.output_dir)

@@ -19,7 +19,7 @@ from .flops import case_flops, set_flops_fractions
 
 # Environment variables that change CPU timings (THP_MEM_ALLOC_ENABLE=1: transparent huge pages for
 # torch's CPU allocations; MALLOC_*: whether glibc returns freed memory to the system, see
-# hf_zformer.run.retain_freed_memory); recorded in the metadata and in front of the recorded command line.
+# hf_zformer.memory.retain_freed_memory); recorded in the metadata and in front of the recorded command line.
 TIMING_ENVIRONMENT = (
     "THP_MEM_ALLOC_ENABLE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
 )
