@@ -19,6 +19,8 @@ import math
 import os
 import shutil
 import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -266,11 +268,16 @@ def _rms(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return ((x.square() * weights).sum() / (weights.sum() * x.shape[-1])).sqrt()
 
 
-def _attention_inputs(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, torch.Tensor]:
-    """The input of every attention layer of `reference` on the calibration batch, by layer index."""
-    inputs = {}
+def _attention_calls(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, tuple]:
+    """`(args, kwargs, output)` of every encoder attention call of `reference` on a batch, by layer
+    index: the arguments replay the call on another attention module, `output` is (B, N, D)."""
+    calls = {}
+
+    def record(module, args, kwargs, output, i):
+        calls[i] = (args, kwargs, output[0])
+
     hooks = [
-        layer.attention.register_forward_pre_hook(lambda module, args, i=i: inputs.__setitem__(i, args[0]))
+        layer.attention.register_forward_hook(lambda *call, i=i: record(*call, i), with_kwargs=True)
         for i, layer in enumerate(reference.base_model.encoder.layers)
     ]
     try:
@@ -278,7 +285,12 @@ def _attention_inputs(reference, input_ids: torch.Tensor, attention_mask: torch.
     finally:
         for hook in hooks:
             hook.remove()
-    return inputs
+    return calls
+
+
+def _attention_inputs(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, torch.Tensor]:
+    """The input of every attention layer of `reference` on the calibration batch, by layer index."""
+    return {i: args[0] for i, (args, _, _) in _attention_calls(reference, input_ids, attention_mask).items()}
 
 
 @torch.no_grad()
@@ -341,6 +353,124 @@ def calibrate_fastformer_sizes(target, reference, input_ids: torch.Tensor, atten
     return factors
 
 
+@dataclass
+class Distillation:
+    """Attention transfer on unlabeled text after conversion (`distill_attention`): `texts` are the
+    documents (e.g. the 50,000 unlabeled IMDB reviews), `steps` optimizer steps of `batch_size`
+    documents truncated to `max_length` tokens, AdamW at `learning_rate` (5% warm-up, linear decay),
+    documents drawn with `seed`; `eval_texts` documents held out to measure the fit."""
+
+    texts: Sequence[str]
+    steps: int = 300
+    batch_size: int = 16
+    max_length: int = 256
+    learning_rate: float = 1e-3
+    seed: int = 0
+    eval_texts: int = 32
+
+    def __post_init__(self):
+        for name in ("steps", "batch_size", "max_length", "eval_texts"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"Distillation: {name} must be >= 1, got {getattr(self, name)}")
+        if not self.learning_rate > 0:
+            raise ValueError(f"Distillation: learning_rate must be > 0, got {self.learning_rate}")
+        if len(self.texts) <= self.eval_texts:
+            raise ValueError(f"Distillation: {len(self.texts)} texts given; it needs more than eval_texts="
+                             f"{self.eval_texts} (held out to measure the fit) to train on")
+
+
+def _relative_errors(model, calls, layers, attention_mask) -> list[torch.Tensor]:
+    """Per layer in `layers`: ||student - teacher||^2 / ||teacher||^2 of the attention output over
+    real tokens, the student's attention replaying the teacher's recorded call."""
+    weights = attention_mask.to(torch.float32)[..., None]
+    errors = []
+    for i in layers:
+        args, kwargs, target = calls[i]
+        output = model.base_model.encoder.layers[i].attention(*args, **kwargs)[0]
+        errors.append(((output - target).square() * weights).sum() / (target.square() * weights).sum().clamp_min(1e-12))
+    return errors
+
+
+def distill_attention(model, reference, tokenizer, distillation: Distillation, progress: bool = True) -> dict:
+    """Fit the attention of every non-full layer of `model` to the softmax attention it replaced.
+
+    `reference` is the exact full-attention copy of the source (same weights everywhere but the
+    attention types). At each step a batch of documents runs through `reference`; each converted
+    layer's attention then replays the reference layer's call (same input, mask and positions) and
+    its output is pulled towards the softmax output, the loss being the mean over layers of the
+    relative squared error (so every layer counts alike, whatever its output size). Only the
+    converted layers' attention parameters train; embeddings, feed-forward blocks, LayerNorms and
+    heads stay the source's. Layers learn independently (teacher inputs, not their own outputs), so
+    an early layer's error does not compound in this phase; fine-tuning afterwards adapts the whole.
+
+    Calibration (`calibrate_zformer_scales`, `calibrate_fastformer_sizes`) only matches each
+    output's size; this matches the output itself, on text like the task's. Returns
+    `{"layers": [...], "before": [...], "after": [...]}`: the distilled layers' relative errors on the
+    held-out documents before and after."""
+    from tqdm.auto import tqdm
+
+    layers = [i for i, layer in enumerate(model.base_model.encoder.layers) if layer.attention_type != "full"]
+    if not layers:
+        raise ValueError("distill_attention: every layer of the model has full attention; nothing to distill")
+    if tokenizer is None:
+        raise ValueError("distill_attention needs the source's tokenizer to encode the texts; none was found")
+    texts = list(distillation.texts)
+    held_out, train_texts = texts[: distillation.eval_texts], texts[distillation.eval_texts :]
+
+    def encode(batch):
+        encoded = tokenizer(batch, truncation=True, max_length=distillation.max_length, padding=True,
+                            return_tensors="pt")
+        return encoded["input_ids"], encoded["attention_mask"]
+
+    def held_out_errors():
+        totals = torch.zeros(len(layers))
+        for start in range(0, len(held_out), distillation.batch_size):
+            ids, mask = encode(held_out[start : start + distillation.batch_size])
+            with torch.no_grad():
+                calls = _attention_calls(reference, ids, mask)
+                totals += torch.stack(_relative_errors(model, calls, layers, mask))
+        count = math.ceil(len(held_out) / distillation.batch_size)
+        return [round(float(e) / count, 4) for e in totals]
+
+    was_training = model.training
+    model.eval()  # no dropout: the student fits the teacher's deterministic outputs
+    reference.eval()
+    trainable = [p for i in layers for p in model.base_model.encoder.layers[i].attention.parameters()]
+    flags = {p: p.requires_grad for p in model.parameters()}
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    for parameter in trainable:
+        parameter.requires_grad_(True)
+    optimizer = torch.optim.AdamW(trainable, lr=distillation.learning_rate, weight_decay=0.0)
+    warmup = max(1, distillation.steps // 20)
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min((step + 1) / warmup, max(0.0, (distillation.steps - step) / (distillation.steps - warmup + 1)))
+    )
+    generator = torch.Generator().manual_seed(distillation.seed)
+    try:
+        before = held_out_errors()
+        bar = tqdm(range(distillation.steps), desc="distilling attention", disable=not progress)
+        for _ in bar:
+            picks = torch.randint(len(train_texts), (distillation.batch_size,), generator=generator).tolist()
+            ids, mask = encode([train_texts[j] for j in picks])
+            with torch.no_grad():
+                calls = _attention_calls(reference, ids, mask)
+            loss = torch.stack(_relative_errors(model, calls, layers, mask)).mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
+            optimizer.step()
+            schedule.step()
+            bar.set_postfix(loss=f"{loss.item():.4f}")
+        after = held_out_errors()
+    finally:
+        for parameter, flag in flags.items():
+            parameter.requires_grad_(flag)
+        model.train(was_training)
+    logger.info(f"attention distillation, relative error per layer {layers}: before {before}, after {after}")
+    return {"layers": layers, "before": before, "after": after}
+
+
 def _calibration_batch(tokenizer, config):
     """(input_ids, attention_mask) of `CALIBRATION_TEXT`, or of random tokens without a tokenizer."""
     length = min(128, config.max_position_embeddings - config.position_offset)
@@ -361,8 +491,9 @@ def _load_tokenizer(model_name_or_path):
         return None
 
 
-def model_card_text(config, base_model: str, task: str) -> str:
-    """README.md of a converted folder: `base_model` metadata, what was converted and how to load it."""
+def model_card_text(config, base_model: str, task: str, distillation: dict | None = None) -> str:
+    """README.md of a converted folder: `base_model` metadata, what was converted and how to load it,
+    and the attention distillation's settings and fit when there was one (`distill_attention`)."""
     from huggingface_hub import ModelCard, ModelCardData
 
     types = config.layer_attention_types()
@@ -373,6 +504,15 @@ def model_card_text(config, base_model: str, task: str) -> str:
         pipeline_tag=task,
         tags=["hf_zformer", config.model_type, "warm-start", *sorted({f"{t}-attention" for t in types})],
     )
+    distilled = ""
+    if distillation is not None:
+        distilled = (
+            f"\nAfter conversion the attention of layers {distillation['layers']} was distilled onto the base "
+            f"model's softmax attention (`hf_zformer.convert.distill_attention`: {distillation['steps']} steps of "
+            f"{distillation['batch_size']} documents of up to {distillation['max_length']} tokens, learning rate "
+            f"{distillation['learning_rate']}). Relative squared error of each layer's attention output on "
+            f"held-out documents: {distillation['before']} before, {distillation['after']} after.\n"
+        )
     content = f"""---
 {data.to_yaml()}
 ---
@@ -384,7 +524,7 @@ def model_card_text(config, base_model: str, task: str) -> str:
 head carry over unchanged; with `full` attention the model computes what the base model computes.
 Other attention types reuse the pretrained projections that map and start the rest fresh (the
 mapping is in hf_zformer's docs/warm_start.md), so the model needs fine-tuning before use.
-
+{distilled}
 ```python
 from transformers import AutoModel, AutoTokenizer
 model = AutoModel.from_pretrained("path/to/this/folder", trust_remote_code=True)
@@ -422,6 +562,7 @@ def convert_pretrained(
     num_labels: int | None = None,
     base_model: str | None = None,
     overwrite: bool = False,
+    distillation: Distillation | None = None,
     **config_overrides,
 ):
     """Convert a BERT, RoBERTa or DistilBERT checkpoint (folder or Hub id) into a Zformer-family
@@ -441,6 +582,8 @@ def convert_pretrained(
             (loads with trust_remote_code=True), the tokenizer and a model card (README.md).
         base_model: the Hub id named as `base_model` in the model card (default `model_name_or_path`;
             give the Hub id when converting from a local copy).
+        distillation: after conversion, fit the new attention layers to the source's softmax
+            attention on these unlabeled texts (`distill_attention`); the model card records the fit.
         config_overrides: further `ZformerConfig` fields (e.g. `xformer_beta=8`), applied last.
     """
     from transformers import AutoConfig
@@ -469,7 +612,10 @@ def convert_pretrained(
     copy_weights(model, source, family, source_task)
     tokenizer = _load_tokenizer(model_name_or_path)
     types = set(config.layer_attention_types())
-    if types & {"zformer", "fastformer"}:  # start their outputs at the size of the softmax attention they replace
+    report = None
+    # zformer / fastformer outputs start at the size of the softmax attention they replace; distillation
+    # then fits every converted layer's output to it. Both compare with an exact full-attention copy.
+    if types & {"zformer", "fastformer"} or (distillation is not None and types != {"full"}):
         reference_config = config.to_dict()
         reference_config.update(attention_type="full")
         reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
@@ -482,7 +628,14 @@ def convert_pretrained(
         if "fastformer" in types:
             factors = calibrate_fastformer_sizes(model, reference, *batch)
             logger.info(f"fastformer W_q factors per layer: {[round(f, 4) for f in factors]}")
+        if distillation is not None:
+            report = distill_attention(model, reference, tokenizer, distillation)
+            report.update(steps=distillation.steps, batch_size=distillation.batch_size,
+                          max_length=distillation.max_length, learning_rate=distillation.learning_rate)
+    elif distillation is not None:
+        raise ValueError("distillation: every layer has full attention, which is the source's exactly; "
+                         "there is nothing to distill (choose another attention_type)")
     if output_dir is not None:
-        card = model_card_text(config, str(base_model or model_name_or_path), task)
+        card = model_card_text(config, str(base_model or model_name_or_path), task, report)
         _save(model, tokenizer, card, output_dir, overwrite)
     return model

@@ -5,6 +5,9 @@
         --attention_type fastformer --task text-classification --classifier_pooling mean \
         --output_dir runs/minilm-fastformer
 
+Add ``--distill_file ../shared/data/imdb/unsup.jsonl.gz`` to fit the new attention layers to the
+source's softmax attention on unlabeled text first (``--distill_steps``, ``--distill_batch_size``, ...).
+
 The folder (config, safetensors weights, model code, tokenizer, README.md with ``base_model``) is
 ready for ``scripts/run_classification.py --model_name_or_path`` and loads elsewhere with
 ``trust_remote_code=True``. What maps onto what: docs/warm_start.md.
@@ -37,10 +40,46 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--base_model", default=None, help="Hub id named as base_model in the model card.")
     parser.add_argument("--config_overrides", default=None, help='Further config fields, "k=v,k2=v2".')
     parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
+    distill = parser.add_argument_group(
+        "attention distillation",
+        "Fit the converted attention layers to the source's softmax attention on unlabeled text before "
+        "fine-tuning (hf_zformer.convert.distill_attention; docs/warm_start.md).",
+    )
+    distill.add_argument("--distill_file", default=None,
+                         help="Unlabeled documents: .jsonl[.gz] / .csv[.gz] (--distill_text_column) or .txt[.gz] "
+                              "(one per line), e.g. ../shared/data/imdb/unsup.jsonl.gz. Without it: no distillation.")
+    distill.add_argument("--distill_text_column", default="text")
+    distill.add_argument("--distill_steps", type=int, default=300, help="Optimizer steps.")
+    distill.add_argument("--distill_batch_size", type=int, default=16, help="Documents per step.")
+    distill.add_argument("--distill_max_length", type=int, default=256, help="Truncate documents to this many tokens.")
+    distill.add_argument("--distill_learning_rate", type=float, default=1e-3)
+    distill.add_argument("--distill_max_documents", type=int, default=None,
+                         help="Read only the first N documents of --distill_file.")
+    distill.add_argument("--seed", type=int, default=0, help="Seed of the documents' order.")
     args = parser.parse_args(argv)
     if args.num_labels is not None and args.num_labels < 1:
         parser.error(f"--num_labels must be >= 1, got {args.num_labels}")
+    for name in ("distill_steps", "distill_batch_size", "distill_max_length", "distill_max_documents"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} must be >= 1, got {value}")
+    if not args.distill_learning_rate > 0:
+        parser.error(f"--distill_learning_rate must be > 0, got {args.distill_learning_rate}")
     return args
+
+
+def distillation_of(args):
+    """The `Distillation` the arguments ask for, with the documents of --distill_file; None without it."""
+    if args.distill_file is None:
+        return None
+    from hf_zformer.convert import Distillation
+    from hf_zformer.data import load_text_dataset
+
+    texts = load_text_dataset(args.distill_file, text_column=args.distill_text_column, validation_size=None)["train"]
+    if args.distill_max_documents is not None:
+        texts = texts.select(range(min(args.distill_max_documents, len(texts))))
+    return Distillation(texts["text"], steps=args.distill_steps, batch_size=args.distill_batch_size,
+                        max_length=args.distill_max_length, learning_rate=args.distill_learning_rate, seed=args.seed)
 
 
 def main(argv=None):
@@ -52,9 +91,10 @@ def main(argv=None):
         model = convert_pretrained(
             args.model_name_or_path, attention_type, args.output_dir, task=args.task,
             classifier_pooling=args.classifier_pooling, num_labels=args.num_labels, base_model=args.base_model,
-            overwrite=args.overwrite, **parse_config_overrides(args.config_overrides),
+            overwrite=args.overwrite, distillation=distillation_of(args),
+            **parse_config_overrides(args.config_overrides),
         )
-    except ValueError as error:  # a bad source, field or folder: the message names it
+    except (ValueError, FileNotFoundError) as error:  # a bad source, field, folder or file: the message names it
         sys.exit(f"convert_checkpoint.py: error: {error}")
     print(f"wrote {type(model).__name__} ({attention_type} attention) to {args.output_dir}")
     return model

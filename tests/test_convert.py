@@ -318,3 +318,80 @@ def test_converted_bert_fine_tunes_with_run_classification(tmp_path):
     assert record["base_model"] == "someone/tiny-bert" and record["model_name_or_path"] == str(converted)
     assert json.loads((out / "config.json").read_text())["classifier_pooling"] == "mean"
     assert len(AutoTokenizer.from_pretrained(out)) == 99  # the converted folder's tokenizer, not one trained on the data
+
+
+def _sentences(count, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(4, 30, (count,), generator=generator).tolist()
+    return [" ".join(WORDS[j] for j in torch.randint(len(WORDS), (n,), generator=generator).tolist()) for n in lengths]
+
+
+@pytest.mark.parametrize("attention_type", [["zformer", "full"], ["fastformer", "xformer"]], ids="|".join)
+def test_distillation_fits_attention_and_touches_nothing_else(tmp_path, attention_type):
+    """Distillation lowers every converted layer's error against the softmax attention on held-out
+    texts; it changes only the converted layers' attention parameters (full layers, embeddings,
+    feed-forward blocks, LayerNorms and head keep the source's values), leaves every parameter
+    trainable and records the fit in the model card."""
+    folder, _ = make_source(tmp_path, "bert", "classification")
+    torch.manual_seed(0)
+    plain = hf_zformer.convert_pretrained(folder, attention_type)
+    distillation = hf_zformer.Distillation(_sentences(80), steps=40, batch_size=8, learning_rate=3e-3, eval_texts=16)
+    torch.manual_seed(0)
+    model = hf_zformer.convert_pretrained(folder, attention_type, tmp_path / "out", distillation=distillation)
+    before = dict(plain.named_parameters())
+    converted = {i for i, t in enumerate(attention_type) if t != "full"}
+    for name, parameter in model.named_parameters():
+        assert parameter.requires_grad, name
+        in_converted_attention = any(name.startswith(f"zformer.encoder.layers.{i}.attention.") for i in converted)
+        if not in_converted_attention:
+            assert torch.equal(parameter, before[name]), name
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if ".attention." in n)
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "distilled" in card and "40 steps of 8 documents" in card
+    # the fit, measured again from outside on the held-out texts the report used
+    reference = hf_zformer.convert_pretrained(folder, "full")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    from hf_zformer.convert import _attention_calls, _relative_errors
+
+    batch = tokenizer(distillation.texts[:16], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        calls = _attention_calls(reference, batch["input_ids"], batch["attention_mask"])
+        after = _relative_errors(model, calls, sorted(converted), batch["attention_mask"])
+        start = _relative_errors(plain, calls, sorted(converted), batch["attention_mask"])
+    for a, s in zip(after, start):
+        assert a < 0.8 * s
+
+
+def test_distillation_refuses_bad_settings(tmp_path):
+    folder, _ = make_source(tmp_path, "bert", "base")
+    texts = _sentences(40)
+    with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
+        hf_zformer.Distillation(texts, steps=0)
+    with pytest.raises(ValueError, match="learning_rate must be > 0, got -1"):
+        hf_zformer.Distillation(texts, learning_rate=-1)
+    with pytest.raises(ValueError, match="40 texts given; it needs more than eval_texts=40"):
+        hf_zformer.Distillation(texts, eval_texts=40)
+    with pytest.raises(ValueError, match="every layer has full attention"):
+        hf_zformer.convert_pretrained(folder, "full", distillation=hf_zformer.Distillation(texts, steps=1))
+
+
+def test_script_distills_from_a_file(tmp_path):
+    """--distill_file reads unlabeled documents (.jsonl.gz, as IMDB's unsup file) and the card reports
+    the fit; a bad --distill_* value is refused by name."""
+    import gzip
+
+    folder, _ = make_source(tmp_path, "bert", "classification")
+    documents = tmp_path / "unsup.jsonl.gz"
+    with gzip.open(documents, "wt") as f:
+        for text in _sentences(60):
+            f.write(json.dumps({"text": text, "id": "x"}) + "\n")
+    out = tmp_path / "out"
+    script = REPO_ROOT / "scripts" / "convert_checkpoint.py"
+    result = _run_converter(script, "--model_name_or_path", folder, "--attention_type", "zformer",
+                            "--output_dir", out, "--distill_file", documents, "--distill_steps", 5,
+                            "--distill_batch_size", 4)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "5 steps of 4 documents" in (out / "README.md").read_text()
+    bad = _run_converter(script, "--model_name_or_path", folder, "--output_dir", tmp_path / "bad",
+                         "--distill_file", documents, "--distill_batch_size", 0)
+    assert bad.returncode != 0 and "--distill_batch_size must be >= 1, got 0" in bad.stderr
