@@ -142,7 +142,9 @@ def bootstrap_ci(
 def accuracy_ci(correct: Sequence[bool], **kwargs: Any) -> list[float] | None:
     """Bootstrap interval of the accuracy in % (see :func:`bootstrap_ci` for ``kwargs``)."""
     hits = np.asarray(correct, dtype=np.float64)
-    return bootstrap_ci(len(hits), lambda idx: 100.0 * hits[idx].mean(), **kwargs)
+    interval = bootstrap_ci(len(hits), lambda idx: 100.0 * hits[idx].mean(), **kwargs)
+    # accuracies are multiples of 100/n: rounding drops float noise (85.39899999999999), nothing else
+    return None if interval is None else [round(bound, 4) for bound in interval]
 
 
 def perplexity_ci(block_losses: Sequence[float], **kwargs: Any) -> list[float] | None:
