@@ -217,8 +217,8 @@ def _config_fields() -> dict[str, Any]:
 
 def _convert(key: str, raw: str, default: Any) -> Any:
     text = raw.strip()
-    if text.lower() in ("none", "null"):
-        return None
+    if text.lower() in ("none", "null") and not isinstance(default, str):
+        return None  # a string field keeps the word: zformer_normalization=none is its value "none"
     if "|" in text:  # per-layer list, e.g. attention_type=fastformer|full
         return [part.strip() for part in text.split("|")]
     try:
@@ -247,7 +247,8 @@ def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
     """Parse ``"k=v,k2=v2"`` into typed config kwargs.
 
     Each value is converted to the type of the :class:`ZformerConfig` field's default (int, float,
-    bool as true/false, str); ``none`` for optional fields; ``a|b|c`` for per-layer lists (e.g.
+    bool as true/false, str); ``none`` for optional fields (a string field keeps the word:
+    ``zformer_normalization=none``); ``a|b|c`` for per-layer lists (e.g.
     ``attention_type=fastformer|full``). Unknown keys raise ``ValueError`` listing the valid ones.
     """
     if not overrides:

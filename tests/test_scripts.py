@@ -739,6 +739,9 @@ def test_config_overrides_are_typed_by_field():
                       "attention_type": ["fastformer", "full"], "position_embedding_type": "learned",
                       "zformer_scale_init": 10.0}
     assert isinstance(parsed["zformer_scale_init"], float)
+    # "none" is a value of a string field, not a missing one
+    assert parse_config_overrides("zformer_normalization=none") == {"zformer_normalization": "none"}
+    assert parse_config_overrides("zformer_normalization=tokens") == {"zformer_normalization": "tokens"}
     assert parse_config_overrides(None) == {} and parse_config_overrides("") == {}
     with pytest.raises(ValueError, match="key=value"):
         parse_config_overrides("hidden_size")
