@@ -84,6 +84,10 @@ def distillation_of(args):
 
 def main(argv=None):
     args = parse_args(argv)
+    import logging
+
+    # the calibration factors and the distillation's fit per layer are logged at INFO
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     from hf_zformer.arguments import parse_config_overrides
 
     attention_type = args.attention_type[0] if len(args.attention_type) == 1 else args.attention_type

@@ -392,6 +392,7 @@ def test_script_distills_from_a_file(tmp_path):
                             "--distill_batch_size", 4)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "5 steps of 4 documents" in (out / "README.md").read_text()
+    assert "attention distillation, relative error per layer [0, 1]" in result.stderr
     bad = _run_converter(script, "--model_name_or_path", folder, "--output_dir", tmp_path / "bad",
                          "--distill_file", documents, "--distill_batch_size", 0)
     assert bad.returncode != 0 and "--distill_batch_size must be >= 1, got 0" in bad.stderr
