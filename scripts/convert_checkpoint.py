@@ -49,7 +49,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                          help="Unlabeled documents: .jsonl[.gz] / .csv[.gz] (--distill_text_column) or .txt[.gz] "
                               "(one per line), e.g. ../shared/data/imdb/unsup.jsonl.gz. Without it: no distillation.")
     distill.add_argument("--distill_text_column", default="text")
-    distill.add_argument("--distill_steps", type=int, default=300, help="Optimizer steps.")
+    distill.add_argument("--distill_steps", type=int, default=300,
+                         help="Layer-wise steps: each new attention layer fits the source's on the source's inputs.")
+    distill.add_argument("--distill_model_steps", type=int, default=0,
+                         help="Then whole-model steps: every layer's output, the model running on its own, "
+                              "fits the source's (corrects the layers' compounding errors).")
     distill.add_argument("--distill_batch_size", type=int, default=16, help="Documents per step.")
     distill.add_argument("--distill_max_length", type=int, default=256, help="Truncate documents to this many tokens.")
     distill.add_argument("--distill_learning_rate", type=float, default=1e-3)
@@ -63,6 +67,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
+    if args.distill_model_steps < 0:
+        parser.error(f"--distill_model_steps must be >= 0, got {args.distill_model_steps}")
     if not args.distill_learning_rate > 0:
         parser.error(f"--distill_learning_rate must be > 0, got {args.distill_learning_rate}")
     return args
@@ -78,7 +84,8 @@ def distillation_of(args):
     texts = load_text_dataset(args.distill_file, text_column=args.distill_text_column, validation_size=None)["train"]
     if args.distill_max_documents is not None:
         texts = texts.select(range(min(args.distill_max_documents, len(texts))))
-    return Distillation(texts["text"], steps=args.distill_steps, batch_size=args.distill_batch_size,
+    return Distillation(texts["text"], steps=args.distill_steps, model_steps=args.distill_model_steps,
+                        batch_size=args.distill_batch_size,
                         max_length=args.distill_max_length, learning_rate=args.distill_learning_rate, seed=args.seed)
 
 

@@ -335,7 +335,8 @@ def test_distillation_fits_attention_and_touches_nothing_else(tmp_path, attentio
     folder, _ = make_source(tmp_path, "bert", "classification")
     torch.manual_seed(0)
     plain = hf_zformer.convert_pretrained(folder, attention_type)
-    distillation = hf_zformer.Distillation(_sentences(80), steps=40, batch_size=8, learning_rate=3e-3, eval_texts=16)
+    distillation = hf_zformer.Distillation(_sentences(80), steps=40, model_steps=10, batch_size=8, learning_rate=3e-3,
+                                           eval_texts=16)
     torch.manual_seed(0)
     model = hf_zformer.convert_pretrained(folder, attention_type, tmp_path / "out", distillation=distillation)
     before = dict(plain.named_parameters())
@@ -347,7 +348,7 @@ def test_distillation_fits_attention_and_touches_nothing_else(tmp_path, attentio
             assert torch.equal(parameter, before[name]), name
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if ".attention." in n)
     card = (tmp_path / "out" / "README.md").read_text()
-    assert "distilled" in card and "40 steps of 8 documents" in card
+    assert "distilled" in card and "40 layer-wise and 10 whole-model steps of 8 documents" in card
     # the fit, measured again from outside on the held-out texts the report used
     reference = hf_zformer.convert_pretrained(folder, "full")
     tokenizer = AutoTokenizer.from_pretrained(folder)
@@ -360,6 +361,14 @@ def test_distillation_fits_attention_and_touches_nothing_else(tmp_path, attentio
         start = _relative_errors(plain, calls, sorted(converted), batch["attention_mask"])
     for a, s in zip(after, start):
         assert a < 0.8 * s
+    # and the whole model on its own inputs: the last hidden states are closer to the source's
+    from hf_zformer.convert import _hidden_state_errors
+
+    with torch.no_grad():
+        first = min(converted)
+        last_after = _hidden_state_errors(model, reference, batch["input_ids"], batch["attention_mask"], first)[-1]
+        last_start = _hidden_state_errors(plain, reference, batch["input_ids"], batch["attention_mask"], first)[-1]
+    assert last_after < 0.8 * last_start
 
 
 def test_distillation_refuses_bad_settings(tmp_path):
@@ -367,6 +376,8 @@ def test_distillation_refuses_bad_settings(tmp_path):
     texts = _sentences(40)
     with pytest.raises(ValueError, match="steps must be >= 1, got 0"):
         hf_zformer.Distillation(texts, steps=0)
+    with pytest.raises(ValueError, match="model_steps must be >= 0, got -2"):
+        hf_zformer.Distillation(texts, model_steps=-2)
     with pytest.raises(ValueError, match="learning_rate must be > 0, got -1"):
         hf_zformer.Distillation(texts, learning_rate=-1)
     with pytest.raises(ValueError, match="40 texts given; it needs more than eval_texts=40"):
@@ -389,9 +400,9 @@ def test_script_distills_from_a_file(tmp_path):
     script = REPO_ROOT / "scripts" / "convert_checkpoint.py"
     result = _run_converter(script, "--model_name_or_path", folder, "--attention_type", "zformer",
                             "--output_dir", out, "--distill_file", documents, "--distill_steps", 5,
-                            "--distill_batch_size", 4)
+                            "--distill_model_steps", 3, "--distill_batch_size", 4)
     assert result.returncode == 0, result.stderr[-4000:]
-    assert "5 steps of 4 documents" in (out / "README.md").read_text()
+    assert "5 layer-wise and 3 whole-model steps of 4 documents" in (out / "README.md").read_text()
     assert "attention distillation, relative error per layer [0, 1]" in result.stderr
     bad = _run_converter(script, "--model_name_or_path", folder, "--output_dir", tmp_path / "bad",
                          "--distill_file", documents, "--distill_batch_size", 0)
