@@ -262,6 +262,7 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
         "train_steps": results.get("train_steps"),
         "seed": args.seed,
         "split_seed": getattr(args, "split_seed", None),
+        "learning_rate": getattr(args, "learning_rate", None),  # runs of one comparison may differ only in it
         "commit": git_commit(),
         "base_model": base_model_of(args.model_name_or_path),
         "model_name_or_path": args.model_name_or_path,  # the folder or id the run loaded
