@@ -447,10 +447,11 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
     texts = list(distillation.texts)
     held_out, train_texts = texts[: distillation.eval_texts], texts[distillation.eval_texts :]
     generator = torch.Generator().manual_seed(distillation.seed)
+    config = model.config  # documents longer than the model's positions are cut to them
+    max_length = min(distillation.max_length, config.max_position_embeddings - config.position_offset)
 
     def encode(batch):
-        encoded = tokenizer(batch, truncation=True, max_length=distillation.max_length, padding=True,
-                            return_tensors="pt")
+        encoded = tokenizer(batch, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
         return encoded["input_ids"], encoded["attention_mask"]
 
     def attention_loss(ids, mask):

@@ -395,12 +395,15 @@ def test_script_distills_from_a_file(tmp_path):
     folder, _ = make_source(tmp_path, "bert", "classification")
     documents = tmp_path / "unsup.jsonl.gz"
     with gzip.open(documents, "wt") as f:
-        for text in _sentences(60):
+        for i, text in enumerate(_sentences(60)):
+            text = " ".join([text] * 8) if i % 10 == 0 else text  # some longer than the 64 positions
             f.write(json.dumps({"text": text, "id": "x"}) + "\n")
     out = tmp_path / "out"
     script = REPO_ROOT / "scripts" / "convert_checkpoint.py"
+    # --distill_max_length beyond the model's 64 positions: documents are cut to them
     result = _run_converter(script, "--model_name_or_path", folder, "--attention_type", "zformer",
-                            "--output_dir", out, "--distill_file", documents, "--distill_steps", 5,
+                            "--output_dir", out, "--distill_file", documents, "--distill_max_length", 1000,
+                            "--distill_steps", 5,
                             "--distill_model_steps", 3, "--distill_batch_size", 4)
     assert result.returncode == 0, result.stderr[-4000:]
     assert "5 layer-wise and 3 whole-model steps of 4 documents" in (out / "README.md").read_text()
