@@ -1,7 +1,8 @@
 """Batching of the training scripts (library side, never shipped): :class:`LengthGroupedBatchSampler`
 (length-bucketed, seeded per epoch, resumable), :func:`pad_collate` (dynamic padding per batch) and
 :func:`make_dataloader`, which puts the two together; for language modelling, :func:`group_into_blocks`
-(documents concatenated and cut into fixed-length blocks) and :func:`block_collate`."""
+(documents concatenated and cut into fixed-length blocks), :func:`block_collate` (causal LM) and
+:class:`MaskedLMCollator` (masked LM)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import numpy as np
 import torch
 
 __all__ = [
-    "LengthGroupedBatchSampler", "block_collate", "group_into_blocks", "make_dataloader", "make_eval_dataloaders",
+    "LengthGroupedBatchSampler", "MaskedLMCollator", "block_collate", "group_into_blocks", "make_dataloader", "make_eval_dataloaders",
     "pad_collate",
 ]
 
@@ -127,3 +128,49 @@ def block_collate(features: list[dict]) -> dict[str, torch.Tensor]:
     them inside). No attention mask: a block has no padding."""
     input_ids = torch.tensor(np.array([f["input_ids"] for f in features]), dtype=torch.long)
     return {"input_ids": input_ids, "labels": input_ids.clone()}
+
+
+class MaskedLMCollator:
+    """Masked-language-model batches of equal-length blocks (:func:`group_into_blocks`), BERT's
+    recipe with a fixed count: in every block exactly ``round(probability * block_size)`` positions
+    (at least one) are scored; of those, each becomes ``mask_token_id`` with probability 0.8, a
+    random ordinary token (ids ``first_ordinary_id`` .. ``vocab_size - 1``) with 0.1, and stays
+    itself with 0.1. ``labels`` holds the original ids at the scored positions, -100 elsewhere.
+    Every block scoring the same number of tokens makes the mean token loss the mean of the blocks'
+    mean losses (so :func:`hf_zformer.results.perplexity_ci` applies as for causal blocks).
+
+    The masks are a pure function of ``(seed, epoch, block)`` (each feature carries its ``block``
+    index): a resumed run, a second process and a re-evaluation mask every block as before, and
+    the global RNG is never drawn. ``sampler`` (whose ``epoch`` the training loop sets) gives new
+    masks each epoch; without it (evaluation) the masks never change."""
+
+    def __init__(self, mask_token_id: int, vocab_size: int, *, probability: float = 0.15, seed: int = 0,
+                 sampler: LengthGroupedBatchSampler | None = None, first_ordinary_id: int = 0):
+        if not 0.0 < probability < 1.0:
+            raise ValueError(f"the masking probability must be in (0, 1), got {probability}")
+        if mask_token_id is None:
+            raise ValueError("the tokenizer has no mask token: masked-language modelling needs one")
+        if not 0 <= first_ordinary_id < vocab_size:
+            raise ValueError(f"first_ordinary_id {first_ordinary_id} must be in 0..{vocab_size - 1}")
+        self.mask_token_id, self.vocab_size, self.first_ordinary_id = mask_token_id, vocab_size, first_ordinary_id
+        self.probability, self.seed, self.sampler = probability, seed, sampler
+
+    def scored_per_block(self, block_size: int) -> int:
+        return max(1, round(self.probability * block_size))
+
+    def __call__(self, features: list[dict]) -> dict[str, torch.Tensor]:
+        epoch = self.sampler.epoch if self.sampler is not None else 0
+        input_ids = np.array([f["input_ids"] for f in features], dtype=np.int64)
+        labels = np.full_like(input_ids, -100)
+        count = self.scored_per_block(input_ids.shape[1])
+        for row, feature in zip(range(len(features)), features):
+            rng = np.random.default_rng([self.seed, epoch, int(feature["block"])])
+            positions = rng.choice(input_ids.shape[1], size=count, replace=False)
+            labels[row, positions] = input_ids[row, positions]
+            action = rng.random(count)
+            replace = rng.integers(self.first_ordinary_id, self.vocab_size, size=count)
+            input_ids[row, positions] = np.where(
+                action < 0.8, self.mask_token_id, np.where(action < 0.9, replace, input_ids[row, positions])
+            )
+        return {"input_ids": torch.from_numpy(input_ids), "labels": torch.from_numpy(labels),
+                "labelled_logits_only": True}

@@ -22,9 +22,9 @@ UPLOAD_IGNORE = ["step_*/**", "epoch_*/**", "best/**", ".tmp-*/**", ".old-*/**",
 #: under the project's license (``setup.cfg``).
 LICENSE = "apache-2.0"
 _TASK_NAMES = {"translation": "Translation", "text-classification": "Text Classification",
-               "text-generation": "Causal Language Modeling"}
+               "text-generation": "Causal Language Modeling", "fill-mask": "Masked Language Modeling"}
 _EXAMPLES = {"translation": "Ein Mann fährt mit dem Fahrrad durch den Park.", "text-classification": "What a great film!",
-             "text-generation": "This movie"}
+             "text-generation": "This movie", "fill-mask": "This movie was <mask>."}
 _METRIC_NAMES = {"bleu": "BLEU (sacreBLEU)", "accuracy": "Accuracy", "perplexity": "Perplexity"}
 
 
@@ -147,6 +147,12 @@ print(tokenizer.batch_decode(outputs, skip_special_tokens=True)[0])"""
 model_id = {model_id!r}
 generate = pipeline("text-generation", model=model_id, trust_remote_code=True)
 print(generate({example!r}, max_new_tokens=30, do_sample=False)[0]["generated_text"])"""
+    if task == "fill-mask":
+        return f"""from transformers import pipeline
+
+model_id = {model_id!r}
+fill = pipeline("fill-mask", model=model_id, trust_remote_code=True)
+print(fill({example!r})[0])  # the most likely token for the mask, with its score"""
     return f"""from transformers import pipeline
 
 model_id = {model_id!r}

@@ -8,7 +8,8 @@ What the scripts' evaluations run, on one process or many (results gathered with
 * :func:`predict_labels` / :func:`score_accuracy` -- classification: the argmax class of every
   example, and the accuracy with the per-example hits (for bootstrap intervals);
 * :func:`score_perplexity` -- language modelling: mean token loss and perplexity over fixed-length
-  blocks, with the loss of every block (for bootstrap intervals).
+  blocks, with the loss of every block (for bootstrap intervals); :func:`score_masked_lm` the same
+  for a masked LM at its masked positions, with their accuracy.
 
 When to evaluate during training, and the best checkpoint, are :mod:`hf_zformer.evaluation`'s job.
 """
@@ -22,7 +23,7 @@ import torch
 
 from .feedback import progress
 
-__all__ = ["generate_and_score", "predict_labels", "score_accuracy", "score_perplexity"]
+__all__ = ["generate_and_score", "predict_labels", "score_accuracy", "score_masked_lm", "score_perplexity"]
 
 
 def generate_and_score(accelerator, model, dataloader, tokenizer, *, num_beams, max_length, metric):
@@ -112,3 +113,25 @@ def score_perplexity(accelerator, model, dataloader, *, desc: str = "evaluate") 
     model.train()
     loss = sum(losses) / max(len(losses), 1)
     return {"loss": loss, "perplexity": math.exp(loss), "samples": len(losses), "tokens": len(losses) * scored}, losses
+
+
+def score_masked_lm(accelerator, model, dataloader, *, desc: str = "evaluate") -> tuple[dict[str, Any], list[float]]:
+    """``({"loss", "perplexity", "accuracy", "samples", "tokens"}, block_losses)`` of a masked LM
+    over ``dataloader``'s blocks (:class:`hf_zformer.batching.MaskedLMCollator`, which scores the same
+    number of positions in every block): the mean loss at the scored positions, its exp, and the
+    share of them whose most likely token is the original one. The model is left in training mode."""
+    model.eval()
+    losses, correct, scored = [], 0, 0  # scored: positions scored per block
+    for batch in progress(dataloader, desc=desc, main=accelerator.is_local_main_process):
+        with torch.no_grad(), accelerator.autocast():
+            logits = model(**batch).logits  # (B * scored, V): labelled positions only, row-major
+        targets = batch["labels"][batch["labels"] != -100]
+        scored = targets.numel() // batch["labels"].shape[0]
+        token_losses = torch.nn.functional.cross_entropy(logits.float(), targets, reduction="none")
+        losses += accelerator.gather_for_metrics(token_losses.view(-1, scored).mean(dim=1)).tolist()
+        correct += int(accelerator.gather_for_metrics((logits.argmax(dim=-1) == targets).view(-1, scored).sum(dim=1)).sum())
+    model.train()
+    loss = sum(losses) / max(len(losses), 1)
+    tokens = len(losses) * scored
+    return {"loss": loss, "perplexity": math.exp(loss), "accuracy": correct / max(tokens, 1), "samples": len(losses),
+            "tokens": tokens}, losses

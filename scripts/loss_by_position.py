@@ -20,7 +20,6 @@ per-bucket numbers to --output (.json; the table to the same name with .md).
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -28,6 +27,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import torch  # noqa: E402
+
+from hf_zformer import language_modeling  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -61,13 +62,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def _run_clm():
-    spec = importlib.util.spec_from_file_location("run_clm", Path(__file__).with_name("run_clm.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def validation_documents(args) -> list[str]:
     """The texts of run_clm.py's validation documents for the same data arguments."""
     data_args = argparse.Namespace(
@@ -77,7 +71,7 @@ def validation_documents(args) -> list[str]:
         group_column=args.group_column, split_seed=args.split_seed, seed=args.split_seed,
         max_train_samples=None, max_eval_samples=args.max_eval_samples,
     )
-    return list(_run_clm().load_data(data_args)["validation"]["text"])
+    return list(language_modeling.load_documents(data_args)["validation"]["text"])
 
 
 @torch.no_grad()

@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import arguments, batching, run, training  # noqa: E402
+from hf_zformer import arguments, batching, language_modeling, run, training  # noqa: E402
 from hf_zformer.modeling.configuration_zformer import CAUSAL_ATTENTION_TYPES  # noqa: E402
 from hf_zformer.scoring import score_perplexity  # noqa: E402
 
@@ -34,32 +34,11 @@ from hf_zformer.scoring import score_perplexity  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     arguments.add_data_args(parser)
-    parser.add_argument(
-        "--train_file", default=None,
-        help="Local file of training documents: .jsonl[.gz]/.csv[.gz] (one per row, in --text_column) or "
-        ".txt[.gz] (one per line). Exclusive with --dataset_name and --data_dir.",
-    )
-    parser.add_argument("--validation_file", default=None, help="Local file of validation documents (with --train_file).")
-    parser.add_argument("--text_column", default="text")
-    parser.add_argument(
-        "--validation_split_percentage", type=int, default=5,
-        help="Without a validation split, hold out this percentage of the training documents (seeded by --split_seed).",
-    )
-    parser.add_argument(
-        "--group_column", default="movie",
-        help='When the data has this column, the held-out validation documents keep each group (IMDB: each movie\'s '
-        'reviews) on one side; "" carves by documents.',
-    )
-    parser.add_argument("--block_size", type=int, default=512, help="Tokens per training/validation block.")
+    language_modeling.add_document_args(parser)
     arguments.add_model_args(parser, seq2seq=False)
     arguments.add_training_args(parser)
     args = parser.parse_args(argv)
-    if args.block_size < 2:
-        parser.error(f"--block_size must be >= 2, got {args.block_size}")
-    if not 0 < args.validation_split_percentage < 100:
-        parser.error(f"--validation_split_percentage must be in 1..99, got {args.validation_split_percentage}")
-    if args.validation_file and not args.train_file:
-        parser.error("--validation_file goes with --train_file")
+    language_modeling.check_document_args(parser, args)
     if args.attention_type and not args.model_name_or_path:
         layers = arguments.parse_config_overrides(args.config_overrides).get("attention_type", args.attention_type)
         for kind in [layers] if isinstance(layers, str) else layers:
@@ -67,52 +46,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                 parser.error(f"attention type {kind!r} has no causal form; a causal language model takes "
                              f"{list(CAUSAL_ATTENTION_TYPES)} (or a per-layer list of them)")
     return arguments.validate_args(parser, args, seq2seq=False)
-
-
-def load_data(args: argparse.Namespace):
-    """The documents: ``train`` and ``validation`` (carved from train, grouped by ``--group_column``
-    when present, when the data has none). The carve and the ``--max_eval_samples`` subset depend
-    on ``--split_seed`` only, so runs with different ``--seed`` are scored on the same text.
-    ``--max_train_samples`` / ``--max_eval_samples`` count documents, before grouping into blocks."""
-    from hf_zformer.data import load_text_dataset
-
-    raw = load_text_dataset(
-        args.data_dir or args.train_file or args.dataset_name,
-        text_column=args.text_column,
-        validation_file=args.validation_file,
-        validation_size=args.validation_split_percentage / 100,
-        seed=args.split_seed,
-        group_column=args.group_column or None,
-        config_name=args.dataset_config_name,
-    )
-    if "validation" not in raw:
-        raise ValueError(f"the dataset has no validation split and none could be carved (splits: {list(raw)})")
-    run.subsample(raw, {"train": args.max_train_samples}, args.seed)
-    run.subsample(raw, {"validation": args.max_eval_samples}, args.split_seed)
-    return raw
-
-
-def make_blocks(raw, tokenizer, block_size: int, accelerator, args) -> dict:
-    """``{split: Dataset of input_ids blocks}``; an error when a split has less than one block of text."""
-    import datasets
-
-    def tokenize(batch):
-        return {"input_ids": tokenizer(batch["text"], add_special_tokens=False, verbose=False)["input_ids"]}
-
-    processed = {}
-    with accelerator.main_process_first():
-        for split in ("train", "validation"):
-            tokens = raw[split].map(tokenize, batched=True, remove_columns=raw[split].column_names,
-                                    num_proc=args.preprocessing_num_workers, desc=f"tokenize {split}")
-            documents = (ids for batch in tokens.with_format("numpy").iter(batch_size=1000) for ids in batch["input_ids"])
-            blocks = batching.group_into_blocks(documents, block_size, tokenizer.eos_token_id)
-            if len(blocks) == 0:
-                raise ValueError(
-                    f"the {split} split has fewer tokens than one --block_size block of {block_size}: lower "
-                    "--block_size, or give it more text (--validation_split_percentage, --max_*_samples)"
-                )
-            processed[split] = datasets.Dataset.from_dict({"input_ids": blocks})
-    return processed
 
 
 def main(argv=None) -> dict:
@@ -127,7 +60,7 @@ def main(argv=None) -> dict:
 
     # ---- data, tokenizer, model
     with run.data_errors():  # bad data: a message naming file and line, before any training
-        raw = load_data(args)
+        raw = language_modeling.load_documents(args)
     tokenizer = run.load_tokenizer(args, accelerator, raw, model_max_length=args.block_size)
     if tokenizer.eos_token_id is None:
         raise SystemExit(f"error: the tokenizer of {args.tokenizer_name or args.model_name_or_path} has no EOS token, "
@@ -148,7 +81,7 @@ def main(argv=None) -> dict:
     if block_size < args.block_size:
         logger.warning(f"--block_size {args.block_size} > the model's {block_size} positions: blocks of {block_size}")
     with run.data_errors():
-        processed = make_blocks(raw, tokenizer, block_size, accelerator, args)
+        processed = language_modeling.make_blocks(raw, tokenizer, block_size, accelerator, args)
     logger.info(f"{len(processed['train'])} training and {len(processed['validation'])} validation blocks of "
                 f"{block_size} tokens")
 
