@@ -633,6 +633,10 @@ def convert_pretrained(
     """
     from transformers import AutoConfig
 
+    requested = config_overrides.get("attention_type", attention_type)
+    if distillation is not None and set([requested] if isinstance(requested, str) else requested) == {"full"}:
+        raise ValueError("distillation: every layer has full attention, which is the source's exactly; "
+                         "there is nothing to distill (choose another attention_type)")
     source_config = AutoConfig.from_pretrained(model_name_or_path)
     _check_source(source_config, model_name_or_path)
     source_task = task_of_architecture(source_config.architectures)
@@ -660,7 +664,7 @@ def convert_pretrained(
     report = None
     # zformer / fastformer outputs start at the size of the softmax attention they replace; distillation
     # then fits every converted layer's output to it. Both compare with an exact full-attention copy.
-    if types & {"zformer", "fastformer"} or (distillation is not None and types != {"full"}):
+    if types & {"zformer", "fastformer"} or distillation is not None:
         reference_config = config.to_dict()
         reference_config.update(attention_type="full")
         reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
@@ -677,9 +681,6 @@ def convert_pretrained(
             report = distill_attention(model, reference, tokenizer, distillation)
             report.update(steps=distillation.steps, model_steps=distillation.model_steps, batch_size=distillation.batch_size,
                           max_length=distillation.max_length, learning_rate=distillation.learning_rate)
-    elif distillation is not None:
-        raise ValueError("distillation: every layer has full attention, which is the source's exactly; "
-                         "there is nothing to distill (choose another attention_type)")
     if output_dir is not None:
         card = model_card_text(config, str(base_model or model_name_or_path), task, report)
         _save(model, tokenizer, card, output_dir, overwrite)

@@ -1,14 +1,15 @@
-"""Text of the language-modelling scripts (library side, never shipped): their data arguments,
-the documents with a carved validation split, and the fixed-length blocks both ``run_clm.py``
-(causal LM) and ``run_mlm.py`` (masked LM) train on."""
+"""What the language-modelling scripts share (library side, never shipped): their data arguments,
+the documents with a carved validation split, the fixed-length blocks both ``run_clm.py`` (causal
+LM) and ``run_mlm.py`` (masked LM) train on, and the run on them (:func:`train_on_blocks`)."""
 
 from __future__ import annotations
 
 import argparse
+import time
 
 from . import batching, run
 
-__all__ = ["add_document_args", "check_document_args", "load_documents", "make_blocks"]
+__all__ = ["add_document_args", "block_size_for", "load_model", "check_document_args", "load_documents", "make_blocks", "train_on_blocks"]
 
 
 def add_document_args(parser: argparse.ArgumentParser) -> None:
@@ -86,3 +87,80 @@ def make_blocks(raw, tokenizer, block_size: int, accelerator, args) -> dict:
                 )
             processed[split] = datasets.Dataset.from_dict({"input_ids": blocks, "block": list(range(len(blocks)))})
     return processed
+
+
+def load_model(args: argparse.Namespace, auto_class, tokenizer):
+    """``--model_name_or_path`` in fp32, or a new model of ``auto_class`` from the model arguments,
+    with the tokenizer's vocabulary and special tokens and positions for ``--block_size``."""
+    import torch
+
+    from .arguments import build_config
+
+    if args.model_name_or_path:
+        return auto_class.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code,
+                                          dtype=torch.float32)
+    positions = {} if "max_position_embeddings" in args.config_kwargs else {"max_position_embeddings": max(512, args.block_size)}
+    config = build_config(
+        args, vocab_size=len(tokenizer), seq2seq=False, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **positions,
+    )
+    return auto_class.from_config(config)
+
+
+def block_size_for(args: argparse.Namespace, config, logger) -> int:
+    """``--block_size``, cut to the model's positions (with a warning)."""
+    block_size = min(args.block_size, config.max_position_embeddings - getattr(config, "position_offset", 0))
+    if block_size < args.block_size:
+        logger.warning(f"--block_size {args.block_size} > the model's {block_size} positions: blocks of {block_size}")
+    return block_size
+
+
+def train_on_blocks(args: argparse.Namespace, accelerator, logger, model, tokenizer, processed: dict, *, train_collate,
+                    eval_collate, score, record_metric: str, card_kwargs: dict, started: float) -> dict:
+    """The rest of a language-modelling run on ``processed`` blocks (:func:`make_blocks`): the
+    dataloaders (``train_collate.sampler``, when it has one, is set to the training sampler so that
+    it can follow the epoch), training with validation by ``score`` (lowest perplexity is best),
+    the saved folder and model card, and the ``record_metric`` record of ``--results_file``."""
+    from . import training
+    from . import results as records
+
+    block_size = len(processed["train"][0]["input_ids"])
+    train_dataloader, train_sampler = batching.make_dataloader(
+        processed["train"], [block_size] * len(processed["train"]), args.per_device_train_batch_size,
+        train_collate, shuffle=True, seed=args.seed,
+    )
+    if hasattr(train_collate, "sampler"):
+        train_collate.sampler = train_sampler
+    eval_dataloaders = batching.make_eval_dataloaders(
+        processed, ["validation"], args.per_device_eval_batch_size, eval_collate, seed=args.seed
+    )
+    optimizer = training.make_optimizer(model, args)
+    model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
+    eval_dataloader = accelerator.prepare(eval_dataloaders["validation"])
+    block_losses: list[float] = []  # of the latest evaluation (bootstrap interval)
+
+    def evaluate() -> dict:
+        scores, block_losses[:] = score(accelerator, model, eval_dataloader)
+        return scores
+
+    results = training.train(
+        args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
+        tokenizer=tokenizer, best_metric="perplexity", greater_is_better=False,
+    )
+    results["eval_split"] = "validation"
+    results["block_size"] = block_size
+    if args.save_best and args.results_file:  # block losses of the best model (the final one) for the interval
+        evaluate()
+    accuracy = f", accuracy {results['eval_accuracy']:.4f}" if "eval_accuracy" in results else ""
+    logger.info(f"validation perplexity {results['eval_perplexity']:.2f} (loss {results['eval_loss']:.4f}){accuracy}")
+    run.finish_run(args, accelerator, model, tokenizer, results, card_kwargs=card_kwargs, logger=logger)
+    if args.results_file and accelerator.is_main_process:
+        common = records.run_fields(
+            args, accelerator.unwrap_model(model).config, results, max_length=block_size,
+            wall_time_s=time.perf_counter() - started, tokens_per_epoch=len(processed["train"]) * block_size,
+        )
+        row = {**common, "split": "validation", "metric": record_metric, "beams": None, "samples": len(block_losses),
+               "value": results["eval_perplexity"], "ci95": records.perplexity_ci(block_losses, seed=args.seed)}
+        records.append_records(args.results_file, [row])
+        logger.info(f"1 result record appended to {args.results_file}")
+    return results

@@ -24,9 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import torch  # noqa: E402
 
-from hf_zformer import arguments, batching, language_modeling, run, training  # noqa: E402
+from hf_zformer import arguments, batching, language_modeling, run  # noqa: E402
 from hf_zformer.modeling.configuration_zformer import CAUSAL_ATTENTION_TYPES  # noqa: E402
 from hf_zformer.scoring import score_perplexity  # noqa: E402
 
@@ -67,68 +66,19 @@ def main(argv=None) -> dict:
                          "which separates the documents of a language-modelling block")
     if tokenizer.pad_token is None:  # batched generation (pipeline) pads
         tokenizer.pad_token = tokenizer.eos_token
-    base = args.model_name_or_path
-    if base:
-        model = AutoModelForCausalLM.from_pretrained(base, trust_remote_code=args.trust_remote_code, dtype=torch.float32)
-    else:
-        positions = {} if "max_position_embeddings" in args.config_kwargs else {"max_position_embeddings": max(512, args.block_size)}
-        config = arguments.build_config(
-            args, vocab_size=len(tokenizer), seq2seq=False, pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **positions,
-        )
-        model = AutoModelForCausalLM.from_config(config)
-    block_size = min(args.block_size, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
-    if block_size < args.block_size:
-        logger.warning(f"--block_size {args.block_size} > the model's {block_size} positions: blocks of {block_size}")
+    model = language_modeling.load_model(args, AutoModelForCausalLM, tokenizer)
+    block_size = language_modeling.block_size_for(args, model.config, logger)
     with run.data_errors():
         processed = language_modeling.make_blocks(raw, tokenizer, block_size, accelerator, args)
     logger.info(f"{len(processed['train'])} training and {len(processed['validation'])} validation blocks of "
                 f"{block_size} tokens")
-
-    train_dataloader, train_sampler = batching.make_dataloader(
-        processed["train"], [block_size] * len(processed["train"]), args.per_device_train_batch_size,
-        batching.block_collate, shuffle=True, seed=args.seed,
-    )
-    eval_dataloaders = batching.make_eval_dataloaders(
-        processed, ["validation"], args.per_device_eval_batch_size, batching.block_collate, seed=args.seed
-    )
-    optimizer = training.make_optimizer(model, args)
-    model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
-    eval_dataloader = accelerator.prepare(eval_dataloaders["validation"])
-    block_losses: list[float] = []  # of the latest evaluation (bootstrap interval)
-
-    def evaluate() -> dict:
-        scores, block_losses[:] = score_perplexity(accelerator, model, eval_dataloader)
-        return scores
-
-    results = training.train(
-        args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
-        tokenizer=tokenizer, best_metric="perplexity", greater_is_better=False,
-    )
-    results["eval_split"] = "validation"
-    results["block_size"] = block_size
-    if args.save_best and args.results_file:  # block losses of the best model (the final one) for the interval
-        evaluate()
-    logger.info(f"validation perplexity {results['eval_perplexity']:.2f} (loss {results['eval_loss']:.4f})")
-    run.finish_run(
-        args, accelerator, model, tokenizer, results,
+    return language_modeling.train_on_blocks(
+        args, accelerator, logger, model, tokenizer, processed, train_collate=batching.block_collate,
+        eval_collate=batching.block_collate, score=score_perplexity, record_metric="perplexity",
         card_kwargs=dict(task="text-generation", metric_name="perplexity",
                          example=" ".join(raw["validation"][0]["text"].split()[:8])),
-        logger=logger,
+        started=started,
     )
-    if args.results_file and accelerator.is_main_process:
-        from hf_zformer import results as records
-
-        common = records.run_fields(
-            args, accelerator.unwrap_model(model).config, results, max_length=block_size,
-            wall_time_s=time.perf_counter() - started, tokens_per_epoch=len(processed["train"]) * block_size,
-        )
-        row = {**common, "split": "validation", "metric": "perplexity", "beams": None, "samples": len(block_losses),
-               "value": results["eval_perplexity"], "ci95": records.perplexity_ci(block_losses, seed=args.seed)}
-        records.append_records(args.results_file, [row])
-        logger.info(f"1 result record appended to {args.results_file}")
-    return results
-
 
 if __name__ == "__main__":
     main()

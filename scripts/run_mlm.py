@@ -29,9 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import torch  # noqa: E402
 
-from hf_zformer import arguments, batching, language_modeling, run, training  # noqa: E402
+from hf_zformer import arguments, batching, language_modeling, run  # noqa: E402
 from hf_zformer.scoring import score_masked_lm  # noqa: E402
 
 
@@ -78,74 +77,23 @@ def main(argv=None) -> dict:
         if getattr(tokenizer, f"{name}_token_id") is None:
             raise SystemExit(f"error: the tokenizer of {source} has no {name} token, which masked-language modelling "
                              "needs" + (" (it separates the documents of a block)" if name == "eos" else ""))
-    base = args.model_name_or_path
-    if base:
-        model = AutoModelForMaskedLM.from_pretrained(base, trust_remote_code=args.trust_remote_code, dtype=torch.float32)
-    else:
-        positions = {} if "max_position_embeddings" in args.config_kwargs else {"max_position_embeddings": max(512, args.block_size)}
-        config = arguments.build_config(
-            args, vocab_size=len(tokenizer), seq2seq=False, pad_token_id=tokenizer.pad_token_id,
-            bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **positions,
-        )
-        model = AutoModelForMaskedLM.from_config(config)
-    block_size = min(args.block_size, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
-    if block_size < args.block_size:
-        logger.warning(f"--block_size {args.block_size} > the model's {block_size} positions: blocks of {block_size}")
+    model = language_modeling.load_model(args, AutoModelForMaskedLM, tokenizer)
+    block_size = language_modeling.block_size_for(args, model.config, logger)
     with run.data_errors():
         processed = language_modeling.make_blocks(raw, tokenizer, block_size, accelerator, args)
     masking = dict(mask_token_id=tokenizer.mask_token_id, vocab_size=min(len(tokenizer), model.config.vocab_size),
                    probability=args.mlm_probability, first_ordinary_id=first_ordinary_id(tokenizer))
-    train_collate = batching.MaskedLMCollator(**masking, seed=args.seed)
+    train_collate = batching.MaskedLMCollator(**masking, seed=args.seed)  # new masks every epoch (its sampler's)
     logger.info(f"{len(processed['train'])} training and {len(processed['validation'])} validation blocks of "
                 f"{block_size} tokens, {train_collate.scored_per_block(block_size)} masked in each")
-
-    train_dataloader, train_sampler = batching.make_dataloader(
-        processed["train"], [block_size] * len(processed["train"]), args.per_device_train_batch_size,
-        train_collate, shuffle=True, seed=args.seed,
-    )
-    train_collate.sampler = train_sampler  # new masks every epoch
-    eval_dataloaders = batching.make_eval_dataloaders(
-        processed, ["validation"], args.per_device_eval_batch_size,
-        batching.MaskedLMCollator(**masking, seed=args.split_seed), seed=args.seed,
-    )
-    optimizer = training.make_optimizer(model, args)
-    model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
-    eval_dataloader = accelerator.prepare(eval_dataloaders["validation"])
-    block_losses: list[float] = []  # of the latest evaluation (bootstrap interval)
-
-    def evaluate() -> dict:
-        scores, block_losses[:] = score_masked_lm(accelerator, model, eval_dataloader)
-        return scores
-
-    results = training.train(
-        args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
-        tokenizer=tokenizer, best_metric="perplexity", greater_is_better=False,
-    )
-    results["eval_split"] = "validation"
-    results["block_size"] = block_size
-    if args.save_best and args.results_file:  # block losses of the best model (the final one) for the interval
-        evaluate()
-    logger.info(f"validation perplexity {results['eval_perplexity']:.2f} (loss {results['eval_loss']:.4f}), "
-                f"accuracy at the masked positions {results['eval_accuracy']:.4f}")
-    run.finish_run(
-        args, accelerator, model, tokenizer, results,
+    return language_modeling.train_on_blocks(
+        args, accelerator, logger, model, tokenizer, processed, train_collate=train_collate,
+        eval_collate=batching.MaskedLMCollator(**masking, seed=args.split_seed), score=score_masked_lm,
+        record_metric="mlm_perplexity",
         card_kwargs=dict(task="fill-mask", metric_name="perplexity",
                          example=" ".join([*raw["validation"][0]["text"].split()[:6], tokenizer.mask_token]) + "."),
-        logger=logger,
+        started=started,
     )
-    if args.results_file and accelerator.is_main_process:
-        from hf_zformer import results as records
-
-        common = records.run_fields(
-            args, accelerator.unwrap_model(model).config, results, max_length=block_size,
-            wall_time_s=time.perf_counter() - started, tokens_per_epoch=len(processed["train"]) * block_size,
-        )
-        row = {**common, "split": "validation", "metric": "mlm_perplexity", "beams": None, "samples": len(block_losses),
-               "value": results["eval_perplexity"], "ci95": records.perplexity_ci(block_losses, seed=args.seed)}
-        records.append_records(args.results_file, [row])
-        logger.info(f"1 result record appended to {args.results_file}")
-    return results
-
 
 if __name__ == "__main__":
     main()

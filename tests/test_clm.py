@@ -45,17 +45,21 @@ def lm_run(lm_data, tmp_path_factory):
     return out, results_file
 
 
-def test_clm_resume_matches_uninterrupted_run(lm_run, lm_data, tmp_path):
+def assert_resume_matches(script, common, out, tmp_path):
+    """``script`` resumed from ``out``'s step-4 checkpoint of an 8-step run ends where ``out`` did."""
     from safetensors.torch import load_file
 
-    out, _ = lm_run
-    run_script("run_clm.py", *_common(lm_data, "--max_train_steps", 8, "--eval_steps", 4, "--save_best",
-                                      "--resume_from_checkpoint", out / "step_4", "--output_dir", tmp_path / "b"))
+    run_script(script, *common("--max_train_steps", 8, "--eval_steps", 4, "--save_best",
+                               "--resume_from_checkpoint", out / "step_4", "--output_dir", tmp_path / "b"))
     a, b = load_file(out / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
     assert a.keys() == b.keys() and all((a[k] == b[k]).all() for k in a)
     results_a, results_b = _strict_json(out / "all_results.json"), _strict_json(tmp_path / "b" / "all_results.json")
     assert results_b["eval_perplexity"] == results_a["eval_perplexity"]
     assert results_b["train_loss"] == pytest.approx(results_a["train_loss"], rel=1e-6)
+
+
+def test_clm_resume_matches_uninterrupted_run(lm_run, lm_data, tmp_path):
+    assert_resume_matches("run_clm.py", lambda *extra: _common(lm_data, *extra), lm_run[0], tmp_path)
 
 
 def test_clm_perplexity_history_and_best(lm_run):

@@ -385,6 +385,9 @@ def test_distillation_refuses_bad_settings(tmp_path):
         hf_zformer.Distillation(texts, eval_texts=40)
     with pytest.raises(ValueError, match="every layer has full attention"):
         hf_zformer.convert_pretrained(folder, "full", distillation=hf_zformer.Distillation(texts, steps=1))
+    with pytest.raises(ValueError, match="every layer has full attention"):  # refused before loading anything
+        hf_zformer.convert_pretrained(tmp_path / "no-such-model", ["full", "full"],
+                                      distillation=hf_zformer.Distillation(texts, steps=1))
 
 
 def test_script_distills_from_a_file(tmp_path):
