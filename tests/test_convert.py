@@ -372,6 +372,27 @@ def test_distillation_fits_attention_and_touches_nothing_else(tmp_path, attentio
     assert last_after < 0.8 * last_start
 
 
+def test_whole_model_phase_improves_on_layer_wise_alone(tmp_path):
+    """From the same layer-wise fit, the whole-model phase brings the last hidden states closer to
+    the source's on the held-out texts than the layer-wise phase alone leaves them."""
+    import copy
+
+    from hf_zformer.convert import distill_attention
+
+    folder, _ = make_source(tmp_path, "bert", "base")
+    start = hf_zformer.convert_pretrained(folder, ["fastformer", "fastformer"])
+    reference = hf_zformer.convert_pretrained(folder, "full")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    settings = dict(steps=30, batch_size=8, learning_rate=3e-3, eval_texts=16)
+    texts = _sentences(80)
+    layer_wise = distill_attention(copy.deepcopy(start), reference, tokenizer,
+                                   hf_zformer.Distillation(texts, model_steps=0, **settings), progress=False)
+    both = distill_attention(copy.deepcopy(start), reference, tokenizer,
+                             hf_zformer.Distillation(texts, model_steps=30, **settings), progress=False)
+    assert both["last_layer_before"] == layer_wise["last_layer_before"]
+    assert both["last_layer_after"] < layer_wise["last_layer_after"]
+
+
 def test_distillation_refuses_bad_settings(tmp_path):
     folder, _ = make_source(tmp_path, "bert", "base")
     texts = _sentences(40)
