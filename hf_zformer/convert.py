@@ -353,6 +353,10 @@ def calibrate_fastformer_sizes(target, reference, input_ids: torch.Tensor, atten
     return factors
 
 
+#: What a converted folder's model card records of its distillation (metadata `distillation`).
+DISTILLATION_SETTINGS = ("source", "steps", "model_steps", "batch_size", "max_length", "learning_rate")
+
+
 @dataclass
 class Distillation:
     """Attention transfer on unlabeled text after conversion (`distill_attention`).
@@ -362,7 +366,9 @@ class Distillation:
     the fit. Two phases, each with AdamW at `learning_rate` (5% warm-up, linear decay): `steps` of
     layer-wise fitting (each converted layer's attention on the source's inputs), then
     `model_steps` of whole-model fitting (the converted model on its own inputs, every layer's
-    output pulled towards the source's), which corrects what the layers' errors add up to."""
+    output pulled towards the source's), which corrects what the layers' errors add up to. `source`
+    names where the texts came from (e.g. the file); the model card's metadata records it with the
+    settings."""
 
     texts: Sequence[str]
     steps: int = 300
@@ -372,6 +378,7 @@ class Distillation:
     learning_rate: float = 1e-3
     seed: int = 0
     eval_texts: int = 32
+    source: str | None = None
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "max_length", "eval_texts"):
@@ -436,7 +443,8 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
     output's size; this matches the outputs themselves, on text like the task's. Returns the fit
     on the held-out documents: `{"layers": [...], "before": [...], "after": [...]}` (each
     converted layer's attention error on the source's inputs) and `"last_layer_before"` /
-    `"last_layer_after"` (the relative error of the model's last hidden states)."""
+    `"last_layer_after"` (the relative error of the model's last hidden states), and `"max_length"`,
+    the documents' length cap (`distillation.max_length` or the model's positions, the lower)."""
     from tqdm.auto import tqdm
 
     layers = [i for i, layer in enumerate(model.base_model.encoder.layers) if layer.attention_type != "full"]
@@ -511,7 +519,7 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
     logger.info(f"attention distillation, relative error per layer {layers}: before {before}, after {after}; "
                 f"of the last hidden states: before {last_before}, after {last_after}")
     return {"layers": layers, "before": before, "after": after, "last_layer_before": last_before,
-            "last_layer_after": last_after}
+            "last_layer_after": last_after, "max_length": max_length}
 
 
 def _calibration_batch(tokenizer, config):
@@ -548,7 +556,8 @@ def model_card_text(config, base_model: str, task: str, distillation: dict | Non
         tags=["hf_zformer", config.model_type, "warm-start", *sorted({f"{t}-attention" for t in types})],
     )
     distilled = ""
-    if distillation is not None:
+    if distillation is not None:  # the settings also as metadata, for result records (results.distillation_of)
+        data.distillation = {key: distillation.get(key) for key in DISTILLATION_SETTINGS}
         distilled = (
             f"\nAfter conversion the attention of layers {distillation['layers']} was distilled onto the base "
             f"model's softmax attention (`hf_zformer.convert.distill_attention`: {distillation['steps']} layer-wise "
@@ -679,8 +688,7 @@ def convert_pretrained(
             logger.info(f"fastformer W_q factors per layer: {[round(f, 4) for f in factors]}")
         if distillation is not None:
             report = distill_attention(model, reference, tokenizer, distillation)
-            report.update(steps=distillation.steps, model_steps=distillation.model_steps, batch_size=distillation.batch_size,
-                          max_length=distillation.max_length, learning_rate=distillation.learning_rate)
+            report.update({key: getattr(distillation, key) for key in DISTILLATION_SETTINGS if key not in report})
     if output_dir is not None:
         card = model_card_text(config, str(base_model or model_name_or_path), task, report)
         _save(model, tokenizer, card, output_dir, overwrite)

@@ -33,6 +33,7 @@ __all__ = [
     "accuracy_ci",
     "append_records",
     "base_model_of",
+    "distillation_of",
     "bleu_ci",
     "bootstrap_ci",
     "git_commit",
@@ -213,22 +214,35 @@ def task_name(args) -> str:
     return str(args.dataset_name).rstrip("/").split("/")[-1]
 
 
+def _card_metadata(name_or_path: str | None) -> dict:
+    """The YAML metadata of a local folder's model card (README.md); {} for a Hub id or no card."""
+    card = Path(name_or_path).expanduser() / "README.md" if name_or_path else None
+    if card is None or not card.is_file():
+        return {}
+    from huggingface_hub import metadata_load
+
+    return metadata_load(card) or {}
+
+
 def base_model_of(name_or_path: str | None) -> str | None:
     """The pretrained checkpoint a run started from: for a local folder whose model card names a
     ``base_model`` (a folder written by :func:`hf_zformer.convert_pretrained`), that name; otherwise
     ``name_or_path`` itself (a Hub id, or ``None`` for a model trained from scratch)."""
     if not name_or_path:
         return None
-    card = Path(name_or_path).expanduser() / "README.md"
-    if card.is_file():
-        from huggingface_hub import metadata_load
-
-        base = (metadata_load(card) or {}).get("base_model")
-        if isinstance(base, list):  # the card format allows several
-            base = base[0] if len(base) == 1 else None
-        if isinstance(base, str) and base:
-            return base
+    base = _card_metadata(name_or_path).get("base_model")
+    if isinstance(base, list):  # the card format allows several
+        base = base[0] if len(base) == 1 else None
+    if isinstance(base, str) and base:
+        return base
     return str(name_or_path)
+
+
+def distillation_of(name_or_path: str | None) -> dict | None:
+    """The attention distillation a converted folder went through (its card's ``distillation``
+    metadata: source, steps, model_steps, batch_size, max_length, learning_rate), else ``None``."""
+    distillation = _card_metadata(name_or_path).get("distillation")
+    return distillation if isinstance(distillation, dict) else None
 
 
 def _layer_types(value) -> str | None:
@@ -267,6 +281,7 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
         "learning_rate": getattr(args, "learning_rate", None),  # runs of one comparison may differ only in it
         "commit": git_commit(),
         "base_model": base_model_of(args.model_name_or_path),
+        "distillation": distillation_of(args.model_name_or_path),  # of a converted folder (its model card)
         "model_name_or_path": args.model_name_or_path,  # the folder or id the run loaded
         "max_length": max_length,
         "config": model_config,

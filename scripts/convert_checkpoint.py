@@ -86,7 +86,8 @@ def distillation_of(args):
         texts = texts.select(range(min(args.distill_max_documents, len(texts))))
     return Distillation(texts["text"], steps=args.distill_steps, model_steps=args.distill_model_steps,
                         batch_size=args.distill_batch_size,
-                        max_length=args.distill_max_length, learning_rate=args.distill_learning_rate, seed=args.seed)
+                        max_length=args.distill_max_length, learning_rate=args.distill_learning_rate, seed=args.seed,
+                        source=str(args.distill_file))
 
 
 def main(argv=None):

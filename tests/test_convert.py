@@ -432,6 +432,18 @@ def test_script_distills_from_a_file(tmp_path):
     assert result.returncode == 0, result.stderr[-4000:]
     assert "5 layer-wise and 3 whole-model steps of 4 documents" in (out / "README.md").read_text()
     assert "attention distillation, relative error per layer [0, 1]" in result.stderr
+    # the settings are card metadata too, and a run fine-tuning the folder records them
+    from types import SimpleNamespace
+
+    from hf_zformer.results import distillation_of, run_fields
+
+    expected = {"source": str(documents), "steps": 5, "model_steps": 3, "batch_size": 4, "max_length": 64,
+                "learning_rate": 1e-3}
+    assert distillation_of(str(out)) == expected and distillation_of(str(folder)) is None and distillation_of(None) is None
+    args = SimpleNamespace(data_dir=str(tmp_path), seed=1, learning_rate=1e-4, model_name_or_path=str(out),
+                           output_dir="x")
+    record = run_fields(args, hf_zformer.ZformerConfig(), {}, max_length=64, wall_time_s=1.0)
+    assert record["distillation"] == expected and record["base_model"] == str(folder)
     bad = _run_converter(script, "--model_name_or_path", folder, "--output_dir", tmp_path / "bad",
                          "--distill_file", documents, "--distill_batch_size", 0)
     assert bad.returncode != 0 and "--distill_batch_size must be >= 1, got 0" in bad.stderr

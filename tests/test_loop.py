@@ -18,7 +18,7 @@ from conftest import SHARED_DATA
 from test_scripts import TINY_CLF, TINY_MT, load_script, run_script, tiny_data  # noqa: F401  (fixture)
 
 RECORD_FIELDS = {"task", "attention", "decoder_attention", "split", "metric", "value", "beams", "epochs", "seed", "ci95",
-                 "commit", "base_model", "max_length", "split_seed", "config", "best_step", "wall_time_s",
+                 "commit", "base_model", "distillation", "max_length", "split_seed", "config", "best_step", "wall_time_s",
                  "tokens_per_s", "date", "machine"}
 
 
