@@ -218,7 +218,7 @@ def _config_fields() -> dict[str, Any]:
 def _convert(key: str, raw: str, default: Any) -> Any:
     text = raw.strip()
     if text.lower() in ("none", "null") and not isinstance(default, str):
-        return None  # a string field keeps the word: zformer_normalization=none is its value "none"
+        return None  # a string field keeps the word: hidden_act=none is the string "none"
     if "|" in text:  # per-layer list, e.g. attention_type=fastformer|full
         return [part.strip() for part in text.split("|")]
     try:
@@ -248,7 +248,7 @@ def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
 
     Each value is converted to the type of the :class:`ZformerConfig` field's default (int, float,
     bool as true/false, str); ``none`` for optional fields (a string field keeps the word:
-    ``zformer_normalization=none``); ``a|b|c`` for per-layer lists (e.g.
+    ``hidden_act=none`` is the string); ``a|b|c`` for per-layer lists (e.g.
     ``attention_type=fastformer|full``). Unknown keys raise ``ValueError`` listing the valid ones.
     """
     if not overrides:

@@ -268,8 +268,6 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
     if not seq2seq:
         for key in ("num_decoder_layers", "decoder_attention_type", "cross_attention_type"):
             model_config.pop(key, None)
-    if getattr(config, "zformer_normalization", "none") != "none":  # a variant of zformer's output, not the default
-        model_config["zformer_normalization"] = config.zformer_normalization
     return {
         "task": task_name(args),
         "attention": _layer_types(getattr(config, "attention_type", None)),

@@ -116,12 +116,11 @@ def test_zformer_matches_equation_and_causal_state():
     assert cache.get_seq_length() == N and cache.self_attention_numel() == B * H * DH * DH
 
 
-@pytest.mark.parametrize("normalization", ["none", "tokens"])
-def test_zformer_causal_blocks_cover_long_sequences(monkeypatch, normalization):
+def test_zformer_causal_blocks_cover_long_sequences(monkeypatch):
     import hf_zformer.modeling.attention as attention_module
 
     x = torch.randn(1, 40, D)
-    attention = _randomize(ZformerAttention(tiny_config(zformer_normalization=normalization), is_causal=True))
+    attention = _randomize(ZformerAttention(tiny_config(), is_causal=True))
     one_block, _ = attention(x)
     monkeypatch.setattr(attention_module, "ZFORMER_CAUSAL_BLOCK", 7)
     many_blocks, _ = attention(x)
@@ -206,15 +205,11 @@ def test_xformer_rejects_sequences_longer_than_its_projection():
         attention(torch.randn(1, 9, D))
 
 
-@pytest.mark.parametrize(
-    "cls, normalization",
-    [(ZformerAttention, "none"), (ZformerAttention, "tokens"), (FastformerAttention, "none"),
-     (XformerAttention, "none")],
-)
-def test_linear_attention_sums_stay_fp32_under_autocast(cls, normalization):
+@pytest.mark.parametrize("cls", [ZformerAttention, FastformerAttention, XformerAttention])
+def test_linear_attention_sums_stay_fp32_under_autocast(cls):
     # Large activations: a bf16 sum over 4096 positions loses most of its digits.
     x = torch.randn(1, 4096, D) * 4
-    config = tiny_config(attention_type="zformer", max_position_embeddings=4096, zformer_normalization=normalization)
+    config = tiny_config(attention_type="zformer", max_position_embeddings=4096)
     attention = _randomize(cls(config), std=0.05).eval()
     reference, _ = attention(x)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -239,7 +234,6 @@ def _folding(monkeypatch, enabled):
     "overrides",
     [
         dict(attention_type="zformer"),
-        dict(attention_type="zformer", zformer_normalization="tokens"),
         dict(attention_type="fastformer"),
         dict(attention_type="fastformer", fastformer_pooling="mean"),
         dict(attention_type="fastformer", fastformer_share_qv=True),
@@ -298,16 +292,12 @@ def test_folded_form_is_taken_for_long_fp32_sequences_only():
         assert not attention_module._use_folded_form(long, pays_off=True)
 
 
-@pytest.mark.parametrize("attention_type", ["full", "zformer", "zformer-tokens", "xformer", "fastformer"])
+@pytest.mark.parametrize("attention_type", ["full", "zformer", "xformer", "fastformer"])
 def test_output_is_the_projected_context_for_every_type(attention_type):
     """Every type owns its output projection: forward gives `output(context)`, folded or not."""
     from hf_zformer.modeling.attention import ATTENTION_CLASSES
 
-    overrides = dict(attention_type=attention_type)
-    if attention_type == "zformer-tokens":
-        overrides = dict(attention_type="zformer", zformer_normalization="tokens")
-        attention_type = "zformer"
-    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=64, **overrides)
+    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=64, attention_type=attention_type)
     attention = _randomize(ATTENTION_CLASSES[attention_type](config)).eval()
     x = torch.randn(2, 48, D)  # N > D: zformer/fastformer fold the projection in
     mask = torch.ones(2, 48, dtype=torch.long)
@@ -346,11 +336,9 @@ def test_every_type_has_the_same_constructor_and_forward(attention_type):
         ), method
 
 
-@pytest.mark.parametrize(
-    "attention_type, normalization", [("full", "none"), ("zformer", "none"), ("zformer", "tokens")]
-)
-def test_cross_attention_memory_is_computed_once_into_the_cache(attention_type, normalization):
-    config = tiny_config(attention_type=attention_type, zformer_normalization=normalization)
+@pytest.mark.parametrize("attention_type", ["full", "zformer"])
+def test_cross_attention_memory_is_computed_once_into_the_cache(attention_type):
+    config = tiny_config(attention_type=attention_type)
     from hf_zformer.modeling.attention import ATTENTION_CLASSES
 
     attention = _randomize(ATTENTION_CLASSES[attention_type](config, is_cross=True, layer_idx=0)).eval()
@@ -366,15 +354,13 @@ def test_cross_attention_memory_is_computed_once_into_the_cache(attention_type, 
     torch.testing.assert_close(first[1:], without_padding, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("normalization", ["none", "tokens"])
 @pytest.mark.parametrize("is_cross", [False, True])
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, with_mask, normalization):
+def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, with_mask):
     """Short inputs take (Q K^T) V instead of Q (K^T V): the same product in the cheaper order. In
     fp64 both orders agree (outputs and every gradient), padding and all-padding rows included, and
     extra padding leaves real positions unchanged."""
-    config = tiny_config(hidden_size=D, num_attention_heads=H, attention_type="zformer",
-                         zformer_normalization=normalization)
+    config = tiny_config(hidden_size=D, num_attention_heads=H, attention_type="zformer")
     attention = _randomize(ZformerAttention(config, is_cross=is_cross, layer_idx=0)).double()
     torch.nn.init.constant_(attention.log_scale, 1.0)
     parameters = list(attention.parameters())
@@ -414,135 +400,3 @@ def test_zformer_takes_the_cheaper_order():
     assert attention.head_dim == 32
     assert attention._quadratic_pays_off(31, 31) and not attention._quadratic_pays_off(32, 32)
     assert attention._quadratic_pays_off(1, 40) and not attention._quadratic_pays_off(40, 40)
-
-
-# zformer_normalization="tokens": each output row is divided by the number of real tokens it sums over.
-
-
-def _reference_zformer_tokens(attention, x, source, key_mask, causal):
-    """out_i = q_i (sum_{j in S_i} k_j^T v_j) / (sqrt(d_h) s n_i), n_i = max(|S_i|, 1), by loops in
-    float64: S_i holds the real tokens j of `source` (key_mask), j <= i when causal (x is then the
-    source: position i of the query is position i of the keys)."""
-    weights = {name: getattr(attention, name) for name in ("query", "key", "value")}
-    q, k, v = (
-        torch.nn.functional.linear(t.double(), weights[name].weight.double(), weights[name].bias.double())
-        for name, t in (("query", x), ("key", source), ("value", source))
-    )
-    s = attention.log_scale.double().exp()
-    out = torch.zeros_like(q)
-    for b in range(x.shape[0]):
-        for i in range(x.shape[1]):
-            keys = [j for j in range(source.shape[1]) if key_mask[b, j] and (not causal or j <= i)]
-            for h in range(H):
-                sl = slice(h * DH, (h + 1) * DH)
-                total = torch.zeros(DH, DH, dtype=torch.float64)
-                for j in keys:
-                    total += torch.outer(k[b, j, sl], v[b, j, sl])
-                out[b, i, sl] = q[b, i, sl] @ total / (math.sqrt(DH) * s * max(len(keys), 1))
-    return out
-
-
-def _tokens_attention(**role):
-    config = tiny_config(attention_type="zformer", zformer_normalization="tokens")
-    attention = _randomize(ZformerAttention(config, layer_idx=0, **role)).eval()
-    torch.nn.init.constant_(attention.log_scale, 0.5)
-    return attention
-
-
-def _close(got, expected):
-    torch.testing.assert_close(got.double(), expected, atol=1e-5, rtol=1e-5)
-
-
-def test_zformer_tokens_normalization_matches_equation_bidirectional(monkeypatch):
-    """Bidirectional, a padded row and an all-padding row: the plain form in both orders and the
-    folded form divide by the real tokens of the row's sequence."""
-    attention = _tokens_attention()
-    x, mask = _inputs()
-    x, mask = torch.cat([x, x[:1]]), torch.cat([mask, torch.zeros(1, N, dtype=torch.long)])
-    expected = _reference_zformer_tokens(attention, x, x, mask, causal=False)
-    for quadratic in (False, True):
-        monkeypatch.setattr(ZformerAttention, "_quadratic_pays_off", lambda self, nq, nk, q=quadratic: q)
-        with torch.no_grad():
-            _close(attention.context(x, mask), expected)
-    attention.output = torch.nn.Identity()
-    _folding(monkeypatch, True)
-    with torch.no_grad():
-        _close(attention(x, mask)[0], expected)
-        _close(attention(x)[0], _reference_zformer_tokens(attention, x, x, torch.ones_like(mask), causal=False))
-
-
-def test_zformer_tokens_normalization_matches_equation_causal(monkeypatch):
-    """Causal, left padding: n_i counts the real tokens at positions <= i, cached ones included, in
-    one pass (several blocks), token by token, a prompt then a block, and without a mask."""
-    import hf_zformer.modeling.attention as attention_module
-
-    monkeypatch.setattr(attention_module, "ZFORMER_CAUSAL_BLOCK", 4)
-    attention = _tokens_attention(is_causal=True)
-    x, _ = _inputs()
-    mask = torch.ones(B, N, dtype=torch.long)
-    mask[1, :4] = 0  # left padding
-    expected = _reference_zformer_tokens(attention, x, x, mask, causal=True)
-    with torch.no_grad():
-        _close(attention.context(x, mask), expected)
-        for prompt in (1, 3, 5):
-            cache = ZformerCache(["zformer"])
-            steps = [attention.context(x[:, :prompt], mask[:, :prompt], cache=cache)]
-            for i in range(prompt, N):
-                steps.append(attention.context(x[:, i : i + 1], mask[:, : i + 1], cache=cache))
-            _close(torch.cat(steps, 1), expected)
-            cache = ZformerCache(["zformer"])  # a prompt, then the rest as one block (from the cached sum)
-            head = attention.context(x[:, :prompt], mask[:, :prompt], cache=cache)
-            _close(torch.cat([head, attention.context(x[:, prompt:], mask, cache=cache)], 1), expected)
-        # no mask (no padding): n_i = past + i + 1
-        expected = _reference_zformer_tokens(attention, x, x, torch.ones_like(mask), causal=True)
-        _close(attention.context(x), expected)
-        cache = ZformerCache(["zformer"])
-        steps = [attention.context(x[:, :3], cache=cache)]
-        steps += [attention.context(x[:, i : i + 1], cache=cache) for i in range(3, 7)]
-        steps.append(attention.context(x[:, 7:], cache=cache))
-        _close(torch.cat(steps, 1), expected)
-        with pytest.raises(ValueError, match="the attention mask covers 1 tokens, expected 12"):
-            attention.context(x[:, :1], mask[:, :1], cache=cache)  # the protocol: past + new columns
-
-
-def test_zformer_tokens_normalization_matches_equation_cross(monkeypatch):
-    """Cross-attention: n is the number of real memory tokens, in both orders and from the cached memory."""
-    attention = _tokens_attention(is_cross=True)
-    generator = torch.Generator().manual_seed(3)
-    x, memory = torch.randn(B, 5, D, generator=generator), torch.randn(B, N, D, generator=generator)
-    memory_mask = torch.ones(B, N, dtype=torch.long)
-    memory_mask[1, 6:] = 0
-    expected = _reference_zformer_tokens(attention, x, memory, memory_mask, causal=False)
-    with torch.no_grad():
-        for quadratic in (False, True):
-            monkeypatch.setattr(ZformerAttention, "_quadratic_pays_off", lambda self, nq, nk, q=quadratic: q)
-            _close(attention.context(x, memory=memory, memory_mask=memory_mask), expected)
-        cache = ZformerCache(["zformer"], cross_attention=True)
-        _close(attention.context(x[:, :1], memory=memory, memory_mask=memory_mask, cache=cache), expected[:, :1])
-        _close(attention.context(x[:, 1:], memory_mask=memory_mask, cache=cache), expected[:, 1:])  # cached K^T V / n
-        _close(attention.context(x, memory=memory), _reference_zformer_tokens(
-            attention, x, memory, torch.ones_like(memory_mask), causal=False))
-
-
-def test_zformer_normalization_defaults_to_none_and_refuses_unknown_values(tmp_path):
-    """A config saved before the field existed loads with "none" (the seed's equation, checked by
-    `test_zformer_matches_equation_and_causal_state`); "tokens" is "none" divided by the real tokens,
-    with the same parameters; an unknown value is refused by name."""
-    import json
-
-    from transformers import AutoConfig
-
-    tiny_config(attention_type="zformer").save_pretrained(tmp_path)
-    saved = json.loads((tmp_path / "config.json").read_text())
-    del saved["zformer_normalization"]
-    (tmp_path / "config.json").write_text(json.dumps(saved))
-    assert AutoConfig.from_pretrained(tmp_path).zformer_normalization == "none"
-    with pytest.raises(ValueError, match=r"zformer_normalization='foo' must be one of \('none', 'tokens'\)"):
-        tiny_config(zformer_normalization="foo")
-    x, mask = _inputs()
-    plain = _randomize(ZformerAttention(tiny_config(attention_type="zformer")))
-    normalised = ZformerAttention(tiny_config(attention_type="zformer", zformer_normalization="tokens"))
-    normalised.load_state_dict(plain.state_dict())
-    with torch.no_grad():
-        expected = plain.context(x, mask) / mask.sum(1)[:, None, None]
-        torch.testing.assert_close(normalised.context(x, mask), expected, atol=1e-6, rtol=1e-5)

@@ -11,17 +11,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from hf_zformer import FastformerForCausalLM, ZformerCache, ZformerForCausalLM
 
 HYBRID = ["zformer", "full", "fastformer"]
-# Zformer with zformer_normalization="tokens": each output is the mean over the real tokens up to it
-# (cached ones included); its initial scale is the seed's 700 over a typical length (~10 here).
-ZFORMER_TOKENS = "zformer-tokens"
-TYPES = ["full", "zformer", "fastformer", HYBRID, ZFORMER_TOKENS]
-IDS = ["full", "zformer", "fastformer", "hybrid", "zformer-tokens"]
+TYPES = ["full", "zformer", "fastformer", HYBRID]
+IDS = ["full", "zformer", "fastformer", "hybrid"]
 
 
 def causal_lm(attention_type="zformer", model_type="zformer", **overrides):
-    if attention_type == ZFORMER_TOKENS:
-        attention_type = "zformer"
-        overrides = dict(zformer_normalization="tokens", zformer_scale_init=70.0, **overrides)
     layers = len(attention_type) if isinstance(attention_type, list) else TINY["num_hidden_layers"]
     config = AutoConfig.for_model(
         model_type, **{**TINY, "attention_type": attention_type, "num_hidden_layers": layers, **overrides}

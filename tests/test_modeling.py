@@ -16,17 +16,6 @@ import hf_zformer
 
 AUTO_CLASSES = [AutoModel, AutoModelForSequenceClassification, AutoModelForMaskedLM]
 HYBRID = ["fastformer", "xformer"]  # a per-layer list: one entry per layer
-# Zformer with zformer_normalization="tokens" (outputs are means over the real tokens). Its small
-# initial scale lets the attention move the outputs well above the tests' tolerances at this init.
-ZFORMER_TOKENS = "zformer-tokens"
-ZFORMER_TOKENS_CONFIG = dict(attention_type="zformer", zformer_normalization="tokens", zformer_scale_init=0.1)
-
-
-def variant_config(attention_type, **overrides):
-    """tiny_config for a parametrized attention type, `ZFORMER_TOKENS` included."""
-    if attention_type == ZFORMER_TOKENS:
-        return tiny_config(**{**ZFORMER_TOKENS_CONFIG, **overrides})
-    return tiny_config(attention_type=attention_type, **overrides)
 
 
 def _output(model, ids, mask):
@@ -50,10 +39,10 @@ def _check_padding_invariance(model):
     torch.testing.assert_close(_real(base[2:3], mask[2:3]), _real(alone, mask[2:3, :3]), atol=1e-4, rtol=1e-4)
 
 
-@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [HYBRID, ZFORMER_TOKENS])
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [HYBRID])
 @pytest.mark.parametrize("auto_class", AUTO_CLASSES, ids=lambda c: c.__name__)
 def test_padding_invariance(attention_type, auto_class):
-    _check_padding_invariance(auto_class.from_config(variant_config(attention_type)).eval())
+    _check_padding_invariance(auto_class.from_config(tiny_config(attention_type=attention_type)).eval())
 
 
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
@@ -63,12 +52,12 @@ def test_padding_invariance_of_classifier_poolings(attention_type, pooling):
     _check_padding_invariance(AutoModelForSequenceClassification.from_config(config).eval())
 
 
-@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [ZFORMER_TOKENS])
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
 @pytest.mark.parametrize("pooling", ["mean", "attention"])
 def test_every_parameter_gets_a_gradient(attention_type, pooling):
     # DDP without find_unused_parameters needs every parameter in the graph.
-    config = variant_config(attention_type, classifier_pooling=pooling, position_embedding_type="learned",
-                            position_embedding_merge="concat")
+    config = tiny_config(attention_type=attention_type, classifier_pooling=pooling, position_embedding_type="learned",
+                         position_embedding_merge="concat")
     for auto_class in AUTO_CLASSES:
         model = auto_class.from_config(config).train()
         ids, mask = random_batch([9, 5])
@@ -163,7 +152,6 @@ def test_hybrid_layers_use_their_types():
         (dict(cross_attention_type="fastformer"), "cross_attention_type='fastformer'"),
         (dict(hidden_dropout_prob=1.5), "hidden_dropout_prob=1.5"),
         (dict(zformer_scale_init=0), "zformer_scale_init=0"),
-        (dict(zformer_normalization="foo"), r"zformer_normalization='foo' must be one of \('none', 'tokens'\)"),
         (dict(pad_token_id=500), "pad_token_id=500"),
         (dict(num_attention_heads=0), "num_attention_heads=0"),
     ],
@@ -173,17 +161,29 @@ def test_bad_configs_raise(overrides, message):
         tiny_config(**overrides)
 
 
-@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [ZFORMER_TOKENS])
+def test_a_config_with_the_removed_zformer_normalization_is_refused(tmp_path):
+    """Development versions had `zformer_normalization` ("none" = the plain sum, "tokens" = a mean);
+    "tokens" lost to the plain sum and was removed. A folder saved with "none" loads as before; one
+    saved with "tokens" is refused by name instead of silently computing the plain sum."""
+    from transformers import AutoConfig
+
+    tiny_config(attention_type="zformer").save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "zformer_normalization": "none"}))
+    assert AutoConfig.from_pretrained(tmp_path).attention_type == "zformer"
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "zformer_normalization": "tokens"}))
+    with pytest.raises(ValueError, match="zformer_normalization='tokens': this option .* removed"):
+        AutoConfig.from_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
 def test_save_load_identical(tmp_path, attention_type):
     ids, mask = random_batch([6, 9])
     for auto_class in AUTO_CLASSES:
-        model = auto_class.from_config(variant_config(attention_type)).eval()
+        model = auto_class.from_config(tiny_config(attention_type=attention_type)).eval()
         model.save_pretrained(tmp_path / auto_class.__name__)
         loaded = auto_class.from_pretrained(tmp_path / auto_class.__name__).eval()
         assert type(loaded) is type(model)
-        normalization = "tokens" if attention_type == ZFORMER_TOKENS else "none"
-        saved = json.loads((tmp_path / auto_class.__name__ / "config.json").read_text())
-        assert saved["zformer_normalization"] == loaded.config.zformer_normalization == normalization
         torch.testing.assert_close(_output(loaded, ids, mask), _output(model, ids, mask), atol=0, rtol=0)
 
 
@@ -269,9 +269,9 @@ def test_trainer_step(tmp_path, attention_type):
     assert len(changed) == len(before)
 
 
-@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [ZFORMER_TOKENS])
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
 def test_bf16_autocast_close_to_fp32(attention_type):
-    model = AutoModelForSequenceClassification.from_config(variant_config(attention_type)).eval()
+    model = AutoModelForSequenceClassification.from_config(tiny_config(attention_type=attention_type)).eval()
     ids, mask = random_batch([12, 30], pad_to=40)
     reference = _output(model, ids, mask)
     with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -282,13 +282,13 @@ def test_bf16_autocast_close_to_fp32(attention_type):
     assert [h.dtype for h in hidden] == [torch.float32] * len(hidden)
 
 
-@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [ZFORMER_TOKENS])
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES)
 def test_gradient_checkpointing_equals_plain_backward(attention_type):
     ids, mask = random_batch([8, 5])
     grads = []
     for checkpointing in (False, True):
         torch.manual_seed(0)
-        model = AutoModelForMaskedLM.from_config(variant_config(attention_type)).train()
+        model = AutoModelForMaskedLM.from_config(tiny_config(attention_type=attention_type)).train()
         if checkpointing:
             model.activation_checkpointing_enable()
             assert model.is_activation_checkpointing
@@ -308,7 +308,6 @@ EMPTY_ROW_CASES = [
     (dict(attention_type="full", classifier_pooling="attention"), "eager"),
     (dict(attention_type="fastformer", fastformer_pooling="mean"), "sdpa"),
     (dict(attention_type="fastformer", fastformer_share_qv=True), "sdpa"),
-    (ZFORMER_TOKENS_CONFIG, "sdpa"),
 ]
 
 
@@ -349,7 +348,7 @@ def left_pad(ids, mask):
 POSITION_VARIANTS = [dict(), dict(position_embedding_type="learned", position_embedding_merge="concat")]
 
 
-@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [HYBRID, ZFORMER_TOKENS])
+@pytest.mark.parametrize("attention_type", ATTENTION_TYPES + [HYBRID])
 @pytest.mark.parametrize("positions", POSITION_VARIANTS, ids=["sinusoidal-add", "learned-concat"])
 @pytest.mark.parametrize("pooling", ["mean", "first", "attention"])
 def test_left_padding_equals_right_padding_and_no_padding(attention_type, positions, pooling):
@@ -358,7 +357,7 @@ def test_left_padding_equals_right_padding_and_no_padding(attention_type, positi
     classes = AUTO_CLASSES if pooling == "mean" else [AutoModelForSequenceClassification]
     for auto_class in classes:
         torch.manual_seed(0)
-        config = variant_config(attention_type, classifier_pooling=pooling, **positions)
+        config = tiny_config(attention_type=attention_type, classifier_pooling=pooling, **positions)
         model = auto_class.from_config(config).eval()
         right = _output(model, ids, mask)
         left = _output(model, left_ids, left_mask)
@@ -556,7 +555,6 @@ def test_resize_token_embeddings(tmp_path, auto_class, new_size, multiple, expec
         ("attention_type", "linear", "attention_type='linear'"),
         ("decoder_attention_type", "xformer", "xformer cannot be causal"),
         ("pad_token_id", 500, "pad_token_id=500"),
-        ("zformer_normalization", "mean", "zformer_normalization='mean'"),
     ],
 )
 def test_config_fields_set_after_construction_are_validated_when_the_model_is_built(field, value, message):

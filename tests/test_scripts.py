@@ -740,8 +740,7 @@ def test_config_overrides_are_typed_by_field():
                       "zformer_scale_init": 10.0}
     assert isinstance(parsed["zformer_scale_init"], float)
     # "none" is a value of a string field, not a missing one
-    assert parse_config_overrides("zformer_normalization=none") == {"zformer_normalization": "none"}
-    assert parse_config_overrides("zformer_normalization=tokens") == {"zformer_normalization": "tokens"}
+    assert parse_config_overrides("hidden_act=none") == {"hidden_act": "none"}
     assert parse_config_overrides(None) == {} and parse_config_overrides("") == {}
     with pytest.raises(ValueError, match="key=value"):
         parse_config_overrides("hidden_size")

@@ -12,14 +12,6 @@ from hf_zformer.modeling.modeling_zformer import shift_tokens_right
 
 DECODER_TYPES = ["full", "zformer", "fastformer"]
 COMBINATIONS = list(itertools.product(ATTENTION_TYPES, DECODER_TYPES))
-# Zformer everywhere (encoder, decoder, cross-attention) with zformer_normalization="tokens": means
-# over the real source tokens, the target prefix and the real memory tokens; the initial scale is
-# the seed's 700 over a typical length (~10 here).
-TOKENS = dict(cross_attention_type="zformer", zformer_normalization="tokens", zformer_scale_init=70.0)
-CASES = [pytest.param(e, d, {}, id=f"{e}-{d}") for e, d in COMBINATIONS] + [
-    pytest.param("zformer", "zformer", TOKENS, id="zformer-zformer-tokens"),
-    pytest.param("full", "zformer", TOKENS, id="full-zformer-tokens"),
-]
 
 
 def seq2seq(encoder="zformer", decoder="zformer", attn_implementation=None, **overrides):
@@ -48,9 +40,9 @@ def _greedy(model, src, mask, **kwargs):
                           suppress_tokens=[0, 1, 2, 3, 4], no_repeat_ngram_size=2, **kwargs)
 
 
-@pytest.mark.parametrize("encoder, decoder, overrides", CASES)
-def test_cache_equals_no_cache(encoder, decoder, overrides):
-    model = seq2seq(encoder, decoder, **overrides)
+@pytest.mark.parametrize("encoder, decoder", COMBINATIONS)
+def test_cache_equals_no_cache(encoder, decoder):
+    model = seq2seq(encoder, decoder)
     src, mask = _source()
     # logits: one pass over the whole target vs token by token through the decoding state
     target = torch.randint(5, TINY["vocab_size"], (3, 8))
@@ -72,9 +64,9 @@ def test_cache_equals_no_cache(encoder, decoder, overrides):
         assert len(set(cached[0, 1:].tolist())) > 1  # a real, varied output
 
 
-@pytest.mark.parametrize("encoder, decoder, overrides", CASES)
-def test_no_peeking_and_source_padding(encoder, decoder, overrides):
-    model = seq2seq(encoder, decoder, **overrides)
+@pytest.mark.parametrize("encoder, decoder", COMBINATIONS)
+def test_no_peeking_and_source_padding(encoder, decoder):
+    model = seq2seq(encoder, decoder)
     src, mask = _source()
     target = torch.randint(5, TINY["vocab_size"], (3, 9))
     base = model(input_ids=src, attention_mask=mask, decoder_input_ids=target).logits
@@ -92,10 +84,9 @@ def test_no_peeking_and_source_padding(encoder, decoder, overrides):
     assert torch.equal(_greedy(model, src, mask, num_beams=3), _greedy(model, padded_src, padded_mask, num_beams=3))
 
 
-@pytest.mark.parametrize("decoder, overrides", [("zformer", {}), ("fastformer", {}), ("zformer", TOKENS)],
-                         ids=["zformer", "fastformer", "zformer-tokens"])
-def test_decoding_state_does_not_grow(decoder, overrides):
-    model = seq2seq("full", decoder, max_position_embeddings=256, **overrides)
+@pytest.mark.parametrize("decoder", ["zformer", "fastformer"])
+def test_decoding_state_does_not_grow(decoder):
+    model = seq2seq("full", decoder, max_position_embeddings=256)
     src, mask = _source()
     sizes = {}
     for length in (8, 200):
@@ -148,10 +139,8 @@ def test_labels_shift_loss_and_sampling():
 
 
 def test_every_parameter_gets_a_gradient():
-    for encoder, decoder, overrides in [("xformer", "fastformer", dict(cross_attention_type="zformer")),
-                                        ("zformer", "zformer", dict(cross_attention_type="full")),
-                                        ("zformer", "zformer", TOKENS)]:
-        model = seq2seq(encoder, decoder, **overrides).train()
+    for encoder, decoder, cross in [("xformer", "fastformer", "zformer"), ("zformer", "zformer", "full")]:
+        model = seq2seq(encoder, decoder, cross_attention_type=cross).train()
         src, mask = _source()
         model(input_ids=src, attention_mask=mask, labels=torch.randint(5, 97, (3, 6))).loss.backward()
         missing = [n for n, p in model.named_parameters() if p.grad is None or not p.grad.abs().sum() > 0]
@@ -216,13 +205,9 @@ def test_bf16_autocast_keeps_fp32_residual_streams(decoder):
 
 
 @pytest.mark.parametrize("encoder", ATTENTION_TYPES)
-@pytest.mark.parametrize(
-    "cross, implementation, normalization",
-    [("full", "sdpa", "none"), ("full", "eager", "none"), ("zformer", "sdpa", "none"), ("zformer", "sdpa", "tokens")],
-)
-def test_all_padding_source_row_is_finite_and_changes_nothing(encoder, cross, implementation, normalization):
-    model = seq2seq(encoder, "fastformer", cross_attention_type=cross, attn_implementation=implementation,
-                    zformer_normalization=normalization)
+@pytest.mark.parametrize("cross, implementation", [("full", "sdpa"), ("full", "eager"), ("zformer", "sdpa")])
+def test_all_padding_source_row_is_finite_and_changes_nothing(encoder, cross, implementation):
+    model = seq2seq(encoder, "fastformer", cross_attention_type=cross, attn_implementation=implementation)
     src, mask = random_batch([9, 5, 0], seed=1)
     target = torch.randint(5, TINY["vocab_size"], (3, 6))
     out = model(input_ids=src, attention_mask=mask, labels=target)
@@ -236,12 +221,11 @@ def test_all_padding_source_row_is_finite_and_changes_nothing(encoder, cross, im
     assert torch.equal(generated[:2], alone)
 
 
-@pytest.mark.parametrize("encoder, overrides", [*((e, {}) for e in ATTENTION_TYPES), ("zformer", TOKENS)],
-                         ids=[*ATTENTION_TYPES, "zformer-tokens"])
-def test_left_padded_source_generates_like_unpadded(encoder, overrides):
+@pytest.mark.parametrize("encoder", ATTENTION_TYPES)
+def test_left_padded_source_generates_like_unpadded(encoder):
     from test_modeling import left_pad
 
-    model = seq2seq(encoder, "zformer", **overrides)
+    model = seq2seq(encoder, "zformer")
     src, mask = _source()
     left_src, left_mask = left_pad(*repad(src, mask, 12))
     generated = _greedy(model, left_src, left_mask, num_beams=2)

@@ -365,30 +365,6 @@ def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
-def _token_counts(mask: torch.Tensor | None, length: int, dtype: torch.dtype):
-    """n (B, 1, 1, 1): the real tokens of each sequence under `mask` (B, N), at least 1 (an
-    all-padding row sums nothing: 0 / 1 = 0); without a mask, the float `length`."""
-    if mask is None:
-        return float(max(length, 1))
-    return mask.sum(1, dtype=dtype).clamp_min(1).view(-1, 1, 1, 1)
-
-
-def _causal_token_counts(mask: torch.Tensor | None, past: int, length: int, dtype: torch.dtype, device):
-    """n_i (B or 1, 1, N, 1): the real tokens at positions <= past + i of `mask` (B, past + N), at
-    least 1, for the N new tokens; without a mask (no padding) past + i + 1, a float for one token."""
-    if mask is None:
-        if length == 1:
-            return float(past + 1)
-        return torch.arange(past + 1, past + length + 1, dtype=dtype, device=device).view(1, 1, length, 1)
-    if mask.shape[1] != past + length:
-        raise ValueError(
-            f"the attention mask covers {mask.shape[1]} tokens, expected {past + length} (the {past} cached "
-            f"and {length} new tokens)"
-        )
-    counts = mask.sum(1, keepdim=True, dtype=dtype) if length == 1 else mask.cumsum(1, dtype=dtype)[:, past:]
-    return counts.clamp_min(1).view(mask.shape[0], 1, length, 1)
-
-
 def quadratic_order_pays_off(query_length: int, key_length: int, head_dim: int) -> bool:
     """Whether Zformer's `(Q K^T) V` (4 Nq Nk d_h FLOPs per head) costs less than `Q (K^T V)`
     (2 (Nq + Nk) d_h^2): short inputs, 2 Nq Nk < d_h (Nq + Nk), i.e. N < d_h for self-attention."""
@@ -407,15 +383,6 @@ class ZformerAttention(_QKVAttention):
     Causal form: `out_i = q_i (sum_{j<=i} k_j^T v_j) / s`, with the running sum as recurrent state
     (B, H, d_h, d_h) in fp32. As cross-attention K^T V of the source is computed once.
 
-    `config.zformer_normalization="tokens"` makes the sum a mean: `out_i = q_i (sum_{j in S_i}
-    k_j^T v_j) / (sqrt(d_h) s n_i)` with n_i = |S_i| (at least 1) the real tokens row i sums over:
-    those of the sequence (bidirectional), of the memory (cross-attention; K^T V / n is what the
-    cache keeps), or those at positions <= i, cached ones included (causal: the cumulative sum of
-    `attention_mask` (B, past + N), or past + i + 1 without a mask; no extra decoding state). The
-    division is in fp32, on K^T V (B, H, d, d), the per-sequence map, or the causal output (B, H, N,
-    d). `zformer_scale_init` (700, the seed's value for sums over hundreds of tokens) is then on a
-    different scale: a comparable start is s ~ 700 / (typical length). `"none"` (default) adds no work.
-
     Bidirectional self-attention on sequences longer than the width takes a folded form with the
     same result (`_folded`): 4 N D^2 + 2 D^3 FLOPs per sequence instead of 6 N D^2 + 4 N D d_h.
     """
@@ -424,7 +391,6 @@ class ZformerAttention(_QKVAttention):
         super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
         self.scale_init = float(config.zformer_scale_init)
         self.log_scale = nn.Parameter(torch.tensor(math.log(self.scale_init)))
-        self.normalize = config.zformer_normalization == "tokens"  # divide by the tokens summed over
 
     def _queries(self, hidden_states):
         """Q / (sqrt(d_h) s) (B, H, N, d): both scalings in one product."""
@@ -437,10 +403,7 @@ class ZformerAttention(_QKVAttention):
         """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D)."""
         key, value = self._keys_values(memory, memory_mask)
         with _no_autocast(memory.device.type):
-            kv = key.transpose(-1, -2) @ value
-            if self.normalize:  # the mean over the real tokens: K^T V / n
-                kv = kv / _token_counts(memory_mask, memory.shape[1], kv.dtype)
-        return kv
+            return key.transpose(-1, -2) @ value
 
     def _keys_values(self, x: torch.Tensor, mask: torch.Tensor | None):
         """K (zero at padding) and V (B, H, N, d) of `x` (B, N, D), in fp32."""
@@ -469,22 +432,15 @@ class ZformerAttention(_QKVAttention):
             new_mask = _new_tokens_mask(attention_mask, length)
             key = _split_heads(_zero_padding(self.key(hidden_states), new_mask), self.num_heads)
             value = _split_heads(self.value(hidden_states), self.num_heads)
-            past_length = 0
             if cache is None:
                 context = causal_linear_attention(query, key, value)
             else:
-                if self.normalize:
-                    past_length = cache.get_seq_length(self.layer_idx)  # before these tokens
                 past, current = cache.update(key, value, self.layer_idx)
                 if length == 1:  # a decoding step: q (sum over all tokens so far)
                     with _no_autocast(hidden_states.device.type):
                         context = _fp32(query)[0] @ current
                 else:
                     context = causal_linear_attention(query, key, value, past)
-            if self.normalize:  # row i: the mean over the real tokens up to i
-                context = context / _causal_token_counts(
-                    attention_mask, past_length, length, context.dtype, context.device
-                )
         else:
             source, source_mask = (memory, memory_mask) if self.is_cross else (hidden_states, attention_mask)
             if cache is None and source is not None and self._quadratic_pays_off(query.shape[2], source.shape[1]):
@@ -492,8 +448,6 @@ class ZformerAttention(_QKVAttention):
                 key, value = self._keys_values(source, source_mask)
                 with _no_autocast(hidden_states.device.type):
                     context = (_fp32(query)[0] @ key.transpose(-1, -2)) @ value  # (B, H, N, d)
-                    if self.normalize:
-                        context = context / _token_counts(source_mask, source.shape[1], context.dtype)
             else:
                 kv = self._memory(memory, memory_mask, cache) if self.is_cross else self._project_memory(
                     hidden_states, attention_mask)
@@ -514,8 +468,7 @@ class ZformerAttention(_QKVAttention):
         [A; c] per head = [W_q | b_q]_h^T K^T V / (sqrt(d_h) s). Cost 4 N D^2 (G and x_i A) + 2 D^3
         instead of the 6 N D^2 of three projections: K and V are never formed, and the output
         projection joins the per-sequence map (`_apply_folded`). The sums over the sequence run in
-        the input's precision (fp32 or fp64). With `zformer_normalization="tokens"` the map is
-        divided by the number of real tokens (the count in S, at least 1).
+        the input's precision (fp32 or fp64).
         """
         x = hidden_states  # (B, N, D)
         batch, length, width = x.shape
@@ -532,10 +485,7 @@ class ZformerAttention(_QKVAttention):
         key, value, query = (torch.cat([p.weight, p.bias[:, None]], 1) for p in (self.key, self.value, self.query))
         value_moments = (value @ moments).view(batch, heads, dim, width + 1)  # [W_v | b_v] S, per head
         kv_t = value_moments @ key.view(heads, dim, width + 1).transpose(1, 2)  # (K^T V)^T (B, H, d, d)
-        if self.normalize:  # the mean over the real tokens: the map divided by their count
-            kv_t = kv_t * (dim**-0.5 * torch.exp(-self.log_scale) / count.clamp_min(1).view(batch, 1, 1, 1))
-        else:
-            kv_t = kv_t * (dim**-0.5 * torch.exp(-self.log_scale))
+        kv_t = kv_t * (dim**-0.5 * torch.exp(-self.log_scale))
         folded = (kv_t @ query.view(heads, dim, width + 1)).view(batch, width, width + 1)  # [A^T | c]
         return _apply_folded(x, folded[:, :, :width], folded[:, :, width], self.output)  # (B, N, D)
 
