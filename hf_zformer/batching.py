@@ -163,7 +163,7 @@ class MaskedLMCollator:
         input_ids = np.array([f["input_ids"] for f in features], dtype=np.int64)
         labels = np.full_like(input_ids, -100)
         count = self.scored_per_block(input_ids.shape[1])
-        for row, feature in zip(range(len(features)), features):
+        for row, feature in enumerate(features):
             rng = np.random.default_rng([self.seed, epoch, int(feature["block"])])
             positions = rng.choice(input_ids.shape[1], size=count, replace=False)
             labels[row, positions] = input_ids[row, positions]
