@@ -32,6 +32,7 @@ import sys
 import torch
 
 from hf_zformer import benchmark
+from hf_zformer.memory import retain_freed_memory
 
 
 def parse_args(argv=None):
@@ -96,6 +97,11 @@ def parse_args(argv=None):
     parser.add_argument("--profile", action="store_true",
                         help="also profile one call per configuration (torch.profiler) into the markdown report")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
+    parser.add_argument("--cpu-allocator", choices=("system", "retain"), default="system",
+                        help='"retain": glibc keeps the memory a call frees for the next call '
+                        "(hf_zformer.retain_freed_memory, the training scripts' default), so no call pays page "
+                        'faults to touch its buffers again; the same for every model of the run. "system": '
+                        "the allocator as a user's own process has it")
     parser.add_argument("--output", default="bench/attention",
                         help="prefix of the .csv, .json, .md and .png files written")
     parser.add_argument("--plot", default=None, help="PNG path (default: <output>.png)")
@@ -147,6 +153,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.cpu_allocator == "retain" and not retain_freed_memory():
+        sys.exit("--cpu-allocator retain: not applied (it needs Linux with glibc, and neither "
+                 "MALLOC_TRIM_THRESHOLD_ nor MALLOC_MMAP_THRESHOLD_ set)")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda given but CUDA is not available")

@@ -395,6 +395,43 @@ def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, with
             torch.testing.assert_close(padded[:, :5][mask.bool()], quad_out[mask.bool()], atol=1e-10, rtol=1e-10)
 
 
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_fastformer_causal_quadratic_pooling_equals_prefix_sums(monkeypatch, with_mask):
+    """Without a cache, short causal inputs pool through a softmax over the causal pattern instead
+    of prefix sums. In fp64 both forms agree (outputs and every gradient), with padding at the end,
+    padding before the first real token (those rows pool nothing: zero) and an all-padding row."""
+    config = tiny_config(hidden_size=D, num_attention_heads=H, attention_type="fastformer")
+    attention = _randomize(FastformerAttention(config, is_causal=True, layer_idx=0)).double()
+    parameters = list(attention.parameters())
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 9, D, generator=generator, dtype=torch.float64).requires_grad_()
+    mask = torch.ones(4, 9, dtype=torch.long)
+    mask[1, 6:] = 0
+    mask[2, :3] = 0
+    mask[3] = 0
+    mask = mask if with_mask else None
+    import hf_zformer.modeling.attention as attention_module
+
+    results = []
+    for limit in (9, 8):  # 9 tokens: quadratic up to 9, prefix sums up to 8
+        monkeypatch.setattr(attention_module, "FASTFORMER_CAUSAL_QUADRATIC", limit)
+        output, _ = attention(x, mask)
+        loss = (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum() + output.pow(2).sum()
+        results.append((output, torch.autograd.grad(loss, [x, *parameters])))
+    (quad_out, quad_grads), (prefix_out, prefix_grads) = results
+    torch.testing.assert_close(quad_out, prefix_out, atol=1e-10, rtol=1e-10)
+    for quad_grad, prefix_grad in zip(quad_grads, prefix_grads):
+        torch.testing.assert_close(quad_grad, prefix_grad, atol=1e-9, rtol=1e-10)
+    if with_mask:  # the pooled state before the first real token is zero: only W_r's bias and q_i remain
+        mixed = attention.output(attention.transform.bias + attention.query(x[2, :3]))
+        torch.testing.assert_close(quad_out[2, :3], mixed, atol=1e-10, rtol=1e-10)
+    monkeypatch.setattr(attention_module, "FASTFORMER_CAUSAL_QUADRATIC", 64)
+    cache, steps = ZformerCache(["fastformer"]), []  # token by token (prefix sums) = one quadratic pass
+    for i in range(9):
+        steps.append(attention(x[:, i : i + 1], None if mask is None else mask[:, : i + 1], cache=cache)[0])
+    torch.testing.assert_close(torch.cat(steps, 1), quad_out, atol=1e-10, rtol=1e-10)
+
+
 def test_zformer_takes_the_cheaper_order():
     attention = ZformerAttention(tiny_config(hidden_size=64, num_attention_heads=2, attention_type="zformer"))
     assert attention.head_dim == 32

@@ -314,3 +314,24 @@ def test_profile_script_prints_operator_tables(capsys):
     assert len(calls) == 4 and all(c > 0 for c in calls)
     with pytest.raises(SystemExit):
         module.parse_args(["--steps", "0"])
+
+
+def test_cpu_allocator_retain_is_applied_and_recorded(tmp_path):
+    """In a subprocess: mallopt is process-wide. Applied, the report says so; where it cannot apply
+    (the user set a MALLOC_* variable, which wins) the script stops instead of timing something else."""
+    import os
+    import subprocess
+    import sys
+
+    prefix = tmp_path / "seq2seq"
+    argv = [sys.executable, str(SCRIPT), "--level", "seq2seq", "--widths", "32", "--heads", "4", "--layers", "1",
+            "--ffn", "64", "--vocab", "50", "--batch", "2", "--source-length", "6", "--target-length", "4",
+            "--seq2seq-models", "bart", "zformer", "--repeats", "1", "--no-progress", "--no-plot",
+            "--cpu-allocator", "retain", "--output", str(prefix)]
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
+    subprocess.run(argv, check=True, env=environment, capture_output=True)
+    header = Path(f"{prefix}.md").read_text()
+    assert "C allocator retains freed memory (--cpu-allocator retain)" in header
+    assert json.loads(Path(f"{prefix}.json").read_text())["metadata"]["args"]["cpu_allocator"] == "retain"
+    refused = subprocess.run(argv, env={**environment, "MALLOC_TRIM_THRESHOLD_": "0"}, capture_output=True, text=True)
+    assert refused.returncode != 0 and "--cpu-allocator retain: not applied" in refused.stderr

@@ -376,13 +376,15 @@ def _write_level_reports(results: list, output_prefix: str, metadata: dict, fiel
 
 def markdown_header(metadata: dict) -> str:
     matmul = metadata.get("matmul", {})
+    allocator = metadata.get("args", {}).get("cpu_allocator", "system")
     lines = [
         f"Command: `{metadata.get('command', '')}`",
         "",
         f"Machine: {metadata.get('cpu', '?')} ({metadata.get('cpu_count', '?')} CPUs, {metadata.get('threads', '?')} "
         f"torch threads){', ' + metadata['gpu'] if 'gpu' in metadata else ''}; torch {metadata.get('torch', '?')}, "
         f"transformers {metadata.get('transformers', '?')}; {metadata.get('date', '')}.",
-        f"Environment: {metadata.get('environment') or 'defaults'}; load average at start "
+        f"Environment: {metadata.get('environment') or 'defaults'}"
+        f"{'; C allocator retains freed memory (--cpu-allocator retain)' if allocator == 'retain' else ''}; load average at start "
         f"{metadata.get('load_average')}, at end {metadata.get('load_average_end')}.",
     ]
     if matmul:

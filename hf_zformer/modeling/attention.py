@@ -579,6 +579,29 @@ def _pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None)
     return weights.transpose(-1, -2) @ values
 
 
+# Fastformer's causal poolings without a cache take a quadratic form up to this many tokens: a
+# softmax over the (N, N) causal pattern, four operations where the prefix sums take ten, each a
+# dispatch in the forward and more in the backward (docs/benchmarks.md). Its 2 N^2 D FLOPs per
+# pooling (all heads) are N / D of one D x D projection's: an eighth at N = 64, D = 512.
+FASTFORMER_CAUSAL_QUADRATIC = 64
+
+
+def causal_softmax_pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """`prefix_pool` without a state, in the quadratic form: output i is sum_{j<=i} softmax_j(scores)
+    values_j over the real positions j <= i (mask (B, N), 1 at real tokens, or None), zero where
+    there is none yet. scores (B, H, N, 1), values (B, H, N, d); returns (B, H, N, d). Each row's
+    softmax takes its own max, so no position underflows against a later, larger score."""
+    length = scores.shape[2]
+    allowed = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril_()  # j <= i
+    if mask is not None:
+        allowed = allowed & mask.bool()[:, None, None, :]  # (B, 1, N, N)
+    blocked = ~allowed
+    weights = torch.softmax(scores.transpose(-1, -2).masked_fill(blocked, torch.finfo(scores.dtype).min), dim=-1)
+    if mask is not None:  # a row with only padding so far is uniform over blocked positions: zero it
+        weights = weights.masked_fill(blocked, 0.0)
+    return weights @ values
+
+
 def prefix_pool(scores, values, state=None):
     """Causal `_pool`: output i pools positions j <= i. scores (B, H, N, 1), -inf at padding; values
     (B, H, N, d); state = (running max (B, H, 1, 1), denominator (B, H, 1, 1), numerator
@@ -606,8 +629,9 @@ def prefix_pool(scores, values, state=None):
             weights, weighted = weights.cumsum(dim=2), weighted.cumsum(dim=2)
         den = torch.addcmul(weights, old_den, rescale)  # (B, H, N, 1)
         num = torch.addcmul(weighted, old_num, rescale)  # (B, H, N, d)
-    # A prefix with no real token yet (only padding) pools to zero instead of 0/0.
-    pooled = num / den.clamp_min(torch.finfo(den.dtype).tiny)
+    # A prefix with no real token yet (only padding) pools to zero (0 / 1) instead of 0/0, and gets
+    # zero gradients: dividing by den clamped to a tiny value instead made -num / den^2 = 0/0 = NaN.
+    pooled = num / torch.where(den > 0, den, 1.0)
     if length > 1:
         den, num = den[:, :, -1:], num[:, :, -1:]
     return pooled, (new_max, den, num)
@@ -627,7 +651,9 @@ class FastformerAttention(_QKVAttention):
 
     Causal form: the poolings become prefix poolings (running max, numerator and denominator),
     an O(1) state per generated token; with a cache, each pooling goes through
-    `cache.update(scores, values, layer_idx, pool)`.
+    `cache.update(scores, values, layer_idx, pool)`. Without a cache, up to
+    `FASTFORMER_CAUSAL_QUADRATIC` tokens pool through a softmax over the causal pattern instead
+    (`causal_softmax_pool`, fewer operations on short inputs).
 
     Bidirectional attention on all but short sequences takes a folded form with the same result
     (`_folded`): 2 N D^2 + 2 D^3 FLOPs per sequence instead of the 8 N D^2 of four projections.
@@ -662,7 +688,10 @@ class FastformerAttention(_QKVAttention):
         return None
 
     def _causal_pool(self, scores, values, mask, cache, pool: int):
-        """Prefix pooling `pool` (0: the query's, 1: the key's), through the cache when there is one."""
+        """Prefix pooling `pool` (0: the query's, 1: the key's), through the cache when there is one;
+        without one, short inputs take the quadratic form (`causal_softmax_pool`)."""
+        if cache is None and scores.shape[2] <= FASTFORMER_CAUSAL_QUADRATIC:
+            return causal_softmax_pool(scores, values, mask)
         if mask is not None:
             scores = scores.masked_fill(~mask.bool()[:, None, :, None], float("-inf"))
         if cache is None:
