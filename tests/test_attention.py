@@ -413,7 +413,7 @@ def test_fastformer_causal_quadratic_pooling_equals_prefix_sums(monkeypatch, wit
     import hf_zformer.modeling.attention as attention_module
 
     results = []
-    for limit in (9, 8):  # 9 tokens: quadratic up to 9, prefix sums up to 8
+    for limit in (9, 8):  # the 9 tokens take the quadratic form under a limit of 9, the prefix sums under 8
         monkeypatch.setattr(attention_module, "FASTFORMER_CAUSAL_QUADRATIC", limit)
         output, _ = attention(x, mask)
         loss = (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum() + output.pow(2).sum()
