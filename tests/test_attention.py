@@ -224,6 +224,23 @@ def test_linear_attention_sums_stay_fp32_under_autocast(cls):
 # as the plain form, and stay exact with padding.
 
 
+def _output_and_gradients(attention, inputs, *args, **kwargs):
+    """The attention's output on `inputs[0]` and the gradients of a fixed loss (linear + square, so
+    every output element matters) with respect to every input and parameter."""
+    output, _ = attention(inputs[0], *args, **kwargs)
+    loss = (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum() + output.pow(2).sum()
+    return output, torch.autograd.grad(loss, [*inputs, *attention.parameters()])
+
+
+def _assert_same_function(first, second):
+    """Two `_output_and_gradients` results agree (fp64 tolerances), every gradient finite."""
+    (first_out, first_grads), (second_out, second_grads) = first, second
+    torch.testing.assert_close(first_out, second_out, atol=1e-10, rtol=1e-10)
+    for first_grad, second_grad in zip(first_grads, second_grads, strict=True):
+        assert torch.isfinite(first_grad).all() and torch.isfinite(second_grad).all()
+        torch.testing.assert_close(first_grad, second_grad, atol=1e-9, rtol=1e-10)
+
+
 def _folding(monkeypatch, enabled):
     import hf_zformer.modeling.attention as attention_module
 
@@ -251,7 +268,6 @@ def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_ma
     if not projected:
         attention.output = torch.nn.Identity()  # the folded map without an output projection to fold in
     attention.double()
-    parameters = list(attention.parameters())
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, length, D, generator=generator, dtype=torch.float64).requires_grad_()
     mask = torch.ones(4, length, dtype=torch.long)
@@ -262,14 +278,9 @@ def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_ma
     results = []
     for enabled in (True, False):
         _folding(monkeypatch, enabled)
-        output, _ = attention(x, mask)
-        loss = (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum() + output.pow(2).sum()
-        results.append((output, torch.autograd.grad(loss, [x, *parameters])))
-    (folded_out, folded_grads), (plain_out, plain_grads) = results
-    torch.testing.assert_close(folded_out, plain_out, atol=1e-10, rtol=1e-10)
-    for folded_grad, plain_grad in zip(folded_grads, plain_grads):
-        assert torch.isfinite(folded_grad).all() and torch.isfinite(plain_grad).all()
-        torch.testing.assert_close(folded_grad, plain_grad, atol=1e-9, rtol=1e-10)
+        results.append(_output_and_gradients(attention, [x], mask))
+    _assert_same_function(*results)
+    folded_out = results[0][0]
 
     # padding invariance of the folded form: extra padding leaves real positions unchanged
     if with_mask:
@@ -363,7 +374,6 @@ def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, with
     config = tiny_config(hidden_size=D, num_attention_heads=H, attention_type="zformer")
     attention = _randomize(ZformerAttention(config, is_cross=is_cross, layer_idx=0)).double()
     torch.nn.init.constant_(attention.log_scale, 1.0)
-    parameters = list(attention.parameters())
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, 5, D, generator=generator, dtype=torch.float64).requires_grad_()
     source = torch.randn(4, 7, D, generator=generator, dtype=torch.float64).requires_grad_() if is_cross else x
@@ -375,14 +385,9 @@ def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, with
     results = []
     for quadratic in (True, False):
         monkeypatch.setattr(ZformerAttention, "_quadratic_pays_off", lambda self, nq, nk, q=quadratic: q)
-        output, _ = attention(x, **kwargs)
-        loss = (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum() + output.pow(2).sum()
-        inputs = [x, source] if is_cross else [x]
-        results.append((output, torch.autograd.grad(loss, [*inputs, *parameters])))
-    (quad_out, quad_grads), (lin_out, lin_grads) = results
-    torch.testing.assert_close(quad_out, lin_out, atol=1e-10, rtol=1e-10)
-    for quad_grad, lin_grad in zip(quad_grads, lin_grads):
-        torch.testing.assert_close(quad_grad, lin_grad, atol=1e-9, rtol=1e-10)
+        results.append(_output_and_gradients(attention, [x, source] if is_cross else [x], **kwargs))
+    _assert_same_function(*results)
+    quad_out = results[0][0]
     if with_mask:  # padding invariance of the quadratic order
         monkeypatch.setattr(ZformerAttention, "_quadratic_pays_off", lambda self, nq, nk: True)
         extra = torch.randn(4, 3, D, generator=generator, dtype=torch.float64)
@@ -402,7 +407,6 @@ def test_fastformer_causal_quadratic_pooling_equals_prefix_sums(monkeypatch, wit
     padding before the first real token (those rows pool nothing: zero) and an all-padding row."""
     config = tiny_config(hidden_size=D, num_attention_heads=H, attention_type="fastformer")
     attention = _randomize(FastformerAttention(config, is_causal=True, layer_idx=0)).double()
-    parameters = list(attention.parameters())
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, 9, D, generator=generator, dtype=torch.float64).requires_grad_()
     mask = torch.ones(4, 9, dtype=torch.long)
@@ -415,13 +419,9 @@ def test_fastformer_causal_quadratic_pooling_equals_prefix_sums(monkeypatch, wit
     results = []
     for limit in (9, 8):  # the 9 tokens take the quadratic form under a limit of 9, the prefix sums under 8
         monkeypatch.setattr(attention_module, "FASTFORMER_CAUSAL_QUADRATIC", limit)
-        output, _ = attention(x, mask)
-        loss = (output * torch.linspace(-1, 1, output.numel()).view_as(output)).sum() + output.pow(2).sum()
-        results.append((output, torch.autograd.grad(loss, [x, *parameters])))
-    (quad_out, quad_grads), (prefix_out, prefix_grads) = results
-    torch.testing.assert_close(quad_out, prefix_out, atol=1e-10, rtol=1e-10)
-    for quad_grad, prefix_grad in zip(quad_grads, prefix_grads):
-        torch.testing.assert_close(quad_grad, prefix_grad, atol=1e-9, rtol=1e-10)
+        results.append(_output_and_gradients(attention, [x], mask))
+    _assert_same_function(*results)
+    quad_out = results[0][0]
     if with_mask:  # the pooled state before the first real token is zero: only W_r's bias and q_i remain
         mixed = attention.output(attention.transform.bias + attention.query(x[2, :3]))
         torch.testing.assert_close(quad_out[2, :3], mixed, atol=1e-10, rtol=1e-10)

@@ -60,16 +60,20 @@ def _zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch
     return x * attention_mask.to(x.dtype).view(*attention_mask.shape, *([1] * (x.dim() - 2)))
 
 
-def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -1, dtype=None) -> torch.Tensor:
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -1, dtype=None,
+                   may_be_empty: bool = True) -> torch.Tensor:
     """softmax of `scores` along `dim` over the positions where the boolean `mask` (broadcastable to
-    `scores`) is True. Where it is True nowhere (an all-padding row) the weights are all zero, so
-    the pooled or attended context is zero, and finite gradients flow: masked scores are set to the
-    lowest finite value, not -inf (a softmax over only -inf is NaN), and zeroed after the softmax.
-    Elsewhere the result is exactly that of -inf masking (exp underflows to 0 at masked positions)."""
+    `scores`; the result takes the broadcast shape) is True. Where it is True nowhere (an
+    all-padding row) the weights are all zero, so the pooled or attended context is zero, and finite
+    gradients flow: masked scores are set to the lowest finite value, not -inf (a softmax over only
+    -inf is NaN), and zeroed after the softmax. Elsewhere the result is exactly that of -inf masking
+    (exp underflows to 0 at masked positions). `may_be_empty=False` (the caller knows every row has
+    a True position) skips that zeroing pass."""
     if mask is None:
         return torch.softmax(scores, dim=dim, dtype=dtype)
-    scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-    return torch.softmax(scores, dim=dim, dtype=dtype).masked_fill(~mask, 0.0)
+    blocked = ~mask
+    weights = torch.softmax(scores.masked_fill(blocked, torch.finfo(scores.dtype).min), dim=dim, dtype=dtype)
+    return weights.masked_fill(blocked, 0.0) if may_be_empty else weights
 
 
 def _drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
@@ -595,10 +599,8 @@ def causal_softmax_pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.
     allowed = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril_()  # j <= i
     if mask is not None:
         allowed = allowed & mask.bool()[:, None, None, :]  # (B, 1, N, N)
-    blocked = ~allowed
-    weights = torch.softmax(scores.transpose(-1, -2).masked_fill(blocked, torch.finfo(scores.dtype).min), dim=-1)
-    if mask is not None:  # a row with only padding so far is uniform over blocked positions: zero it
-        weights = weights.masked_fill(blocked, 0.0)
+    # without padding every row holds its own position; with it, a row can have no real token yet
+    weights = masked_softmax(scores.transpose(-1, -2), allowed, may_be_empty=mask is not None)  # (B, H, N, N)
     return weights @ values
 
 
