@@ -401,12 +401,27 @@ def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, with
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_fastformer_causal_quadratic_pooling_equals_prefix_sums(monkeypatch, with_mask):
-    """Without a cache, short causal inputs pool through a softmax over the causal pattern instead
-    of prefix sums. In fp64 both forms agree (outputs and every gradient), with padding at the end,
-    padding before the first real token (those rows pool nothing: zero) and an all-padding row."""
-    config = tiny_config(hidden_size=D, num_attention_heads=H, attention_type="fastformer")
-    attention = _randomize(FastformerAttention(config, is_causal=True, layer_idx=0)).double()
+@pytest.mark.parametrize(
+    "kind, limit_name, limits",
+    [
+        ("zformer", "ZFORMER_CAUSAL_BLOCK", (9, 4)),  # one short pass under 9; three blocks of prefix sums under 4
+        ("fastformer", "FASTFORMER_CAUSAL_QUADRATIC", (9, 8)),  # the quadratic pooling under 9; prefix sums under 8
+    ],
+)
+def test_causal_short_form_equals_prefix_sums(monkeypatch, with_mask, kind, limit_name, limits):
+    """Without a cache, short causal inputs take a quadratic form: Zformer one masked `(Q K^T) V` on
+    head batches (`_short_context`) instead of the blocked prefix sums of `causal_linear_attention`,
+    Fastformer a softmax over the causal pattern instead of prefix poolings. In fp64 both forms
+    agree (outputs and every gradient), with padding at the end, padding before the first real
+    token (those rows see nothing: zero) and an all-padding row; token-by-token decoding through
+    the cache gives the same outputs."""
+    import hf_zformer.modeling.attention as attention_module
+
+    config = tiny_config(hidden_size=D, num_attention_heads=H, attention_type=kind)
+    attention_class = ZformerAttention if kind == "zformer" else FastformerAttention
+    attention = _randomize(attention_class(config, is_causal=True, layer_idx=0)).double()
+    if kind == "zformer":
+        torch.nn.init.constant_(attention.log_scale, 1.0)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, 9, D, generator=generator, dtype=torch.float64).requires_grad_()
     mask = torch.ones(4, 9, dtype=torch.long)
@@ -414,19 +429,17 @@ def test_fastformer_causal_quadratic_pooling_equals_prefix_sums(monkeypatch, wit
     mask[2, :3] = 0
     mask[3] = 0
     mask = mask if with_mask else None
-    import hf_zformer.modeling.attention as attention_module
-
     results = []
-    for limit in (9, 8):  # the 9 tokens take the quadratic form under a limit of 9, the prefix sums under 8
-        monkeypatch.setattr(attention_module, "FASTFORMER_CAUSAL_QUADRATIC", limit)
+    for limit in limits:  # the 9 tokens take the quadratic form under the first limit, not under the second
+        monkeypatch.setattr(attention_module, limit_name, limit)
         results.append(_output_and_gradients(attention, [x], mask))
     _assert_same_function(*results)
     quad_out = results[0][0]
-    if with_mask:  # the pooled state before the first real token is zero: only W_r's bias and q_i remain
+    if with_mask and kind == "fastformer":  # pooled state zero before the first real token: W_r's bias and q_i remain
         mixed = attention.output(attention.transform.bias + attention.query(x[2, :3]))
         torch.testing.assert_close(quad_out[2, :3], mixed, atol=1e-10, rtol=1e-10)
-    monkeypatch.setattr(attention_module, "FASTFORMER_CAUSAL_QUADRATIC", 64)
-    cache, steps = ZformerCache(["fastformer"]), []  # token by token (prefix sums) = one quadratic pass
+    monkeypatch.setattr(attention_module, limit_name, 64)
+    cache, steps = ZformerCache([kind]), []
     for i in range(9):
         steps.append(attention(x[:, i : i + 1], None if mask is None else mask[:, : i + 1], cache=cache)[0])
     torch.testing.assert_close(torch.cat(steps, 1), quad_out, atol=1e-10, rtol=1e-10)

@@ -53,6 +53,30 @@ def _merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(batch, length, heads * dim)
 
 
+def _head_batches(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, H * d) -> (B * H, N, d), contiguous: the operand layout of `torch.bmm` over every
+    (sequence, head) pair. A 4-D `matmul` of split heads makes the same copy, plus broadcasting
+    views and their autograd nodes, for each operand and product."""
+    batch, length, width = x.shape
+    return x.view(batch, length, num_heads, width // num_heads).transpose(1, 2).reshape(batch * num_heads, length, -1)
+
+
+def per_head_product(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """x (B, H, N, d) @ matrix (B, H, d, e) -> (B, H, N, e) as one `torch.bmm` over (B * H)-batched
+    views. x is copied only where its layout needs it (N > 1 split heads); a decoding step's single
+    token is a view. A 4-D `matmul` makes the same product with broadcasting views around it, an
+    extra ~5 dispatched operators that every decoding step pays per layer."""
+    batch, heads, length, dim = x.shape
+    product = torch.bmm(x.reshape(batch * heads, length, dim), matrix.reshape(batch * heads, dim, -1))
+    return product.view(batch, heads, length, -1)
+
+
+def _merge_head_batches(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """(B * H, N, d) -> (B, N, H * d)"""
+    heads_batch, length, dim = x.shape
+    return x.view(batch, heads_batch // batch, length, dim).transpose(1, 2).reshape(batch, length, -1)
+
+
 def _zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
     """Zero `x` (B, N, ...) at padded positions so sums over the sequence ignore them."""
     if attention_mask is None:
@@ -362,7 +386,7 @@ def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
             scores = q @ k.transpose(-1, -2)  # (B, H, b, b): no softmax, only causality
             if q.shape[2] > 1:
                 scores = scores.tril()
-            outputs.append(scores @ v if state is None else torch.matmul(q, state).add_(scores @ v))
+            outputs.append(scores @ v if state is None else per_head_product(q, state).add_(scores @ v))
             if start + ZFORMER_CAUSAL_BLOCK < length:
                 update = k.transpose(-1, -2) @ v
                 state = update if state is None else state + update
@@ -396,12 +420,16 @@ class ZformerAttention(_QKVAttention):
         self.scale_init = float(config.zformer_scale_init)
         self.log_scale = nn.Parameter(torch.tensor(math.log(self.scale_init)))
 
-    def _queries(self, hidden_states):
-        """Q / (sqrt(d_h) s) (B, H, N, d): both scalings in one product."""
-        scale = torch.exp(self.log_scale.neg().add(math.log(self.head_dim**-0.5)))  # log_scale: fp32 parameter
+    def _scaled_queries(self, hidden_states):
+        """Q / (sqrt(d_h) s) (B, N, D): both scalings in one product."""
+        scale = torch.exp(math.log(self.head_dim**-0.5) - self.log_scale)  # log_scale: fp32 parameter
         if scale.dtype != hidden_states.dtype:
             scale = scale.to(hidden_states.dtype)
-        return _split_heads(self.query(hidden_states), self.num_heads) * scale
+        return self.query(hidden_states) * scale
+
+    def _queries(self, hidden_states):
+        """Q / (sqrt(d_h) s) split into heads (B, H, N, d)."""
+        return _split_heads(self._scaled_queries(hidden_states), self.num_heads)
 
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D)."""
@@ -427,12 +455,20 @@ class ZformerAttention(_QKVAttention):
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
         """The plain form: Q, and K^T V (of the memory, or of the sequence) or its causal prefix sums.
-        On short inputs without a cache, `(Q K^T) V` instead, the same product in the cheaper order
-        (`_quadratic_pays_off`). A causal module with a cache hands its keys/values to
-        `cache.update`, which returns the sums of k^T v before and including them (B, H, d, d)."""
+        Without a cache, short inputs take `(Q K^T) V` instead (`_short_context`): causal ones up to
+        ZFORMER_CAUSAL_BLOCK tokens (one block of `causal_linear_attention`), the others where that
+        order costs fewer FLOPs (`_quadratic_pays_off`). A causal module with a cache hands its
+        keys/values to `cache.update`, which returns the sums of k^T v before and including them
+        (B, H, d, d)."""
+        length = hidden_states.shape[1]
+        if cache is None:
+            if self.is_causal and length <= ZFORMER_CAUSAL_BLOCK:
+                return self._short_context(hidden_states, hidden_states, _new_tokens_mask(attention_mask, length))
+            source, source_mask = (memory, memory_mask) if self.is_cross else (hidden_states, attention_mask)
+            if not self.is_causal and source is not None and self._quadratic_pays_off(length, source.shape[1]):
+                return self._short_context(hidden_states, source, source_mask)
         query = self._queries(hidden_states)  # (B, H, N, d), scaled by 1 / (sqrt(d_h) s)
         if self.is_causal:
-            length = hidden_states.shape[1]
             new_mask = _new_tokens_mask(attention_mask, length)
             key = _split_heads(_zero_padding(self.key(hidden_states), new_mask), self.num_heads)
             value = _split_heads(self.value(hidden_states), self.num_heads)
@@ -442,24 +478,36 @@ class ZformerAttention(_QKVAttention):
                 past, current = cache.update(key, value, self.layer_idx)
                 if length == 1:  # a decoding step: q (sum over all tokens so far)
                     with _no_autocast(hidden_states.device.type):
-                        context = _fp32(query)[0] @ current
+                        context = per_head_product(_fp32(query)[0], current)
                 else:
                     context = causal_linear_attention(query, key, value, past)
         else:
-            source, source_mask = (memory, memory_mask) if self.is_cross else (hidden_states, attention_mask)
-            if cache is None and source is not None and self._quadratic_pays_off(query.shape[2], source.shape[1]):
-                # the cheaper order on short inputs; keys are zero at padding, as in K^T V
-                key, value = self._keys_values(source, source_mask)
-                with _no_autocast(hidden_states.device.type):
-                    context = (_fp32(query)[0] @ key.transpose(-1, -2)) @ value  # (B, H, N, d)
-            else:
-                kv = self._memory(memory, memory_mask, cache) if self.is_cross else self._project_memory(
-                    hidden_states, attention_mask)
-                with _no_autocast(hidden_states.device.type):
-                    context = _fp32(query)[0] @ kv  # (B, H, N, d)
+            kv = self._memory(memory, memory_mask, cache) if self.is_cross else self._project_memory(
+                hidden_states, attention_mask)
+            with _no_autocast(hidden_states.device.type):
+                context = per_head_product(_fp32(query)[0], kv)  # (B, H, N, d)
         if context.dtype != query.dtype:
             context = context.to(query.dtype)
         return _merge_heads(context)
+
+    def _short_context(self, hidden_states, source, source_mask) -> torch.Tensor:
+        """`(Q K^T) V` of the queries of `hidden_states` (B, N, D) over the keys and values of `source`
+        (B, Nk, D), causal (scores above the diagonal zeroed) for a causal module: the product of
+        the plain form in the cheaper order on short inputs. Keys are zero at padding, as in K^T V;
+        the products run in fp32 on (B * H, N, d) head batches (`_head_batches`). Returns (B, N, D)."""
+        heads = self.num_heads
+        query = self._scaled_queries(hidden_states)
+        key = _head_batches(_zero_padding(self.key(source), source_mask), heads)
+        value = _head_batches(self.value(source), heads)
+        with _no_autocast(hidden_states.device.type):
+            query_fp32, key, value = _fp32(_head_batches(query, heads), key, value)
+            scores = torch.bmm(query_fp32, key.transpose(1, 2))  # (B * H, N, Nk): no softmax
+            if self.is_causal and scores.shape[1] > 1:
+                scores = scores.tril_()  # in place: the product's backward needs its inputs, not its output
+            context = torch.bmm(scores, value)
+        if context.dtype != query.dtype:
+            context = context.to(query.dtype)
+        return _merge_head_batches(context, hidden_states.shape[0])
 
     def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Bidirectional self-attention `Q (K^T V) / s` folded into one (D, D) matrix per sequence.

@@ -80,13 +80,17 @@ class ZformerStateLayer(RecurrentLayer):
         the state and returns (the sum over the tokens before them, the sum including them), each
         (B, H, d, d): a single new token attends to the second, a block of tokens starts from the first."""
         batch, heads, length, dim = key_states.shape
+        key, value = _fp32(key_states, value_states)  # the sums run in fp32 (fp64 stays fp64)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-            self.state = key_states.new_zeros(batch, heads, dim, dim, dtype=torch.float32)
+            self.state = key.new_zeros(batch, heads, dim, dim)
         past = self.state
         with _no_autocast(key_states.device.type):
-            key, value = _fp32(key_states, value_states)
-            self.state = past + key.transpose(-1, -2) @ value
+            # past + k^T v in one batched product-and-add over (B * H) views (see `per_head_product`)
+            self.state = torch.baddbmm(
+                past.reshape(batch * heads, dim, dim), key.reshape(batch * heads, length, dim).transpose(1, 2),
+                value.reshape(batch * heads, length, dim),
+            ).view(batch, heads, dim, dim)
         self.num_tokens += length
         return past, self.state
 
