@@ -679,9 +679,14 @@ def prefix_pool(scores, values, state=None):
             weights, weighted = weights.cumsum(dim=2), weighted.cumsum(dim=2)
         den = torch.addcmul(weights, old_den, rescale)  # (B, H, N, 1)
         num = torch.addcmul(weighted, old_num, rescale)  # (B, H, N, d)
-    # A prefix with no real token yet (only padding) pools to zero (0 / 1) instead of 0/0, and gets
-    # zero gradients: dividing by den clamped to a tiny value instead made -num / den^2 = 0/0 = NaN.
-    pooled = num / torch.where(den > 0, den, 1.0)
+    # A prefix with no real token yet (only padding) has den = 0 and pools to zero. Every other den
+    # is >= 1 (the running max's own weight), so clamping den to the tiniest float changes nothing
+    # else: one operation where a decoding step needs no gradient. Under autograd the clamp would
+    # give -num / den^2 = 0/0 = NaN gradients there; dividing by 1 instead keeps them zero.
+    if num.requires_grad or den.requires_grad:
+        pooled = num / torch.where(den > 0, den, 1.0)
+    else:
+        pooled = num / den.clamp_min(torch.finfo(den.dtype).tiny)
     if length > 1:
         den, num = den[:, :, -1:], num[:, :, -1:]
     return pooled, (new_max, den, num)
@@ -722,12 +727,17 @@ class FastformerAttention(_QKVAttention):
         self.transform = nn.Linear(config.hidden_size, config.hidden_size)  # W_r
 
     def _scores(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        """(B, H, N, d) -> pooling scores (B, H, N, 1); zero scores give the plain mean. A batched
-        matmul (an einsum here costs twice the small operations, forward and backward)."""
+        """(B, H, N, d) -> pooling scores (B, H, N, 1); zero scores give the plain mean. One `bmm`
+        with the heads as its batch: x as (H, B * N, d) is a view of split heads (an einsum or a
+        broadcasting 4-D matmul costs two to three times the small operations, forward and backward)."""
+        batch, heads, length, dim = x.shape
         if weight is None:
-            return x.new_zeros(*x.shape[:-1], 1)
+            return x.new_zeros(batch, heads, length, 1)
         weight = (weight * self.head_dim**-0.5)[:, :, None]  # (H, d, 1)
-        return x @ (weight if weight.dtype == x.dtype else weight.to(x.dtype))
+        if weight.dtype != x.dtype:
+            weight = weight.to(x.dtype)
+        scores = torch.bmm(x.transpose(0, 1).reshape(heads, batch * length, dim), weight)  # (H, B * N, 1)
+        return scores.view(heads, batch, length, 1).transpose(0, 1)
 
     def _folded_output(self, hidden_states, attention_mask):
         projections = 3 if self.value is None else 4
@@ -743,7 +753,7 @@ class FastformerAttention(_QKVAttention):
         if cache is None and scores.shape[2] <= FASTFORMER_CAUSAL_QUADRATIC:
             return causal_softmax_pool(scores, values, mask)
         if mask is not None:
-            scores = scores.masked_fill(~mask.bool()[:, None, :, None], float("-inf"))
+            scores = scores.masked_fill(~mask[:, None, :, None], float("-inf"))  # mask: bool (B, N)
         if cache is None:
             return prefix_pool(scores, values)[0]
         return cache.update(scores, values, self.layer_idx, pool=pool)
@@ -762,6 +772,7 @@ class FastformerAttention(_QKVAttention):
             query32, key32 = _fp32(query, key)
             if self.is_causal:
                 mask = _new_tokens_mask(attention_mask, hidden_states.shape[1])
+                mask = None if mask is None else mask.bool()  # once for both poolings
                 global_query = self._causal_pool(self._scores(query32, w_q), query32, mask, cache, pool=0)
                 mixed = global_query * key32  # p_i  (B, H, N, d)
                 global_key = self._causal_pool(self._scores(mixed, w_k), mixed, mask, cache, pool=1)
