@@ -70,6 +70,8 @@ def add_model_args(parser: argparse.ArgumentParser, seq2seq: bool) -> None:
     )
     group.add_argument("--tokenizer_name", default=None, help="Tokenizer folder/Hub id (default: the model's, or train one).")
     group.add_argument("--vocab_size", type=int, default=8000, help="Vocabulary size of a tokenizer trained on the data.")
+    group.add_argument("--lowercase", action="store_true",
+                       help="Train an uncased tokenizer (text lowercased after NFKC); only with a tokenizer trained here.")
     group.add_argument("--trust_remote_code", action="store_true", help="Allow remote code of Hub checkpoints.")
 
 
@@ -164,6 +166,10 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
             parser.error(problem)
     if args.push_to_hub and not args.hub_model_id:
         parser.error("--push_to_hub needs --hub_model_id (the repository to create, e.g. your-name/imdb-zformer)")
+    brought = args.tokenizer_name or args.model_name_or_path
+    if getattr(args, "lowercase", False) and brought:
+        flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"
+        parser.error(f"--lowercase trains an uncased tokenizer, but {flag} {brought!r} brings its own tokenizer: drop one")
     if args.model_name_or_path:
         if args.attention_type or args.config_overrides or (seq2seq and args.decoder_attention_type != "full"):
             parser.error(

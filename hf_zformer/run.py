@@ -156,7 +156,8 @@ def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
     if source:
         return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
     if accelerator.is_main_process:
-        train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, show_progress=show_bars(), **train_kwargs)
+        train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, show_progress=show_bars(),
+                        lowercase=getattr(args, "lowercase", False), **train_kwargs)
     accelerator.wait_for_everyone()
     return AutoTokenizer.from_pretrained(args.output_dir)
 

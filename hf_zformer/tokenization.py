@@ -16,11 +16,12 @@ id    token        use
 4     ``<mask>``   masked-language-model mask (``mask_token_id``)
 ====  ===========  =========================================
 
-Text pipeline: NFKC normalisation; a SentencePiece-style ``Metaspace`` pre-tokenizer (spaces
+Text pipeline: NFKC normalisation (then lowercasing, for an uncased tokenizer: ``lowercase=True``);
+a SentencePiece-style ``Metaspace`` pre-tokenizer (spaces
 become ``▁`` and stay part of the pieces, so decoding restores the exact spacing) followed by
 isolating punctuation into its own pieces; the matching ``Metaspace`` decoder. Hence
 ``tok.decode(tok(s).input_ids, skip_special_tokens=True) == unicodedata.normalize("NFKC", s)``
-for text whose characters were seen in training. Encoding appends ``</s>``:
+for text whose characters were seen in training (its lowercase, uncased). Encoding appends ``</s>``:
 ``"$A </s>"`` for one sequence, ``"$A </s> $B </s>"`` for a pair.
 """
 
@@ -101,14 +102,15 @@ def iter_texts(
         yield item
 
 
-def _build_tokenizer(model: str, vocab_size: int, min_frequency: int, show_progress: bool):
+def _build_tokenizer(model: str, vocab_size: int, min_frequency: int, show_progress: bool, lowercase: bool = False):
+    alphabet = [c for c in _INITIAL_ALPHABET if c == c.lower()] if lowercase else _INITIAL_ALPHABET  # no unused capitals
     if model == "bpe":
         tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
             min_frequency=min_frequency,
             special_tokens=list(SPECIAL_TOKENS),
-            initial_alphabet=_INITIAL_ALPHABET,
+            initial_alphabet=alphabet,
             show_progress=show_progress,
         )
     elif model == "unigram":
@@ -117,12 +119,12 @@ def _build_tokenizer(model: str, vocab_size: int, min_frequency: int, show_progr
             vocab_size=vocab_size,
             special_tokens=list(SPECIAL_TOKENS),
             unk_token="<unk>",
-            initial_alphabet=_INITIAL_ALPHABET,
+            initial_alphabet=alphabet,
             show_progress=show_progress,
         )
     else:
         raise ValueError(f"model must be 'bpe' or 'unigram', got {model!r}")
-    tokenizer.normalizer = normalizers.NFKC()
+    tokenizer.normalizer = normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()]) if lowercase else normalizers.NFKC()
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(
         [
             pre_tokenizers.Metaspace(replacement=_METASPACE, prepend_scheme="always"),
@@ -144,6 +146,7 @@ def train_tokenizer(
     show_progress: bool = False,
     split: str = "train",
     text_column: str = "text",
+    lowercase: bool = False,
 ) -> PreTrainedTokenizerFast:
     """Train a subword tokenizer and return it as a ``transformers`` fast tokenizer.
 
@@ -158,6 +161,10 @@ def train_tokenizer(
         save_dir: if given, ``save_pretrained`` the tokenizer there.
         show_progress: show the ``tokenizers`` training progress bar.
         split, text_column: passed to :func:`iter_texts`.
+        lowercase: an uncased tokenizer: text is lowercased after NFKC, in training and in every
+            later encoding (the normalizer is saved with the tokenizer). Fewer pieces spent on case
+            variants of a word (``Great``/``great``/``GREAT``), which helps small classifiers
+            trained from scratch; decoding gives lowercased text.
 
     Returns:
         a ``PreTrainedTokenizerFast`` with ``pad=0, bos=1, eos=2, unk=3, mask=4``
@@ -169,7 +176,7 @@ def train_tokenizer(
         raise ValueError(f"vocab_size must be an int > {len(SPECIAL_TOKENS)}, got {vocab_size!r}")
     if model_max_length < 1:
         raise ValueError(f"model_max_length must be >= 1, got {model_max_length!r}")
-    tokenizer, trainer = _build_tokenizer(model, vocab_size, min_frequency, show_progress)
+    tokenizer, trainer = _build_tokenizer(model, vocab_size, min_frequency, show_progress, lowercase)
 
     counter = {"texts": 0, "chars": 0}
 

@@ -658,6 +658,8 @@ def test_resume_matches_uninterrupted_run(tiny_data, tmp_path):
          "--label_smoothing"),
         ("run_translation.py", ["--data_dir", "{mt}", "--attention_type", "full", "--source_lang", "en"], "both 'en'"),
         ("evaluate_model.py", ["--model_name_or_path", "x"], "exactly one of --dataset_name"),
+        ("run_classification.py", ["--data_dir", "{clf}", "--attention_type", "full", "--tokenizer_name", "tok",
+                                   "--lowercase"], "--tokenizer_name 'tok' brings its own tokenizer"),
     ],
 )
 def test_bad_arguments_fail_before_training(script, extra, message, tiny_data, tmp_path, capsys):

@@ -169,6 +169,20 @@ def test_train_from_iterable_and_deterministic() -> None:
     assert tokenizer.decode(tokenizer(GERMAN[3])["input_ids"], skip_special_tokens=True) == GERMAN[3]
 
 
+def test_lowercase_tokenizer_is_uncased_and_saves_it(tmp_path: Path) -> None:
+    """`lowercase=True`: one vocabulary for every casing, in training and after a reload."""
+    texts = ENGLISH * 3 + [sentence.upper() for sentence in ENGLISH]
+    cased = train_tokenizer(texts, vocab_size=150)
+    uncased = train_tokenizer(texts, vocab_size=150, lowercase=True, save_dir=tmp_path / "tok")
+    assert not any(piece != piece.lower() for piece in uncased.get_vocab())
+    assert any(piece != piece.lower() for piece in cased.get_vocab())
+    reloaded = AutoTokenizer.from_pretrained(tmp_path / "tok")
+    for sentence in ENGLISH:
+        ids = uncased(sentence)["input_ids"]
+        assert uncased(sentence.upper())["input_ids"] == ids == reloaded(sentence.title())["input_ids"]
+        assert reloaded.decode(ids, skip_special_tokens=True) == sentence.lower()
+
+
 def test_train_errors() -> None:
     with pytest.raises(ValueError, match="model must be"):
         train_tokenizer(ENGLISH, model="wordpiece")
