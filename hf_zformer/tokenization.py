@@ -21,7 +21,7 @@ a SentencePiece-style ``Metaspace`` pre-tokenizer (spaces
 become ``▁`` and stay part of the pieces, so decoding restores the exact spacing) followed by
 isolating punctuation into its own pieces; the matching ``Metaspace`` decoder. Hence
 ``tok.decode(tok(s).input_ids, skip_special_tokens=True) == unicodedata.normalize("NFKC", s)``
-for text whose characters were seen in training (its lowercase, uncased). Encoding appends ``</s>``:
+for text whose characters were seen in training (an uncased tokenizer gives its lowercase). Encoding appends ``</s>``:
 ``"$A </s>"`` for one sequence, ``"$A </s> $B </s>"`` for a pair.
 """
 
