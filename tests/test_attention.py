@@ -439,10 +439,12 @@ def test_causal_short_form_equals_prefix_sums(monkeypatch, with_mask, kind, limi
         mixed = attention.output(attention.transform.bias + attention.query(x[2, :3]))
         torch.testing.assert_close(quad_out[2, :3], mixed, atol=1e-10, rtol=1e-10)
     monkeypatch.setattr(attention_module, limit_name, 64)
-    cache, steps = ZformerCache([kind]), []
-    for i in range(9):
-        steps.append(attention(x[:, i : i + 1], None if mask is None else mask[:, : i + 1], cache=cache)[0])
-    torch.testing.assert_close(torch.cat(steps, 1), quad_out, atol=1e-10, rtol=1e-10)
+    for grad in (True, False):  # decoding under autograd and without it (generate's path)
+        cache, steps = ZformerCache([kind]), []
+        with torch.set_grad_enabled(grad):
+            for i in range(9):
+                steps.append(attention(x[:, i : i + 1], None if mask is None else mask[:, : i + 1], cache=cache)[0])
+        torch.testing.assert_close(torch.cat(steps, 1), quad_out, atol=1e-10, rtol=1e-10)
 
 
 def test_zformer_takes_the_cheaper_order():

@@ -58,7 +58,7 @@ def _head_batches(x: torch.Tensor, num_heads: int) -> torch.Tensor:
     (sequence, head) pair. A 4-D `matmul` of split heads makes the same copy, plus broadcasting
     views and their autograd nodes, for each operand and product."""
     batch, length, width = x.shape
-    return x.view(batch, length, num_heads, width // num_heads).transpose(1, 2).reshape(batch * num_heads, length, -1)
+    return _split_heads(x, num_heads).reshape(batch * num_heads, length, -1)
 
 
 def per_head_product(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
@@ -73,8 +73,7 @@ def per_head_product(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
 
 def _merge_head_batches(x: torch.Tensor, batch: int) -> torch.Tensor:
     """(B * H, N, d) -> (B, N, H * d)"""
-    heads_batch, length, dim = x.shape
-    return x.view(batch, heads_batch // batch, length, dim).transpose(1, 2).reshape(batch, length, -1)
+    return _merge_heads(x.view(batch, -1, *x.shape[1:]))
 
 
 def _zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
