@@ -145,7 +145,7 @@ def clf_run(tiny_data, tmp_path_factory):
             "--data_dir", tiny_data / "clf", "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
             "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 8, "--max_train_steps", 4,
             "--checkpointing_steps", 2, "--with_tracking", "--logging_steps", 2, "--label_names", "negative, positive",
-            "--output_dir", out,
+            "--lowercase", "--output_dir", out,
             "--push_to_hub", "--hub_model_id", "someone/tiny-clf", "--hub_token", "hf_fake",
             prelude=PUSH_PRELUDE,
         )
@@ -161,7 +161,7 @@ def mt_run(tiny_data, tmp_path_factory):
     run_script(
         "run_translation.py",
         "--data_dir", tiny_data / "mt", "--attention_type", "zformer", "--decoder_attention_type", "fastformer",
-        "--config_overrides", TINY_MT, "--vocab_size", 120, "--max_target_length", 16, "--num_beams", 2,
+        "--config_overrides", TINY_MT + ",decoder_conv_size=3", "--vocab_size", 120, "--max_target_length", 16, "--num_beams", 2,
         "--label_smoothing", 0.1, "--per_device_train_batch_size", 16, "--max_train_steps", 6, "--output_dir", out,
     )
     return out
@@ -194,7 +194,11 @@ def test_classification_end_to_end(clf_run):
                    "name: someone/tiny-clf", "name: clf"):  # model named by --hub_model_id, dataset after --data_dir
         assert needle in meta, needle
     card = (out / "README.md").read_text()
-    assert "run_classification.py" in card and "--attention_type fastformer" in card
+    assert "run_classification.py" in card and "--attention_type fastformer" in card and "--lowercase" in card
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(out)  # --lowercase: the saved tokenizer is uncased
+    assert tokenizer("GREAT Fun")["input_ids"] == tokenizer("great fun")["input_ids"]
     assert "hf_fake" not in card and "--hub_token REDACTED" in card  # the token stays secret
     assert (out / "step_2" / "training_state.json").is_file() and (out / "step_4").is_dir()
     assert not list(out.glob(".tmp-*")), "temporary checkpoint folders left behind"
@@ -209,6 +213,7 @@ def test_translation_end_to_end(mt_run):
     assert generation["num_beams"] == 2 and generation["max_length"] == 16
     config = json.loads((mt_run / "config.json").read_text())
     assert config["decoder_attention_type"] == "fastformer" and config["label_smoothing"] == 0.1
+    assert config["decoder_conv_size"] == 3  # through --config_overrides; the clean-process load covers its code
     meta = _card_metadata(mt_run / "README.md")
     for needle in ("type: translation", "type: bleu", "split: test", "split: validation", "zformer-attention",
                    "fastformer-attention", "- de", "- en", "- name: out", "name: mt"):  # output folder, --data_dir
