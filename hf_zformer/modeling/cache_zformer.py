@@ -147,21 +147,6 @@ class MemoryLayer:
         return list(self.memory) if isinstance(self.memory, tuple) else [self.memory]
 
 
-class ConvLayer:
-    """A decoder layer's short convolution (`decoder_conv_size`): its last `size - 1` inputs
-    (B, size - 1, D), zeros before the first token and at padding."""
-
-    def __init__(self):
-        self.state = None
-
-    def _map(self, function):
-        if self.state is not None:
-            self.state = function(self.state)
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [] if self.state is None else [self.state]
-
-
 RECURRENT_LAYERS = {"zformer": ZformerStateLayer, "fastformer": FastformerStateLayer}
 
 
@@ -173,20 +158,17 @@ class ZformerCache(Cache):
     `FastformerStateLayer` for `zformer` / `fastformer` layers (fixed size). With
     `cross_attention=True` (encoder-decoders) `memory_layers[i]` keeps layer i's projected encoder
     states. Attention modules reach it through `update` (self-attention) and `update_memory` /
-    `memory` (cross-attention); with `conv_size` > 0, `conv_layers[i]` keeps the last inputs of
-    layer i's short convolution (`conv_state` / `update_conv`). Beam search reorders every part.
+    `memory` (cross-attention); beam search reorders both parts.
 
     Args:
         layer_types: the decoder's attention type per layer (`"full"`, `"zformer"` or `"fastformer"`).
         cross_attention: whether the decoder has cross-attention.
-        conv_size: the decoder's `decoder_conv_size` (0: no convolution).
     """
 
-    def __init__(self, layer_types: list[str], cross_attention: bool = False, conv_size: int = 0):
+    def __init__(self, layer_types: list[str], cross_attention: bool = False):
         layers = [DynamicLayer() if kind == "full" else RECURRENT_LAYERS[kind]() for kind in layer_types]
         super().__init__(layers=layers)
         self.memory_layers = [MemoryLayer() for _ in layer_types] if cross_attention else []
-        self.conv_layers = [ConvLayer() for _ in layer_types] if conv_size else []
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Self-attention of layer `layer_idx`: hands the new tokens' states to its cache layer and
@@ -204,17 +186,10 @@ class ZformerCache(Cache):
         """Store cross-attention layer `layer_idx`'s projected encoder states."""
         self.memory_layers[layer_idx].memory = memory
 
-    def conv_state(self, layer_idx: int) -> torch.Tensor | None:
-        """Layer `layer_idx`'s last convolution inputs (B, size - 1, D), None before the first call."""
-        return self.conv_layers[layer_idx].state
-
-    def update_conv(self, state: torch.Tensor, layer_idx: int) -> None:
-        self.conv_layers[layer_idx].state = state
-
     def self_attention_numel(self) -> int:
-        """Elements held by the self-attention layers (short convolutions included): constant in the
-        generated length for Zformer and Fastformer layers, growing for full attention."""
-        total = sum(t.numel() for layer in self.conv_layers for t in layer.tensors())
+        """Elements held by the self-attention layers: constant in the generated length for Zformer
+        and Fastformer layers, growing for full attention."""
+        total = 0
         for layer in self.layers:
             if isinstance(layer, RecurrentLayer):
                 total += sum(t.numel() for t in layer.tensors())
@@ -222,28 +197,26 @@ class ZformerCache(Cache):
                 total += layer.keys.numel() + layer.values.numel()
         return total
 
-    def _map_side_states(self, function):
-        for layer in (*self.memory_layers, *self.conv_layers):
+    def _for_memories(self, function):
+        for layer in self.memory_layers:
             layer._map(function)
 
     def reset(self):
         super().reset()
         for layer in self.memory_layers:
             layer.memory = None
-        for layer in self.conv_layers:
-            layer.state = None
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         super().reorder_cache(beam_idx)
-        self._map_side_states(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        self._for_memories(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
     def batch_repeat_interleave(self, repeats: int):
         super().batch_repeat_interleave(repeats)
-        self._map_side_states(lambda t: t.repeat_interleave(repeats, dim=0))
+        self._for_memories(lambda t: t.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor):
         super().batch_select_indices(indices)
-        self._map_side_states(lambda t: t[indices])
+        self._for_memories(lambda t: t[indices])
 
 
 __all__ = ["ZformerCache", "ZformerStateLayer", "FastformerStateLayer"]

@@ -101,12 +101,6 @@ class ZformerConfig(PreTrainedConfig):
         decoder_attention_type (`str` or `list[str]`): decoder self-attention, causal: `"full"`, `"zformer"`
             or `"fastformer"` (per layer allowed).
         cross_attention_type (`"full"` or `"zformer"`): decoder-to-encoder attention.
-        decoder_conv_size (`int`): 0 (default) or the width (>= 2) of a causal depthwise convolution
-            over the input of every decoder self-attention (decoders of encoder-decoders and causal
-            language models): token i sees `sum_k w_k * x_{i-k}`, k < `decoder_conv_size`, per
-            channel, so linear attention, which sees the prefix only through a sum or a pooling, gets
-            the last few tokens exactly. It starts as the identity (w_0 = 1, the other taps 0),
-            and decoding keeps each layer's last `decoder_conv_size - 1` inputs (a fixed-size state).
         label_smoothing (`float`): label smoothing of the seq2seq loss.
 
     Example:
@@ -158,7 +152,6 @@ class ZformerConfig(PreTrainedConfig):
     num_decoder_layers: int = 6
     decoder_attention_type: str | list[str] = "full"
     cross_attention_type: str = "full"
-    decoder_conv_size: int = 0
     label_smoothing: float = 0.0
     use_cache: bool = True
     tie_word_embeddings: bool = True
@@ -198,11 +191,6 @@ class ZformerConfig(PreTrainedConfig):
             )
         _per_layer("decoder_attention_type", decoder_value, self.num_decoder_layers, CAUSAL_ATTENTION_TYPES)
         _check_choice("cross_attention_type", self.cross_attention_type, CROSS_ATTENTION_TYPES)
-        _check_positive("decoder_conv_size", self.decoder_conv_size, allow_zero=True)
-        if self.decoder_conv_size == 1:
-            raise ValueError(
-                "decoder_conv_size=1 would only rescale each channel: use 0 (no convolution) or a width >= 2"
-            )
         _check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
         _check_choice("position_embedding_merge", self.position_embedding_merge, POSITION_EMBEDDING_MERGES)
         _check_choice("fastformer_pooling", self.fastformer_pooling, FASTFORMER_POOLINGS)
