@@ -161,18 +161,21 @@ def test_bad_configs_raise(overrides, message):
         tiny_config(**overrides)
 
 
-def test_a_config_with_the_removed_zformer_normalization_is_refused(tmp_path):
-    """Development versions had `zformer_normalization` ("none" = the plain sum, "tokens" = a mean);
-    "tokens" lost to the plain sum and was removed. A folder saved with "none" loads as before; one
-    saved with "tokens" is refused by name instead of silently computing the plain sum."""
+@pytest.mark.parametrize("field, off, on", [("zformer_normalization", "none", "tokens"), ("decoder_conv_size", 0, 4)])
+def test_a_config_with_a_removed_option_is_refused(tmp_path, field, off, on):
+    """Development versions had `zformer_normalization` ("none" = the plain sum, "tokens" = a mean)
+    and `decoder_conv_size` (0 = none, k = a k-tap causal convolution ahead of each decoder
+    self-attention); neither beat the model without it and both were removed. A folder saved with
+    the "off" value loads as before; one saved with the option on is refused by name instead of
+    silently computing a different function."""
     from transformers import AutoConfig
 
     tiny_config(attention_type="zformer").save_pretrained(tmp_path)
     saved = json.loads((tmp_path / "config.json").read_text())
-    (tmp_path / "config.json").write_text(json.dumps({**saved, "zformer_normalization": "none"}))
+    (tmp_path / "config.json").write_text(json.dumps({**saved, field: off}))
     assert AutoConfig.from_pretrained(tmp_path).attention_type == "zformer"
-    (tmp_path / "config.json").write_text(json.dumps({**saved, "zformer_normalization": "tokens"}))
-    with pytest.raises(ValueError, match="zformer_normalization='tokens': this option .* removed"):
+    (tmp_path / "config.json").write_text(json.dumps({**saved, field: on}))
+    with pytest.raises(ValueError, match=f"{field}={on!r}: this option .* removed"):
         AutoConfig.from_pretrained(tmp_path)
 
 

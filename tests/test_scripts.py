@@ -161,7 +161,7 @@ def mt_run(tiny_data, tmp_path_factory):
     run_script(
         "run_translation.py",
         "--data_dir", tiny_data / "mt", "--attention_type", "zformer", "--decoder_attention_type", "fastformer",
-        "--config_overrides", TINY_MT + ",decoder_conv_size=3", "--vocab_size", 120, "--max_target_length", 16, "--num_beams", 2,
+        "--config_overrides", TINY_MT, "--vocab_size", 120, "--max_target_length", 16, "--num_beams", 2,
         "--label_smoothing", 0.1, "--per_device_train_batch_size", 16, "--max_train_steps", 6, "--output_dir", out,
     )
     return out
@@ -213,7 +213,6 @@ def test_translation_end_to_end(mt_run):
     assert generation["num_beams"] == 2 and generation["max_length"] == 16
     config = json.loads((mt_run / "config.json").read_text())
     assert config["decoder_attention_type"] == "fastformer" and config["label_smoothing"] == 0.1
-    assert config["decoder_conv_size"] == 3  # through --config_overrides; the clean-process load covers its code
     meta = _card_metadata(mt_run / "README.md")
     for needle in ("type: translation", "type: bleu", "split: test", "split: validation", "zformer-attention",
                    "fastformer-attention", "- de", "- en", "- name: out", "name: mt"):  # output folder, --data_dir
