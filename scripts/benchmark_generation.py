@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_zformer  # noqa: F401  (registers the model types)
+from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
 
 
 def parse_args(argv=None):
@@ -87,10 +88,10 @@ def measure(args):
             for kind, model in models.items():
                 start = time.perf_counter()
                 out = model(encoder_outputs=encoded[kind], attention_mask=mask, decoder_input_ids=tokens[kind],
-                            past_key_values=states[kind], use_cache=True)
+                            use_cache=True, **{CACHE_FIELD: states[kind]})
                 tokens[kind] = out.logits[:, -1:].argmax(-1)  # greedy
                 steps[kind].append(time.perf_counter() - start)
-                states[kind] = out.past_key_values
+                states[kind] = getattr(out, CACHE_FIELD)
     state_sizes = {kind: state.self_attention_numel() for kind, state in states.items()}
     return steps, state_sizes
 

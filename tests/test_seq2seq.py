@@ -308,3 +308,30 @@ def test_resize_token_embeddings(new_size, multiple, expected):
     out = model(input_ids=src, attention_mask=mask, labels=labels)
     assert out.logits.shape == (2, 5, expected) and torch.isfinite(out.loss)
     assert model.generate(input_ids=src, attention_mask=mask, max_new_tokens=3).shape[0] == 2
+
+
+@pytest.mark.parametrize("kind", ["seq2seq", "causal"])
+def test_decoding_state_under_either_name(kind):
+    """transformers 5.24 renamed the decoding state `past_key_values` -> `cache` (generate() passes
+    `cache=`); forward takes either name, refuses both, and returns it under the installed name."""
+    from test_causal_lm import causal_lm
+
+    from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
+
+    model = seq2seq("fastformer", "zformer") if kind == "seq2seq" else causal_lm("zformer")
+    src, mask = _source()
+    first = dict(input_ids=src, attention_mask=mask)
+    if kind == "seq2seq":
+        first["decoder_input_ids"] = src[:, :1]
+    logits = {}
+    for name in ("past_key_values", "cache"):
+        out = model(**first, use_cache=True)
+        state = getattr(out, CACHE_FIELD)
+        assert isinstance(state, ZformerCache)
+        step = dict(decoder_input_ids=src[:, 1:2], encoder_outputs=(out.encoder_last_hidden_state,),
+                    attention_mask=mask) if kind == "seq2seq" else dict(input_ids=src[:, :1], attention_mask=torch.cat(
+                        [mask, torch.ones_like(mask[:, :1])], 1))
+        logits[name] = model(**step, **{name: state}).logits
+    torch.testing.assert_close(logits["cache"], logits["past_key_values"])
+    with pytest.raises(ValueError, match="as `cache` or as `past_key_values`, not both"):
+        model(**first, past_key_values=state, cache=state)

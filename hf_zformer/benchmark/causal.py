@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..modeling.configuration_zformer import ZformerConfig
+from ..modeling.modeling_zformer import CACHE_FIELD
 from .cases import DTYPES
 from .flops import dense_flops, layer_flops, token_attention_flops
 from .seq2seq import _runners, _time_alternating, _train_step
@@ -156,7 +157,7 @@ def causal_benchmark(models: Iterable[str], shape: CausalShape, device: str = "c
                 input_ids=prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new, min_new_tokens=new,
                 num_beams=1, do_sample=False, use_cache=True, return_dict_in_generate=True, pad_token_id=0,
             )
-        cache_sizes[name, n] = cache_bytes(output.past_key_values)
+        cache_sizes[name, n] = cache_bytes(getattr(output, CACHE_FIELD))
 
     functions = {}
     for n in shape.lengths:

@@ -724,6 +724,19 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
     return shifted.masked_fill(shifted == -100, pad_token_id)
 
 
+# The name of the decoding state: transformers 5.24 renamed `past_key_values` to `cache` (generate()
+# passes it to forward() and reads it from the outputs under the new name; the old name is
+# deprecated there). Our forwards accept both names; outputs and generate() use the installed one.
+CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
+
+
+def _decoding_state(past_key_values, cache):
+    """The decoding state passed as `past_key_values` (transformers <= 5.23) or `cache` (>= 5.24)."""
+    if past_key_values is not None and cache is not None:
+        raise ValueError("pass the decoding state once, as `cache` or as `past_key_values`, not both")
+    return cache if cache is not None else past_key_values
+
+
 class ZformerGenerationMixin(GenerationMixin):
     """`generate()` for models with a `ZformerDecoder` (`self.decoder`): it decodes with the
     decoder's `ZformerCache`, which knows the kind of every layer (no DynamicCache)."""
@@ -731,13 +744,13 @@ class ZformerGenerationMixin(GenerationMixin):
     def _prepare_cache_for_generation(
         self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
     ):
-        if model_kwargs.get("past_key_values") is None and generation_config.use_cache is not False:
+        if model_kwargs.get(CACHE_FIELD) is None and generation_config.use_cache is not False:
             if generation_config.cache_implementation not in (None, "dynamic"):
                 raise ValueError(
                     f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
                     f"Zformer-family decoders decode with their ZformerCache"
                 )
-            model_kwargs["past_key_values"] = self.decoder.new_cache()
+            model_kwargs[CACHE_FIELD] = self.decoder.new_cache()
             return
         super()._prepare_cache_for_generation(
             generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
@@ -809,17 +822,19 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
+        cache: ZformerCache | None = None,
     ):
         """input_ids/attention_mask (B, S): the source, padded on either side (encoder positions come
         from the mask); decoder_input_ids (B, T), or `labels` (B, T) shifted right;
         `decoder_attention_mask` (B, T, or B, past + T while generating) must be right-padded;
-        `past_key_values`: the decoding state of earlier steps (decoder positions continue from its
-        length). `token_type_ids` go to the encoder (all zeros when `type_vocab_size=0`); head masks and `output_attentions=True` are
+        `past_key_values` (or `cache`, transformers' name since 5.24): the decoding state of earlier
+        steps (decoder positions continue from its length). `token_type_ids` go to the encoder (all zeros when `type_vocab_size=0`); head masks and `output_attentions=True` are
         refused. Returns `Seq2SeqLMOutput` with logits (B, T, vocab) and the loss when labels are given
         (normalised by `num_items_in_batch` when Trainer passes it)."""
         _refuse_head_masks(
             head_mask=head_mask, decoder_head_mask=decoder_head_mask, cross_attn_head_mask=cross_attn_head_mask
         )
+        past_key_values = _decoding_state(past_key_values, cache)
         _check_right_padded("decoder_attention_mask", decoder_attention_mask)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         if output_attentions:
@@ -863,10 +878,10 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         output = Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
-            past_key_values=past_key_values,
             decoder_hidden_states=decoder_hidden,
             encoder_last_hidden_state=encoder_hidden,
             encoder_hidden_states=encoder_outputs.hidden_states,
+            **{CACHE_FIELD: past_key_values},
         )
         return output if return_dict else output.to_tuple()
 
@@ -939,15 +954,18 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         output_hidden_states: bool | None = None,
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
+        cache: ZformerCache | None = None,
     ):
         """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), or (B, past + N) with a
         cache (what `generate()` passes), 1 at real tokens, padding on either side; position_ids
-        (B, N) by default from the mask. `past_key_values`: the `ZformerCache` of earlier calls (a
-        new one when `use_cache` and none is given). labels (B, N): the input ids, -100 where not
+        (B, N) by default from the mask. `past_key_values` (or `cache`, transformers' name since 5.24):
+        the `ZformerCache` of earlier calls (a new one when `use_cache` and none is given). labels (B, N): the input ids, -100 where not
         scored; shifted inside. `logits_to_keep` > 0 computes only the last ones. Returns
-        `CausalLMOutputWithPast(loss, logits (B, N, vocab), past_key_values, hidden_states)`."""
+        `CausalLMOutputWithPast(loss, logits (B, N, vocab), the cache, hidden_states)`, the cache under
+        `CACHE_FIELD` (`cache` from transformers 5.24, `past_key_values` before)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        past_key_values = _decoding_state(past_key_values, cache)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         if output_attentions:
             raise ValueError("output_attentions=True is not supported by the causal language model")
@@ -969,7 +987,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
         loss = causal_lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
         output = CausalLMOutputWithPast(
-            loss=loss, logits=logits, past_key_values=past_key_values, hidden_states=all_hidden
+            loss=loss, logits=logits, hidden_states=all_hidden, **{CACHE_FIELD: past_key_values}
         )
         return output if return_dict else output.to_tuple()
 
