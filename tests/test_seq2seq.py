@@ -328,9 +328,11 @@ def test_decoding_state_under_either_name(kind):
         out = model(**first, use_cache=True)
         state = getattr(out, CACHE_FIELD)
         assert isinstance(state, ZformerCache)
-        step = dict(decoder_input_ids=src[:, 1:2], encoder_outputs=(out.encoder_last_hidden_state,),
-                    attention_mask=mask) if kind == "seq2seq" else dict(input_ids=src[:, :1], attention_mask=torch.cat(
-                        [mask, torch.ones_like(mask[:, :1])], 1))
+        if kind == "seq2seq":  # the next target token, with the encoder states of the first call
+            step = dict(decoder_input_ids=src[:, 1:2], encoder_outputs=(out.encoder_last_hidden_state,),
+                        attention_mask=mask)
+        else:  # one more token after the prompt
+            step = dict(input_ids=src[:, :1], attention_mask=torch.cat([mask, torch.ones_like(mask[:, :1])], 1))
         logits[name] = model(**step, **{name: state}).logits
     torch.testing.assert_close(logits["cache"], logits["past_key_values"])
     with pytest.raises(ValueError, match="as `cache` or as `past_key_values`, not both"):
