@@ -88,7 +88,7 @@ def measure(args):
             for kind, model in models.items():
                 start = time.perf_counter()
                 out = model(encoder_outputs=encoded[kind], attention_mask=mask, decoder_input_ids=tokens[kind],
-                            use_cache=True, **{CACHE_FIELD: states[kind]})
+                            cache=states[kind], use_cache=True)  # our forwards take `cache` on every version
                 tokens[kind] = out.logits[:, -1:].argmax(-1)  # greedy
                 steps[kind].append(time.perf_counter() - start)
                 states[kind] = getattr(out, CACHE_FIELD)

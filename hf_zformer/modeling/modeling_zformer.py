@@ -828,8 +828,9 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         from the mask); decoder_input_ids (B, T), or `labels` (B, T) shifted right;
         `decoder_attention_mask` (B, T, or B, past + T while generating) must be right-padded;
         `past_key_values` (or `cache`, transformers' name since 5.24): the decoding state of earlier
-        steps (decoder positions continue from its length). `token_type_ids` go to the encoder (all zeros when `type_vocab_size=0`); head masks and `output_attentions=True` are
-        refused. Returns `Seq2SeqLMOutput` with logits (B, T, vocab) and the loss when labels are given
+        steps (decoder positions continue from its length). `token_type_ids` go to the encoder (all
+        zeros when `type_vocab_size=0`); head masks and `output_attentions=True` are refused.
+        Returns `Seq2SeqLMOutput` with logits (B, T, vocab) and the loss when labels are given
         (normalised by `num_items_in_batch` when Trainer passes it)."""
         _refuse_head_masks(
             head_mask=head_mask, decoder_head_mask=decoder_head_mask, cross_attn_head_mask=cross_attn_head_mask
@@ -959,8 +960,9 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), or (B, past + N) with a
         cache (what `generate()` passes), 1 at real tokens, padding on either side; position_ids
         (B, N) by default from the mask. `past_key_values` (or `cache`, transformers' name since 5.24):
-        the `ZformerCache` of earlier calls (a new one when `use_cache` and none is given). labels (B, N): the input ids, -100 where not
-        scored; shifted inside. `logits_to_keep` > 0 computes only the last ones. Returns
+        the `ZformerCache` of earlier calls (a new one when `use_cache` and none is given). labels
+        (B, N): the input ids, -100 where not scored; shifted inside. `logits_to_keep` > 0 computes
+        only the last ones. Returns
         `CausalLMOutputWithPast(loss, logits (B, N, vocab), the cache, hidden_states)`, the cache under
         `CACHE_FIELD` (`cache` from transformers 5.24, `past_key_values` before)."""
         if (input_ids is None) == (inputs_embeds is None):
