@@ -282,6 +282,7 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
         "distillation": distillation_of(args.model_name_or_path),  # of a converted folder (its model card)
         "model_name_or_path": args.model_name_or_path,  # the folder or id the run loaded
         "max_length": max_length,
+        **({"truncation_side": args.truncation_side} if getattr(args, "truncation_side", None) else {}),
         "config": model_config,
         "best_step": results.get("best_step"),
         "wall_time_s": round(wall_time_s, 1),

@@ -40,6 +40,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--max_length", type=int, default=256, help="Truncate texts to this many tokens.")
     parser.add_argument(
+        "--truncation_side", choices=("right", "left"), default=None,
+        help="Which end of a text longer than --max_length is cut: right keeps its beginning, left its end "
+        "(IMDB reviews tend to end with their verdict). Saved with the tokenizer, so pipelines and "
+        "evaluate_model.py truncate the same way. Default: the tokenizer's own setting (right for a new one).",
+    )
+    parser.add_argument(
         "--label_names",
         default=None,
         help='Class names in label-id order, comma-separated (IMDB: "negative,positive"); saved as the config\'s '
@@ -146,6 +152,8 @@ def main(argv=None) -> dict:
     # ---- tokenizer and model
     base = args.model_name_or_path
     tokenizer = run.load_tokenizer(args, accelerator, raw, model_max_length=args.max_length)
+    if args.truncation_side:
+        tokenizer.truncation_side = args.truncation_side
     if base:
         config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code)
         if getattr(config, "num_labels", None) != num_labels:

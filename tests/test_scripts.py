@@ -145,7 +145,7 @@ def clf_run(tiny_data, tmp_path_factory):
             "--data_dir", tiny_data / "clf", "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
             "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 8, "--max_train_steps", 4,
             "--checkpointing_steps", 2, "--with_tracking", "--logging_steps", 2, "--label_names", "negative, positive",
-            "--lowercase", "--output_dir", out,
+            "--lowercase", "--truncation_side", "left", "--output_dir", out,
             "--push_to_hub", "--hub_model_id", "someone/tiny-clf", "--hub_token", "hf_fake",
             prelude=PUSH_PRELUDE,
         )
@@ -199,6 +199,10 @@ def test_classification_end_to_end(clf_run):
 
     tokenizer = AutoTokenizer.from_pretrained(out)  # --lowercase: the saved tokenizer is uncased
     assert tokenizer("GREAT Fun")["input_ids"] == tokenizer("great fun")["input_ids"]
+    long_text = " ".join(["good"] * 40 + ["awful"])  # --truncation_side left: the end is kept, </s> included
+    kept = tokenizer(long_text, truncation=True)["input_ids"]
+    assert len(kept) == 32 and kept[-2:] == tokenizer("awful")["input_ids"][-2:]
+    assert "--truncation_side left" in card
     assert "hf_fake" not in card and "--hub_token REDACTED" in card  # the token stays secret
     assert (out / "step_2" / "training_state.json").is_file() and (out / "step_4").is_dir()
     assert not list(out.glob(".tmp-*")), "temporary checkpoint folders left behind"
