@@ -74,6 +74,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_target_length", type=int, default=None, help="Seq2seq: generation max_length (default: generation config).")
     parser.add_argument("--num_beams", type=int, default=None, help="Seq2seq: beams (default: generation config).")
     parser.add_argument("--max_length", type=int, default=512, help="Classification: truncate texts.")
+    parser.add_argument("--truncation_side", choices=("right", "left"), default=None,
+                        help="Classification: cut long texts at their end (right) or beginning (left). Default: "
+                        "the tokenizer's saved setting (run_classification.py --truncation_side).")
     parser.add_argument("--seed", type=int, default=42, help="Seed of the evaluation dataloader (not of the rows).")
     parser.add_argument("--split_seed", type=int, default=42,
                         help="Seed of the validation split carved from train and of --max_eval_samples: the "
@@ -135,6 +138,8 @@ def main(argv=None) -> dict:
             "hf_zformer does not provide; it was not run. Inspect that code, then pass --trust_remote_code to run it."
         ) from None
     tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    if args.truncation_side:
+        tokenizer.truncation_side = args.truncation_side
     seq2seq = is_seq2seq(config)
     source = args.data_dir or args.dataset_name
     loading = {"seed": args.split_seed, "config_name": args.dataset_config_name}
@@ -197,7 +202,8 @@ def main(argv=None) -> dict:
             for i, (p, y) in sorted(found.items())
         ]
         accuracy = sum(r["prediction"] == r["label"] for r in rows) / max(len(rows), 1)
-        results = {f"{split}_accuracy": accuracy, f"{split}_samples": len(rows)}
+        results = {f"{split}_accuracy": accuracy, f"{split}_samples": len(rows),
+                   "max_length": min(args.max_length, limit), "truncation_side": tokenizer.truncation_side}
     results.update(model=args.model_name_or_path, dataset=source, split=split,
                    task="translation" if seq2seq else "text-classification")
     if args.length_buckets:

@@ -531,6 +531,11 @@ def test_evaluate_model_script_classification(clf_run, tiny_data, tmp_path):
     assert metrics["validation_accuracy"] == pytest.approx(trained["eval_accuracy"])
     rows = (tmp_path / "clf" / "validation_predictions.jsonl").read_text().splitlines()
     assert len(rows) == 12
+    assert metrics["truncation_side"] == "left"  # the trained tokenizer's (--truncation_side left)
+    run_script("evaluate_model.py", "--model_name_or_path", clf_out, "--data_dir", tiny_data / "clf",
+               "--split", "validation", "--truncation_side", "right", "--max_length", 3, "--output_dir", tmp_path / "cut")
+    cut = json.loads((tmp_path / "cut" / "validation_results.json").read_text())
+    assert cut["truncation_side"] == "right" and cut["max_length"] == 3 and cut["validation_samples"] == 12
 
 
 def test_evaluate_model_max_eval_samples_is_training_subset(clf_run, tmp_path):
