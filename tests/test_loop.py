@@ -440,3 +440,16 @@ def test_run_fields_record_learning_rate():
                               data_dir="data/imdb", dataset_name=None, train_file=None)
     record = run_fields(args, ZformerConfig(attention_type="zformer"), {}, max_length=64, wall_time_s=1.0)
     assert record["learning_rate"] == 3e-4 and record["config"]["attention_type"] == "zformer"
+
+
+def test_run_fields_record_the_encoder_convolution_where_set():
+    import argparse
+
+    from hf_zformer import ZformerConfig
+    from hf_zformer.results import run_fields
+
+    args = argparse.Namespace(seed=1, split_seed=2, learning_rate=3e-4, model_name_or_path=None, output_dir="runs/x",
+                              data_dir="data/imdb", dataset_name=None, train_file=None)
+    plain = run_fields(args, ZformerConfig(), {}, max_length=64, wall_time_s=1.0)
+    conv = run_fields(args, ZformerConfig(encoder_conv_size=5), {}, max_length=64, wall_time_s=1.0)
+    assert "encoder_conv_size" not in plain["config"] and conv["config"]["encoder_conv_size"] == 5
