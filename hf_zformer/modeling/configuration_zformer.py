@@ -104,6 +104,11 @@ class ZformerConfig(PreTrainedConfig):
         embedding_layer_norm (`bool`): LayerNorm over the summed embeddings, before their dropout (BERT).
         position_offset (`int`): position of the first real token; RoBERTa's tables start at
             `padding_idx + 1` (2). A sequence may hold `max_position_embeddings - position_offset` tokens.
+        encoder_conv_size (`int`): 0 (default) or the odd width (>= 3) of a centred depthwise
+            convolution over the input of every encoder self-attention: token i sees
+            `sum_k w_k * x_{i+k}`, |k| <= `encoder_conv_size // 2`, per channel, with zeros beyond the
+            ends and at padding. Fastformer mixes tokens only through pooled vectors, the same for
+            every token; this gives each token its neighbours exactly. It starts as the identity.
         num_decoder_layers (`int`): decoder depth of `ZformerForConditionalGeneration`.
         decoder_attention_type (`str` or `list[str]`): decoder self-attention, causal: `"full"`, `"zformer"`
             or `"fastformer"` (per layer allowed).
@@ -156,6 +161,7 @@ class ZformerConfig(PreTrainedConfig):
     type_vocab_size: int = 0
     embedding_layer_norm: bool = False
     position_offset: int = 0
+    encoder_conv_size: int = 0
     num_decoder_layers: int = 6
     decoder_attention_type: str | list[str] = "full"
     cross_attention_type: str = "full"
@@ -198,6 +204,12 @@ class ZformerConfig(PreTrainedConfig):
             )
         _per_layer("decoder_attention_type", decoder_value, self.num_decoder_layers, CAUSAL_ATTENTION_TYPES)
         _check_choice("cross_attention_type", self.cross_attention_type, CROSS_ATTENTION_TYPES)
+        _check_positive("encoder_conv_size", self.encoder_conv_size, allow_zero=True)
+        if self.encoder_conv_size and (self.encoder_conv_size < 3 or self.encoder_conv_size % 2 == 0):
+            raise ValueError(
+                f"encoder_conv_size={self.encoder_conv_size} must be 0 (no convolution) or an odd width >= 3 "
+                "(a window centred on each token)"
+            )
         _check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
         _check_choice("position_embedding_merge", self.position_embedding_merge, POSITION_EMBEDDING_MERGES)
         _check_choice("fastformer_pooling", self.fastformer_pooling, FASTFORMER_POOLINGS)

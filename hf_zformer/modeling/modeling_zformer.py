@@ -190,6 +190,33 @@ def residual(branch: torch.Tensor, hidden_states: torch.Tensor, norm: nn.LayerNo
     return norm(hidden_states) if post_norm else hidden_states
 
 
+class ZformerShortConv(nn.Module):
+    """Centred depthwise convolution over the sequence (`encoder_conv_size` taps, odd): output i is
+    sum_k weight[k] * x_{i+k-c}, c = size // 2, per channel, with x = 0 beyond both ends and at
+    padding, so a row's real tokens get the same outputs whatever its padding (left or right).
+    Fastformer mixes tokens only through pooled vectors, the same for every token; this gives each
+    token its neighbours exactly. Initialised as the identity (weight[c] = 1): a new model starts
+    as the same model without it."""
+
+    def __init__(self, config):
+        super().__init__()
+        self.size = config.encoder_conv_size
+        self.weight = nn.Parameter(torch.empty(self.size, config.hidden_size))  # weight[k]: tap of x_{i+k-c}
+
+    def forward(self, hidden_states, attention_mask=None):
+        """hidden_states (B, N, D); attention_mask (B, N), 1 at real tokens, or None."""
+        if attention_mask is not None:
+            hidden_states = hidden_states * attention_mask[:, :, None].to(hidden_states.dtype)
+        length, half = hidden_states.shape[1], self.size // 2
+        window = nn.functional.pad(hidden_states, (0, 0, half, half))  # (B, N + size - 1, D)
+        weight = self.weight.to(hidden_states.dtype)
+        output = hidden_states * weight[half]
+        for k in range(self.size):
+            if k != half:
+                output = torch.addcmul(output, window[:, k : k + length], weight[k])
+        return output
+
+
 class ZformerLayer(GradientCheckpointingLayer):
     """Pre-LayerNorm encoder layer: x + W_o Attn(LN(x)), then x + FFN(LN(x)); or, with
     `layer_norm_position="post"` (BERT), LN(x + W_o Attn(x)), then LN(x + FFN(x)).
@@ -199,13 +226,15 @@ class ZformerLayer(GradientCheckpointingLayer):
     fresh output (`add_into_fresh`; out of place when autocast made the branch bf16/fp16, so the
     residual stream stays fp32), so a layer allocates no (B, N, D) buffer for the sums: on long
     inputs such a buffer costs as much as a LayerNorm, mostly in page faults. The same holds for
-    the decoder."""
+    the decoder. With `encoder_conv_size` > 0 the attention's input first goes through a
+    `ZformerShortConv`."""
 
     def __init__(self, config, attention_type: str, layer_idx: int):
         super().__init__()
         self.attention_type = attention_type
         self.post_norm = config.layer_norm_position == "post"
         self.attention_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.short_conv = ZformerShortConv(config) if config.encoder_conv_size else None
         self.attention = ATTENTION_CLASSES[attention_type](config, layer_idx=layer_idx)
         self.feed_forward_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.feed_forward = ZformerFeedForward(config)
@@ -222,9 +251,11 @@ class ZformerLayer(GradientCheckpointingLayer):
         hidden states, and with `output_attentions` (full attention only) also the attention weights
         (B, H, N, N)."""
         post = self.post_norm
+        attention_input = norm_input(self.attention_norm, hidden_states, post)
+        if self.short_conv is not None:
+            attention_input = self.short_conv(attention_input, attention_mask)
         branch, weights = self.attention(
-            norm_input(self.attention_norm, hidden_states, post), attention_mask, position_ids=position_ids,
-            output_attentions=output_attentions,
+            attention_input, attention_mask, position_ids=position_ids, output_attentions=output_attentions
         )
         hidden_states = residual(self.dropout(branch), hidden_states, self.attention_norm, post)
         branch = self.feed_forward(norm_input(self.feed_forward_norm, hidden_states, post))
@@ -265,6 +296,10 @@ class ZformerPreTrainedModel(PreTrainedModel):
             init.copy_(module.sinusoidal, sinusoidal_table(*module.sinusoidal.shape))
         elif isinstance(module, ZformerLMHead):
             init.zeros_(module.bias)
+        elif isinstance(module, ZformerShortConv):  # the identity: only the centre tap
+            taps = torch.zeros_like(module.weight)
+            taps[module.size // 2] = 1.0
+            init.copy_(module.weight, taps)
 
 
 def _hidden_mask(attention_mask, input_ids, inputs_embeds):
