@@ -67,7 +67,8 @@ def parse_args(argv=None):
     seq2seq = parser.add_argument_group(
         "--level seq2seq / causal / classification (width and heads: the first of --widths / --heads)")
     seq2seq.add_argument("--seq2seq-models", nargs="+", choices=benchmark.SEQ2SEQ_MODELS,
-                         default=list(benchmark.SEQ2SEQ_MODELS))
+                         default=list(benchmark.SEQ2SEQ_DEFAULT_MODELS),
+                         help="--level seq2seq: BART and our models (fastformer-qv: fastformer_share_qv=True)")
     seq2seq.add_argument("--causal-models", nargs="+", choices=benchmark.CAUSAL_MODELS,
                          default=list(benchmark.CAUSAL_MODELS), help="--level causal: GPT-2 and our attention types")
     seq2seq.add_argument("--classification-models", nargs="+", choices=benchmark.CLASSIFICATION_MODELS,

@@ -22,13 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from hf_zformer.benchmark import SEQ2SEQ_MODELS, Seq2SeqShape, build_seq2seq  # noqa: E402
+from hf_zformer.benchmark import SEQ2SEQ_DEFAULT_MODELS, SEQ2SEQ_MODELS, Seq2SeqShape, build_seq2seq  # noqa: E402
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--models", nargs="+", choices=SEQ2SEQ_MODELS, default=list(SEQ2SEQ_MODELS))
+    parser.add_argument("--models", nargs="+", choices=SEQ2SEQ_MODELS, default=list(SEQ2SEQ_DEFAULT_MODELS))
     parser.add_argument("--kinds", nargs="+", choices=("train", "generate"), default=["train", "generate"])
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--source-length", type=int, default=32)

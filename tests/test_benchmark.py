@@ -73,7 +73,7 @@ def test_seq2seq_level_compares_with_bart(tmp_path):
                         "--vocab", "50", "--batch", "2", "--source-length", "6", "--target-length", "4",
                         "--repeats", "1", "--no-progress", "--output", str(prefix)])
     rows = {r["model"]: r for r in read_csv(f"{prefix}.csv")}
-    assert set(rows) == set(benchmark.SEQ2SEQ_MODELS)
+    assert set(rows) == set(benchmark.SEQ2SEQ_DEFAULT_MODELS)
     assert float(rows["bart"]["train_speedup_vs_bart"]) == pytest.approx(1.0)
     for row in rows.values():
         assert float(row["train_tokens_per_s"]) > 0 and float(row["sentences_per_s"]) > 0
@@ -196,6 +196,28 @@ def test_seq2seq_flops_follow_the_formulas():
         assert benchmark.seq2seq_flops("full", kind, shape) == benchmark.seq2seq_flops("bart", kind, shape)
 
 
+def test_fastformer_qv_shares_the_query_projection():
+    """`fastformer-qv` is fastformer with `fastformer_share_qv`: no value projections, and one D x D
+    product per token and self-attention layer fewer in the FLOP count (encoder and decoder)."""
+    shape = benchmark.Seq2SeqShape(batch=2, source_length=6, target_length=4, width=16, layers=2, heads=2, ffn=32,
+                                   vocab=50)
+    plain, _ = benchmark.build_seq2seq("fastformer", shape)
+    shared, description = benchmark.build_seq2seq("fastformer-qv", shape)
+    assert shared.config.fastformer_share_qv and not plain.config.fastformer_share_qv
+    assert "shared as value" in description
+    attentions = [layer.attention for layer in shared.encoder.encoder.layers] + [
+        layer.self_attention for layer in shared.decoder.layers]
+    assert len(attentions) == 2 * shape.layers and all(attention.value is None for attention in attentions)
+    d = shape.width
+    assert plain.num_parameters() - shared.num_parameters() == len(attentions) * (d * d + d)
+    b, s, t = shape.batch, shape.source_length, shape.target_length
+    saved_forward = shape.layers * 2 * b * (s + t) * d * d
+    assert benchmark.seq2seq_flops("fastformer", "train", shape) - benchmark.seq2seq_flops(
+        "fastformer-qv", "train", shape) == 3 * saved_forward
+    assert benchmark.seq2seq_flops("fastformer", "generate", shape) - benchmark.seq2seq_flops(
+        "fastformer-qv", "generate", shape) == shape.layers * 2 * b * (s + t) * d * d
+
+
 @pytest.mark.parametrize("kind", ["train", "generate"])
 def test_seq2seq_flops_grow_quadratically_for_full_and_linearly_for_zformer(kind):
     def flops(model, n):
@@ -237,7 +259,7 @@ def test_seq2seq_sweep_over_lengths(tmp_path):
                        + TINY_MODEL)
     rows = read_csv(f"{prefix}.csv")
     assert {(r["model"], int(r["source_length"]), int(r["target_length"])) for r in rows} == {
-        (m, n, n) for m in benchmark.SEQ2SEQ_MODELS for n in (4, 8)}
+        (m, n, n) for m in benchmark.SEQ2SEQ_DEFAULT_MODELS for n in (4, 8)}
     ratios = ("train_speedup_vs_bart", "generate_speedup_vs_bart", "train_flops_ratio_vs_bart",
               "generate_flops_ratio_vs_bart")
     for row in rows:

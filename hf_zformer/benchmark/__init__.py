@@ -99,11 +99,13 @@ from .reports import (
     write_reports,
     write_seq2seq_reports,
 )
-from .seq2seq import SEQ2SEQ_MODELS, Seq2SeqResult, Seq2SeqShape, build_seq2seq, seq2seq_benchmark, seq2seq_flops
+from .seq2seq import (SEQ2SEQ_DEFAULT_MODELS, SEQ2SEQ_MODELS, Seq2SeqResult, Seq2SeqShape, build_seq2seq,
+                      seq2seq_benchmark, seq2seq_flops)
 
 __all__ = [
     "BASELINE", "CAUSAL_KINDS", "CAUSAL_MODELS", "CLASSIFICATION_KINDS", "CLASSIFICATION_MODELS", "CSV_FIELDS",
-    "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase", "BenchResult",
+    "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_DEFAULT_MODELS", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase",
+    "BenchResult",
     "CausalResult", "CausalShape", "ClassificationResult", "ClassificationShape", "Seq2SeqResult", "Seq2SeqShape",
     "add_speedups", "attention_flops", "available_memory_bytes", "build_causal", "build_classifier", "build_module",
     "build_seq2seq", "cache_bytes", "case_flops", "causal_benchmark", "causal_flops", "causal_markdown",

@@ -16,7 +16,10 @@ from .cases import DTYPES
 from .flops import attention_flops, dense_flops, layer_flops, token_attention_flops
 from .harness import _timed_call
 
-SEQ2SEQ_MODELS = ("bart", "full", "zformer", "fastformer")
+SEQ2SEQ_DEFAULT_MODELS = ("bart", "full", "zformer", "fastformer")
+# "fastformer-qv": fastformer with the official code's query-as-value sharing (`fastformer_share_qv`),
+# one D x D projection fewer per layer; measured on request (`--seq2seq-models`).
+SEQ2SEQ_MODELS = (*SEQ2SEQ_DEFAULT_MODELS, "fastformer-qv")
 
 
 @dataclass
@@ -65,7 +68,8 @@ def build_seq2seq(model: str, shape: Seq2SeqShape):
     `ZformerForConditionalGeneration` with the same width, depth, heads, FFN and vocabulary, dropout
     off. `full`: softmax attention everywhere (fused SDPA); `zformer`: zformer encoder, causal
     decoder and cross-attention; `fastformer`: fastformer encoder and causal decoder, full
-    cross-attention (fastformer has no cross-attention form)."""
+    cross-attention (fastformer has no cross-attention form); `fastformer-qv`: the same with the query
+    projection shared as value (`fastformer_share_qv`)."""
     positions = max(shape.source_length, shape.target_length) + 2
     if model == "bart":
         from transformers import BartConfig, BartForConditionalGeneration
@@ -83,15 +87,17 @@ def build_seq2seq(model: str, shape: Seq2SeqShape):
         raise ValueError(f"unknown seq2seq model {model!r}; choose from {list(SEQ2SEQ_MODELS)}")
     from ..modeling.modeling_zformer import ZformerForConditionalGeneration
 
-    cross = "zformer" if model == "zformer" else "full"
+    attention, _, cross = _attention_types(model)
+    share_qv = model == "fastformer-qv"
     config = ZformerConfig(
         vocab_size=shape.vocab, hidden_size=shape.width, num_hidden_layers=shape.layers,
         num_decoder_layers=shape.layers, num_attention_heads=shape.heads, intermediate_size=shape.ffn,
         max_position_embeddings=positions, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
-        attention_type=model, decoder_attention_type=model, cross_attention_type=cross,
-        attn_implementation="sdpa",
+        attention_type=attention, decoder_attention_type=attention, cross_attention_type=cross,
+        fastformer_share_qv=share_qv, attn_implementation="sdpa",
     )
-    description = f"ZformerForConditionalGeneration: {model} encoder, causal {model} decoder, {cross} cross-attention"
+    description = (f"ZformerForConditionalGeneration: {attention} encoder, causal {attention} decoder, {cross} "
+                   f"cross-attention" + (", query projection shared as value" if share_qv else ""))
     return ZformerForConditionalGeneration(config), description
 
 
@@ -99,7 +105,8 @@ def _attention_types(model: str) -> tuple[str, str, str]:
     """(encoder, decoder, cross-attention) types of a seq2seq model (as `build_seq2seq` builds them)."""
     if model == "bart":
         return "full", "full", "full"
-    return model, model, "zformer" if model == "zformer" else "full"
+    attention = "fastformer" if model == "fastformer-qv" else model
+    return attention, attention, "zformer" if model == "zformer" else "full"
 
 
 def seq2seq_flops(model: str, kind: str, shape: Seq2SeqShape, config=None) -> int:
@@ -121,7 +128,8 @@ def seq2seq_flops(model: str, kind: str, shape: Seq2SeqShape, config=None) -> in
     BART counts as `full` everywhere."""
     encoder_type, decoder_type, cross_type = _attention_types(model)
     config = config if config is not None else ZformerConfig(
-        hidden_size=shape.width, num_attention_heads=shape.heads, attention_type=encoder_type)
+        hidden_size=shape.width, num_attention_heads=shape.heads, attention_type=encoder_type,
+        fastformer_share_qv=model == "fastformer-qv")
     b, s, t, d, h, ffn = shape.batch, shape.source_length, shape.target_length, shape.width, shape.heads, shape.ffn
     head_dim = d // h
     encoder = shape.layers * layer_flops(encoder_type, b, s, d, h, ffn, config)
