@@ -268,8 +268,9 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
     if not seq2seq:
         for key in ("num_decoder_layers", "decoder_attention_type", "cross_attention_type"):
             model_config.pop(key, None)
-    if getattr(config, "encoder_conv_size", 0):  # recorded where set
-        model_config["encoder_conv_size"] = config.encoder_conv_size
+    for key in ("encoder_conv_size", "fastformer_share_qv"):  # architecture options, recorded where set
+        if getattr(config, key, None):
+            model_config[key] = getattr(config, key)
     return {
         "task": task_name(args),
         "attention": _layer_types(getattr(config, "attention_type", None)),

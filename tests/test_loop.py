@@ -442,7 +442,7 @@ def test_run_fields_record_learning_rate():
     assert record["learning_rate"] == 3e-4 and record["config"]["attention_type"] == "zformer"
 
 
-def test_run_fields_record_the_truncation_side_and_encoder_convolution_where_set():
+def test_run_fields_record_the_truncation_side_and_architecture_options_where_set():
     import argparse
 
     from hf_zformer import ZformerConfig
@@ -450,9 +450,11 @@ def test_run_fields_record_the_truncation_side_and_encoder_convolution_where_set
 
     common = dict(seed=1, split_seed=2, learning_rate=3e-4, model_name_or_path=None, output_dir="runs/x",
                   data_dir="data/imdb", dataset_name=None, train_file=None)
-    left = run_fields(argparse.Namespace(**common, truncation_side="left"), ZformerConfig(encoder_conv_size=5), {},
+    left = run_fields(argparse.Namespace(**common, truncation_side="left"),
+                      ZformerConfig(attention_type="fastformer", encoder_conv_size=5, fastformer_share_qv=True), {},
                       max_length=64, wall_time_s=1.0)
     default = run_fields(argparse.Namespace(**common, truncation_side=None), ZformerConfig(), {}, max_length=64,
                          wall_time_s=1.0)
     assert left["truncation_side"] == "left" and "truncation_side" not in default
     assert left["config"]["encoder_conv_size"] == 5 and "encoder_conv_size" not in default["config"]
+    assert left["config"]["fastformer_share_qv"] is True and "fastformer_share_qv" not in default["config"]
