@@ -3,7 +3,8 @@
 The documented recipes are what users copy; a renamed or removed flag, a bad choice or a config
 override the model refuses must fail here, not in a user's shell an hour into a run. Shell variables
 assigned in the same block (MT="...", CLF="...") are expanded first. The variants given as comments
-("# zformer: --attention_type zformer ...") are checked flag by flag against the script's --help.
+("# zformer: --attention_type zformer ...") are checked flag by flag against the --help of the
+block's scripts (a comment after a command gives its variants or introduces the next command).
 """
 
 import contextlib
@@ -31,14 +32,14 @@ def _commands():
     commands, variants = [], []
     for path in DOCS:
         for index, block in enumerate(re.findall(r"```(?:bash|sh)\n(.*?)```", path.read_text(), flags=re.S)):
-            env, script = {}, None
+            env, scripts, comments = {}, [], []
             for line in re.sub(r"\\\n\s*", " ", block).splitlines():
                 line = line.strip()
                 where = f"{path.name} block {index}: {line[:90]}"
                 if line.startswith("#"):
-                    flags = re.findall(r"(?<![\w-])--\w+", line)
-                    if script and flags:
-                        variants.append((where, script, flags))
+                    flags = re.findall(r"(?<![\w-])--\w[\w-]*", line)
+                    if flags and scripts:  # a comment after a command: its variants, or the next command's
+                        comments.append((where, flags))
                     continue
                 assignment = re.fullmatch(r"(?:export\s+)?(\w+)=(\"[^\"]*\"|\S+)", line)
                 if assignment:
@@ -48,10 +49,13 @@ def _commands():
                 if not match:
                     continue
                 script = match.group(1)
+                scripts.append(script)
                 args = re.split(r"\s(?:&&|\|\|?|;|>>?|2>)\s", match.group(2).split(" # ")[0])[0]
                 if "..." in args:  # an elided example ("scripts/run_translation.py ...")
                     continue
                 commands.append((where, script, shlex.split(_expand(args, env))))
+            if scripts:
+                variants += [(where, tuple(dict.fromkeys(scripts)), flags) for where, flags in comments]
     return commands, variants
 
 
@@ -84,11 +88,14 @@ def test_documented_command_parses(where, script, argv):
         pytest.fail(f"{where}\nscripts/{script}.py refuses {argv}:\n{stderr.getvalue()[-600:]} (exit {error.code})")
 
 
-@pytest.mark.parametrize("where,script,flags", VARIANTS, ids=[f"{i}-{v[1]}" for i, v in enumerate(VARIANTS)])
-def test_documented_variant_flags_exist(where, script, flags):
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
-        _module(script).parse_args(["--help"])
-    known = set(re.findall(r"(?<![\w-])--\w+", out.getvalue()))
-    assert not set(flags) - known, f"{where}\nscripts/{script}.py has no {sorted(set(flags) - known)}"
+@pytest.mark.parametrize("where,scripts,flags", VARIANTS, ids=[f"{i}-{v[1][0]}" for i, v in enumerate(VARIANTS)])
+def test_documented_variant_flags_exist(where, scripts, flags):
+    known = set()
+    for script in scripts:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
+            _module(script).parse_args(["--help"])
+        known |= set(re.findall(r"(?<![\w-])--\w[\w-]*", out.getvalue()))
+    unknown = sorted(set(flags) - known)
+    assert not unknown, f"{where}\nno script of the block ({', '.join(scripts)}) has {unknown}"
 
