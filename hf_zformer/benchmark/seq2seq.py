@@ -88,16 +88,15 @@ def build_seq2seq(model: str, shape: Seq2SeqShape):
     from ..modeling.modeling_zformer import ZformerForConditionalGeneration
 
     attention, _, cross = _attention_types(model)
-    share_qv = model == "fastformer-qv"
     config = ZformerConfig(
         vocab_size=shape.vocab, hidden_size=shape.width, num_hidden_layers=shape.layers,
         num_decoder_layers=shape.layers, num_attention_heads=shape.heads, intermediate_size=shape.ffn,
         max_position_embeddings=positions, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
         attention_type=attention, decoder_attention_type=attention, cross_attention_type=cross,
-        fastformer_share_qv=share_qv, attn_implementation="sdpa",
+        attn_implementation="sdpa", **_model_options(model),
     )
     description = (f"ZformerForConditionalGeneration: {attention} encoder, causal {attention} decoder, {cross} "
-                   f"cross-attention" + (", query projection shared as value" if share_qv else ""))
+                   f"cross-attention" + (", query projection shared as value" if config.fastformer_share_qv else ""))
     return ZformerForConditionalGeneration(config), description
 
 
@@ -107,6 +106,11 @@ def _attention_types(model: str) -> tuple[str, str, str]:
         return "full", "full", "full"
     attention = "fastformer" if model == "fastformer-qv" else model
     return attention, attention, "zformer" if model == "zformer" else "full"
+
+
+def _model_options(model: str) -> dict:
+    """Config options of a seq2seq model beyond its attention types (the FLOP count needs them too)."""
+    return {"fastformer_share_qv": model == "fastformer-qv"}
 
 
 def seq2seq_flops(model: str, kind: str, shape: Seq2SeqShape, config=None) -> int:
@@ -128,8 +132,7 @@ def seq2seq_flops(model: str, kind: str, shape: Seq2SeqShape, config=None) -> in
     BART counts as `full` everywhere."""
     encoder_type, decoder_type, cross_type = _attention_types(model)
     config = config if config is not None else ZformerConfig(
-        hidden_size=shape.width, num_attention_heads=shape.heads, attention_type=encoder_type,
-        fastformer_share_qv=model == "fastformer-qv")
+        hidden_size=shape.width, num_attention_heads=shape.heads, attention_type=encoder_type, **_model_options(model))
     b, s, t, d, h, ffn = shape.batch, shape.source_length, shape.target_length, shape.width, shape.heads, shape.ffn
     head_dim = d // h
     encoder = shape.layers * layer_flops(encoder_type, b, s, d, h, ffn, config)

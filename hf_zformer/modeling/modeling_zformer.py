@@ -31,6 +31,7 @@ from .attention import (
     XformerAttention,
     ZformerAttention,
     _drop_full_mask,
+    _zero_padding,
     add_into_fresh,
     masked_softmax,
 )
@@ -205,8 +206,7 @@ class ZformerShortConv(nn.Module):
 
     def forward(self, hidden_states, attention_mask=None):
         """hidden_states (B, N, D); attention_mask (B, N), 1 at real tokens, or None."""
-        if attention_mask is not None:
-            hidden_states = hidden_states * attention_mask[:, :, None].to(hidden_states.dtype)
+        hidden_states = _zero_padding(hidden_states, attention_mask)
         length, half = hidden_states.shape[1], self.size // 2
         window = nn.functional.pad(hidden_states, (0, 0, half, half))  # (B, N + size - 1, D)
         weight = self.weight.to(hidden_states.dtype)
