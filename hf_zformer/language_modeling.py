@@ -158,6 +158,7 @@ def train_on_blocks(args: argparse.Namespace, accelerator, logger, model, tokeni
         common = records.run_fields(
             args, accelerator.unwrap_model(model).config, results, max_length=block_size,
             wall_time_s=time.perf_counter() - started, tokens_per_epoch=len(processed["train"]) * block_size,
+            train_examples=len(processed["train"]),
         )
         row = {**common, "split": "validation", "metric": record_metric, "beams": None, "samples": len(block_losses),
                "value": results["eval_perplexity"], "ci95": records.perplexity_ci(block_losses, seed=args.seed)}

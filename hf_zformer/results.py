@@ -252,9 +252,11 @@ def _layer_types(value) -> str | None:
 
 
 def run_fields(args, config, results: dict[str, Any], *, max_length: int | None, wall_time_s: float,
-               tokens_per_epoch: int | None = None) -> dict[str, Any]:
+               tokens_per_epoch: int | None = None, train_examples: int | None = None) -> dict[str, Any]:
     """The fields every record of one training run shares (``config``: the model's config;
-    ``results``: :func:`hf_zformer.training.train`'s). ``tokens_per_s`` is estimated as
+    ``results``: :func:`hf_zformer.training.train`'s). ``train_examples``: the size of the training
+    set after ``--max_train_samples`` (texts, sentence pairs or blocks), so that runs of one recipe on
+    more or less data can be told apart and plotted. ``tokens_per_s`` is estimated as
     ``tokens_per_epoch`` (non-padding training tokens, source + target for translation) times the
     epochs trained, over the loop's time minus its evaluations."""
     tokens_per_s = None
@@ -277,6 +279,7 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
         "decoder_attention": _layer_types(getattr(config, "decoder_attention_type", None)) if seq2seq else None,
         "epochs": results.get("epoch"),  # fractional: optimizer steps / steps per epoch
         "train_steps": results.get("train_steps"),
+        "train_examples": train_examples,
         "seed": args.seed,
         "split_seed": getattr(args, "split_seed", None),
         "learning_rate": getattr(args, "learning_rate", None),  # runs of one comparison may differ only in it

@@ -236,6 +236,7 @@ def main(argv=None) -> dict:
         common = records.run_fields(
             args, accelerator.unwrap_model(model).config, results, max_length=max_length,
             wall_time_s=time.perf_counter() - started, tokens_per_epoch=sum(train_lengths),
+            train_examples=len(train_lengths),
         )
         rows = [
             {**common, "split": split, "metric": "accuracy", "beams": None, "samples": len(hits[split]),

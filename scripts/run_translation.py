@@ -227,6 +227,7 @@ def main(argv=None) -> dict:
         records = result_records(
             args, accelerator.unwrap_model(model).config, results, test_outputs, test_split_name(args),
             max_length=max_target, wall_time_s=time.perf_counter() - started, tokens_per_epoch=sum(train_lengths),
+            train_examples=len(train_lengths),
         )
         append_records(args.results_file, records)
         logger.info(f"{len(records)} result records appended to {args.results_file}")

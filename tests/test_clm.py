@@ -80,6 +80,7 @@ def test_clm_results_records_and_card(lm_run, lm_data):
     (record,) = json.loads(results_file.read_text())
     assert record["metric"] == "perplexity" and record["split"] == "validation" and record["task"] == f"{lm_data.name}-train"
     assert record["attention"] == "zformer|full" and record["max_length"] == 16 and record["beams"] is None
+    assert isinstance(record["train_examples"], int) and record["train_examples"] > 0  # blocks of 16 tokens
     assert record["value"] == _strict_json(out / "all_results.json")["eval_perplexity"]
     low, high = record["ci95"]
     assert low <= record["value"] <= high and record["samples"] > 0

@@ -316,7 +316,7 @@ def test_converted_bert_fine_tunes_with_run_classification(tmp_path):
     # the results record names the pretrained source from the converted folder's model card
     (record,) = json.loads((tmp_path / "results.json").read_text())
     assert record["base_model"] == "someone/tiny-bert" and record["model_name_or_path"] == str(converted)
-    assert record["learning_rate"] == 1e-4
+    assert record["learning_rate"] == 1e-4 and record["train_examples"] == 40 - 4  # less the validation carve
     assert json.loads((out / "config.json").read_text())["classifier_pooling"] == "mean"
     assert len(AutoTokenizer.from_pretrained(out)) == 99  # the converted folder's tokenizer, not one trained on the data
 

@@ -120,6 +120,7 @@ def test_translation_results_records(mt_best_run):
         assert record["epochs"] == 2.0 and record["seed"] == 42 and record["split_seed"] == 42
         assert record["base_model"] is None and record["max_length"] == 16 and record["best_step"] >= 3
         assert record["config"]["num_decoder_layers"] == 1 and 0.0 <= record["value"] <= 100.0
+        assert record["train_examples"] == 80  # sentence pairs
     for record in records[1:]:
         low, high = record["ci95"]
         assert low <= high and record["samples"] == 12
@@ -140,6 +141,7 @@ def test_classification_best_model_restored(clf_best_run):
     assert RECORD_FIELDS <= set(record)
     assert record["metric"] == "accuracy" and record["split"] == "validation" and record["decoder_attention"] is None
     assert record["value"] == pytest.approx(100 * first_best["accuracy"])  # re-scored best model, in %
+    assert record["train_examples"] == 108  # the training carve (7 steps of 16 per epoch)
     assert record["ci95"][0] <= record["value"] <= record["ci95"][1]
 
 
