@@ -20,6 +20,7 @@ DOCS = [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").glob("*.md"))]
 # plot_curves.py checks in parse_args that each run folder holds a training history.
 NEEDS_RUN_FOLDERS = {"plot_curves"}
 SCRIPT = re.compile(r"(?:^|\s)scripts/(\w+)\.py(?=\s|$)(.*)")
+FLAG = re.compile(r"(?<![\w-])--\w[\w-]*")  # a long option, hyphenated names whole
 
 
 def _expand(text, env):
@@ -37,7 +38,7 @@ def _commands():
                 line = line.strip()
                 where = f"{path.name} block {index}: {line[:90]}"
                 if line.startswith("#"):
-                    flags = re.findall(r"(?<![\w-])--\w[\w-]*", line)
+                    flags = FLAG.findall(line)
                     if flags and scripts:  # a comment after a command: its variants, or the next command's
                         comments.append((where, flags))
                     continue
@@ -95,7 +96,7 @@ def test_documented_variant_flags_exist(where, scripts, flags):
         out = io.StringIO()
         with contextlib.redirect_stdout(out), pytest.raises(SystemExit):
             _module(script).parse_args(["--help"])
-        known |= set(re.findall(r"(?<![\w-])--\w[\w-]*", out.getvalue()))
+        known |= set(FLAG.findall(out.getvalue()))
     unknown = sorted(set(flags) - known)
     assert not unknown, f"{where}\nno script of the block ({', '.join(scripts)}) has {unknown}"
 
