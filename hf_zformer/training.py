@@ -108,13 +108,16 @@ def train(
     tokenizer=None,
     best_metric: str | None = None,
     greater_is_better: bool = True,
+    loss_fn: Callable[[Any, dict], torch.Tensor] | None = None,
 ) -> dict[str, Any]:
     """Run the training loop on prepared ``model``/``optimizer``/``train_dataloader``.
 
     Builds and prepares the LR scheduler, resumes from ``--resume_from_checkpoint``, evaluates with
     ``evaluate_fn`` (returns ``{"bleu": ...}``-style metrics) after every epoch and every
     ``--eval_steps`` (:class:`hf_zformer.evaluation.EvalTracker`: history file, ``--save_best`` on
-    ``best_metric``, higher or, with ``greater_is_better=False``, lower is better, saved with ``tokenizer``), checkpoints every ``--checkpointing_steps``. Returns
+    ``best_metric``, higher or, with ``greater_is_better=False``, lower is better, saved with ``tokenizer``), checkpoints every ``--checkpointing_steps``.
+    The loss of a batch is ``loss_fn(model, batch)`` when given (e.g.
+    :class:`hf_zformer.teacher.TeacherLoss`), else the model's own ``model(**batch).loss``. Returns
     the last evaluation metrics prefixed ``eval_`` (with ``--save_best``: the best evaluation's, the
     last one's as ``last_eval_``, and the final model holds the best weights) plus ``best_step``,
     ``train_loss``, ``train_steps``, ``epoch``, ``train_runtime_s``, ``eval_runtime_s``.
@@ -127,7 +130,7 @@ def train(
     tracker = EvalTracker(args, accelerator, model, evaluate_fn, metric=best_metric,
                           greater_is_better=greater_is_better, tokenizer=tokenizer,
                           updates_per_epoch=updates_per_epoch, logger=logger)
-    loop = _Loop(args, accelerator, model, optimizer, lr_scheduler, tracker, logger)
+    loop = _Loop(args, accelerator, model, optimizer, lr_scheduler, tracker, logger, loss_fn)
     if args.resume_from_checkpoint:
         loop.resume(args.resume_from_checkpoint, len(train_dataloader))
     loop.start()
@@ -179,8 +182,9 @@ class _Loop:
     (carried by checkpoints over resumed segments) and the steps of an epoch: accumulate a batch,
     then after each optimizer update log, evaluate and checkpoint."""
 
-    def __init__(self, args, accelerator, model, optimizer, lr_scheduler, tracker: EvalTracker, logger):
+    def __init__(self, args, accelerator, model, optimizer, lr_scheduler, tracker: EvalTracker, logger, loss_fn=None):
         self.args, self.accelerator, self.model = args, accelerator, model
+        self.loss_fn = loss_fn or (lambda model, batch: model(**batch).loss)
         self.optimizer, self.lr_scheduler, self.tracker, self.logger = optimizer, lr_scheduler, tracker, logger
         self.completed_steps, self.start_epoch, self.resume_batches = 0, 0, 0
         self.loss_sum, self.loss_count, self.runtime_before = 0.0, 0, 0.0  # whole-run statistics
@@ -240,7 +244,7 @@ class _Loop:
         whether an optimizer step was taken."""
         accelerator, args = self.accelerator, self.args
         with accelerator.accumulate(self.model):
-            loss = self.model(**batch).loss
+            loss = self.loss_fn(self.model, batch)
             accelerator.backward(loss)
             if accelerator.sync_gradients and args.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)

@@ -59,7 +59,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     arguments.add_model_args(parser, seq2seq=False)
     arguments.add_training_args(parser)
+    teach = parser.add_argument_group(
+        "knowledge distillation",
+        "Learn from a fine-tuned teacher's predictions as well as the labels (hf_zformer.teacher): "
+        "alpha * T^2 * KL(teacher || model at temperature T) + (1 - alpha) * cross-entropy; docs/warm_start.md.",
+    )
+    teach.add_argument("--teacher_model_name_or_path", default=None,
+                       help="A fine-tuned classifier with the model's tokenizer and classes, e.g. a full-attention "
+                            "run's --output_dir. Without it: labels only.")
+    teach.add_argument("--distill_alpha", type=float, default=0.5, help="Weight of the teacher term, in [0, 1].")
+    teach.add_argument("--distill_temperature", type=float, default=2.0, help="Softmax temperature T, > 0.")
+    teach.add_argument("--unlabeled_file", default=None,
+                       help="Texts without labels (.jsonl[.gz] / .csv[.gz] with --text_column, or .txt[.gz], one "
+                            "per line; e.g. ../shared/data/imdb/unsup.jsonl.gz) added to the training set: they "
+                            "learn from the teacher only. Needs --teacher_model_name_or_path.")
+    teach.add_argument("--max_unlabeled_samples", type=int, default=None,
+                       help="Use a seeded random N texts of --unlabeled_file (--seed).")
     args = parser.parse_args(argv)
+    if not 0.0 <= args.distill_alpha <= 1.0:
+        parser.error(f"--distill_alpha must be in [0, 1], got {args.distill_alpha}")
+    if not args.distill_temperature > 0:
+        parser.error(f"--distill_temperature must be > 0, got {args.distill_temperature}")
+    if args.unlabeled_file is not None:
+        if not args.teacher_model_name_or_path:
+            parser.error("--unlabeled_file texts learn from the teacher only: pass --teacher_model_name_or_path too")
+        if not Path(args.unlabeled_file).expanduser().is_file():
+            parser.error(f"--unlabeled_file {args.unlabeled_file!r} is not a file")
+    if args.max_unlabeled_samples is not None and args.max_unlabeled_samples < 1:
+        parser.error(f"--max_unlabeled_samples must be >= 1, got {args.max_unlabeled_samples}")
     if args.max_length < 2:
         parser.error(f"--max_length must be >= 2, got {args.max_length}")
     if args.label_names is not None:
@@ -95,6 +122,19 @@ def load_data(args: argparse.Namespace):
     run.subsample(raw, {"train": args.max_train_samples}, args.seed)
     run.subsample(raw, {s: args.max_eval_samples for s in ("validation", "test") if s in raw}, args.split_seed)
     return raw, eval_split
+
+
+def load_unlabeled(args: argparse.Namespace):
+    """The texts of ``--unlabeled_file`` (a seeded ``--max_unlabeled_samples`` of them) as a split
+    with the label -100 (:data:`hf_zformer.teacher.IGNORE_LABEL`); None without the file."""
+    if args.unlabeled_file is None:
+        return None
+    from hf_zformer.data import load_text_dataset
+    from hf_zformer.teacher import IGNORE_LABEL
+
+    texts = {"train": load_text_dataset(args.unlabeled_file, text_column=args.text_column, validation_size=None)["train"]}
+    run.subsample(texts, {"train": args.max_unlabeled_samples}, args.seed)
+    return texts["train"].map(lambda batch: {"label": [IGNORE_LABEL] * len(batch["text"])}, batched=True)
 
 
 def class_count(raw, splits, source, logger) -> int:
@@ -135,6 +175,7 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     started = time.perf_counter()
 
+    from datasets import concatenate_datasets
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
     import hf_zformer  # noqa: F401  (registers the Auto classes)
@@ -148,6 +189,7 @@ def main(argv=None) -> dict:
         labelled_test = "test" in raw and eval_split != "test" and min(raw["test"]["label"], default=-1) >= 0
         eval_splits = [eval_split, *(["test"] if labelled_test else [])]
         num_labels, id2label = label_mapping(args, raw, ("train", *eval_splits), args.data_dir or args.dataset_name, logger)
+        unlabeled = load_unlabeled(args)
 
     # ---- tokenizer and model
     base = args.model_name_or_path
@@ -193,6 +235,15 @@ def main(argv=None) -> dict:
             )
             for split in ("train", *eval_splits)
         }
+        if unlabeled is not None:
+            processed["train"] = concatenate_datasets([
+                processed["train"],
+                unlabeled.map(tokenize, batched=True, remove_columns=unlabeled.column_names,
+                              num_proc=args.preprocessing_num_workers, desc="tokenize unlabeled")
+                .cast(processed["train"].features),
+            ])
+            logger.info(f"{len(unlabeled)} unlabeled texts of {args.unlabeled_file} join the "
+                        f"{len(raw['train'])} labelled ones: they learn from the teacher only")
     collate = batching.pad_collate(tokenizer.pad_token_id)
     train_lengths = [len(x) for x in processed["train"]["input_ids"]]
     train_dataloader, train_sampler = batching.make_dataloader(
@@ -212,9 +263,16 @@ def main(argv=None) -> dict:
         scores, hits[split] = score_accuracy(accelerator, model, eval_dataloaders[split], desc=desc)
         return scores
 
+    loss_fn = None
+    if args.teacher_model_name_or_path:
+        from hf_zformer.teacher import TeacherLoss, load_teacher
+
+        teacher = load_teacher(args.teacher_model_name_or_path, accelerator.unwrap_model(model).config,
+                               accelerator.device, trust_remote_code=args.trust_remote_code)
+        loss_fn = TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature)
     results = training.train(
         args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
-        tokenizer=tokenizer, best_metric="accuracy",
+        tokenizer=tokenizer, best_metric="accuracy", loss_fn=loss_fn,
     )
     results["eval_split"] = eval_split
     if args.save_best and args.results_file:  # hits of the best model (the final one) for the interval
@@ -236,8 +294,13 @@ def main(argv=None) -> dict:
         common = records.run_fields(
             args, accelerator.unwrap_model(model).config, results, max_length=max_length,
             wall_time_s=time.perf_counter() - started, tokens_per_epoch=sum(train_lengths),
-            train_examples=len(train_lengths),
+            train_examples=len(raw["train"]),
         )
+        if args.teacher_model_name_or_path:
+            common["teacher"] = {"model": args.teacher_model_name_or_path, "alpha": args.distill_alpha,
+                                 "temperature": args.distill_temperature,
+                                 "unlabeled_examples": len(unlabeled) if unlabeled is not None else 0,
+                                 "unlabeled_file": args.unlabeled_file}
         rows = [
             {**common, "split": split, "metric": "accuracy", "beams": None, "samples": len(hits[split]),
              "value": round(100.0 * results[f"{prefix}_accuracy"], 4), "ci95": records.accuracy_ci(hits[split], seed=args.seed)}

@@ -1,0 +1,74 @@
+"""Knowledge distillation from a fine-tuned teacher classifier (library side, never shipped).
+
+``run_classification.py --teacher_model_name_or_path T`` trains its model (the student) on the
+loss of :class:`TeacherLoss`:
+
+    loss = alpha * T^2 * KL(softmax(teacher / T) || softmax(student / T))   (mean over every text)
+         + (1 - alpha) * cross-entropy(student, label)                      (mean over labelled texts)
+
+with ``T`` the temperature (the ``T^2`` keeps the gradient's size independent of it, as in Hinton
+et al., 2015). Texts of ``--unlabeled_file`` join the training set with the label -100: they add
+only the teacher term, which is how a fine-tuned full-attention model passes what it learned on
+the labelled data to a linear-attention student on any amount of unlabeled text.
+
+The teacher runs in eval mode (no dropout) without gradients, on the batch the student sees, so it
+needs the student's vocabulary (one tokenizer for both) and its classes; :func:`load_teacher`
+checks both and names the mismatch.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_LABEL = -100  # the label of an unlabeled text: it only learns from the teacher
+
+
+def load_teacher(path: str, student_config, device, *, trust_remote_code: bool = False):
+    """The fine-tuned classifier at ``path`` (folder or Hub id), frozen, in eval mode on ``device``.
+    ``ValueError`` when its vocabulary or classes differ from ``student_config``'s."""
+    from transformers import AutoModelForSequenceClassification
+
+    teacher = AutoModelForSequenceClassification.from_pretrained(
+        path, trust_remote_code=trust_remote_code, dtype=torch.float32
+    )
+    for field, meaning in (("vocab_size", "vocabulary (tokenizer)"), ("num_labels", "number of classes")):
+        ours, theirs = getattr(student_config, field), getattr(teacher.config, field)
+        if ours != theirs:
+            raise ValueError(f"--teacher_model_name_or_path {path}: its {field} is {theirs}, the model's is {ours}; "
+                             f"teacher and student need one {meaning}")
+    teacher.requires_grad_(False)
+    return teacher.eval().to(device)
+
+
+def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor,
+                      alpha: float, temperature: float) -> torch.Tensor:
+    """The loss of the module docstring for logits ``(B, K)`` and ``labels`` ``(B,)`` (-100: no
+    label). Computed in fp32; a batch with no labelled text has only the teacher term."""
+    student, teacher = student_logits.float(), teacher_logits.float()
+    soft = F.kl_div(F.log_softmax(student / temperature, dim=-1), F.log_softmax(teacher / temperature, dim=-1),
+                    reduction="none", log_target=True).sum(-1).mean()
+    loss = alpha * temperature**2 * soft
+    labelled = labels != IGNORE_LABEL
+    if alpha < 1 and bool(labelled.any()):
+        loss = loss + (1 - alpha) * F.cross_entropy(student[labelled], labels[labelled])
+    return loss
+
+
+class TeacherLoss:
+    """``loss_fn(model, batch)`` for :func:`hf_zformer.training.train`: the student's forward on
+    ``batch`` (input_ids, attention_mask, labels) and the teacher's, combined by
+    :func:`distillation_loss`."""
+
+    def __init__(self, teacher, alpha: float = 0.5, temperature: float = 2.0):
+        if not 0.0 <= alpha <= 1.0:
+            raise ValueError(f"distillation alpha must be in [0, 1], got {alpha}")
+        if not temperature > 0:
+            raise ValueError(f"distillation temperature must be > 0, got {temperature}")
+        self.teacher, self.alpha, self.temperature = teacher, alpha, temperature
+
+    def __call__(self, model, batch) -> torch.Tensor:
+        inputs = {k: v for k, v in batch.items() if k != "labels"}
+        with torch.no_grad():
+            teacher_logits = self.teacher(**inputs).logits
+        return distillation_loss(model(**inputs).logits, teacher_logits, batch["labels"], self.alpha, self.temperature)
