@@ -267,8 +267,11 @@ def main(argv=None) -> dict:
     if args.teacher_model_name_or_path:
         from hf_zformer.teacher import TeacherLoss, load_teacher
 
-        teacher = load_teacher(args.teacher_model_name_or_path, accelerator.unwrap_model(model).config,
-                               accelerator.device, trust_remote_code=args.trust_remote_code)
+        try:
+            teacher = load_teacher(args.teacher_model_name_or_path, accelerator.unwrap_model(model).config,
+                                   accelerator.device, trust_remote_code=args.trust_remote_code)
+        except ValueError as error:  # another tokenizer or other classes: the message names the field
+            sys.exit(f"run_classification.py: error: {error}")
         loss_fn = TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature)
     results = training.train(
         args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
