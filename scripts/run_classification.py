@@ -217,6 +217,17 @@ def main(argv=None) -> dict:
             **({"max_position_embeddings": max(512, args.max_length)} if "max_position_embeddings" not in args.config_kwargs else {}),
         )
         model = AutoModelForSequenceClassification.from_config(config)
+    # the teacher before any tokenizing: a mismatched one is refused at once
+    loss_fn = None
+    if args.teacher_model_name_or_path:
+        from hf_zformer.teacher import TeacherLoss, load_teacher
+
+        try:
+            teacher = load_teacher(args.teacher_model_name_or_path, model.config,
+                                   accelerator.device, trust_remote_code=args.trust_remote_code)
+        except ValueError as error:  # another tokenizer or other classes: the message names the field
+            sys.exit(f"run_classification.py: error: {error}")
+        loss_fn = TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature)
     # a converted RoBERTa's positions start at position_offset = 2: 514 positions hold 512 tokens
     max_length = min(args.max_length, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
 
@@ -263,16 +274,6 @@ def main(argv=None) -> dict:
         scores, hits[split] = score_accuracy(accelerator, model, eval_dataloaders[split], desc=desc)
         return scores
 
-    loss_fn = None
-    if args.teacher_model_name_or_path:
-        from hf_zformer.teacher import TeacherLoss, load_teacher
-
-        try:
-            teacher = load_teacher(args.teacher_model_name_or_path, accelerator.unwrap_model(model).config,
-                                   accelerator.device, trust_remote_code=args.trust_remote_code)
-        except ValueError as error:  # another tokenizer or other classes: the message names the field
-            sys.exit(f"run_classification.py: error: {error}")
-        loss_fn = TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature)
     results = training.train(
         args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
         tokenizer=tokenizer, best_metric="accuracy", loss_fn=loss_fn,
