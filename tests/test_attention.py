@@ -452,3 +452,42 @@ def test_zformer_takes_the_cheaper_order():
     assert attention.head_dim == 32
     assert attention._quadratic_pays_off(31, 31) and not attention._quadratic_pays_off(32, 32)
     assert attention._quadratic_pays_off(1, 40) and not attention._quadratic_pays_off(40, 40)
+
+
+@pytest.mark.parametrize("in_features, out_features, bias", [(32, 32, True), (32, 96, False), (96, 32, True)])
+def test_few_row_linear_equals_nn_linear(in_features, out_features, bias, monkeypatch):
+    """`Linear` takes its transposed product for 1-4 rows (not for in > out, fp64 or more rows) and
+    gives nn.Linear's outputs and gradients, in every input shape, with nn.Linear's parameter names."""
+    from hf_zformer.modeling import attention
+
+    torch.manual_seed(0)
+    layer = attention.Linear(in_features, out_features, bias=bias)
+    reference = torch.nn.Linear(in_features, out_features, bias=bias)
+    reference.load_state_dict(layer.state_dict())
+    assert list(layer.state_dict()) == list(reference.state_dict())
+    plain_calls = []
+    plain = torch.nn.functional.linear
+    monkeypatch.setattr(torch.nn.functional, "linear", lambda *a, **k: plain_calls.append(1) or plain(*a, **k))
+    shapes = [(in_features,), (1, in_features), (1, 1, in_features), (2, 1, in_features), (3, in_features),
+              (2, 2, in_features), (5, in_features), (3, 4, in_features), (0, in_features)]
+    for shape in shapes:
+        for dtype in (torch.float32, torch.float64):
+            layer.to(dtype), reference.to(dtype)
+            x = torch.randn(*shape, dtype=dtype, requires_grad=True)
+            plain_calls.clear()
+            y = layer(x)
+            rows = x.numel() // in_features
+            transposed = dtype == torch.float32 and in_features <= out_features and 1 <= rows <= attention.FEW_ROWS
+            assert len(plain_calls) == (0 if transposed else 1), (shape, dtype)
+            expected = reference(x)
+            assert y.shape == expected.shape and y.is_contiguous()
+            torch.testing.assert_close(y, expected, atol=1e-5, rtol=1e-5)
+            if rows:
+                weights = torch.randn_like(expected)
+                grads = torch.autograd.grad((y * weights).sum(), [x, layer.weight])
+                expected_grads = torch.autograd.grad((expected * weights).sum(), [x, reference.weight])
+                for got, want in zip(grads, expected_grads):
+                    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    layer.float()
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):  # a wrong width is refused, not reshaped
+        layer(torch.randn(2, in_features // 2))  # as many numbers as one row

@@ -144,6 +144,50 @@ class Dropout(nn.Dropout):
         return super().__call__(x) if self.training and self.p > 0 else x
 
 
+# Inputs of at most this many rows (tokens x batch) take `Linear`'s transposed product on the CPU.
+FEW_ROWS = 4
+
+
+class Linear(nn.Linear):
+    """`nn.Linear` (same parameters, same state-dict keys) whose few-row products on the CPU take a
+    faster form: a decoding step of batch B sends B rows through every projection.
+
+    For 1 to `FEW_ROWS` rows of fp32 on the CPU, with `in_features <= out_features`, y = x W^T + b
+    is computed as (W x^T + b)^T: the weight becomes the BLAS call's left operand and the few rows
+    its narrow right one. With torch's CPU BLAS, `x @ W^T` for 2-8 rows takes a general matrix
+    product path that streams the weight two to four times slower than `W @ x^T`, and a single row
+    takes a vector path about half as fast as the two-column product, so one row is sent as two
+    (the row twice; the copy's column is dropped). Same arithmetic, per output the same sum in
+    another order (agreement to fp32 rounding). Measured per shape and thread count in
+    docs/benchmarks.md ("Decoding steps: the few-row products"), which also shows why it stays off
+    for `in_features > out_features` (the FFN's down projection), where it was slower at one thread.
+    Greedy generation of the benchmark's encoder-decoders at batch 4 runs 1.5x faster with it.
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if (
+            x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and self.weight.dtype == torch.float32
+            and self.in_features <= self.out_features
+            and x.dim() > 0
+            and x.shape[-1] == self.in_features
+            and 0 < x.numel() <= FEW_ROWS * self.in_features
+            and not torch.is_autocast_enabled("cpu")
+        ):
+            rows = x.numel() // self.in_features
+            flat = x.reshape(rows, self.in_features)
+            if rows == 1:
+                flat = flat.expand(2, self.in_features).contiguous()
+            columns = flat.t()  # (in, rows): a transposed view, the layout the fast path takes
+            if self.bias is None:
+                product = torch.mm(self.weight, columns)
+            else:
+                product = torch.addmm(self.bias[:, None], self.weight, columns)  # (out, rows)
+            return product[:, :rows].t().contiguous().view(*x.shape[:-1], self.out_features)
+        return super().forward(x)
+
+
 def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, output: nn.Module) -> torch.Tensor:
     """`output(x @ matrix^T + offset)`: the output of a folded attention form, through its output projection.
 
@@ -197,7 +241,7 @@ class Attention(nn.Module):
         self.is_causal = is_causal
         self.is_cross = is_cross
         self.layer_idx = layer_idx
-        self.output = nn.Linear(config.hidden_size, config.hidden_size)  # W_o
+        self.output = Linear(config.hidden_size, config.hidden_size)  # W_o
 
     def forward(
         self,
@@ -246,9 +290,9 @@ class _QKVAttention(Attention):
 
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
-        self.query = nn.Linear(config.hidden_size, config.hidden_size)
-        self.key = nn.Linear(config.hidden_size, config.hidden_size)
-        self.value = nn.Linear(config.hidden_size, config.hidden_size)
+        self.query = Linear(config.hidden_size, config.hidden_size)
+        self.key = Linear(config.hidden_size, config.hidden_size)
+        self.value = Linear(config.hidden_size, config.hidden_size)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -566,7 +610,7 @@ class XformerAttention(Attention):
         self.max_length = config.max_position_embeddings
         self.position_offset = config.position_offset  # the column of a first token (RoBERTa-style tables)
         self.compressed_length = math.ceil(config.max_position_embeddings / config.xformer_beta)
-        self.query = nn.Linear(config.hidden_size, self.query_width)
+        self.query = Linear(config.hidden_size, self.query_width)
         self.sequence_projection = nn.Parameter(torch.empty(self.compressed_length, self.max_length))  # E
         self.dropout = Dropout(config.attention_probs_dropout_prob)
 
@@ -723,7 +767,7 @@ class FastformerAttention(_QKVAttention):
         if self.additive:
             self.query_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_q per head
             self.key_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_k per head
-        self.transform = nn.Linear(config.hidden_size, config.hidden_size)  # W_r
+        self.transform = Linear(config.hidden_size, config.hidden_size)  # W_r
 
     def _scores(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """(B, H, N, d) -> pooling scores (B, H, N, 1); zero scores give the plain mean. One `bmm`

@@ -28,6 +28,7 @@ from .attention import (
     ATTENTION_CLASSES,
     Dropout,
     FastformerAttention,
+    Linear,
     XformerAttention,
     ZformerAttention,
     _drop_full_mask,
@@ -81,7 +82,7 @@ class ZformerEmbeddings(nn.Module):
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
         else:
             self.register_buffer("sinusoidal", sinusoidal_table(self.max_length, width), persistent=False)
-        self.merge = nn.Linear(2 * width, width) if config.position_embedding_merge == "concat" else None
+        self.merge = Linear(2 * width, width) if config.position_embedding_merge == "concat" else None
         self.type_vocab_size = config.type_vocab_size
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
         self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps) if config.embedding_layer_norm else None
@@ -166,9 +167,9 @@ class ZformerEmbeddings(nn.Module):
 class ZformerFeedForward(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate = Linear(config.hidden_size, config.intermediate_size)
         self.activation = ACT2FN[config.hidden_act]
-        self.output = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.output = Linear(config.intermediate_size, config.hidden_size)
         activation_dropout = config.activation_dropout
         self.activation_dropout = Dropout(
             config.hidden_dropout_prob if activation_dropout is None else activation_dropout
@@ -469,10 +470,10 @@ class ZformerPooler(nn.Module):
         super().__init__()
         self.mode = config.classifier_pooling
         if self.mode == "attention":
-            self.projection = nn.Linear(config.hidden_size, config.hidden_size)
-            self.score = nn.Linear(config.hidden_size, 1, bias=False)
+            self.projection = Linear(config.hidden_size, config.hidden_size)
+            self.score = Linear(config.hidden_size, 1, bias=False)
         elif self.mode == "pooler":
-            self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+            self.dense = Linear(config.hidden_size, config.hidden_size)
             self.activation = ACT2FN[config.pooler_activation]
 
     def forward(self, hidden_states, attention_mask):
@@ -514,7 +515,7 @@ class ZformerForSequenceClassification(ZformerPreTrainedModel):
         self.pooler = ZformerPooler(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
         self.dropout = Dropout(dropout)
-        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
+        self.classifier = Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     def forward(
@@ -554,10 +555,10 @@ class ZformerLMHead(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.dense = Linear(config.hidden_size, config.hidden_size)
         self.activation = ACT2FN[config.hidden_act]
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden_states):
@@ -814,7 +815,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         super().__init__(config)
         self.encoder = ZformerModel(config)
         self.decoder = ZformerDecoder(config, config.layer_attention_types(decoder=True), cross_attention=True)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self._is_stateful = any(kind != "full" for kind in self.decoder.layer_types)  # no assisted generation
         self.post_init()
 
@@ -959,7 +960,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         config.is_encoder_decoder = False
         super().__init__(config)
         self.decoder = ZformerDecoder(config, layer_types, cross_attention=False)
-        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self._is_stateful = any(kind != "full" for kind in layer_types)  # no assisted generation
         self.post_init()
 
