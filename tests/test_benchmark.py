@@ -338,6 +338,28 @@ def test_profile_script_prints_operator_tables(capsys):
         module.parse_args(["--steps", "0"])
 
 
+def test_linear_script_times_both_forms_and_marks_the_plain_cells(tmp_path, capsys):
+    spec = importlib.util.spec_from_file_location("benchmark_linear", SCRIPT.parent / "benchmark_linear.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    output = tmp_path / "linear.md"
+    module.main(["--shapes", "16x32", "32x16", "--rows", "1", "4", "5", "--repeats", "1", "--weights-mb", "0.01",
+                 "--threads", "1", "--output", str(output)])
+    table = output.read_text().splitlines()
+    assert capsys.readouterr().out.startswith(table[0])
+    rows = {line.split(" | ")[0]: line.split(" | ")[1:] for line in table if line.startswith("| 16 x") or line.startswith("| 32 x")}
+    # the transposed form for 1-4 rows where in <= out; `=` where Linear itself runs the plain form
+    assert [cell.endswith("=") or cell.endswith("= |") for cell in rows["| 16 x 32"]] == [False, False, True]
+    assert all(cell.endswith("=") or cell.endswith("= |") for cell in rows["| 32 x 16"])
+    for cells in rows.values():
+        for cell in cells:
+            plain, ours = (float(v) for v in cell.split(" (")[0].split(" / "))
+            assert plain > 0 and ours > 0
+    for bad in (["--shapes", "16x"], ["--rows", "0"], ["--repeats", "0"], ["--weights-mb", "0"]):
+        with pytest.raises(SystemExit):
+            module.parse_args(bad)
+
+
 def test_cpu_allocator_retain_is_applied_and_recorded(tmp_path):
     """In a subprocess: mallopt is process-wide. Applied, the report says so; where it cannot apply
     (the user set a MALLOC_* variable, which wins) the script stops instead of timing something else."""

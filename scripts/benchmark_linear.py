@@ -1,0 +1,114 @@
+#!/usr/bin/env python
+"""Few-row projections: torch's `nn.Linear` against hf_zformer's `Linear`, per weight shape and row count.
+
+A decoding step sends batch-many rows (one token per sequence) through every projection, and its
+time goes into streaming the weights from memory. hf_zformer's `Linear` computes 1 to `FEW_ROWS`
+rows as (W x^T + b)^T on the CPU where torch computes x W^T + b; this script measures both forms
+side by side (their calls alternate), over many copies of each weight so that every call reads its
+weight from memory as a decoding step does, and prints a markdown table of microseconds per call.
+
+    python scripts/benchmark_linear.py --threads 2
+    python scripts/benchmark_linear.py --shapes 512x512 512x2048 --rows 1 2 4 8 --threads 1
+
+A cell reads `nn.Linear us / Linear us (speed-up)`; `=` marks the cells where `Linear` takes the
+plain form itself (more than FEW_ROWS rows, or in_features > out_features), so both columns time the
+same computation. See docs/benchmarks.md ("Decoding steps: the few-row products").
+"""
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch  # noqa: E402
+
+from hf_zformer.modeling.attention import FEW_ROWS, Linear  # noqa: E402
+
+
+def parse_shape(text: str) -> tuple[int, int]:
+    try:
+        in_features, out_features = (int(part) for part in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"a shape is IN_FEATURESxOUT_FEATURES (e.g. 512x2048), got {text!r}")
+    if in_features < 1 or out_features < 1:
+        raise argparse.ArgumentTypeError(f"shape sizes must be >= 1, got {text!r}")
+    return in_features, out_features
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", type=parse_shape, default=["512x512", "512x2048", "2048x512", "512x8000"],
+                        help="weights as IN_FEATURESxOUT_FEATURES (the defaults: the benchmark seq2seq model's "
+                             "projections, FFN up and down, and LM head)")
+    parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16])
+    parser.add_argument("--weights-mb", type=float, default=64.0,
+                        help="memory held by the copies of each weight, so that calls read weights from memory")
+    parser.add_argument("--repeats", type=int, default=5, help="timed rounds (median reported)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--output", type=Path, default=None, help="also write the table to this markdown file")
+    args = parser.parse_args(argv)
+    if args.repeats < 1:
+        parser.error(f"--repeats must be >= 1, got {args.repeats}")
+    if any(r < 1 for r in args.rows):
+        parser.error(f"--rows must all be >= 1, got {args.rows}")
+    if args.weights_mb <= 0:
+        parser.error(f"--weights-mb must be > 0, got {args.weights_mb}")
+    return args
+
+
+def takes_transposed_form(in_features: int, out_features: int, rows: int) -> bool:
+    """Whether `Linear` computes `rows` fp32 CPU rows in its transposed form (see its docstring)."""
+    return in_features <= out_features and rows <= FEW_ROWS
+
+
+def time_shape(in_features: int, out_features: int, rows: int, copies: int, repeats: int) -> tuple[float, float]:
+    """Median microseconds per call of nn.Linear and of Linear, each round running every copy once."""
+    ours = [Linear(in_features, out_features) for _ in range(copies)]
+    theirs = [torch.nn.Linear(in_features, out_features) for _ in range(copies)]
+    x = torch.randn(rows, in_features)
+    rounds = {"nn.Linear": [], "Linear": []}
+    with torch.inference_mode():
+        for round_ in range(repeats + 1):  # the first round warms up
+            for name, layers in (("nn.Linear", theirs), ("Linear", ours)):
+                start = time.perf_counter()
+                for layer in layers:
+                    layer(x)
+                if round_:
+                    rounds[name].append((time.perf_counter() - start) / copies * 1e6)
+    return statistics.median(rounds["nn.Linear"]), statistics.median(rounds["Linear"])
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    lines = [
+        f"**nn.Linear vs hf_zformer Linear, fp32 CPU, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"FEW_ROWS = {FEW_ROWS}** (microseconds per call, median of {args.repeats} rounds; "
+        f"`=`: Linear takes the plain form there)",
+        "",
+        "| weight (in x out) | " + " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in args.rows) + " |",
+        "|---|" + "---:|" * len(args.rows),
+    ]
+    for in_features, out_features in args.shapes:
+        copies = max(1, int(args.weights_mb * 2**20 / (4 * in_features * out_features)))
+        cells = []
+        for rows in args.rows:
+            plain, ours = time_shape(in_features, out_features, rows, copies, args.repeats)
+            same = "" if takes_transposed_form(in_features, out_features, rows) else " ="
+            cells.append(f"{plain:.0f} / {ours:.0f} ({plain / ours:.2f}x){same}")
+        lines.append(f"| {in_features} x {out_features} | " + " | ".join(cells) + " |")
+    table = "\n".join(lines)
+    print(table)
+    if args.output:
+        args.output.parent.mkdir(parents=True, exist_ok=True)
+        args.output.write_text(table + "\n")
+        print(f"wrote {args.output}")
+
+
+if __name__ == "__main__":
+    main()
