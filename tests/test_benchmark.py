@@ -355,6 +355,7 @@ def test_linear_script_times_both_forms_and_marks_the_plain_cells(tmp_path, caps
         for cell in cells:
             plain, ours = (float(v) for v in cell.split(" (")[0].split(" / "))
             assert plain > 0 and ours > 0
+    assert module.parse_args([]).shapes == [(512, 512), (512, 2048), (2048, 512), (512, 8000)]
     for bad in (["--shapes", "16x"], ["--rows", "0"], ["--repeats", "0"], ["--weights-mb", "0"]):
         with pytest.raises(SystemExit):
             module.parse_args(bad)
