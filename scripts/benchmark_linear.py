@@ -86,8 +86,9 @@ def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
     lines = [
-        f"**nn.Linear vs hf_zformer Linear, fp32 CPU, {torch.get_num_threads()} threads, torch {torch.__version__}, "
+        f"**nn.Linear vs hf_zformer Linear, fp32 CPU, {threads} thread{'s' if threads > 1 else ''}, torch {torch.__version__}, "
         f"FEW_ROWS = {FEW_ROWS}** (microseconds per call, median of {args.repeats} rounds; "
         f"`=`: Linear takes the plain form there)",
         "",
