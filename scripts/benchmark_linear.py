@@ -12,7 +12,8 @@ weight from memory as a decoding step does, and prints a markdown table of micro
 
 A cell reads `nn.Linear us / Linear us (speed-up)`; `=` marks the cells where `Linear` takes the
 plain form itself (more than FEW_ROWS rows, or in_features > out_features), so both columns time the
-same computation. See docs/benchmarks.md ("Decoding steps: the few-row products").
+same computation. `--form transposed` times the transposed product in every cell instead, the rule's
+limits ignored. See docs/benchmarks.md ("Decoding steps: the few-row products").
 """
 
 import argparse
@@ -25,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer.modeling.attention import FEW_ROWS, Linear  # noqa: E402
+from hf_zformer.modeling.attention import FEW_ROWS, Linear, transposed_linear  # noqa: E402
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -49,6 +50,9 @@ def parse_args(argv=None):
                         help="memory held by the copies of each weight, so that calls read weights from memory")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds (median reported)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--form", choices=("linear", "transposed"), default="linear",
+                        help="'linear': hf_zformer's Linear as the models call it; 'transposed': its transposed "
+                             "product in every cell, past the limits of its rule (to show why the rule stops there)")
     parser.add_argument("--output", type=Path, default=None, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
     if args.repeats < 1:
@@ -65,21 +69,27 @@ def takes_transposed_form(in_features: int, out_features: int, rows: int) -> boo
     return in_features <= out_features and rows <= FEW_ROWS
 
 
-def time_shape(in_features: int, out_features: int, rows: int, copies: int, repeats: int) -> tuple[float, float]:
-    """Median microseconds per call of nn.Linear and of Linear, each round running every copy once."""
-    ours = [Linear(in_features, out_features) for _ in range(copies)]
-    theirs = [torch.nn.Linear(in_features, out_features) for _ in range(copies)]
+def time_shape(in_features: int, out_features: int, rows: int, copies: int, repeats: int,
+               form: str = "linear") -> tuple[float, float]:
+    """Median microseconds per call of nn.Linear and of ours (`form`: Linear, or its transposed
+    product everywhere), each round running every copy once."""
+    layers = [Linear(in_features, out_features) for _ in range(copies)]
     x = torch.randn(rows, in_features)
-    rounds = {"nn.Linear": [], "Linear": []}
+    forms = {
+        "nn.Linear": lambda layer: torch.nn.functional.linear(x, layer.weight, layer.bias),
+        "ours": (lambda layer: layer(x)) if form == "linear" else (
+            lambda layer: transposed_linear(x, layer.weight, layer.bias)),
+    }
+    rounds = {name: [] for name in forms}
     with torch.inference_mode():
         for round_ in range(repeats + 1):  # the first round warms up
-            for name, layers in (("nn.Linear", theirs), ("Linear", ours)):
+            for name, call in forms.items():
                 start = time.perf_counter()
                 for layer in layers:
-                    layer(x)
+                    call(layer)
                 if round_:
                     rounds[name].append((time.perf_counter() - start) / copies * 1e6)
-    return statistics.median(rounds["nn.Linear"]), statistics.median(rounds["Linear"])
+    return statistics.median(rounds["nn.Linear"]), statistics.median(rounds["ours"])
 
 
 def main(argv=None):
@@ -87,10 +97,11 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
+    ours = "hf_zformer Linear" if args.form == "linear" else "the transposed product in every cell"
     lines = [
-        f"**nn.Linear vs hf_zformer Linear, fp32 CPU, {threads} thread{'s' if threads > 1 else ''}, torch {torch.__version__}, "
-        f"FEW_ROWS = {FEW_ROWS}** (microseconds per call, median of {args.repeats} rounds; "
-        f"`=`: Linear takes the plain form there)",
+        f"**nn.Linear vs {ours}, fp32 CPU, {threads} thread{'s' if threads > 1 else ''}, torch {torch.__version__}, "
+        f"FEW_ROWS = {FEW_ROWS}** (microseconds per call, median of {args.repeats} rounds"
+        + ("; `=`: Linear takes the plain form there)" if args.form == "linear" else ")"),
         "",
         "| weight (in x out) | " + " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in args.rows) + " |",
         "|---|" + "---:|" * len(args.rows),
@@ -99,8 +110,8 @@ def main(argv=None):
         copies = max(1, int(args.weights_mb * 2**20 / (4 * in_features * out_features)))
         cells = []
         for rows in args.rows:
-            plain, ours = time_shape(in_features, out_features, rows, copies, args.repeats)
-            same = "" if takes_transposed_form(in_features, out_features, rows) else " ="
+            plain, ours = time_shape(in_features, out_features, rows, copies, args.repeats, args.form)
+            same = "" if args.form == "transposed" or takes_transposed_form(in_features, out_features, rows) else " ="
             cells.append(f"{plain:.0f} / {ours:.0f} ({plain / ours:.2f}x){same}")
         lines.append(f"| {in_features} x {out_features} | " + " | ".join(cells) + " |")
     table = "\n".join(lines)

@@ -355,6 +355,9 @@ def test_linear_script_times_both_forms_and_marks_the_plain_cells(tmp_path, caps
         for cell in cells:
             plain, ours = (float(v) for v in cell.split(" (")[0].split(" / "))
             assert plain > 0 and ours > 0
+    module.main(["--shapes", "32x16", "--rows", "5", "--repeats", "1", "--weights-mb", "0.01", "--threads", "1",
+                 "--form", "transposed", "--output", str(output)])
+    assert "transposed product in every cell" in output.read_text() and "=" not in output.read_text().splitlines()[-1]
     assert module.parse_args([]).shapes == [(512, 512), (512, 2048), (2048, 512), (512, 8000)]
     for bad in (["--shapes", "16x"], ["--rows", "0"], ["--repeats", "0"], ["--weights-mb", "0"]):
         with pytest.raises(SystemExit):

@@ -148,6 +148,18 @@ class Dropout(nn.Dropout):
 FEW_ROWS = 4
 
 
+def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` computed as (W x^T + b)^T, a single row sent as two (see `Linear`)."""
+    in_features = weight.shape[1]
+    rows = x.numel() // in_features
+    flat = x.reshape(rows, in_features)
+    if rows == 1:
+        flat = flat.expand(2, in_features).contiguous()
+    columns = flat.t()  # (in, rows): a transposed view, the layout the fast path takes
+    product = torch.mm(weight, columns) if bias is None else torch.addmm(bias[:, None], weight, columns)  # (out, rows)
+    return product[:, :rows].t().contiguous().view(*x.shape[:-1], weight.shape[0])
+
+
 class Linear(nn.Linear):
     """`nn.Linear` (same parameters, same state-dict keys) whose few-row products on the CPU take a
     faster form: a decoding step of batch B sends B rows through every projection.
@@ -175,16 +187,7 @@ class Linear(nn.Linear):
             and 0 < x.numel() <= FEW_ROWS * self.in_features
             and not torch.is_autocast_enabled("cpu")
         ):
-            rows = x.numel() // self.in_features
-            flat = x.reshape(rows, self.in_features)
-            if rows == 1:
-                flat = flat.expand(2, self.in_features).contiguous()
-            columns = flat.t()  # (in, rows): a transposed view, the layout the fast path takes
-            if self.bias is None:
-                product = torch.mm(self.weight, columns)
-            else:
-                product = torch.addmm(self.bias[:, None], self.weight, columns)  # (out, rows)
-            return product[:, :rows].t().contiguous().view(*x.shape[:-1], self.out_features)
+            return transposed_linear(x, self.weight, self.bias)
         return super().forward(x)
 
 
