@@ -344,7 +344,7 @@ def test_linear_script_times_both_forms_and_marks_the_plain_cells(tmp_path, caps
     spec.loader.exec_module(module)
     output = tmp_path / "linear.md"
     module.main(["--shapes", "16x32", "32x16", "--rows", "1", "4", "5", "--repeats", "1", "--weights-mb", "0.01",
-                 "--threads", "1", "--output", str(output)])
+                 "--output", str(output)])  # no --threads: it would change the thread count of later tests
     table = output.read_text().splitlines()
     assert capsys.readouterr().out.startswith(table[0])
     rows = {line.split(" | ")[0]: line.split(" | ")[1:] for line in table if line.startswith("| 16 x") or line.startswith("| 32 x")}
@@ -355,7 +355,7 @@ def test_linear_script_times_both_forms_and_marks_the_plain_cells(tmp_path, caps
         for cell in cells:
             plain, ours = (float(v) for v in cell.split(" (")[0].split(" / "))
             assert plain > 0 and ours > 0
-    module.main(["--shapes", "32x16", "--rows", "5", "--repeats", "1", "--weights-mb", "0.01", "--threads", "1",
+    module.main(["--shapes", "32x16", "--rows", "5", "--repeats", "1", "--weights-mb", "0.01",
                  "--form", "transposed", "--output", str(output)])
     assert "transposed product in every cell" in output.read_text() and "=" not in output.read_text().splitlines()[-1]
     assert module.parse_args([]).shapes == [(512, 512), (512, 2048), (2048, 512), (512, 8000)]
