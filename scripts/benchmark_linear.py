@@ -42,7 +42,8 @@ def parse_shape(text: str) -> tuple[int, int]:
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--shapes", nargs="+", type=parse_shape, default=[(512, 512), (512, 2048), (2048, 512), (512, 8000)],
+    parser.add_argument("--shapes", nargs="+", type=parse_shape,
+                        default=[(512, 512), (512, 2048), (2048, 512), (512, 8000)],
                         help="weights as IN_FEATURESxOUT_FEATURES (the defaults: the benchmark seq2seq model's "
                              "projections, FFN up and down, and LM head)")
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16])

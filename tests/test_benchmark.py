@@ -347,7 +347,7 @@ def test_linear_script_times_both_forms_and_marks_the_plain_cells(tmp_path, caps
                  "--output", str(output)])  # no --threads: it would change the thread count of later tests
     table = output.read_text().splitlines()
     assert capsys.readouterr().out.startswith(table[0])
-    rows = {line.split(" | ")[0]: line.split(" | ")[1:] for line in table if line.startswith("| 16 x") or line.startswith("| 32 x")}
+    rows = {line.split(" | ")[0]: line.split(" | ")[1:] for line in table if line.startswith(("| 16 x", "| 32 x"))}
     # the transposed form for 1-4 rows where in <= out; `=` where Linear itself runs the plain form
     assert [cell.endswith("=") or cell.endswith("= |") for cell in rows["| 16 x 32"]] == [False, False, True]
     assert all(cell.endswith("=") or cell.endswith("= |") for cell in rows["| 32 x 16"])

@@ -166,10 +166,10 @@ class Linear(nn.Linear):
 
     For 1 to `FEW_ROWS` rows of fp32 on the CPU, with `in_features <= out_features`, y = x W^T + b
     is computed as (W x^T + b)^T: the weight becomes the BLAS call's left operand and the few rows
-    its narrow right one. With torch's CPU BLAS, `x @ W^T` for 2-8 rows takes a general matrix
-    product path that streams the weight two to four times slower than `W @ x^T`, and a single row
-    takes a vector path about half as fast as the two-column product, so one row is sent as two
-    (the row twice; the copy's column is dropped). Same arithmetic, per output the same sum in
+    its narrow right one. With torch's CPU BLAS, `x @ W^T` for 2-4 rows takes a general matrix
+    product path that streams the weight 1.4-5.7x slower than `W @ x^T` (measured on this
+    project's machines), and a single row takes a vector path about half as fast as the
+    two-column product, so one row is sent as two (the row twice; the copy's column is dropped). Same arithmetic, per output the same sum in
     another order (agreement to fp32 rounding). Measured per shape and thread count in
     docs/benchmarks.md ("Decoding steps: the few-row products"), which also shows why it stays off
     for `in_features > out_features` (the FFN's down projection), where it was slower at one thread.
