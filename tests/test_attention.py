@@ -489,5 +489,9 @@ def test_few_row_linear_equals_nn_linear(in_features, out_features, bias, monkey
                 for got, want in zip(grads, expected_grads):
                     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     layer.float()
+    monkeypatch.setattr(attention, "FEW_ROWS", 0)  # the rule turned off: nn.Linear's product for every input
+    plain_calls.clear()
+    torch.testing.assert_close(layer(torch.ones(2, in_features)), reference.float()(torch.ones(2, in_features)))
+    assert len(plain_calls) == 2
     with pytest.raises(RuntimeError, match="cannot be multiplied"):  # a wrong width is refused, not reshaped
         layer(torch.randn(2, in_features // 2))  # as many numbers as one row

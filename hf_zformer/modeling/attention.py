@@ -174,6 +174,7 @@ class Linear(nn.Linear):
     docs/benchmarks.md ("Decoding steps: the few-row products"), which also shows why it stays off
     for `in_features > out_features` (the FFN's down projection), where it was slower at one thread.
     Greedy generation of the benchmark's encoder-decoders at batch 1-4 runs 1.4-2x faster with it.
+    `FEW_ROWS = 0` on this module turns the rule off (`scripts/benchmark_linear.py` checks a machine).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
