@@ -177,7 +177,25 @@ def test_fastformer_causal_state_is_constant_size_and_exact():
         steps.append(attention(x[:, i : i + 1], mask[:, : i + 1], cache=cache)[0])
     torch.testing.assert_close(torch.cat(steps, 1)[mask.bool()], full[mask.bool()], atol=1e-5, rtol=1e-5)
     sizes = [t.shape for t in cache.layers[0].tensors()]
-    assert sizes == [(B, H, 1, 1), (B, H, 1, 1), (B, H, 1, DH)] * 2 and cache.get_seq_length() == N
+    assert sizes == [(B, H, 1, 1), (B, H, 1, DH)] * 2 and cache.get_seq_length() == N  # (lse, pooling) per pooling
+
+
+def test_fastformer_cache_takes_blocks_and_steps_alike():
+    """Through the cache, blocks of new tokens (prefix sums from a state) and single steps (the
+    four-operation update) give the no-cache output, with left padding: the first row starts with
+    blocks of padding only, so a state can also hold nothing yet."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(B, N, D, generator=generator)
+    mask = torch.ones(B, N, dtype=torch.long)
+    mask[0, :5] = 0  # left padding longer than the first block
+    attention = _randomize(FastformerAttention(tiny_config(attention_type="fastformer"), is_causal=True, layer_idx=0))
+    full, _ = attention(x, mask)
+    cache, outputs, start = ZformerCache(["fastformer"]), [], 0
+    for size in (3, 1, 4, 1, 2):  # N = 11 tokens
+        outputs.append(attention(x[:, start : start + size], mask[:, : start + size], cache=cache)[0])
+        start += size
+    torch.testing.assert_close(torch.cat(outputs, 1)[mask.bool()], full[mask.bool()], atol=1e-5, rtol=1e-5)
+    assert all(torch.isfinite(t).all() for t in cache.layers[0].tensors())
 
 
 def test_xformer_matches_equation():

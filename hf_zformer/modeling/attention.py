@@ -699,33 +699,38 @@ def causal_softmax_pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.
     return weights @ values
 
 
-def prefix_pool(scores, values, state=None):
+def prefix_pool(scores, values, state=None, keep_state: bool = True):
     """Causal `_pool`: output i pools positions j <= i. scores (B, H, N, 1), -inf at padding; values
-    (B, H, N, d); state = (running max (B, H, 1, 1), denominator (B, H, 1, 1), numerator
+    (B, H, N, d); state = (log-sum-exp of the scores so far (B, H, 1, 1), the pooling so far
     (B, H, 1, d)) of the positions before these, or None. Returns (pooled (B, H, N, d), the state
-    after them).
+    after them), or (pooled, None) with `keep_state=False`.
 
-    The running max starts at the lowest finite float, not -inf: padding (-inf) then gets weight
-    exp(-inf) = 0 and never makes a NaN, without a guard. The state keeps the sequence axis (size
-    1), a single new token (a decoding step) skips the prefix sums and a first call skips the
-    state: a step is ten small operations, the per-call overhead that dominates decoding
-    (docs/benchmarks.md)."""
+    A single new token (a decoding step) with a state takes four operations: its share of the
+    softmax a = exp(s - lse'), lse' = logaddexp(lse, s), moves the pooling towards its value,
+    pooled' = pooled + a (v - pooled) (`torch.lerp`). Per-call overhead dominates decoding
+    (docs/benchmarks.md). A block of tokens takes prefix sums under a running max, which starts at
+    the lowest finite float, not -inf: padding (-inf) then gets weight exp(-inf) = 0 and never
+    makes a NaN, without a guard. A state is the same thing with max = lse, denominator 1 and
+    numerator = pooled, and "nothing seen yet" is lse = the lowest float, pooled = 0. The state keeps
+    the sequence axis (size 1)."""
     length = values.shape[2]
     floor = torch.finfo(scores.dtype).min
+    if state is not None and length == 1:  # a decoding step
+        old_lse, old_pooled = state
+        lse = torch.logaddexp(old_lse, scores)  # (B, H, 1, 1); unchanged by padding (-inf)
+        pooled = torch.lerp(old_pooled, values, torch.exp(scores - lse))  # the new token's share: 0 at padding
+        return pooled, (lse, pooled)
     if state is None:  # nothing before: the prefix sums alone
         new_max = scores.amax(dim=2, keepdim=True).clamp_min(floor)
         weights = torch.exp(scores - new_max)  # (B, H, N, 1)
         den, num = weights.cumsum(dim=2), (weights * values).cumsum(dim=2)
     else:
-        old_max, old_den, old_num = state
-        new_max = torch.maximum(old_max, scores if length == 1 else scores.amax(dim=2, keepdim=True))
-        rescale = torch.exp(old_max - new_max)  # 0 when nothing was seen yet
+        old_lse, old_pooled = state
+        new_max = torch.maximum(old_lse, scores.amax(dim=2, keepdim=True))
+        rescale = torch.exp(old_lse - new_max)  # the earlier tokens' total weight (0 if all were padding)
         weights = torch.exp(scores - new_max)  # (B, H, N, 1)
-        weighted = weights * values
-        if length > 1:
-            weights, weighted = weights.cumsum(dim=2), weighted.cumsum(dim=2)
-        den = torch.addcmul(weights, old_den, rescale)  # (B, H, N, 1)
-        num = torch.addcmul(weighted, old_num, rescale)  # (B, H, N, d)
+        den = weights.cumsum(dim=2) + rescale  # (B, H, N, 1)
+        num = torch.addcmul((weights * values).cumsum(dim=2), old_pooled, rescale)  # (B, H, N, d)
     # A prefix with no real token yet (only padding) has den = 0 and pools to zero. Every other den
     # is >= 1 (the running max's own weight), so clamping den to the tiniest float changes nothing
     # else: one operation where a decoding step needs no gradient. Under autograd the clamp would
@@ -734,9 +739,11 @@ def prefix_pool(scores, values, state=None):
         pooled = num / torch.where(den > 0, den, 1.0)
     else:
         pooled = num / den.clamp_min(torch.finfo(den.dtype).tiny)
-    if length > 1:
-        den, num = den[:, :, -1:], num[:, :, -1:]
-    return pooled, (new_max, den, num)
+    if not keep_state:
+        return pooled, None
+    # log(0) = -inf where only padding was seen: the floor again
+    lse = (new_max + torch.log(den[:, :, -1:])).clamp_min(floor)
+    return pooled, (lse, pooled[:, :, -1:])
 
 
 class FastformerAttention(_QKVAttention):
@@ -751,7 +758,7 @@ class FastformerAttention(_QKVAttention):
     projection for the values (the official code). Cost O(N D). Self-attention only: the pooled
     global query mixes with each token's own key (no cross form).
 
-    Causal form: the poolings become prefix poolings (running max, numerator and denominator),
+    Causal form: the poolings become prefix poolings (a log-sum-exp and the pooling so far per head),
     an O(1) state per generated token; with a cache, each pooling goes through
     `cache.update(scores, values, layer_idx, pool)`. Without a cache, up to
     `FASTFORMER_CAUSAL_QUADRATIC` tokens pool through a softmax over the causal pattern instead
@@ -802,7 +809,7 @@ class FastformerAttention(_QKVAttention):
         if mask is not None:
             scores = scores.masked_fill(~mask[:, None, :, None], float("-inf"))  # mask: bool (B, N)
         if cache is None:
-            return prefix_pool(scores, values)[0]
+            return prefix_pool(scores, values, keep_state=False)[0]
         return cache.update(scores, values, self.layer_idx, pool=pool)
 
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,

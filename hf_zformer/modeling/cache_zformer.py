@@ -103,9 +103,9 @@ class ZformerStateLayer(RecurrentLayer):
 
 
 class FastformerStateLayer(RecurrentLayer):
-    """Causal Fastformer: for each of its two poolings (0: the query's, 1: the key's) the running
-    max (B, H, 1, 1), denominator (B, H, 1, 1) and numerator (B, H, 1, d_h) of the prefix softmax
-    (`prefix_pool`)."""
+    """Causal Fastformer: for each of its two poolings (0: the query's, 1: the key's) the
+    log-sum-exp of the scores so far (B, H, 1, 1) and the pooling so far (B, H, 1, d_h) of the
+    prefix softmax (`prefix_pool`)."""
 
     def __init__(self):
         super().__init__()
