@@ -732,8 +732,8 @@ def prefix_pool(scores, values, state=None, keep_state: bool = True):
         den = weights.cumsum(dim=2) + rescale  # (B, H, N, 1)
         num = torch.addcmul((weights * values).cumsum(dim=2), old_pooled, rescale)  # (B, H, N, d)
     # A prefix with no real token yet (only padding) has den = 0 and pools to zero. Every other den
-    # is >= 1 (the running max's own weight), so clamping den to the tiniest float changes nothing
-    # else: one operation where a decoding step needs no gradient. Under autograd the clamp would
+    # is positive (>= 1 from the running max's own token on), so clamping den to the tiniest float
+    # changes nothing else: one operation where no gradient is needed. Under autograd the clamp would
     # give -num / den^2 = 0/0 = NaN gradients there; dividing by 1 instead keeps them zero.
     if num.requires_grad or den.requires_grad:
         pooled = num / torch.where(den > 0, den, 1.0)
