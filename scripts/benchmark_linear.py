@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer.modeling.attention import FEW_ROWS, Linear, transposed_linear  # noqa: E402
+from hf_zformer.modeling.attention import FEW_ROWS, Linear, takes_transposed_form, transposed_linear  # noqa: E402
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -63,11 +63,6 @@ def parse_args(argv=None):
     if args.weights_mb <= 0:
         parser.error(f"--weights-mb must be > 0, got {args.weights_mb}")
     return args
-
-
-def takes_transposed_form(in_features: int, out_features: int, rows: int) -> bool:
-    """Whether `Linear` computes `rows` fp32 CPU rows in its transposed form (see its docstring)."""
-    return in_features <= out_features and rows <= FEW_ROWS
 
 
 def time_shape(in_features: int, out_features: int, rows: int, copies: int, repeats: int,

@@ -160,21 +160,27 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
     return product[:, :rows].t().contiguous().view(*x.shape[:-1], weight.shape[0])
 
 
+def takes_transposed_form(in_features: int, out_features: int, rows: int) -> bool:
+    """`Linear`'s rule for fp32 inputs on the CPU: 1 to `FEW_ROWS` rows, and no narrowing projection."""
+    return 0 < rows <= FEW_ROWS and in_features <= out_features
+
+
 class Linear(nn.Linear):
     """`nn.Linear` (same parameters, same state-dict keys) whose few-row products on the CPU take a
     faster form: a decoding step of batch B sends B rows through every projection.
 
-    For 1 to `FEW_ROWS` rows of fp32 on the CPU, with `in_features <= out_features`, y = x W^T + b
-    is computed as (W x^T + b)^T: the weight becomes the BLAS call's left operand and the few rows
-    its narrow right one. With torch's CPU BLAS, `x @ W^T` for 2-4 rows takes a general matrix
-    product path that streams the weight 1.4-5.7x slower than `W @ x^T` (measured on this
-    project's machines), and a single row takes a vector path about half as fast as the
-    two-column product, so one row is sent as two (the row twice; the copy's column is dropped). Same arithmetic, per output the same sum in
-    another order (agreement to fp32 rounding). Measured per shape and thread count in
-    docs/benchmarks.md ("Decoding steps: the few-row products"), which also shows why it stays off
-    for `in_features > out_features` (the FFN's down projection), where it was slower at one thread.
-    Greedy generation of the benchmark's encoder-decoders at batch 1-4 runs 1.4-2x faster with it.
-    `FEW_ROWS = 0` on this module turns the rule off (`scripts/benchmark_linear.py` checks a machine).
+    For 1 to `FEW_ROWS` rows of fp32 on the CPU, with `in_features <= out_features`
+    (`takes_transposed_form`), y = x W^T + b is computed as (W x^T + b)^T: the weight becomes the
+    BLAS call's left operand and the few rows its narrow right one. With torch's CPU BLAS, `x @ W^T`
+    for 2-4 rows takes a general matrix product path that streams the weight 1.4-5.7x slower than
+    `W @ x^T` (measured on this project's machines), and a single row takes a vector path about half
+    as fast as the two-column product, so one row is sent as two (the row twice; the copy's column
+    is dropped). Same arithmetic, per output the same sum in another order (agreement to fp32
+    rounding). Measured per shape and thread count in docs/benchmarks.md ("Decoding steps: the
+    few-row products"), which also shows why it stays off for `in_features > out_features` (the
+    FFN's down projection), where it was slower at one thread. Greedy generation of the benchmark's
+    encoder-decoders at batch 1-4 runs 1.4-2x faster with it. `FEW_ROWS = 0` on this module turns
+    the rule off (`scripts/benchmark_linear.py` checks a machine).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -182,10 +188,9 @@ class Linear(nn.Linear):
             x.device.type == "cpu"
             and x.dtype == torch.float32
             and self.weight.dtype == torch.float32
-            and self.in_features <= self.out_features
             and x.dim() > 0
             and x.shape[-1] == self.in_features
-            and 0 < x.numel() <= FEW_ROWS * self.in_features
+            and takes_transposed_form(self.in_features, self.out_features, x.numel() // self.in_features)
             and not torch.is_autocast_enabled("cpu")
         ):
             return transposed_linear(x, self.weight, self.bias)
@@ -699,11 +704,11 @@ def causal_softmax_pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.
     return weights @ values
 
 
-def prefix_pool(scores, values, state=None, keep_state: bool = True):
+def prefix_pool(scores, values, state=None):
     """Causal `_pool`: output i pools positions j <= i. scores (B, H, N, 1), -inf at padding; values
     (B, H, N, d); state = (log-sum-exp of the scores so far (B, H, 1, 1), the pooling so far
     (B, H, 1, d)) of the positions before these, or None. Returns (pooled (B, H, N, d), the state
-    after them), or (pooled, None) with `keep_state=False`.
+    after them).
 
     A single new token (a decoding step) with a state takes four operations: its share of the
     softmax a = exp(s - lse'), lse' = logaddexp(lse, s), moves the pooling towards its value,
@@ -739,8 +744,6 @@ def prefix_pool(scores, values, state=None, keep_state: bool = True):
         pooled = num / torch.where(den > 0, den, 1.0)
     else:
         pooled = num / den.clamp_min(torch.finfo(den.dtype).tiny)
-    if not keep_state:
-        return pooled, None
     # log(0) = -inf where only padding was seen: the floor again
     lse = (new_max + torch.log(den[:, :, -1:])).clamp_min(floor)
     return pooled, (lse, pooled[:, :, -1:])
@@ -809,7 +812,7 @@ class FastformerAttention(_QKVAttention):
         if mask is not None:
             scores = scores.masked_fill(~mask[:, None, :, None], float("-inf"))  # mask: bool (B, N)
         if cache is None:
-            return prefix_pool(scores, values, keep_state=False)[0]
+            return prefix_pool(scores, values)[0]
         return cache.update(scores, values, self.layer_idx, pool=pool)
 
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
