@@ -13,10 +13,15 @@ the labelled data to a linear-attention student on any amount of unlabeled text.
 
 The teacher runs in eval mode (no dropout) without gradients, on the batch the student sees, so it
 needs the student's vocabulary (one tokenizer for both) and its classes; :func:`load_teacher`
-checks both and names the mismatch.
+checks both and names the mismatch. It runs under the run's mixed precision (``autocast``, the
+scripts pass ``accelerator.autocast``), as the student does: in fp32 its forward pass would cost
+as much as the student's bf16 forward and backward together.
 """
 
 from __future__ import annotations
+
+import contextlib
+from typing import Callable, ContextManager
 
 import torch
 import torch.nn.functional as F
@@ -60,15 +65,16 @@ class TeacherLoss:
     ``batch`` (input_ids, attention_mask, labels) and the teacher's, combined by
     :func:`distillation_loss`."""
 
-    def __init__(self, teacher, alpha: float = 0.5, temperature: float = 2.0):
+    def __init__(self, teacher, alpha: float = 0.5, temperature: float = 2.0,
+                 autocast: Callable[[], ContextManager] = contextlib.nullcontext):
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"distillation alpha must be in [0, 1], got {alpha}")
         if not temperature > 0:
             raise ValueError(f"distillation temperature must be > 0, got {temperature}")
-        self.teacher, self.alpha, self.temperature = teacher, alpha, temperature
+        self.teacher, self.alpha, self.temperature, self.autocast = teacher, alpha, temperature, autocast
 
     def __call__(self, model, batch) -> torch.Tensor:
         inputs = {k: v for k, v in batch.items() if k != "labels"}
-        with torch.no_grad():
+        with torch.no_grad(), self.autocast():
             teacher_logits = self.teacher(**inputs).logits
         return distillation_loss(model(**inputs).logits, teacher_logits, batch["labels"], self.alpha, self.temperature)

@@ -227,7 +227,8 @@ def main(argv=None) -> dict:
                                    accelerator.device, trust_remote_code=args.trust_remote_code)
         except ValueError as error:  # another tokenizer or other classes: the message names the field
             sys.exit(f"run_classification.py: error: {error}")
-        loss_fn = TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature)
+        loss_fn = TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature,
+                              autocast=accelerator.autocast)  # the teacher in the run's mixed precision too
     # a converted RoBERTa's positions start at position_offset = 2: 514 positions hold 512 tokens
     max_length = min(args.max_length, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
 

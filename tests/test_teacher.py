@@ -71,6 +71,26 @@ def test_teacher_loss_pulls_the_student_towards_the_teacher():
             TeacherLoss(teacher, alpha=alpha, temperature=temperature)
 
 
+def test_teacher_runs_under_the_runs_mixed_precision():
+    """The teacher's forward pass runs inside ``autocast()`` (the scripts pass the accelerator's), so a
+    bf16 run does not pay an fp32 teacher; without it, no autocast."""
+    from transformers import AutoModelForSequenceClassification
+
+    torch.manual_seed(0)
+    student = AutoModelForSequenceClassification.from_config(tiny_config(attention_type="zformer", num_labels=2))
+    teacher = AutoModelForSequenceClassification.from_config(tiny_config(attention_type="full", num_labels=2)).eval()
+    seen = []
+    teacher.register_forward_hook(lambda module, args, output: seen.append(
+        (torch.is_autocast_enabled("cpu"), output.logits.dtype)))
+    ids, mask = random_batch([7, 5, 9, 3])
+    batch = {"input_ids": ids, "attention_mask": mask, "labels": torch.tensor([0, 1, IGNORE_LABEL, 1])}
+    plain = TeacherLoss(teacher)(student, batch)
+    bf16 = TeacherLoss(teacher, autocast=lambda: torch.autocast("cpu", dtype=torch.bfloat16))(student, batch)
+    assert seen == [(False, torch.float32), (True, torch.bfloat16)]
+    assert bf16.dtype == torch.float32 and torch.isfinite(bf16)  # the loss itself is fp32
+    assert bf16.item() == pytest.approx(plain.item(), abs=0.05)  # only the teacher's rounding differs
+
+
 def test_load_teacher_names_a_mismatched_vocabulary_or_class_count(tmp_path):
     from transformers import AutoModelForSequenceClassification
 
