@@ -1,6 +1,7 @@
 """Each attention class against a naive, loop-based reading of the equations in DESIGN.md."""
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -472,11 +473,37 @@ def test_zformer_takes_the_cheaper_order():
     assert attention._quadratic_pays_off(1, 40) and not attention._quadratic_pays_off(40, 40)
 
 
+def test_few_row_rule_is_on_for_amd_cpus_only(monkeypatch, tmp_path):
+    """The default FEW_ROWS follows the CPU vendor: the transposed product is the faster one on an AMD
+    EPYC and 2-3x slower on an Intel Xeon (docs/benchmarks.md)."""
+    import platform
+
+    from hf_zformer.modeling import attention
+
+    assert attention.default_few_rows("AuthenticAMD") == 4
+    assert attention.default_few_rows("GenuineIntel") == 0 and attention.default_few_rows("") == 0
+    assert attention.FEW_ROWS == attention.default_few_rows(attention.cpu_vendor())  # chosen at import
+    vendor = attention.cpu_vendor()
+    if Path("/proc/cpuinfo").exists():
+        assert vendor and f"vendor_id\t: {vendor}" in Path("/proc/cpuinfo").read_text()
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
+    assert attention.cpu_vendor(str(cpuinfo)) == "AuthenticAMD"
+    # without /proc/cpuinfo (Windows, macOS): the vendor from platform.processor(), "" when it names none
+    missing = str(tmp_path / "absent")
+    monkeypatch.setattr(platform, "processor", lambda: "AMD64 Family 25 Model 1 Stepping 1, AuthenticAMD")
+    assert attention.cpu_vendor(missing) == "AuthenticAMD"
+    monkeypatch.setattr(platform, "processor", lambda: "arm")
+    assert attention.cpu_vendor(missing) == ""
+
+
 @pytest.mark.parametrize("in_features, out_features, bias", [(32, 32, True), (32, 96, False), (96, 32, True)])
-def test_few_row_linear_equals_nn_linear(in_features, out_features, bias, monkeypatch):
+def test_few_row_linear_equals_nn_linear(in_features, out_features, bias, monkeypatch, few_row_form):
     """`Linear` takes its transposed product for 1-4 rows (not for in > out, fp64 or more rows) and
     gives nn.Linear's outputs and gradients, in every input shape, with nn.Linear's parameter names."""
     from hf_zformer.modeling import attention
+
+    assert attention.FEW_ROWS == 4  # the fixture's, whatever this machine's default
 
     torch.manual_seed(0)
     layer = attention.Linear(in_features, out_features, bias=bias)

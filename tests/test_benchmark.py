@@ -338,7 +338,7 @@ def test_profile_script_prints_operator_tables(capsys):
         module.parse_args(["--steps", "0"])
 
 
-def test_linear_script_times_both_forms_and_marks_the_plain_cells(tmp_path, capsys):
+def test_linear_script_times_both_forms_and_marks_the_plain_cells(tmp_path, capsys, few_row_form):
     spec = importlib.util.spec_from_file_location("benchmark_linear", SCRIPT.parent / "benchmark_linear.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)

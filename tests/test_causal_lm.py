@@ -66,6 +66,7 @@ def test_no_peeking(attention_type):
 
 
 @pytest.mark.parametrize("attention_type", TYPES, ids=IDS)
+@pytest.mark.usefixtures("few_row_form")  # decoding steps of 2 rows: the transposed product against the plain one
 def test_cache_equals_no_cache(attention_type):
     model = causal_lm(attention_type)
     ids, mask = left_pad(*_batch())

@@ -41,6 +41,7 @@ def _greedy(model, src, mask, **kwargs):
 
 
 @pytest.mark.parametrize("encoder, decoder", COMBINATIONS)
+@pytest.mark.usefixtures("few_row_form")  # decoding steps of 3 rows: the transposed product against the plain one
 def test_cache_equals_no_cache(encoder, decoder):
     model = seq2seq(encoder, decoder)
     src, mask = _source()

@@ -16,6 +16,7 @@ This file ships to the Hugging Face Hub with every checkpoint: torch, transforme
 
 import contextlib
 import math
+import platform
 from collections.abc import Callable
 
 import torch
@@ -144,8 +145,31 @@ class Dropout(nn.Dropout):
         return super().__call__(x) if self.training and self.p > 0 else x
 
 
-# Inputs of at most this many rows (tokens x batch) take `Linear`'s transposed product on the CPU.
-FEW_ROWS = 4
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's vendor id ("AuthenticAMD", "GenuineIntel", ...; "" when the system does not say):
+    from `cpuinfo` on Linux, else from `platform.processor()` (Windows names it there)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    processor = platform.processor()
+    return next((vendor for vendor in ("AuthenticAMD", "GenuineIntel") if vendor in processor), "")
+
+
+def default_few_rows(vendor: str) -> int:
+    """`FEW_ROWS` for a CPU vendor: 4 on AMD, where torch's BLAS multiplies 2-4 rows by a weight
+    1.4-5.7x slower as `x W^T` than as `W x^T` (AMD EPYC, Zen 3); 0 (the rule off) elsewhere: on an
+    Intel Xeon (Sapphire Rapids class) the plain product is the fast one, 2-3x faster than the
+    transposed form (docs/benchmarks.md, "Decoding steps: the few-row products")."""
+    return 4 if vendor == "AuthenticAMD" else 0
+
+
+# Inputs of at most this many rows (tokens x batch) take `Linear`'s transposed product on the CPU;
+# 0 turns the rule off. Chosen for this machine's CPU when the module loads (`default_few_rows`).
+FEW_ROWS = default_few_rows(cpu_vendor())
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -171,16 +195,18 @@ class Linear(nn.Linear):
 
     For 1 to `FEW_ROWS` rows of fp32 on the CPU, with `in_features <= out_features`
     (`takes_transposed_form`), y = x W^T + b is computed as (W x^T + b)^T: the weight becomes the
-    BLAS call's left operand and the few rows its narrow right one. With torch's CPU BLAS, `x @ W^T`
-    for 2-4 rows takes a general matrix product path that streams the weight 1.4-5.7x slower than
-    `W @ x^T` (measured on this project's machines), and a single row takes a vector path about half
-    as fast as the two-column product, so one row is sent as two (the row twice; the copy's column
-    is dropped). Same arithmetic, per output the same sum in another order (agreement to fp32
-    rounding). Measured per shape and thread count in docs/benchmarks.md ("Decoding steps: the
-    few-row products"), which also shows why it stays off for `in_features > out_features` (the
-    FFN's down projection), where it was slower at one thread. Greedy generation of the benchmark's
-    encoder-decoders at batch 1-4 runs 1.4-2x faster with it. `FEW_ROWS = 0` on this module turns
-    the rule off (`scripts/benchmark_linear.py` checks a machine).
+    BLAS call's left operand and the few rows its narrow right one. On an AMD EPYC, torch's CPU BLAS
+    computes `x @ W^T` for 2-4 rows through a general matrix product path that streams the weight
+    1.4-5.7x slower than `W @ x^T`, and a single row takes a vector path about half as fast as the
+    two-column product, so one row is sent as two (the row twice; the copy's column is dropped).
+    Same arithmetic, per output the same sum in another order (agreement to fp32 rounding).
+    Measured per shape and thread count in docs/benchmarks.md ("Decoding steps: the few-row
+    products"), which also shows why it stays off for `in_features > out_features` (the FFN's down
+    projection), where it was slower at one thread. Greedy generation of the benchmark's
+    encoder-decoders at batch 1-4 runs 1.4-2x faster with it there. On an Intel Xeon the plain
+    product is 2-3x faster than the transposed one, so the rule is on for AMD CPUs only
+    (`default_few_rows`); set `FEW_ROWS` on this module to choose (0: off;
+    `scripts/benchmark_linear.py --form transposed` checks a machine).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
