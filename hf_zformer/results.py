@@ -295,5 +295,6 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
         "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
+        "mixed_precision": results.get("mixed_precision"),  # "no", "bf16" or "fp16": runs differ in it
         "output_dir": str(args.output_dir),
     }

@@ -19,7 +19,7 @@ from test_scripts import TINY_CLF, TINY_MT, load_script, run_script, tiny_data  
 
 RECORD_FIELDS = {"task", "attention", "decoder_attention", "split", "metric", "value", "beams", "epochs", "seed", "ci95",
                  "commit", "base_model", "distillation", "max_length", "split_seed", "config", "best_step", "wall_time_s",
-                 "tokens_per_s", "date", "machine"}
+                 "tokens_per_s", "date", "machine", "mixed_precision"}
 
 
 def _history(out):
@@ -120,7 +120,7 @@ def test_translation_results_records(mt_best_run):
         assert record["epochs"] == 2.0 and record["seed"] == 42 and record["split_seed"] == 42
         assert record["base_model"] is None and record["max_length"] == 16 and record["best_step"] >= 3
         assert record["config"]["num_decoder_layers"] == 1 and 0.0 <= record["value"] <= 100.0
-        assert record["train_examples"] == 80  # sentence pairs
+        assert record["train_examples"] == 80 and record["mixed_precision"] == "no"  # sentence pairs; fp32
     for record in records[1:]:
         low, high = record["ci95"]
         assert low <= high and record["samples"] == 12

@@ -44,10 +44,11 @@ def _run_script(name, args, launcher=(), timeout=600, prelude=None, env=None):
     return result
 
 
-def run_script(name, *args, launcher=(), timeout=600, prelude=None):
+def run_script(name, *args, launcher=(), timeout=600, prelude=None, env=None):
     """Run scripts/<name> in a subprocess (optionally under a launcher, or after `prelude` code
-    that patches things in the same process); assert success; return the completed process."""
-    result = _run_script(name, args, launcher, timeout, prelude)
+    that patches things in the same process, with extra `env`); assert success; return the
+    completed process."""
+    result = _run_script(name, args, launcher, timeout, prelude, env)
     assert result.returncode == 0, f"{name} failed:\n{result.stdout[-4000:]}\n{result.stderr[-8000:]}"
     return result
 

@@ -115,13 +115,14 @@ def test_script_trains_on_labelled_and_unlabeled_texts_with_a_teacher(tiny_data,
         "--teacher_model_name_or_path", tmp_path / "teacher", "--distill_alpha", 0.7, "--distill_temperature", 3,
         "--unlabeled_file", unlabeled, "--max_unlabeled_samples", 30, "--num_train_epochs", 1,
         "--results_file", tmp_path / "results.json", "--output_dir", tmp_path / "student",
+        env={"ACCELERATE_MIXED_PRECISION": "bf16"},  # student and teacher under bf16 autocast, as plain python allows
     )
     log = result.stdout + result.stderr
     # 120 rows - 12 carved for validation = 108 labelled + 30 unlabeled = 138 texts: 9 steps of 16
     assert "30 unlabeled texts" in log and "Training: 138 examples" in log
     assert json.loads((tmp_path / "student" / "all_results.json").read_text())["train_steps"] == 9
     (record,) = json.loads((tmp_path / "results.json").read_text())
-    assert record["train_examples"] == 108
+    assert record["train_examples"] == 108 and record["mixed_precision"] == "bf16"
     assert record["teacher"] == {"model": str(tmp_path / "teacher"), "alpha": 0.7, "temperature": 3.0,
                                  "unlabeled_examples": 30, "unlabeled_file": str(unlabeled)}
 
