@@ -483,9 +483,10 @@ def test_few_row_rule_is_on_for_amd_cpus_only(monkeypatch, tmp_path):
     assert attention.default_few_rows("AuthenticAMD") == 4
     assert attention.default_few_rows("GenuineIntel") == 0 and attention.default_few_rows("") == 0
     assert attention.FEW_ROWS == attention.default_few_rows(attention.cpu_vendor())  # chosen at import
-    vendor = attention.cpu_vendor()
-    if Path("/proc/cpuinfo").exists():
-        assert vendor and f"vendor_id\t: {vendor}" in Path("/proc/cpuinfo").read_text()
+    real = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
+    named = [line for line in real if line.startswith("vendor_id")]  # x86 Linux; absent on ARM
+    if named:
+        assert attention.cpu_vendor() == named[0].partition(":")[2].strip() != ""
     cpuinfo = tmp_path / "cpuinfo"
     cpuinfo.write_text("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n")
     assert attention.cpu_vendor(str(cpuinfo)) == "AuthenticAMD"
