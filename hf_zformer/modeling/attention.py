@@ -161,7 +161,7 @@ def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 def default_few_rows(vendor: str) -> int:
     """`FEW_ROWS` for a CPU vendor: 4 on AMD, where torch's BLAS multiplies 2-4 rows by a weight
-    1.4-5.7x slower as `x W^T` than as `W x^T` (AMD EPYC, Zen 3); 0 (the rule off) elsewhere: on
+    1.4-5.7x slower as `x W^T` than as `W x^T` (AMD EPYC Zen 3; Zen 4 alike, session 16); 0 (the rule off) elsewhere: on
     an Intel Xeon with AMX the plain product is the fast one, 2-3x faster than the transposed form
     (docs/benchmarks.md, "On an Intel Xeon the few-row rule is reversed")."""
     return 4 if vendor == "AuthenticAMD" else 0
