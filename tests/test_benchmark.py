@@ -383,3 +383,46 @@ def test_cpu_allocator_retain_is_applied_and_recorded(tmp_path):
     assert json.loads(Path(f"{prefix}.json").read_text())["metadata"]["args"]["cpu_allocator"] == "retain"
     refused = subprocess.run(argv, env={**environment, "MALLOC_TRIM_THRESHOLD_": "0"}, capture_output=True, text=True)
     assert refused.returncode != 0 and "--cpu-allocator retain: not applied" in refused.stderr
+
+
+def test_paired_ratio_interval_pairs_rounds():
+    base = [10.0, 12.0, 30.0, 11.0, 10.5, 13.0]  # round 3 ran under load: both calls slow
+    other = [5.0, 6.0, 15.0, 5.5, 5.25, 6.5]  # twice as fast in every round
+    assert benchmark.paired_ratio_interval(base, other) == (2.0, 2.0, 2.0)
+    # the same times give the same interval (fixed seed), and the interval holds the median
+    mixed = [9.0, 12.5, 29.0, 11.5, 10.0, 14.0]
+    first = benchmark.paired_ratio_interval(base, mixed)
+    assert first == benchmark.paired_ratio_interval(base, mixed)
+    median, low, high = first
+    assert low <= median <= high and low < high
+    ratios = sorted(b / m for b, m in zip(base, mixed))
+    assert median == pytest.approx((ratios[2] + ratios[3]) / 2)  # six rounds: the middle two
+
+
+@pytest.mark.parametrize("base, other, confidence, message", [
+    ([1.0, 2.0], [1.0], 0.95, "one call per round"),
+    ([], [], 0.95, "empty"),
+    ([1.0], [1.0], 1.5, "confidence must be between 0 and 1; got 1.5"),
+    ([1.0, 0.0], [1.0, 1.0], 0.95, "positive"),
+])
+def test_paired_ratio_interval_refuses_bad_input(base, other, confidence, message):
+    with pytest.raises(ValueError, match=message):
+        benchmark.paired_ratio_interval(base, other, confidence=confidence)
+
+
+def test_seq2seq_report_shows_paired_ratios(tmp_path):
+    def result(model, train, generate):
+        return benchmark.Seq2SeqResult(
+            model=model, description=model, parameters=10, batch=1, source_length=4, target_length=4, width=8,
+            layers=1, heads=2, ffn=16, vocab=20, dtype="fp32", device="cpu", train_step_ms=train[0],
+            train_tokens_per_s=1.0, generate_ms=generate[0], sentences_per_s=1.0, train_flops=1, generate_flops=1,
+            train_times_ms=train, generate_times_ms=generate)
+    rounds = [10.0, 11.0, 30.0, 10.5, 12.0]
+    bart = result("bart", rounds, [2 * t for t in rounds])
+    ours = result("zformer", [t / 1.25 for t in rounds], [2 * t / 0.8 for t in rounds])
+    text = benchmark.seq2seq_markdown([bart, ours])
+    assert "Paired per round (5 rounds)" in text
+    assert "| zformer | 1.250x [1.250, 1.250] | 0.800x [0.800, 0.800] |" in text
+    # too few rounds for an interval: no paired table
+    short = [result("bart", rounds[:2], rounds[:2]), result("zformer", rounds[:2], rounds[:2])]
+    assert "Paired" not in benchmark.seq2seq_markdown(short)

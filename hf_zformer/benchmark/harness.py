@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import random
 import statistics
 import subprocess
 import time
@@ -48,6 +49,31 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, max_size: int
     times = [_timed_call(lambda: torch.nn.functional.linear(a, b), device) for _ in range(repeats)]
     seconds = statistics.median(times)
     return {"size": size, "dtype": str(dtype).replace("torch.", ""), "seconds": seconds, "flops": 2 * size**3 / seconds}
+
+
+def paired_ratio_interval(base_times: list[float], times: list[float], confidence: float = 0.95,
+                          resamples: int = 2000, seed: int = 0) -> tuple[float, float, float]:
+    """(median, low, high) of the per-round speed ratios base / other, with a bootstrap interval of
+    the median at `confidence`. base_times[i] and times[i] are the i-th timed calls of two models
+    that ran in the same round of a side-by-side run, so each ratio compares calls made moments
+    apart: a load change that hits one round hits both of its calls. Resampling rounds (with
+    replacement, `resamples` times, a fixed `seed`: the same times give the same interval) says how
+    far the median could move on another run of the same length. Ratio > 1: the other model is faster."""
+    if len(base_times) != len(times):
+        raise ValueError(f"paired times need one call per round of each model; got {len(base_times)} and {len(times)}")
+    if not times:
+        raise ValueError("paired times are empty")
+    if not 0 < confidence < 1:
+        raise ValueError(f"confidence must be between 0 and 1; got {confidence}")
+    if any(t <= 0 for t in [*base_times, *times]):
+        raise ValueError("paired times must be positive")
+    ratios = [base / other for base, other in zip(base_times, times)]
+    generator = random.Random(seed)
+    medians = sorted(statistics.median(generator.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    tail = (1 - confidence) / 2
+    low = medians[int(tail * (resamples - 1))]
+    high = medians[int(round((1 - tail) * (resamples - 1)))]
+    return statistics.median(ratios), low, high
 
 
 def machine_info(device: torch.device) -> dict:

@@ -9,7 +9,7 @@ import sys
 from dataclasses import asdict
 
 from .cases import BenchResult
-from .harness import TIMING_ENVIRONMENT
+from .harness import TIMING_ENVIRONMENT, paired_ratio_interval
 from .causal import CausalResult
 from .classification import ClassificationResult
 from .seq2seq import Seq2SeqResult
@@ -61,7 +61,34 @@ def seq2seq_markdown(results: list[Seq2SeqResult]) -> str:
         )
     lines.append("")
     lines.extend(f"- `{r.model}`: {r.description}" for r in results)
+    lines.extend(_paired_lines(results))
     return "\n".join(lines) + "\n"
+
+
+def _paired_lines(results: list[Seq2SeqResult]) -> list[str]:
+    """Markdown lines of the paired ratios against BART (`harness.paired_ratio_interval`): per model,
+    the median of BART's time / the model's time over the rounds of the run, with its 95% bootstrap
+    interval. None without BART or with fewer than 5 rounds, too few for an interval."""
+    base = next((r for r in results if r.model == "bart"), None)
+    if base is None or len(base.train_times_ms) < 5:
+        return []
+    lines = [
+        "",
+        f"Paired per round ({len(base.train_times_ms)} rounds): the median of BART's time / the model's time "
+        "over the rounds, each round timing every model once, with a 95% bootstrap interval of that median:",
+        "",
+        "| model | training vs BART [95%] | greedy generation vs BART [95%] |",
+        "|---|---:|---:|",
+    ]
+    for r in results:
+        if r is base:
+            continue
+        cells = []
+        for kind in ("train_times_ms", "generate_times_ms"):
+            median, low, high = paired_ratio_interval(getattr(base, kind), getattr(r, kind))
+            cells.append(f"{median:.3f}x [{low:.3f}, {high:.3f}]")
+        lines.append(f"| {r.model} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def seq2seq_sweep_markdown(results: list[Seq2SeqResult]) -> str:
