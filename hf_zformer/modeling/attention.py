@@ -498,12 +498,14 @@ class ZformerAttention(_QKVAttention):
         self.scale_init = float(config.zformer_scale_init)
         self.log_scale = nn.Parameter(torch.tensor(math.log(self.scale_init)))
 
+    def _scale(self, dtype: torch.dtype) -> torch.Tensor:
+        """1 / (sqrt(d_h) s), both scalings in one scalar (0-dim, `dtype`)."""
+        scale = torch.exp(math.log(self.head_dim**-0.5) - self.log_scale)  # log_scale: fp32 parameter
+        return scale if scale.dtype == dtype else scale.to(dtype)
+
     def _scaled_queries(self, hidden_states):
         """Q / (sqrt(d_h) s) (B, N, D): both scalings in one product."""
-        scale = torch.exp(math.log(self.head_dim**-0.5) - self.log_scale)  # log_scale: fp32 parameter
-        if scale.dtype != hidden_states.dtype:
-            scale = scale.to(hidden_states.dtype)
-        return self.query(hidden_states) * scale
+        return self.query(hidden_states) * self._scale(hidden_states.dtype)
 
     def _queries(self, hidden_states):
         """Q / (sqrt(d_h) s) split into heads (B, H, N, d)."""
@@ -572,14 +574,20 @@ class ZformerAttention(_QKVAttention):
         """`(Q K^T) V` of the queries of `hidden_states` (B, N, D) over the keys and values of `source`
         (B, Nk, D), causal (scores above the diagonal zeroed) for a causal module: the product of
         the plain form in the cheaper order on short inputs. Keys are zero at padding, as in K^T V;
-        the products run in fp32 on (B * H, N, d) head batches (`_head_batches`). Returns (B, N, D)."""
+        the products run in fp32 on (B * H, N, d) head batches (`_head_batches`). The scale
+        1 / (sqrt(d_h) s) multiplies the scores (B * H, N, Nk) where they are no larger than the
+        queries (Nk <= d_h), else the queries: one pass over the
+        smaller tensor, forward and backward. Returns (B, N, D)."""
         heads = self.num_heads
-        query = self._scaled_queries(hidden_states)
+        scale_scores = source.shape[1] <= self.head_dim
+        query = self.query(hidden_states) if scale_scores else self._scaled_queries(hidden_states)
         key = _head_batches(_zero_padding(self.key(source), source_mask), heads)
         value = _head_batches(self.value(source), heads)
         with _no_autocast(hidden_states.device.type):
             query_fp32, key, value = _fp32(_head_batches(query, heads), key, value)
             scores = torch.bmm(query_fp32, key.transpose(1, 2))  # (B * H, N, Nk): no softmax
+            if scale_scores:
+                scores = scores * self._scale(scores.dtype)
             if self.is_causal and scores.shape[1] > 1:
                 scores = scores.tril_()  # in place: the product's backward needs its inputs, not its output
             context = torch.bmm(scores, value)
