@@ -113,8 +113,8 @@ __all__ = [
     "classification_benchmark", "classification_flops", "classification_markdown", "classification_plot",
     "command_line", "dense_flops", "executed_attention_flops", "folded", "layer_flops", "load_average",
     "machine_info", "make_config", "markdown_header", "markdown_table", "measure_matmul_flops", "model_flops",
-    "paired_ratio_interval", "peak_memory_bytes", "plot", "ratio_plot", "run_cases", "seq2seq_benchmark", "seq2seq_flops",
-    "seq2seq_markdown", "seq2seq_plot", "seq2seq_sweep_markdown", "set_flops_fractions", "step_flops", "sweep",
+    "paired_ratio_interval", "peak_memory_bytes", "plot", "ratio_plot", "run_cases", "seq2seq_benchmark",
+    "seq2seq_flops", "seq2seq_markdown", "seq2seq_plot", "seq2seq_sweep_markdown", "set_flops_fractions", "step_flops", "sweep",
     "synchronize", "token_attention_flops", "write_causal_reports", "write_classification_reports", "write_csv",
     "write_json", "write_reports", "write_seq2seq_reports",
 ]

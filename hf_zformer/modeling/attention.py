@@ -576,8 +576,8 @@ class ZformerAttention(_QKVAttention):
         the plain form in the cheaper order on short inputs. Keys are zero at padding, as in K^T V;
         the products run in fp32 on (B * H, N, d) head batches (`_head_batches`). The scale
         1 / (sqrt(d_h) s) multiplies the scores (B * H, N, Nk) where they are no larger than the
-        queries (Nk <= d_h), else the queries: one pass over the
-        smaller tensor, forward and backward. Returns (B, N, D)."""
+        queries (Nk <= d_h), else the queries: one pass over the smaller tensor, forward and
+        backward (docs/benchmarks.md, "Zformer's scale on the smaller tensor"). Returns (B, N, D)."""
         heads = self.num_heads
         scale_scores = source.shape[1] <= self.head_dim
         query = self.query(hidden_states) if scale_scores else self._scaled_queries(hidden_states)
@@ -820,9 +820,10 @@ class FastformerAttention(_QKVAttention):
     def _scores(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """(B, H, N, d) -> pooling scores (B, H, N, 1), w_h . x_i / sqrt(d_h) per head; zero scores give
         the plain mean. A product and a sum over d, on x's own strided layout (no copy). Each score is
-        a 64-term dot product, too small for BLAS: a `bmm` over the heads (a matrix-vector product per
-        head) or one product with a block-diagonal (D, H) matrix took 1.6-1.8x as long, forward and
-        backward, at B x N = 128 tokens on the CPU (docs/benchmarks.md)."""
+        a d_h-term dot product, too small for BLAS: a `bmm` over the heads (a matrix-vector product
+        per head) or one product with a block-diagonal (D, H) matrix took 1.6-1.8x as long, forward
+        and backward, at B x N = 128 tokens, d_h = 64 on the CPU (docs/benchmarks.md, "Fastformer's
+        pooling scores")."""
         batch, heads, length, _ = x.shape
         if weight is None:
             return x.new_zeros(batch, heads, length, 1)
