@@ -384,18 +384,19 @@ def test_cross_attention_memory_is_computed_once_into_the_cache(attention_type):
     torch.testing.assert_close(first[1:], without_padding, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("is_cross", [False, True])
+@pytest.mark.parametrize("is_cross, source_length", [(False, 5), (True, 7), (True, 12)])
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, with_mask):
+def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, source_length, with_mask):
     """Short inputs take (Q K^T) V instead of Q (K^T V): the same product in the cheaper order. In
-    fp64 both orders agree (outputs and every gradient), padding and all-padding rows included, and
-    extra padding leaves real positions unchanged."""
+    fp64 both orders agree (outputs and every gradient, the scale's included), padding and
+    all-padding rows included, and extra padding leaves real positions unchanged. Up to d_h = 8 keys
+    the scale multiplies the scores, above it the queries (a memory of 12 tokens): both are covered."""
     config = tiny_config(hidden_size=D, num_attention_heads=H, attention_type="zformer")
     attention = _randomize(ZformerAttention(config, is_cross=is_cross, layer_idx=0)).double()
     torch.nn.init.constant_(attention.log_scale, 1.0)
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(4, 5, D, generator=generator, dtype=torch.float64).requires_grad_()
-    source = torch.randn(4, 7, D, generator=generator, dtype=torch.float64).requires_grad_() if is_cross else x
+    source = torch.randn(4, source_length, D, generator=generator, dtype=torch.float64).requires_grad_() if is_cross else x
     mask = torch.ones(4, source.shape[1], dtype=torch.long)
     mask[1, 3:] = 0
     mask[3] = 0

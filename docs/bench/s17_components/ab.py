@@ -1,30 +1,32 @@
-# Session 17 (2026-11-25) component timing behind docs/benchmarks.md, 'The 32-token level on Zen 4'.
-# Ad-hoc A/B script, kept as run (AMD EPYC Zen 4, 2 threads): python ab.py bart,full,full_sparse,zformer,zformer_sparse 30
-"""A/B of training steps at 32+32, paired rounds: models built by name; variants via patch functions."""
-import torch, time, statistics, sys, random
-from hf_zformer.benchmark.seq2seq import build_seq2seq, Seq2SeqShape
+"""Session 17 (2026-11-25): paired A/B of training steps at 32 + 32 tokens, behind docs/benchmarks.md.
+Each round times one step of every named variant (common.VARIANTS); prints each variant's median and
+its paired ratio to the first one, with a 95% interval. Calls as run that session:
+
+    python docs/bench/s17_components/ab.py bart,full,full_sparse_encoder,zformer,zformer_sparse_encoder 30
+    python docs/bench/s17_components/ab.py full,full_sparse,zformer,zformer_sparse,bart 30
+    python docs/bench/s17_components/ab.py full,full_fused,zformer,zformer_fused,bart 30
+    python docs/bench/s17_components/ab.py fastformer_old,fastformer 40
+    python docs/bench/s17_components/ab.py zformer_old,zformer 40
+    python docs/bench/s17_components/ab.py full,z_enc,z_dec,z_cross,zformer 40
+"""
+import statistics
+import sys
+import time
+
+from common import build, step
+
 from hf_zformer.benchmark import paired_ratio_interval
-from hf_zformer.memory import retain_freed_memory; retain_freed_memory()
-torch.set_num_threads(2)
-shape=Seq2SeqShape(batch=4,source_length=32,target_length=32,width=512,layers=6,heads=8,ffn=2048,vocab=8000)
-g=torch.Generator().manual_seed(0)
-src=torch.randint(3,8000,(4,32),generator=g); lab=torch.randint(3,8000,(4,32),generator=g); am=torch.ones_like(src)
-def sparse(m):
-    m.encoder.embeddings.word_embeddings.sparse=True
-    return m
-VARIANTS=dict(bart=('bart',None), full=('full',None), full_sparse=('full',sparse), zformer=('zformer',None), zformer_sparse=('zformer',sparse))
-names=sys.argv[1].split(',') ; rounds=int(sys.argv[2]) if len(sys.argv)>2 else 30
-R={}
-for n in names:
-    base,patch=VARIANTS[n]; torch.manual_seed(0); m,_=build_seq2seq(base,shape)
-    if patch: m=patch(m)
-    m.train(); R[n]=(m,torch.optim.AdamW(m.parameters(),lr=1e-4,fused=True))
-T={n:[] for n in names}
-for it in range(rounds+3):
-    for n in names:
-        m,opt=R[n]
-        t0=time.perf_counter(); loss=m(input_ids=src,attention_mask=am,labels=lab).loss; loss.backward(); opt.step(); opt.zero_grad(set_to_none=True)
-        d=time.perf_counter()-t0
-        if it>=3: T[n].append(d)
-for n in names:
-    print(n, round(statistics.median(T[n])*1e3,1),'ms', 'vs', names[0], [round(x,3) for x in paired_ratio_interval(T[names[0]],T[n])])
+
+if __name__ == "__main__":
+    names, rounds = sys.argv[1].split(","), int(sys.argv[2]) if len(sys.argv) > 2 else 30
+    runners = build(names)
+    times = {name: [] for name in names}
+    for index in range(rounds + 3):  # 3 warm-up rounds
+        for name in names:
+            start = time.perf_counter()
+            step(runners[name])
+            if index >= 3:
+                times[name].append(time.perf_counter() - start)
+    for name in names:
+        ratio = paired_ratio_interval(times[names[0]], times[name])
+        print(name, f"{statistics.median(times[name]) * 1e3:.1f} ms", "vs", names[0], [round(v, 3) for v in ratio])

@@ -1,24 +1,11 @@
-# Session 17 (2026-11-25): zformer's scale on the scores, behind docs/benchmarks.md. Ad-hoc script, kept as run; it may read other scripts of this folder from /tmp.
+# Session 17 (2026-11-25): zformer's scale on the scores, behind docs/benchmarks.md. Ad-hoc script: python docs/bench/s17_components/attn_z.py
 import torch, time, statistics, sys
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
 from hf_zformer.modeling import attention as A
 from hf_zformer.memory import retain_freed_memory; retain_freed_memory()
 torch.set_num_threads(2)
 NEW=A.ZformerAttention._short_context
-def OLD(self, hidden_states, source, source_mask):
-    heads = self.num_heads
-    query = self._scaled_queries(hidden_states)
-    key = A._head_batches(A._zero_padding(self.key(source), source_mask), heads)
-    value = A._head_batches(self.value(source), heads)
-    with A._no_autocast(hidden_states.device.type):
-        query_fp32, key, value = A._fp32(A._head_batches(query, heads), key, value)
-        scores = torch.bmm(query_fp32, key.transpose(1, 2))
-        if self.is_causal and scores.shape[1] > 1:
-            scores = scores.tril_()
-        context = torch.bmm(scores, value)
-    if context.dtype != query.dtype:
-        context = context.to(query.dtype)
-    return A._merge_head_batches(context, hidden_states.shape[0])
+from common import old_zformer_short_context as OLD
 mods={}
 cfg=ZformerConfig(hidden_size=512,num_attention_heads=8,attention_type='zformer',attn_implementation="sdpa")
 for role in ('self','causal','cross'):

@@ -1,10 +1,24 @@
-# Session 17 (2026-11-25): minor page faults per training step (getrusage), behind docs/benchmarks.md. Ad-hoc script, kept as run; reads /tmp/prof_alt.py (a copy is in this folder).
-import torch, resource, time, sys, statistics
-exec(open('/tmp/prof_alt.py').read().split("S={n:collections.Counter()")[0].replace("import torch, collections, sys","import torch, collections"))
-F={n:[] for n in names}; T={n:[] for n in names}
-for r in range(15):
-    for n in names:
-        f0=resource.getrusage(resource.RUSAGE_SELF).ru_minflt; t0=time.perf_counter()
-        step(n)
-        T[n].append(time.perf_counter()-t0); F[n].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt-f0)
-for n in names: print(n, 'faults/step', F[n], 'median ms', round(statistics.median(T[n])*1e3,1))
+"""Session 17 (2026-11-25): minor page faults per training step (getrusage), behind docs/benchmarks.md.
+As run: python docs/bench/s17_components/faults.py bart,full,zformer,fastformer"""
+import resource
+import statistics
+import sys
+import time
+
+from common import build, step
+
+if __name__ == "__main__":
+    names = sys.argv[1].split(",")
+    runners = build(names)
+    for _ in range(3):
+        for name in names:
+            step(runners[name])
+    faults, times = {name: [] for name in names}, {name: [] for name in names}
+    for _ in range(15):
+        for name in names:
+            before, start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt, time.perf_counter()
+            step(runners[name])
+            times[name].append(time.perf_counter() - start)
+            faults[name].append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+    for name in names:
+        print(name, "faults/step", faults[name], "median ms", round(statistics.median(times[name]) * 1e3, 1))

@@ -1,11 +1,33 @@
-# Session 17 (2026-11-25): behind docs/benchmarks.md, 'Fastformer's pooling scores, and what else was tried'. Ad-hoc script, kept as run; it may read other scripts of this folder from /tmp.
-exec(open('/tmp/prof_alt.py').read().split("S={n:collections.Counter()")[0])
-for n in names:
-    agg=collections.Counter(); cnt=collections.Counter()
-    for r in range(5):
-        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as p: step(n)
-        for e in p.key_averages(group_by_input_shape=True):
-            if e.key in ('aten::fill_','aten::zero_','aten::zeros','aten::fused_adamw_','aten::_fused_adamw_'):
-                agg[(e.key,str(e.input_shapes)[:80])]+=e.self_cpu_time_total/5/1e3; cnt[(e.key,str(e.input_shapes)[:80])]+=e.count/5
-    print(n)
-    for k,v in sorted(agg.items(), key=lambda kv:-kv[1])[:12]: print('   ',k, round(v,2),'ms', cnt[k])
+"""Session 17 (2026-11-25): the zero-fills, allocations and AdamW of a training step by input shape
+(5 profiled steps per model), behind docs/benchmarks.md. As run:
+python docs/bench/s17_components/fill_shapes.py full,zformer
+With a filter of '8000' in the shapes instead (any operator on the embedding-sized tensors), the same
+loop gave the sparse-embedding profile: python docs/bench/s17_components/fill_shapes.py full,full_sparse 8000"""
+import collections
+import sys
+
+from common import build, step
+from torch.profiler import ProfilerActivity, profile
+
+OPERATORS = ("aten::fill_", "aten::zero_", "aten::zeros", "aten::_fused_adamw_")
+
+if __name__ == "__main__":
+    names = sys.argv[1].split(",")
+    shape_filter = sys.argv[2] if len(sys.argv) > 2 else None
+    runners = build(names)
+    for name in names:
+        for _ in range(3):
+            step(runners[name])
+        total, count = collections.Counter(), collections.Counter()
+        for _ in range(5):
+            with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+                step(runners[name])
+            for event in prof.key_averages(group_by_input_shape=True):
+                shapes = str(event.input_shapes)
+                if (shape_filter in shapes) if shape_filter else event.key in OPERATORS:
+                    key = (event.key, shapes[:80])
+                    total[key] += event.self_cpu_time_total / 5 / 1e3
+                    count[key] += event.count / 5
+        print(name)
+        for key, ms in sorted(total.items(), key=lambda kv: -kv[1])[:14]:
+            print("   ", key, round(ms, 2), "ms", count[key])
