@@ -623,7 +623,7 @@ class ZformerAttention(_QKVAttention):
         key, value, query = (torch.cat([p.weight, p.bias[:, None]], 1) for p in (self.key, self.value, self.query))
         value_moments = (value @ moments).view(batch, heads, dim, width + 1)  # [W_v | b_v] S, per head
         kv_t = value_moments @ key.view(heads, dim, width + 1).transpose(1, 2)  # (K^T V)^T (B, H, d, d)
-        kv_t = kv_t * (dim**-0.5 * torch.exp(-self.log_scale))
+        kv_t = kv_t * self._scale(kv_t.dtype)
         folded = (kv_t @ query.view(heads, dim, width + 1)).view(batch, width, width + 1)  # [A^T | c]
         return _apply_folded(x, folded[:, :, :width], folded[:, :, width], self.output)  # (B, N, D)
 
