@@ -9,24 +9,9 @@ its paired ratio to the first one, with a 95% interval. Calls as run that sessio
     python docs/bench/s17_components/ab.py zformer_old,zformer 40
     python docs/bench/s17_components/ab.py full,z_enc,z_dec,z_cross,zformer 40
 """
-import statistics
 import sys
-import time
 
-from common import build, step
-
-from hf_zformer.benchmark import paired_ratio_interval
+from common import compare
 
 if __name__ == "__main__":
-    names, rounds = sys.argv[1].split(","), int(sys.argv[2]) if len(sys.argv) > 2 else 30
-    runners = build(names)
-    times = {name: [] for name in names}
-    for index in range(rounds + 3):  # 3 warm-up rounds
-        for name in names:
-            start = time.perf_counter()
-            step(runners[name])
-            if index >= 3:
-                times[name].append(time.perf_counter() - start)
-    for name in names:
-        ratio = paired_ratio_interval(times[names[0]], times[name])
-        print(name, f"{statistics.median(times[name]) * 1e3:.1f} ms", "vs", names[0], [round(v, 3) for v in ratio])
+    compare(sys.argv[1].split(","), int(sys.argv[2]) if len(sys.argv) > 2 else 30)

@@ -2,8 +2,12 @@
 "The 32-token level on Zen 4"): the benchmark's 32 + 32-token seq2seq shape and batch, 2 threads, the
 allocator kept warm, one training step, and the implementations that session 17 replaced (kept here
 so that old and new can be timed side by side). Run the scripts from the repository root."""
+import statistics
+import time
+
 import torch
 
+from hf_zformer.benchmark import paired_ratio_interval
 from hf_zformer.benchmark.seq2seq import Seq2SeqShape, build_seq2seq
 from hf_zformer.memory import retain_freed_memory
 from hf_zformer.modeling import attention as A
@@ -138,3 +142,19 @@ def step(runner):
     model(input_ids=SOURCE, attention_mask=MASK, labels=LABELS).loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
+
+
+def compare(names, rounds):
+    """Time one training step of every variant in `names` per round (3 warm-up rounds first); print each
+    one's median and its paired ratio to the first, with a 95% interval."""
+    runners = build(names)
+    times = {name: [] for name in names}
+    for index in range(rounds + 3):  # 3 warm-up rounds
+        for name in names:
+            start = time.perf_counter()
+            step(runners[name])
+            if index >= 3:
+                times[name].append(time.perf_counter() - start)
+    for name in names:
+        ratio = paired_ratio_interval(times[names[0]], times[name])
+        print(name, f"{statistics.median(times[name]) * 1e3:.1f} ms", "vs", names[0], [round(v, 3) for v in ratio])

@@ -4,13 +4,8 @@
 Calls as run: `python docs/bench/s18_components/step_ops.py full,zformer,bart 12`,
 `... full,zformer,zformer_fused 12`, and with the tied-embedding operators split out, `... full,bart 10`."""
 import sys, time, statistics, collections
-import os
-HERE=os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0,os.path.join(HERE,'..','s17_components')); sys.path.insert(0,HERE)
-import common
-from common import build, step, Patched, build_seq2seq, SHAPE, A
-from short_context_function import new_short_context
-common.VARIANTS['zformer_fused']=lambda: Patched(build_seq2seq('zformer', SHAPE)[0], A.ZformerAttention, '_short_context', new_short_context)
+import variants  # noqa: F401  (registers this folder's variants; puts s17_components on the path)
+from common import build, step
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 names=sys.argv[1].split(','); rounds=int(sys.argv[2])
