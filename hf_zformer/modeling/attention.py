@@ -209,18 +209,21 @@ class Linear(nn.Linear):
     `scripts/benchmark_linear.py --form transposed` checks a machine).
     """
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """`weight` (out_features, in_features) stands in for `self.weight` when given: an alias of it
+        that carries its gradient another way (`tied_lookups` in modeling_zformer.py)."""
+        weight = self.weight if weight is None else weight
         if (
             x.device.type == "cpu"
             and x.dtype == torch.float32
-            and self.weight.dtype == torch.float32
+            and weight.dtype == torch.float32
             and x.dim() > 0
             and x.shape[-1] == self.in_features
             and takes_transposed_form(self.in_features, self.out_features, x.numel() // self.in_features)
             and not torch.is_autocast_enabled("cpu")
         ):
-            return transposed_linear(x, self.weight, self.bias)
-        return super().forward(x)
+            return transposed_linear(x, weight, self.bias)
+        return nn.functional.linear(x, weight, self.bias)
 
 
 def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, output: nn.Module) -> torch.Tensor:

@@ -164,6 +164,65 @@ class ZformerEmbeddings(nn.Module):
         return self.dropout(hidden)
 
 
+class _TiedLookups(torch.autograd.Function):
+    """Token lookups of an embedding matrix that an output projection shares, with one gradient
+    buffer. forward(weight, padding_idx, *ids) -> (weight[ids] for each ids tensor..., an alias of
+    `weight` for the projection). The backward adds each lookup's row gradients (none at
+    `padding_idx`, as `nn.Embedding`) into the projection's weight gradient, a (vocab, D) tensor that
+    the projection's backward has just made. Plain autograd instead zero-fills one more (vocab, D)
+    buffer per lookup and adds them all: two such passes per lookup, for a few hundred rows."""
+
+    @staticmethod
+    def forward(ctx, weight, padding_idx, *ids):
+        ctx.save_for_backward(*ids)
+        ctx.padding_idx = padding_idx
+        return (*(nn.functional.embedding(token_ids, weight) for token_ids in ids), weight.view_as(weight))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        *lookup_grads, weight_grad = grads  # materialized: zeros for an output the loss did not use
+        # The alias feeds only the head's product, whose backward hands us a tensor of its own making
+        # (autograd keeps no other reference): ours to add into, unless the backward is itself
+        # differentiated (create_graph=True), which needs an out-of-place graph.
+        in_place = not torch.is_grad_enabled() and weight_grad.is_contiguous()
+        for token_ids, grad in zip(ctx.saved_tensors, lookup_grads):
+            token_ids, grad = token_ids.reshape(-1), grad.reshape(-1, grad.shape[-1])
+            if ctx.padding_idx is not None:
+                grad = grad.masked_fill((token_ids == ctx.padding_idx)[:, None], 0.0)
+            if in_place:  # deterministic on CPU and CUDA, unlike index_add_
+                weight_grad.index_put_((token_ids,), grad.to(weight_grad.dtype), accumulate=True)
+            else:  # double backward (create_graph=True), or a gradient that is not ours to change
+                weight_grad = weight_grad.index_put((token_ids,), grad.to(weight_grad.dtype), accumulate=True)
+        return (weight_grad, None, *([None] * len(ctx.saved_tensors)))
+
+
+def tied_lookups(head: nn.Module, *lookups):
+    """Training-time token embeddings of weights shared with an output projection: `lookups` are
+    (embedding module, token ids (B, N)) pairs. Where every module's weight is `head`'s (tied
+    embeddings), it is a plain `Parameter` being trained, and the head is our bias-free `Linear`,
+    returns (the unscaled token embeddings (B, N, D) of each pair..., the weight to pass to `head`)
+    from one `_TiedLookups` call, whose gradient is the same as the three uses' plus one (vocab, D)
+    buffer and its addition saved per lookup. Otherwise (no gradient, untied weights, ids missing,
+    sharded weights such as DeepSpeed ZeRO-3's, which are gathered per module) returns None: the
+    modules look up their tokens as usual."""
+    weight = getattr(head, "weight", None)
+    if not (
+        torch.is_grad_enabled()
+        and isinstance(head, Linear)
+        and head.bias is None
+        and type(weight) is nn.Parameter
+        and weight.requires_grad
+        and not hasattr(weight, "ds_id")
+        and all(
+            token_ids is not None and module.weight is weight and module.max_norm is None and not module.sparse
+            and module.padding_idx == lookups[0][0].padding_idx
+            for module, token_ids in lookups
+        )
+    ):
+        return None
+    return _TiedLookups.apply(weight, lookups[0][0].padding_idx, *(token_ids for _, token_ids in lookups))
+
+
 class ZformerFeedForward(nn.Module):
     def __init__(self, config):
         super().__init__()
@@ -561,8 +620,11 @@ class ZformerLMHead(nn.Module):
         self.decoder = Linear(config.hidden_size, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
-    def forward(self, hidden_states):
-        return self.decoder(self.layer_norm(self.activation(self.dense(hidden_states)))) + self.bias
+    def forward(self, hidden_states, decoder_weight=None):
+        """`decoder_weight`: the tied weight as `tied_lookups` returns it (None: `decoder.weight`)."""
+        hidden = self.layer_norm(self.activation(self.dense(hidden_states)))
+        logits = self.decoder(hidden) if decoder_weight is None else self.decoder(hidden, decoder_weight)
+        return logits + self.bias
 
     def resize_bias(self, vocab_size: int):
         """Grow (zeros for the new tokens) or cut `bias` to `vocab_size` entries, the rest kept."""
@@ -623,6 +685,10 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labelled_logits_only and labels is None:
             raise ValueError("labelled_logits_only=True needs labels (the positions to project)")
+        tied = None if inputs_embeds is not None else tied_lookups(
+            self.lm_head.decoder, (self.zformer.embeddings.word_embeddings, input_ids))
+        if tied is not None:
+            (inputs_embeds, head_weight), input_ids = tied, None
         outputs = self.zformer(
             input_ids, attention_mask, inputs_embeds, position_ids, token_type_ids, head_mask,
             output_attentions=output_attentions, output_hidden_states=output_hidden_states, return_dict=True,
@@ -631,7 +697,7 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
         if labelled_logits_only:
             scored = labels != -100
             hidden, labels = hidden[scored], labels[scored]
-        logits = self.lm_head(hidden)
+        logits = self.lm_head(hidden) if tied is None else self.lm_head(hidden, head_weight)
         loss = None
         if labels is not None:
             loss = mean_loss(
@@ -888,6 +954,17 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        tied = None
+        if inputs_embeds is None and decoder_inputs_embeds is None:
+            lookups = [(self.decoder.embeddings.word_embeddings, decoder_input_ids)]
+            if encoder_outputs is None:
+                lookups.insert(0, (self.encoder.embeddings.word_embeddings, input_ids))
+            tied = tied_lookups(self.lm_head, *lookups)
+        if tied is not None:  # the same embeddings, with a cheaper gradient
+            *token_embeddings, head_weight = tied
+            decoder_inputs_embeds, decoder_input_ids = token_embeddings[-1], None
+            if encoder_outputs is None:
+                inputs_embeds, input_ids = token_embeddings[0], None
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids, attention_mask, inputs_embeds, token_type_ids=token_type_ids,
@@ -905,7 +982,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
             decoder_input_ids, None, encoder_hidden, attention_mask, past_key_values, decoder_inputs_embeds,
             output_hidden_states=output_hidden_states,
         )
-        logits = self.lm_head(hidden_states)
+        logits = self.lm_head(hidden_states) if tied is None else self.lm_head(hidden_states, head_weight)
         loss = None
         if labels is not None:
             loss = mean_loss(
@@ -1018,11 +1095,16 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
             past_key_values = self.decoder.new_cache()
         if not use_cache:
             past_key_values = None
+        tied = None if inputs_embeds is not None else tied_lookups(
+            self.lm_head, (self.decoder.embeddings.word_embeddings, input_ids))
+        if tied is not None:  # the same embeddings, with a cheaper gradient
+            (inputs_embeds, head_weight), input_ids = tied, None
         hidden_states, all_hidden = self.decoder(
             input_ids, attention_mask, past_key_values=past_key_values, inputs_embeds=inputs_embeds,
             position_ids=position_ids, token_type_ids=token_type_ids, output_hidden_states=output_hidden_states,
         )
-        logits = self.lm_head(hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states)
+        kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
+        logits = self.lm_head(kept) if tied is None else self.lm_head(kept, head_weight)
         loss = causal_lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
         output = CausalLMOutputWithPast(
             loss=loss, logits=logits, hidden_states=all_hidden, **{CACHE_FIELD: past_key_values}
