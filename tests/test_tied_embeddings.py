@@ -38,7 +38,7 @@ def _gradients(model, inputs, loss_of=lambda output: output.loss):
     model.zero_grad(set_to_none=True)
     loss = loss_of(model(**inputs))
     loss.backward()
-    return loss.detach(), {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), _grads(model)
 
 
 def _plain(monkeypatch):
@@ -57,12 +57,27 @@ def _count_calls(monkeypatch):
     return calls
 
 
+def _grads(model):
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_close_grads(grads, plain_grads, rtol=1e-10, atol=1e-13):
+    assert grads.keys() == plain_grads.keys()
+    for name in grads:
+        torch.testing.assert_close(grads[name], plain_grads[name], rtol=rtol, atol=atol, msg=name)
+
+
+def _with_and_without(monkeypatch, run):
+    """`run()` with the shortcut, then with it switched off."""
+    shortcut = run()
+    _plain(monkeypatch)
+    return shortcut, run()
+
+
 def _assert_same(first, second):
     (loss, grads), (plain_loss, plain_grads) = first, second
     torch.testing.assert_close(loss, plain_loss, rtol=1e-12, atol=0)
-    assert grads.keys() == plain_grads.keys()
-    for name in grads:
-        torch.testing.assert_close(grads[name], plain_grads[name], rtol=1e-10, atol=1e-13, msg=name)
+    _assert_close_grads(grads, plain_grads)
 
 
 @pytest.mark.parametrize("kind, lookups", [("seq2seq", 2), ("causal", 1), ("masked", 1)])
@@ -81,9 +96,7 @@ def test_gradients_equal_plain_autograd(monkeypatch, kind, lookups):
 def test_masked_lm_scoring_only_labelled_positions(monkeypatch):
     model, inputs = _model("masked"), _inputs("masked")
     inputs["labelled_logits_only"] = True
-    shortcut = _gradients(model, inputs)
-    _plain(monkeypatch)
-    _assert_same(shortcut, _gradients(model, inputs))
+    _assert_same(*_with_and_without(monkeypatch, lambda: _gradients(model, inputs)))
 
 
 def test_seq2seq_with_encoder_outputs_given_looks_up_the_target_only(monkeypatch):
@@ -94,13 +107,12 @@ def test_seq2seq_with_encoder_outputs_given_looks_up_the_target_only(monkeypatch
         calls = _count_calls(patch)
         model.zero_grad(set_to_none=True)
         model(**given).loss.backward(retain_graph=True)
-        shortcut = {name: p.grad.clone() for name, p in model.named_parameters()}
+        shortcut = _grads(model)
     assert calls == [1]
     _plain(monkeypatch)
     model.zero_grad(set_to_none=True)
     model(**given).loss.backward()
-    for name, p in model.named_parameters():
-        torch.testing.assert_close(shortcut[name], p.grad, rtol=1e-10, atol=1e-13, msg=name)
+    _assert_close_grads(shortcut, _grads(model))
 
 
 def test_accumulates_across_backward_passes(monkeypatch):
@@ -112,13 +124,9 @@ def test_accumulates_across_backward_passes(monkeypatch):
         model.zero_grad(set_to_none=True)
         for batch in batches:
             model(**batch).loss.backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters()}
+        return _grads(model)
 
-    shortcut = accumulate()
-    _plain(monkeypatch)
-    plain = accumulate()
-    for name in plain:
-        torch.testing.assert_close(shortcut[name], plain[name], rtol=1e-10, atol=1e-13, msg=name)
+    _assert_close_grads(*_with_and_without(monkeypatch, accumulate))
 
 
 def test_double_backward_equals_plain(monkeypatch):
@@ -132,13 +140,9 @@ def test_double_backward_equals_plain(monkeypatch):
         embedding = model.get_input_embeddings().weight
         (grad,) = torch.autograd.grad(loss, embedding, create_graph=True)
         (loss + grad.pow(2).sum()).backward()
-        return {name: p.grad.clone() for name, p in model.named_parameters()}
+        return _grads(model)
 
-    shortcut = penalised()
-    _plain(monkeypatch)
-    plain = penalised()
-    for name in plain:
-        torch.testing.assert_close(shortcut[name], plain[name], rtol=1e-9, atol=1e-12, msg=name)
+    _assert_close_grads(*_with_and_without(monkeypatch, penalised), rtol=1e-9, atol=1e-12)
 
 
 @pytest.mark.parametrize("case", ["no_grad", "frozen_embeddings", "untied"])
@@ -165,9 +169,6 @@ def test_bf16_autocast_matches_plain(monkeypatch):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             return _gradients(model, inputs)
 
-    shortcut = run()
-    _plain(monkeypatch)
-    loss, grads = run()
-    torch.testing.assert_close(shortcut[0], loss, rtol=1e-6, atol=0)
-    for name in grads:
-        torch.testing.assert_close(shortcut[1][name], grads[name], rtol=1e-5, atol=1e-7, msg=name)
+    (loss, grads), (plain_loss, plain_grads) = _with_and_without(monkeypatch, run)
+    torch.testing.assert_close(loss, plain_loss, rtol=1e-6, atol=0)
+    _assert_close_grads(grads, plain_grads, rtol=1e-5, atol=1e-7)
