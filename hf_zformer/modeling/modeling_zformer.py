@@ -201,8 +201,8 @@ def tied_lookups(head: nn.Module, *lookups):
     (embedding module, token ids (B, N)) pairs. Where every module's weight is `head`'s (tied
     embeddings), it is a plain `Parameter` being trained, and the head is our bias-free `Linear`,
     returns (the unscaled token embeddings (B, N, D) of each pair..., the weight to pass to `head`)
-    from one `_TiedLookups` call, whose gradient is the same as the three uses' plus one (vocab, D)
-    buffer and its addition saved per lookup. Otherwise (no gradient, untied weights, ids missing,
+    from one `_TiedLookups` call. The gradient is plain autograd's, less one zero-filled (vocab, D)
+    buffer and its addition per lookup. Otherwise (no gradient, untied weights, ids missing,
     sharded weights such as DeepSpeed ZeRO-3's, which are gathered per module) returns None: the
     modules look up their tokens as usual."""
     weight = getattr(head, "weight", None)
