@@ -20,7 +20,6 @@ SHAPE = Seq2SeqShape(batch=4, source_length=32, target_length=32, width=512, lay
 _generator = torch.Generator().manual_seed(0)
 SOURCE = torch.randint(3, 8000, (4, 32), generator=_generator)
 LABELS = torch.randint(3, 8000, (4, 32), generator=_generator)
-MASK = torch.ones_like(SOURCE)
 
 
 def old_fastformer_scores(self, x, weight):
@@ -136,25 +135,38 @@ def build(names):
     return runners
 
 
-def step(runner):
+def step(runner, source=SOURCE, labels=LABELS):
     """One training step (forward with labels, backward, AdamW step, gradients dropped)."""
     model, optimizer = runner
-    model(input_ids=SOURCE, attention_mask=MASK, labels=LABELS).loss.backward()
+    model(input_ids=source, attention_mask=torch.ones_like(source), labels=labels).loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
 
 
-def compare(names, rounds):
+def _generate(model, source):
+    """Greedy generation of 32 tokens (as the level's rounds run between training steps)."""
+    model.eval()
+    with torch.inference_mode():
+        model.generate(input_ids=source, attention_mask=torch.ones_like(source), max_new_tokens=32,
+                       min_new_tokens=32, num_beams=1, do_sample=False)
+
+
+def compare(names, rounds, runners=None, source=SOURCE, labels=LABELS, generate=False):
     """Time one training step of every variant in `names` per round (3 warm-up rounds first); print each
-    one's median and its paired ratio to the first, with a 95% interval."""
-    runners = build(names)
+    one's median and its paired ratio to the first, with a 95% interval. `runners`: {name: (model,
+    optimizer)} already built (default: `build(names)`); `generate`: each round also runs every model's
+    greedy generation after the training steps, untimed, as the benchmark level does."""
+    runners = runners or build(names)
     times = {name: [] for name in names}
     for index in range(rounds + 3):  # 3 warm-up rounds
         for name in names:
             start = time.perf_counter()
-            step(runners[name])
+            step(runners[name], source, labels)
             if index >= 3:
                 times[name].append(time.perf_counter() - start)
+        if generate:
+            for name in names:
+                _generate(runners[name][0], source)
     for name in names:
         ratio = paired_ratio_interval(times[names[0]], times[name])
         print(name, f"{statistics.median(times[name]) * 1e3:.1f} ms", "vs", names[0], [round(v, 3) for v in ratio])

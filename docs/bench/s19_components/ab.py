@@ -9,7 +9,9 @@ this folder's variants:
   (`FEW_ROWS` unlimited), which single products at 128 rows favour.
 
 Runs: `python docs/bench/s19_components/ab.py zformer_plain,zformer 150`,
-`... bart,zformer,full,fastformer,zformer_plain 150`, `... zformer,zformer_qkv,bart 60`, `... bart,zformer,zformer_T 40`."""
+`... bart,zformer,full,fastformer,zformer_plain 150`, `... zformer,zformer_qkv,bart 60`, `... bart,zformer,zformer_T 40`;
+with every model's greedy generation between the training steps of a round, as the benchmark level does:
+`... bart,full,zformer,fastformer 40 generate`."""
 import os
 import sys
 
@@ -85,4 +87,4 @@ common.VARIANTS.update({
 })
 
 if __name__ == "__main__":
-    compare(sys.argv[1].split(","), int(sys.argv[2]))
+    compare(sys.argv[1].split(","), int(sys.argv[2]), generate=sys.argv[3:] == ["generate"])
