@@ -12,7 +12,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .evaluation import replace_atomically
+from .folders import replace_atomically
 
 __all__ = ["TRAINING_STATE_FILE", "clean_stale_checkpoints", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
 

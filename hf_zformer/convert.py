@@ -26,6 +26,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .folders import MODEL_FILES, check_output_dir, replace_atomically
 from .modeling import ZformerConfig
 
 logger = logging.getLogger(__name__)
@@ -588,10 +589,9 @@ model = AutoModel.from_pretrained("path/to/this/folder", trust_remote_code=True)
 
 
 def _save(model, tokenizer, card: str, output_dir, overwrite: bool):
-    """Write the folder atomically: into a temporary sibling, renamed into place when complete."""
-    output_dir = Path(output_dir)
-    if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
-        raise ValueError(f"output_dir={str(output_dir)!r} exists and is not empty; pass overwrite=True to replace it")
+    """Write the folder atomically: into a temporary sibling, moved into place when complete
+    (`folders.replace_atomically`, which refuses to replace anything but a saved model)."""
+    output_dir = check_output_dir(output_dir, overwrite=overwrite)
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output_dir.name}-", dir=output_dir.parent))
     try:
@@ -599,9 +599,7 @@ def _save(model, tokenizer, card: str, output_dir, overwrite: bool):
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(card)
-        if output_dir.exists():
-            shutil.rmtree(output_dir)
-        os.replace(staging, output_dir)
+        replace_atomically(staging, output_dir, expect=MODEL_FILES)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
 
@@ -642,6 +640,8 @@ def convert_pretrained(
     """
     from transformers import AutoConfig
 
+    if output_dir is not None:  # before any work: a refusal after a long distillation would throw it away
+        check_output_dir(output_dir, overwrite=overwrite)
     requested = config_overrides.get("attention_type", attention_type)
     if distillation is not None and set([requested] if isinstance(requested, str) else requested) == {"full"}:
         raise ValueError("distillation: every layer has full attention, which is the source's exactly; "

@@ -23,7 +23,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["BEST_DIR", "HISTORY_FILE", "EvalTracker", "add_evaluation_args", "read_history", "replace_atomically"]
+from .folders import replace_atomically
+
+__all__ = ["BEST_DIR", "HISTORY_FILE", "EvalTracker", "add_evaluation_args", "read_history"]
 
 HISTORY_FILE = "eval_history.jsonl"
 BEST_DIR = "best"
@@ -60,20 +62,6 @@ def read_history(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
     if not path.is_file():
         return []
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def replace_atomically(tmp: Path, final: Path) -> None:
-    """Move the finished folder ``tmp`` to ``final``, replacing an older ``final``; at no moment is
-    there a half-written ``final`` (the old one is renamed away first, then deleted)."""
-    old = None
-    if final.exists():
-        old = final.with_name(f".old-{final.name}")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old)
 
 
 class EvalTracker:

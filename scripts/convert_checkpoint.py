@@ -16,12 +16,14 @@ ready for ``scripts/run_classification.py --model_name_or_path`` and loads elsew
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from hf_zformer.convert import TASKS, convert_pretrained  # noqa: E402
+from hf_zformer.folders import check_output_dir  # noqa: E402
 from hf_zformer.modeling.configuration_zformer import ATTENTION_TYPES, CLASSIFIER_POOLINGS  # noqa: E402
 
 
@@ -69,8 +71,12 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--{name} must be >= 1, got {value}")
     if args.distill_model_steps < 0:
         parser.error(f"--distill_model_steps must be >= 0, got {args.distill_model_steps}")
-    if not args.distill_learning_rate > 0:
-        parser.error(f"--distill_learning_rate must be > 0, got {args.distill_learning_rate}")
+    if not math.isfinite(args.distill_learning_rate) or not args.distill_learning_rate > 0:
+        parser.error(f"--distill_learning_rate must be a finite number > 0, got {args.distill_learning_rate}")
+    try:  # before any work: the conversion and distillation must not be thrown away at the end
+        check_output_dir(args.output_dir, overwrite=args.overwrite, name="--output_dir")
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -107,7 +113,8 @@ def main(argv=None):
             **parse_config_overrides(args.config_overrides),
         )
     except (ValueError, FileNotFoundError) as error:  # a bad source, field, folder or file: the message names it
-        sys.exit(f"convert_checkpoint.py: error: {error}")
+        print(f"convert_checkpoint.py: error: {error}", file=sys.stderr)
+        sys.exit(2)
     print(f"wrote {type(model).__name__} ({attention_type} attention) to {args.output_dir}")
     return model
 
