@@ -57,3 +57,80 @@ def test_old_checkpoints_load_through_remote_code_with_identical_outputs(tmp_pat
         """,
         cwd=tmp_path,
     )
+
+
+def _make_log_scale_scalar(folder) -> int:
+    """Rewrite `folder`'s model.safetensors with every `log_scale` as a 0-d tensor, as versions before
+    0.2.0 saved it. Returns how many were rewritten."""
+    from safetensors.torch import load_file, save_file
+
+    path = folder / "model.safetensors"
+    tensors = load_file(path)
+    names = [name for name in tensors if name.endswith("log_scale")]
+    for name in names:
+        assert tensors[name].shape == (1,), (name, tensors[name].shape)
+        tensors[name] = tensors[name].reshape(())
+    save_file(tensors, path, metadata={"format": "pt"})
+    return len(names)
+
+
+def _log_scales(model):
+    return {name: p for name, p in model.named_parameters() if name.endswith("log_scale")}
+
+
+def test_scalar_log_scale_of_earlier_versions_loads_as_shape_one_with_identical_outputs(tmp_path):
+    """A checkpoint whose `log_scale` is 0-d (saved before 0.2.0) loads into today's (1,) parameter with
+    the same outputs, every model kind, through from_pretrained, load_state_dict and remote code; saved
+    again, it is (1,)."""
+    from conftest import run_isolated
+    from model_kinds import AUTO_CLASSES, batch, model
+    from safetensors.torch import load_file
+
+    expected, inputs = {}, {}
+    for kind, auto_class in AUTO_CLASSES.items():
+        original = model(kind, "zformer").eval()
+        with torch.no_grad():
+            for parameter in _log_scales(original).values():
+                parameter.uniform_(1.0, 3.0)  # not the initial value: the loaded one must be used
+        inputs[kind] = batch(kind)
+        with torch.no_grad():
+            expected[kind] = original(**inputs[kind]).logits
+        original.save_pretrained(tmp_path / kind)
+        assert _make_log_scale_scalar(tmp_path / kind) > 0
+
+        loaded, info = auto_class.from_pretrained(tmp_path / kind, output_loading_info=True)
+        assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
+        assert all(p.shape == (1,) for p in _log_scales(loaded).values())
+        with torch.no_grad():
+            assert torch.equal(loaded.eval()(**inputs[kind]).logits, expected[kind]), kind
+        loaded.save_pretrained(tmp_path / f"{kind}-again")
+        saved = load_file(tmp_path / f"{kind}-again" / "model.safetensors")
+        assert all(saved[name].shape == (1,) for name in saved if name.endswith("log_scale"))
+
+        scalar_state = {name: (t.reshape(()) if name.endswith("log_scale") else t)
+                        for name, t in original.state_dict().items()}
+        fresh = model(kind, "zformer", seed=1).eval()
+        fresh.load_state_dict(scalar_state)
+        with torch.no_grad():
+            assert torch.equal(fresh(**inputs[kind]).logits, expected[kind]), kind
+
+    torch.save(inputs, tmp_path / "inputs.pt")
+    run_isolated(
+        f"""
+        import torch, transformers
+        inputs, results = torch.load("inputs.pt"), {{}}
+        for kind, auto in {({kind: cls.__name__ for kind, cls in AUTO_CLASSES.items()})!r}.items():
+            model, info = getattr(transformers, auto).from_pretrained(kind, trust_remote_code=True,
+                                                                      output_loading_info=True)
+            assert model.__module__.startswith("transformers_modules"), model.__module__
+            assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
+            assert all(p.shape == (1,) for n, p in model.named_parameters() if n.endswith("log_scale"))
+            with torch.no_grad():
+                results[kind] = model.eval()(**inputs[kind]).logits
+        torch.save(results, "remote.pt")
+        """,
+        cwd=tmp_path,
+    )
+    remote = torch.load(tmp_path / "remote.pt")
+    for kind, logits in expected.items():
+        assert torch.equal(remote[kind], logits), kind

@@ -499,10 +499,19 @@ class ZformerAttention(_QKVAttention):
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
         self.scale_init = float(config.zformer_scale_init)
-        self.log_scale = nn.Parameter(torch.tensor(math.log(self.scale_init)))
+        # Shape (1,), not 0-d: FSDP (fully_shard and FullyShardedDataParallel) refuses scalar parameters.
+        self.log_scale = nn.Parameter(torch.full((1,), math.log(self.scale_init)))
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        # Checkpoints saved before 0.2.0 hold a 0-d `log_scale` (from_pretrained reshapes it with a
+        # WeightConverter, modeling_zformer.py; this covers `load_state_dict`).
+        key = prefix + "log_scale"
+        if key in state_dict and state_dict[key].dim() == 0:
+            state_dict[key] = state_dict[key].reshape(1)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
     def _scale(self, dtype: torch.dtype) -> torch.Tensor:
-        """1 / (sqrt(d_h) s), both scalings in one scalar (0-dim, `dtype`)."""
+        """1 / (sqrt(d_h) s), both scalings in one factor (shape (1,), `dtype`)."""
         scale = torch.exp(math.log(self.head_dim**-0.5) - self.log_scale)  # log_scale: fp32 parameter
         return scale if scale.dtype == dtype else scale.to(dtype)
 

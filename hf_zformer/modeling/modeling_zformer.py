@@ -14,7 +14,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.activations import ACT2FN
 from transformers.conversion_mapping import register_checkpoint_conversion_mapping
-from transformers.core_model_loading import WeightRenaming
+from transformers.core_model_loading import ConversionOps, WeightConverter, WeightRenaming
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutput,
@@ -28,6 +28,7 @@ from .attention import (
     ATTENTION_CLASSES,
     Dropout,
     FastformerAttention,
+    HedgehogFeatureMap,
     Linear,
     XformerAttention,
     ZformerAttention,
@@ -345,8 +346,11 @@ class ZformerPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         std = self.config.initializer_range
-        if isinstance(module, ZformerAttention):
+        if isinstance(module, ZformerAttention) and module.log_scale is not None:
             init.constant_(module.log_scale, math.log(module.scale_init))
+        elif isinstance(module, HedgehogFeatureMap):  # the identity map
+            init.copy_(module.weight, torch.eye(module.weight.shape[-1]).expand_as(module.weight))
+            init.zeros_(module.bias)
         elif isinstance(module, XformerAttention):
             init.normal_(module.sequence_projection, mean=0.0, std=std)
         elif isinstance(module, FastformerAttention) and module.additive:
@@ -1184,9 +1188,34 @@ for _config_class in CONFIG_CLASSES:
 # (`attention_output`, `self_attention_output`, `cross_attention_output`); the attention owns it now
 # (`attention.output`, ...). transformers renames the keys on load (from_pretrained, remote code
 # included) and, as for its own legacy renames, a checkpoint re-saved keeps the layout it was loaded with.
+#
+# Checkpoints saved before 0.2.0 also hold Zformer's `log_scale` as a 0-d tensor; it has shape (1,) now
+# (FSDP shards no 0-d parameter). `ScalarToVector` reshapes it on load; it is its own reverse, so a
+# model is always saved with shape (1,).
+
+
+class ScalarToVector(ConversionOps):
+    """A 0-d tensor as shape (1,); any other tensor unchanged."""
+
+    @torch.no_grad()
+    def convert(self, input_dict, source_patterns, target_patterns, **kwargs):
+        tensors = next(iter(input_dict.values()))
+        tensor = tensors[0] if isinstance(tensors, list) else tensors
+        return {target_patterns[0]: tensor.reshape(1) if tensor.dim() == 0 else tensor}
+
+    @property
+    def reverse_op(self) -> ConversionOps:
+        return self
+
+
 for _config_class in CONFIG_CLASSES:
     register_checkpoint_conversion_mapping(
-        _config_class.model_type, [WeightRenaming(r"attention_output\.", "attention.output.")], overwrite=True
+        _config_class.model_type,
+        [
+            WeightRenaming(r"attention_output\.", "attention.output."),
+            WeightConverter("log_scale", "log_scale", operations=[ScalarToVector()]),
+        ],
+        overwrite=True,
     )
 
 __all__ = [
