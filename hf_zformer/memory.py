@@ -20,7 +20,7 @@ def retain_freed_memory() -> bool:
     `mmap`. A CPU training step frees all its activations at the end, so the next step gets fresh
     pages and pays a page fault on the first touch of each 4 KiB of them. On a virtual machine
     those faults cost 0-8% of the training scripts' throughput for d=256 models and up to ~15% of
-    a step for 512-wide ones (docs/benchmarks.md, "Training scripts, before and after").
+    a step for 512-wide ones (docs/benchmarks.md, "Training scripts").
     This sets the trim threshold to 2 GiB and the mmap threshold to its maximum (32 MiB), so the
     process keeps its peak memory instead (it is a training process: the peak comes back every
     step). Returns whether it applied: only on Linux with glibc, and not when the user set

@@ -185,16 +185,26 @@ def git_commit(path: str | os.PathLike | None = None) -> str | None:
     return (out.stdout.strip() or None) if out.returncode == 0 else None
 
 
-def machine() -> str:
-    """The CPU model (``/proc/cpuinfo``, else :func:`platform.processor`), plus the GPU's name when
-    CUDA is in use."""
-    cpu = None
+def machine(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
+    """The CPU as ``lscpu`` names it, with its family and model numbers and the core count, e.g.
+    ``"AMD EPYC (family 25 model 17), 2 cores"`` (the model name alone does not tell CPU generations
+    apart on virtual machines), read from ``cpuinfo``; elsewhere :func:`platform.processor`. Plus
+    ``" + <GPU name>"`` when CUDA is in use."""
+    fields: dict[str, str] = {}
     with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    cpu = cpu or platform.processor() or platform.machine() or "unknown"
+        for line in Path(cpuinfo).read_text(errors="replace").splitlines():
+            if not line.strip():
+                if fields:
+                    break  # the first processor's block is enough
+                continue
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    cpu = fields.get("model name") or platform.processor() or platform.machine() or "unknown"
+    if fields.get("cpu family") and fields.get("model"):
+        cpu += f" (family {fields['cpu family']} model {fields['model']})"
+    cores = os.cpu_count()
+    if cores:
+        cpu += f", {cores} core{'s' if cores > 1 else ''}"
     with contextlib.suppress(Exception):
         import torch
 

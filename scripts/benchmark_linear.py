@@ -13,7 +13,7 @@ weight from memory as a decoding step does, and prints a markdown table of micro
 A cell reads `nn.Linear us / Linear us (speed-up)`; `=` marks the cells where `Linear` takes the
 plain form itself (more than FEW_ROWS rows, or in_features > out_features), so both columns time the
 same computation. `--form transposed` times the transposed product in every cell instead, the rule's
-limits ignored. See docs/benchmarks.md ("Decoding steps: the few-row products").
+limits ignored. See docs/benchmarks.md ("Generation and memory").
 """
 
 import argparse

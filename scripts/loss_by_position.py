@@ -6,12 +6,12 @@ packing), and the loss of predicting token t from tokens < t is averaged over th
 position buckets (1-15, 16-31, ... by default). Several models are compared on the same documents:
 the validation documents run_clm.py carves (same --train_file / --data_dir, --validation_split_percentage,
 --group_column, --split_seed and --max_eval_samples give the same rows). It shows whether a model's
-gap to another grows with the context length (issue 11: Zformer's output grows with the number of
-tokens it sums).
+gap to another grows with the context length (Zformer's output grows with the number of tokens it
+sums).
 
     python scripts/loss_by_position.py --model_name_or_path runs/lm-full runs/lm-zformer \\
         --train_file ../shared/data/imdb/unsup.jsonl.gz --max_eval_samples 400 --max_length 256 \\
-        --output docs/bench/loss_by_position.json
+        --output runs/loss_by_position.json
 
 Prints a markdown table (one row per bucket, one column per model) and writes it with the
 per-bucket numbers to --output (.json; the table to the same name with .md).

@@ -5,7 +5,7 @@ Reads ``eval_history.jsonl`` (written by run_translation.py / run_classification
 evaluation: ``--eval_steps`` and each epoch) from each run folder; one line per run, the best
 evaluation marked. Needs matplotlib (``pip install -e ".[plots]"``; in the dev extra).
 
-    python scripts/plot_curves.py runs/multi30k-zformer runs/multi30k-full --output docs/img/multi30k_curves.png
+    python scripts/plot_curves.py runs/multi30k-zformer runs/multi30k-full --output docs/img/multi30k_10ep_curves.png
 """
 
 from __future__ import annotations

@@ -8,8 +8,8 @@ greedy generation), ours against BART of identical size.
 For each model and kind it runs one warm-up call, then profiles `--steps` calls and prints the
 operators sorted by self CPU time (their share of the total and their calls per call), the wall
 time and the total number of operator calls per call: on short inputs every operator costs a
-dispatch, so that count shows per-call overhead. See docs/benchmarks.md ("Where the time goes at
-32 tokens") for what it showed.
+dispatch, so that count shows per-call overhead. See docs/benchmarks.md ("Short inputs") for
+what it showed.
 """
 
 import argparse

@@ -1,7 +1,7 @@
-"""A new user's first hour: the README's Quickstart block, and what happens without network.
+"""A new user's first hour: the README's Install and Quickstart blocks, and what happens without network.
 
-`-m slow`: the Quickstart's first command block, run as written from a fresh copy of the
-repository with `../shared` beside it (virtual environment, install, training run).
+`-m slow`: the Install block and the Quickstart's local-data block, run as written from a fresh
+copy of the repository with `../shared` beside it (virtual environment, install, training run).
 """
 
 from __future__ import annotations
@@ -21,21 +21,40 @@ from conftest import REPO_ROOT
 from hf_zformer import data
 
 
-def quickstart_blocks() -> list[str]:
-    """The bash blocks of README.md's Quickstart section, in order."""
+def section_blocks(title: str) -> list[str]:
+    """The bash blocks of README.md's section `## {title}`, in order."""
     readme = (REPO_ROOT / "README.md").read_text()
-    section = readme[readme.index("## Quickstart") : readme.index("\n## ", readme.index("## Quickstart") + 1)]
-    return re.findall(r"```bash\n(.*?)```", section, flags=re.S)
+    start = readme.index(f"\n## {title}\n")
+    end = readme.find("\n## ", start + 1)
+    return re.findall(r"```bash\n(.*?)```", readme[start : end if end > 0 else None], flags=re.S)
 
 
-def test_quickstart_blocks_are_install_run_then_tests():
-    first, second = quickstart_blocks()[:2]
-    assert "python3 -m venv" in first and "pip install torch==" in first
-    assert first.index("pip install torch==") < first.index("pip install -e .")  # torch pinned first
-    assert "--data_dir ../shared/data/imdb" in first and "--dataset_name" not in first
-    ci_command = re.search(r"<!-- test-command -->\n```bash\n(.*)\n", (REPO_ROOT / "README.md").read_text()).group(1)
-    assert second.strip() == ci_command  # the block CI runs (.ci/run reads the line after the marker)
-    assert "pytest" in second and ".[dev]" in second
+def install_block() -> str:
+    return section_blocks("Install")[0]
+
+
+def quickstart_blocks() -> list[str]:
+    """The Quickstart's two runs: from the Hub, then from the local data folder."""
+    return section_blocks("Quickstart")[:2]
+
+
+def test_install_then_quickstart_then_tests():
+    install = install_block()
+    assert "python3 -m venv" in install and "pip install torch==" in install
+    assert install.index("pip install torch==") < install.index("pip install -e .")  # torch pinned first
+    hub, local = quickstart_blocks()
+    assert "--dataset_name stanfordnlp/imdb" in hub and "--data_dir" not in hub  # works without our data folder
+    assert "--data_dir ../shared/data/imdb" in local and "--dataset_name" not in local
+    # the same run apart from the data source
+    def words(block, source, extra=()):
+        return [w for w in block.replace(source, "").split() if w != "\\" and w not in extra]
+
+    assert words(hub, "--dataset_name stanfordnlp/imdb") == words(
+        local, "--data_dir ../shared/data/imdb", extra=("--label_names", "negative,positive"))
+    readme = (REPO_ROOT / "README.md").read_text()
+    ci_command = re.search(r"<!-- test-command -->\n```bash\n(.*)\n", readme).group(1)
+    assert "pytest" in ci_command and ".[dev]" in ci_command  # .ci/run reads the line two after the marker
+    assert ci_command in section_blocks("Development")[0]
 
 
 def test_hub_dataset_without_network_fails_at_once(monkeypatch):
@@ -98,7 +117,7 @@ def _copy_checkout(destination):
 
 
 @pytest.mark.slow
-def test_quickstart_first_block_runs_from_a_fresh_copy(tmp_path):
+def test_install_and_quickstart_local_block_run_from_a_fresh_copy(tmp_path):
     shared = REPO_ROOT.parent / "shared"
     if not (shared / "data" / "imdb").is_dir():
         pytest.skip(f"{shared}/data/imdb not found (CI keeps ../shared beside the clone)")
@@ -110,14 +129,14 @@ def test_quickstart_first_block_runs_from_a_fresh_copy(tmp_path):
     env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not p.startswith(sys.prefix))
     started = time.perf_counter()
     result = subprocess.run(
-        ["bash", "-euo", "pipefail", "-c", quickstart_blocks()[0]],
+        ["bash", "-euo", "pipefail", "-c", install_block() + quickstart_blocks()[1]],
         cwd=checkout, env=env, capture_output=True, text=True, timeout=1800,
     )
     minutes = (time.perf_counter() - started) / 60
-    assert result.returncode == 0, f"Quickstart failed after {minutes:.1f} min:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
+    assert result.returncode == 0, f"Install + Quickstart failed after {minutes:.1f} min:\n{result.stdout[-4000:]}\n{result.stderr[-4000:]}"
     run = checkout / "runs" / "imdb-fastformer"
     results = json.loads((run / "all_results.json").read_text())
     assert 0.5 < results["eval_accuracy"] <= 1.0
     assert (run / "model.safetensors").is_file() and (run / "README.md").is_file()
     assert "eval_accuracy" in result.stdout + result.stderr  # the metric is printed
-    print(f"Quickstart block: {minutes:.1f} minutes, eval_accuracy {results['eval_accuracy']}")
+    print(f"Install + Quickstart blocks: {minutes:.1f} minutes, eval_accuracy {results['eval_accuracy']}")

@@ -31,7 +31,7 @@ ZFORMER_CAUSAL_BLOCK = 64
 def _fp32(*tensors):
     """The tensors in at least fp32 (fp64 stays fp64), for sums over the sequence. fp32/fp64
     tensors come back as they are, without a dispatched no-op conversion (decoding steps make many
-    such calls: see docs/benchmarks.md, "Where the time goes at 32 tokens")."""
+    such calls: see docs/benchmarks.md, "Short inputs")."""
     return [t if t.dtype in (torch.float32, torch.float64) else t.float() for t in tensors]
 
 
@@ -127,7 +127,7 @@ def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     `+` would give, so the stream never drops to low precision. Under autograd the sum is out of
     place too: `fresh` is usually a view (a Linear's 3-D output), and an in-place add on a view
     makes autograd zero-fill and copy a (B, N, D) gradient buffer in the backward (`CopySlices`),
-    which costs more than the buffer it saved (docs/benchmarks.md, "Where the time goes at 32 tokens")."""
+    which costs more than the buffer it saved (docs/benchmarks.md, "Short inputs")."""
     if torch.is_grad_enabled() and (fresh.requires_grad or other.requires_grad):
         return fresh + other
     if fresh.shape == other.shape and (
@@ -161,9 +161,9 @@ def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 def default_few_rows(vendor: str) -> int:
     """`FEW_ROWS` for a CPU vendor: 4 on AMD, where torch's BLAS multiplies 2-4 rows by a weight
-    1.4-5.7x slower as `x W^T` than as `W x^T` (AMD EPYC Zen 3; Zen 4 alike, session 16); 0 (the rule off) elsewhere: on
+    1.4-5.7x slower as `x W^T` than as `W x^T` (AMD EPYC Zen 3 and Zen 4); 0 (the rule off) elsewhere: on
     an Intel Xeon with AMX the plain product is the fast one, 2-3x faster than the transposed form
-    (docs/benchmarks.md, "On an Intel Xeon the few-row rule is reversed")."""
+    (docs/benchmarks.md, "Generation and memory")."""
     return 4 if vendor == "AuthenticAMD" else 0
 
 
@@ -200,10 +200,9 @@ class Linear(nn.Linear):
     1.4-5.7x slower than `W @ x^T`, and a single row takes a vector path about half as fast as the
     two-column product, so one row is sent as two (the row twice; the copy's column is dropped).
     Same arithmetic, per output the same sum in another order (agreement to fp32 rounding).
-    Measured per shape and thread count in docs/benchmarks.md ("Decoding steps: the few-row
-    products"), which also shows why it stays off for `in_features > out_features` (the FFN's down
-    projection), where it was slower at one thread. Greedy generation of the benchmark's
-    encoder-decoders at batch 1-4 runs 1.4-2x faster with it there. On an Intel Xeon the plain
+    Measured in docs/benchmarks.md ("Generation and memory"). It stays off for `in_features >
+    out_features` (the FFN's down projection), where it was slower at one thread. Greedy generation
+    of the benchmark's encoder-decoders at batch 1-4 runs 1.4-2x faster with it on AMD CPUs. On an Intel Xeon the plain
     product is 2-3x faster than the transposed one, so the rule is on for AMD CPUs only
     (`default_few_rows`); set `FEW_ROWS` on this module to choose (0: off;
     `scripts/benchmark_linear.py --form transposed` checks a machine).
@@ -733,7 +732,7 @@ class ZformerAttention(_QKVAttention):
         the products run in fp32 on (B * H, N, d) head batches (`_head_batches`). The scale
         1 / (sqrt(d_h) s) multiplies the scores (B * H, N, Nk) where they are no larger than the
         queries (Nk <= d_h), else the queries: one pass over the smaller tensor, forward and
-        backward (docs/benchmarks.md, "Zformer's scale on the smaller tensor"). Returns (B, N, D)."""
+        backward (docs/benchmarks.md, "Short inputs"). Returns (B, N, D)."""
         heads = self.num_heads
         scale_scores = source.shape[1] <= self.head_dim
         query = self.query(hidden_states) if scale_scores else self._scaled_queries(hidden_states)
@@ -978,8 +977,8 @@ class FastformerAttention(_QKVAttention):
         the plain mean. A product and a sum over d, on x's own strided layout (no copy). Each score is
         a d_h-term dot product, too small for BLAS: a `bmm` over the heads (a matrix-vector product
         per head) or one product with a block-diagonal (D, H) matrix took 1.6-1.8x as long, forward
-        and backward, at B x N = 128 tokens, d_h = 64 on the CPU (docs/benchmarks.md, "Fastformer's
-        pooling scores")."""
+        and backward, at B x N = 128 tokens, d_h = 64 on the CPU (docs/benchmarks.md, "Short
+        inputs")."""
         batch, heads, length, _ = x.shape
         if weight is None:
             return x.new_zeros(batch, heads, length, 1)

@@ -24,7 +24,7 @@ def _check_choice(field, value, choices):
         raise ValueError(f"{field}={value!r} is not supported; choose one of {list(choices)}")
 
 
-# (field, its "off" value, what it did): options of development versions, refused when set
+# (field, its "off" value, what it did): options of earlier versions, refused when set
 REMOVED_OPTIONS = (
     ("zformer_normalization", "none", "each output row divided by its token count"),
     ("decoder_conv_size", 0, "a causal depthwise convolution ahead of every decoder self-attention"),
@@ -231,7 +231,7 @@ class ZformerConfig(PreTrainedConfig):
             raise ValueError(f"embedding_layer_norm={self.embedding_layer_norm!r} must be True or False")
         if not (isinstance(self.zformer_scale_init, (int, float)) and self.zformer_scale_init > 0):
             raise ValueError(f"zformer_scale_init={self.zformer_scale_init!r} must be a positive number")
-        # Options of development versions, measured and removed because they did not win (hf_zformer
+        # Options of earlier versions, measured and removed because they did not win (hf_zformer
         # docs/results.md): a model trained with one does not compute the same function here.
         for field, off, what in REMOVED_OPTIONS:
             value = getattr(self, field, off)
