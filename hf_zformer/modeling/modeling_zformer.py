@@ -330,7 +330,9 @@ class ZformerPreTrainedModel(PreTrainedModel):
     supports_gradient_checkpointing = True
     _supports_sdpa = True
     _supports_attention_backend = True
-    _no_split_modules = ["ZformerLayer", "ZformerDecoderLayer"]
+    # The layers device maps keep whole and FSDP wraps one by one (accelerate's default wrap classes): each
+    # model names only the layer classes it has, since accelerate refuses a class the model lacks.
+    _no_split_modules = ["ZformerLayer"]
     # The heads with a loss take Trainer's `num_items_in_batch` (`mean_loss`); forwards have no **kwargs.
     accepts_loss_kwargs = True
 
@@ -879,6 +881,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         "decoder.embeddings.word_embeddings.weight": "encoder.embeddings.word_embeddings.weight",
         "lm_head.weight": "encoder.embeddings.word_embeddings.weight",
     }
+    _no_split_modules = ["ZformerLayer", "ZformerDecoderLayer"]
 
     def __init__(self, config):
         config.is_encoder_decoder = True
@@ -1029,6 +1032,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
     """
 
     _tied_weights_keys = {"lm_head.weight": "decoder.embeddings.word_embeddings.weight"}
+    _no_split_modules = ["ZformerDecoderLayer"]
 
     def __init__(self, config):
         layer_types = config.layer_attention_types()
