@@ -1,0 +1,80 @@
+"""torch.compile: a compiled model's eval outputs, training loss and gradients, and greedy generation equal
+eager mode's. The default suite compiles with the `aot_eager` backend (graph capture and autograd tracing,
+no code generation: seconds); the slow tests with `inductor`, the default backend, for every model kind
+and attention type (tens of seconds per model on a CPU)."""
+
+import pytest
+import torch
+from model_kinds import batch, cases, model
+
+TOLERANCE = dict(rtol=1e-4, atol=1e-4)
+
+
+def fresh_compile():
+    torch._dynamo.reset()  # no graph or recompile budget carried over from another model
+
+
+def check_eval(kind, attention, backend):
+    net = model(kind, attention).eval()
+    inputs = batch(kind)
+    with torch.no_grad():
+        expected = net(**inputs).logits
+        fresh_compile()
+        compiled = torch.compile(net, backend=backend)
+        torch.testing.assert_close(compiled(**inputs).logits, expected, **TOLERANCE)
+        torch.testing.assert_close(compiled(**batch(kind, seed=1)).logits, net(**batch(kind, seed=1)).logits,
+                                   **TOLERANCE)
+
+
+def check_training_step(kind, attention, backend):
+    net = model(kind, attention).train()
+    inputs = batch(kind)
+    loss = net(**inputs).loss
+    loss.backward()
+    expected = {name: p.grad.clone() for name, p in net.named_parameters()}
+    net.zero_grad(set_to_none=True)
+    fresh_compile()
+    compiled_loss = torch.compile(net, backend=backend)(**inputs).loss
+    compiled_loss.backward()
+    torch.testing.assert_close(compiled_loss, loss, **TOLERANCE)
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def check_greedy_generation(kind, attention, backend):
+    net = model(kind, attention).eval()
+    inputs = batch(kind)
+    inputs.pop("labels")
+    if kind == "causal":  # prompts of one length: a causal LM continues after its last real token
+        inputs = {name: value[:, :3] for name, value in inputs.items()}
+    options = dict(max_new_tokens=6, min_new_tokens=6, do_sample=False, num_beams=1, pad_token_id=0)
+    expected = net.generate(**inputs, **options)
+    fresh_compile()
+    net.forward = torch.compile(net.forward, backend=backend)
+    assert torch.equal(net.generate(**inputs, **options), expected)
+
+
+@pytest.mark.parametrize("kind", ["classification", "seq2seq"])
+def test_compiled_zformer_matches_eager_aot_eager(kind):
+    check_eval(kind, "zformer", "aot_eager")
+    check_training_step(kind, "zformer", "aot_eager")
+    if kind == "seq2seq":
+        check_greedy_generation(kind, "zformer", "aot_eager")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,attention", cases())
+def test_inductor_eval_outputs_match_eager(kind, attention):
+    check_eval(kind, attention, "inductor")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", ["classification", "masked", "seq2seq", "causal"])
+def test_inductor_training_step_matches_eager(kind):
+    check_training_step(kind, "hybrid", "inductor")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind,attention", [("seq2seq", "zformer"), ("seq2seq", "full"), ("causal", "hybrid")])
+def test_inductor_greedy_generation_matches_eager(kind, attention):
+    check_greedy_generation(kind, attention, "inductor")
