@@ -8,22 +8,36 @@
 from __future__ import annotations
 
 import argparse
+import json
+import math
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import TRAINING_STATE_FILE
+from .checkpoints import TRAINING_STATE_FILE, latest_checkpoint
 from .evaluation import add_evaluation_args
 from .modeling.configuration_zformer import ATTENTION_TYPES, CAUSAL_ATTENTION_TYPES, ZformerConfig
 
 __all__ = [
+    "RESUMABLE_ARGS",
     "SCHEDULER_TYPES",
     "add_data_args",
     "add_model_args",
     "add_training_args",
     "build_config",
+    "check_finite_floats",
+    "earlier_run_files",
     "parse_config_overrides",
+    "run_identity",
     "validate_args",
 ]
+
+# Arguments that may differ between a run and its resumption: where the run is written and reported,
+# how it is launched and logged; every other argument defines the run (`run_identity`).
+RESUMABLE_ARGS = frozenset({
+    "resume_from_checkpoint", "output_dir", "overwrite_output_dir", "logging_steps", "with_tracking", "report_to",
+    "push_to_hub", "hub_model_id", "hub_token", "preprocessing_num_workers", "per_device_eval_batch_size",
+    "cpu_allocator", "results_file", "trust_remote_code", "config_kwargs", "run_args",
+})
 
 SCHEDULER_TYPES = (
     "linear",
@@ -97,6 +111,11 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         default=None,
         help='Checkpoint folder to resume from, or "latest" for the newest one in --output_dir.',
     )
+    group.add_argument(
+        "--overwrite_output_dir", action="store_true",
+        help="Start a new run in an --output_dir that holds an earlier run: its checkpoints, best model and "
+        "evaluation history are deleted first. Without it such a folder is refused (resume it instead).",
+    )
     group.add_argument("--with_tracking", action="store_true", help="Log metrics through accelerate's trackers.")
     group.add_argument(
         "--report_to", default="tensorboard", help='Trackers for --with_tracking: "tensorboard", "wandb", ..., or "all".'
@@ -154,6 +173,12 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
             if not args.checkpointing_steps.isdigit() or int(args.checkpointing_steps) < 1:
                 parser.error(f'--checkpointing_steps must be a positive integer or "epoch", got {args.checkpointing_steps!r}')
             args.checkpointing_steps = int(args.checkpointing_steps)
+    check_finite_floats(parser, args)
+    if not str(args.output_dir).strip():
+        parser.error("--output_dir is empty: pass the folder to write the run to")
+    for part in (Path(args.output_dir), *Path(args.output_dir).parents):
+        if part.exists() and not part.is_dir():
+            parser.error(f"--output_dir {args.output_dir!r}: {str(part)!r} is a file, not a folder")
     if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
         if not (Path(args.resume_from_checkpoint) / TRAINING_STATE_FILE).is_file():
             parser.error(
@@ -184,7 +209,72 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
             build_config(args, vocab_size=max(args.vocab_size, 8), seq2seq=seq2seq)
         except ValueError as error:
             parser.error(f"invalid model configuration: {error}")
+    args.run_args = run_identity(args)
+    _check_run_folder(parser, args)
     return args
+
+
+def check_finite_floats(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``parser.error`` when any float argument of ``parser`` is NaN or infinite (``--learning_rate
+    inf`` would pass a ``> 0`` check and train to NaN)."""
+    for action in parser._actions:
+        if action.type is not float:
+            continue
+        value = getattr(args, action.dest, None)
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, float) and not math.isfinite(item):
+                parser.error(f"{action.option_strings[0]} must be a finite number, got {item}")
+
+
+def _json(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def run_identity(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments that define a run (all but :data:`RESUMABLE_ARGS`), as JSON values. Stored in
+    every checkpoint; resuming with other values is refused (``_check_run_folder``)."""
+    return {key: _json(value) for key, value in sorted(vars(args).items()) if key not in RESUMABLE_ARGS}
+
+
+def earlier_run_files(output_dir: str | Path) -> list[Path]:
+    """What a run leaves in ``output_dir`` that a new run must not mix with its own: checkpoints
+    (folders with a training state), the best model and the evaluation history."""
+    from .evaluation import BEST_DIR, HISTORY_FILE
+
+    folder = Path(output_dir)
+    if not folder.is_dir():
+        return []
+    found = [p for p in sorted(folder.iterdir()) if (p / TRAINING_STATE_FILE).is_file() and not p.name.startswith(".")]
+    return found + [folder / name for name in (BEST_DIR, HISTORY_FILE) if (folder / name).exists()]
+
+
+def _check_run_folder(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Before any work: a resumed checkpoint must belong to a run with these arguments, and a new
+    run must not start in a folder that holds an earlier run (unless --overwrite_output_dir)."""
+    if args.resume_from_checkpoint:
+        path = Path(args.resume_from_checkpoint)
+        if args.resume_from_checkpoint == "latest":
+            path = latest_checkpoint(args.output_dir)
+            if path is None:
+                parser.error(f"--resume_from_checkpoint latest: --output_dir {args.output_dir!r} holds no checkpoint "
+                             "yet (they are written every --checkpointing_steps); start the run without it")
+        saved = json.loads((path / TRAINING_STATE_FILE).read_text()).get("run_args")
+        if saved is None:  # written before checkpoints carried their run's arguments
+            return
+        keys = sorted((set(saved) | set(args.run_args)) - RESUMABLE_ARGS)
+        differ = [f"--{k} {saved.get(k)!r} there, {args.run_args.get(k)!r} now" for k in keys
+                  if saved.get(k) != args.run_args.get(k)]
+        if differ:
+            parser.error(f"--resume_from_checkpoint {str(path)!r} belongs to a run with other arguments: "
+                         f"{'; '.join(differ)}. Resume with that run's arguments, or start a new run in another "
+                         "--output_dir")
+        return
+    earlier = earlier_run_files(args.output_dir)
+    if earlier and not args.overwrite_output_dir:
+        names = ", ".join(p.name for p in earlier[:4]) + (", ..." if len(earlier) > 4 else "")
+        parser.error(f"--output_dir {args.output_dir!r} holds an earlier run ({names}): resume it with "
+                     "--resume_from_checkpoint latest, pass --overwrite_output_dir to delete it and start anew, "
+                     "or choose another folder")
 
 
 def _tracker_problem(report_to: str) -> str | None:

@@ -12,11 +12,35 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from .folders import replace_atomically
 
-__all__ = ["TRAINING_STATE_FILE", "clean_stale_checkpoints", "latest_checkpoint", "load_checkpoint", "save_checkpoint"]
+__all__ = [
+    "TRAINING_STATE_FILE",
+    "TrainingDiverged",
+    "clean_stale_checkpoints",
+    "latest_checkpoint",
+    "load_checkpoint",
+    "require_finite",
+    "save_checkpoint",
+]
 
 TRAINING_STATE_FILE = "training_state.json"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss or the weights of a run became NaN or infinite; nothing from that point is saved."""
+
+
+def require_finite(model, what: str) -> None:
+    """Raise :class:`TrainingDiverged` naming ``what`` and the first offending parameter when any
+    parameter of ``model`` (this process's shard) holds a NaN or an infinity: a diverged model is
+    never written as a checkpoint, a best model or a final model."""
+    for name, param in model.named_parameters():
+        if not bool(torch.isfinite(param.detach()).all()):
+            raise TrainingDiverged(f"not saving {what}: parameter {name} holds NaN or infinite values (the run "
+                                   "diverged; lower --learning_rate or keep --max_grad_norm > 0)")
 
 
 def save_checkpoint(accelerator, output_dir: str | os.PathLike, name: str, state: dict[str, Any]) -> Path:

@@ -70,6 +70,11 @@ def _auto_class(task: str):
     }[task]
 
 
+# config fields the source's weight shapes decide: an override would make the copy fail (or mean nothing)
+WEIGHT_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
+                       "max_position_embeddings", "type_vocab_size", "position_offset")
+
+
 def zformer_config(source_config, attention_type, task: str, has_pooler: bool, classifier_pooling=None,
                    num_labels=None, **overrides) -> ZformerConfig:
     """The `ZformerConfig` that expresses `source_config` (a BERT, RoBERTa or DistilBERT config) with
@@ -117,6 +122,11 @@ def zformer_config(source_config, attention_type, task: str, has_pooler: bool, c
         tie_word_embeddings=getattr(source_config, "tie_word_embeddings", True),
         xformer_alpha=1,  # full-width xformer queries: the pretrained W_q maps onto them
     )
+    fixed = {key: (value, fields.get(key, 0)) for key, value in overrides.items() if key in WEIGHT_SHAPE_FIELDS}
+    for key, (value, source_value) in fixed.items():
+        if value != source_value:
+            raise ValueError(f"{key}={value!r} cannot be set when converting: the pretrained weights fix it "
+                             f"({key}={source_value!r} in the source)")
     fields.update(overrides)
     model_type = "fastformer" if fields["attention_type"] == "fastformer" else "zformer"
     from transformers import AutoConfig
@@ -607,14 +617,22 @@ def _calibration_batch(tokenizer, config):
     return ids, torch.ones_like(ids)
 
 
-def _load_tokenizer(model_name_or_path):
+def _load_tokenizer(model_name_or_path, vocab_size: int):
+    """The tokenizer at ``model_name_or_path``, or None when there is none to use: a folder without
+    tokenizer files gives a nearly empty tokenizer in transformers 5 (5 special tokens), which would
+    turn every word into [UNK]; one with more tokens than the model's vocabulary does not fit it."""
     from transformers import AutoTokenizer
 
     try:
-        return AutoTokenizer.from_pretrained(model_name_or_path)
+        tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
     except (OSError, ValueError, TypeError) as error:
-        logger.warning(f"{model_name_or_path} has no loadable tokenizer ({error}); none is saved with the model")
+        logger.warning(f"{model_name_or_path} has no loadable tokenizer ({error})")
         return None
+    if not vocab_size // 2 <= len(tokenizer) <= vocab_size:
+        logger.warning(f"{model_name_or_path}: its tokenizer has {len(tokenizer)} tokens for a vocabulary of "
+                       f"{vocab_size}; not a tokenizer of this model")
+        return None
+    return tokenizer
 
 
 def model_card_text(config, base_model: str, task: str, distillation: dict | None = None) -> str:
@@ -698,6 +716,7 @@ def convert_pretrained(
     base_model: str | None = None,
     overwrite: bool = False,
     distillation: Distillation | None = None,
+    tokenizer_name: str | os.PathLike | None = None,
     **config_overrides,
 ):
     """Convert a BERT, RoBERTa or DistilBERT checkpoint (folder or Hub id) into a Zformer-family
@@ -719,6 +738,9 @@ def convert_pretrained(
             give the Hub id when converting from a local copy).
         distillation: after conversion, fit the new attention layers to the source's softmax
             attention on these unlabeled texts (`distill_attention`); the model card records the fit.
+        tokenizer_name: the tokenizer saved with the model (folder or Hub id); default the source's.
+            A source without a usable one is refused when distilling (the texts need it) and
+            otherwise saved without a tokenizer, with a warning.
         config_overrides: further `ZformerConfig` fields (e.g. `xformer_beta=8`), applied last.
     """
     from transformers import AutoConfig
@@ -729,15 +751,30 @@ def convert_pretrained(
     if distillation is not None and set([requested] if isinstance(requested, str) else requested) == {"full"}:
         raise ValueError("distillation: every layer has full attention, which is the source's exactly; "
                          "there is nothing to distill (choose another attention_type)")
-    source_config = AutoConfig.from_pretrained(model_name_or_path)
+    try:
+        source_config = AutoConfig.from_pretrained(model_name_or_path)
+    except OSError as error:
+        raise ValueError(f"model_name_or_path={str(model_name_or_path)!r}: no model config found there "
+                         f"({str(error).splitlines()[0]}); pass a folder written by save_pretrained or a Hub id "
+                         "(the Hub needs network access)") from None
     _check_source(source_config, model_name_or_path)
     source_task = task_of_architecture(source_config.architectures)
     task = task or source_task
     if task not in TASKS:
         raise ValueError(f"task={task!r} is not supported; choose one of {list(TASKS)}")
-    source, loading = _auto_class(source_task).from_pretrained(
-        model_name_or_path, dtype=torch.float32, output_loading_info=True
-    )
+    tokenizer = _load_tokenizer(tokenizer_name or model_name_or_path, source_config.vocab_size)
+    if tokenizer is None and (distillation is not None or tokenizer_name is not None):
+        where = f"tokenizer_name={str(tokenizer_name)!r}" if tokenizer_name else str(model_name_or_path)
+        raise ValueError(f"{where} has no tokenizer of this model (vocabulary {source_config.vocab_size}); "
+                         "distillation tokenizes its texts with it: add the tokenizer files to the folder or pass "
+                         "tokenizer_name (--tokenizer_name)")
+    try:
+        source, loading = _auto_class(source_task).from_pretrained(
+            model_name_or_path, dtype=torch.float32, output_loading_info=True
+        )
+    except Exception as error:  # no weight file, a truncated or corrupt one: name the folder and the cause
+        raise ValueError(f"model_name_or_path={str(model_name_or_path)!r}: its weights cannot be loaded "
+                         f"({type(error).__name__}: {str(error).splitlines()[0]})") from error
     source.eval()
     missing = [key for key in loading["missing_keys"] if "pooler" not in key]
     if missing:
@@ -751,7 +788,9 @@ def convert_pretrained(
     target_class = _auto_class(task)
     model = target_class.from_config(config).eval()
     copy_weights(model, source, family, source_task)
-    tokenizer = _load_tokenizer(model_name_or_path)
+    if tokenizer is None and output_dir is not None:
+        logger.warning(f"{model_name_or_path} has no tokenizer of this model: {output_dir} gets none; pass "
+                       "tokenizer_name (--tokenizer_name) to include one")
     types = set(config.layer_attention_types())
     report = None
     # zformer / fastformer outputs start at the size of the softmax attention they replace; distillation

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -23,6 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .checkpoints import require_finite
 from .folders import replace_atomically
 
 __all__ = ["BEST_DIR", "HISTORY_FILE", "EvalTracker", "add_evaluation_args", "read_history"]
@@ -151,8 +153,8 @@ class EvalTracker:
         if self.logger is not None:
             where = f"epoch {epoch} (step {completed_steps})" if epoch is not None else f"step {completed_steps} evaluation"
             self.logger.info(f"{where}: {prefixed}")
-        if self.metric and self.metric in metrics and not repeated:
-            value = metrics[self.metric]
+        if self.metric and self.metric in metrics and not repeated and math.isfinite(metrics[self.metric]):
+            value = metrics[self.metric]  # a NaN metric (a diverged model) is never the best
             if self.best_value is None or (value > self.best_value if self.greater_is_better else value < self.best_value):
                 self.best_value, self.best_step, self.best_metrics = value, completed_steps, metrics
                 if self.save_best:
@@ -167,6 +169,7 @@ class EvalTracker:
     def _save_best(self) -> None:
         accelerator = self.accelerator
         final, tmp = self.output_dir / BEST_DIR, self.output_dir / f".tmp-{BEST_DIR}"
+        require_finite(self.model, "the best model")
         accelerator.wait_for_everyone()
         if accelerator.is_main_process and tmp.exists():
             shutil.rmtree(tmp)

@@ -26,16 +26,16 @@ RUN_FILES = MODEL_FILES + ("training_state.json", "best_state.json", "optimizer.
 
 def _protected(path: Path) -> str | None:
     """Why ``path`` (resolved) must never be deleted, or None."""
-    cwd = Path.cwd().resolve()
-    if path == cwd:
-        return "it is the current directory"
-    if path in cwd.parents:
-        return "it contains the current directory"
     if path == Path(path.anchor):
         return "it is the root directory"
     home = Path.home().resolve()
     if path == home or path in home.parents:
         return "it is the home directory" if path == home else "it contains the home directory"
+    cwd = Path.cwd().resolve()
+    if path == cwd:
+        return "it is the current directory"
+    if path in cwd.parents:
+        return "it contains the current directory"
     return None
 
 

@@ -97,8 +97,8 @@ def load_model(args: argparse.Namespace, auto_class, tokenizer):
     from .arguments import build_config
 
     if args.model_name_or_path:
-        return auto_class.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code,
-                                          dtype=torch.float32)
+        return run.load_pretrained(auto_class, args.model_name_or_path, trust_remote_code=args.trust_remote_code,
+                                   dtype=torch.float32)
     positions = {} if "max_position_embeddings" in args.config_kwargs else {"max_position_embeddings": max(512, args.block_size)}
     config = build_config(
         args, vocab_size=len(tokenizer), seq2seq=False, pad_token_id=tokenizer.pad_token_id,

@@ -36,6 +36,8 @@ __all__ = [
     "distillation_of",
     "bleu_ci",
     "bootstrap_ci",
+    "config_summary",
+    "evaluation_fields",
     "git_commit",
     "machine",
     "perplexity_ci",
@@ -261,6 +263,50 @@ def _layer_types(value) -> str | None:
     return "|".join(value) if isinstance(value, (list, tuple)) else str(value)
 
 
+def config_summary(config) -> dict[str, Any]:
+    """The sizes and attention types of a model's config, and the architecture options that are set."""
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    keys = ("hidden_size", "num_hidden_layers", "num_decoder_layers", "num_attention_heads", "intermediate_size",
+            "vocab_size", "attention_type", "decoder_attention_type", "cross_attention_type")
+    summary = {k: getattr(config, k) for k in keys if hasattr(config, k)}
+    if not seq2seq:
+        for key in ("num_decoder_layers", "decoder_attention_type", "cross_attention_type"):
+            summary.pop(key, None)
+    for key in ("encoder_conv_size", "fastformer_share_qv", "zformer_feature_map"):  # recorded where set
+        value = getattr(config, key, None)
+        if value and value != "identity":
+            summary[key] = value
+    return summary
+
+
+def evaluation_fields(args, config) -> dict[str, Any]:
+    """The fields of a record written by ``scripts/evaluate_model.py`` for a saved model: what the
+    model is (attention, config, base model, distillation, and from the folder's ``all_results.json``
+    the training's steps, epochs and best step), what scored it (task, commit, date, machine)."""
+    folder = Path(args.model_name_or_path).expanduser()
+    trained: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        trained = json.loads((folder / "all_results.json").read_text())
+    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    return {
+        "task": task_name(args),
+        "attention": _layer_types(getattr(config, "attention_type", None)),
+        "decoder_attention": _layer_types(getattr(config, "decoder_attention_type", None)) if seq2seq else None,
+        "epochs": trained.get("epoch"),
+        "train_steps": trained.get("train_steps"),
+        "best_step": trained.get("best_step"),
+        "split_seed": getattr(args, "split_seed", None),
+        "commit": git_commit(),
+        "base_model": base_model_of(args.model_name_or_path),
+        "distillation": distillation_of(args.model_name_or_path),
+        "model_name_or_path": str(args.model_name_or_path),
+        "config": config_summary(config),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "machine": machine(),
+        "scored_by": "evaluate_model.py",
+    }
+
+
 def run_fields(args, config, results: dict[str, Any], *, max_length: int | None, wall_time_s: float,
                tokens_per_epoch: int | None = None, train_examples: int | None = None) -> dict[str, Any]:
     """The fields every record of one training run shares (``config``: the model's config;
@@ -274,15 +320,6 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
     if tokens_per_epoch and results.get("epoch") and train_time > 0:
         tokens_per_s = tokens_per_epoch * results["epoch"] / train_time
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    keys = ("hidden_size", "num_hidden_layers", "num_decoder_layers", "num_attention_heads", "intermediate_size",
-            "vocab_size", "attention_type", "decoder_attention_type", "cross_attention_type")
-    model_config = {k: getattr(config, k) for k in keys if hasattr(config, k)}
-    if not seq2seq:
-        for key in ("num_decoder_layers", "decoder_attention_type", "cross_attention_type"):
-            model_config.pop(key, None)
-    for key in ("encoder_conv_size", "fastformer_share_qv"):  # architecture options, recorded where set
-        if getattr(config, key, None):
-            model_config[key] = getattr(config, key)
     return {
         "task": task_name(args),
         "attention": _layer_types(getattr(config, "attention_type", None)),
@@ -299,7 +336,7 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
         "model_name_or_path": args.model_name_or_path,  # the folder or id the run loaded
         "max_length": max_length,
         **({"truncation_side": args.truncation_side} if getattr(args, "truncation_side", None) else {}),
-        "config": model_config,
+        "config": config_summary(config),
         "best_step": results.get("best_step"),
         "wall_time_s": round(wall_time_s, 1),
         "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),

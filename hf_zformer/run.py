@@ -16,13 +16,14 @@ import json
 import math
 import os
 import shlex
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .checkpoints import clean_stale_checkpoints
+from .checkpoints import TrainingDiverged, clean_stale_checkpoints, require_finite
 from .feedback import setup_logging, show_bars
 from .memory import retain_freed_memory
 
@@ -78,6 +79,8 @@ def start_run(args: argparse.Namespace, logger_name: str):
             Path(args.output_dir).mkdir(parents=True, exist_ok=True)
             lock_output_dir(args.output_dir)
             clean_stale_checkpoints(args.output_dir, logger)
+            if getattr(args, "overwrite_output_dir", False) and not args.resume_from_checkpoint:
+                clear_earlier_run(args.output_dir, logger)
             if args.push_to_hub:
                 from .hub import check_push_access
 
@@ -91,6 +94,17 @@ def start_run(args: argparse.Namespace, logger_name: str):
         raise SystemExit(f"error: {problem}")
     accelerator.wait_for_everyone()
     return accelerator, logger
+
+
+def clear_earlier_run(output_dir: str | os.PathLike, logger=None) -> None:
+    """Delete what an earlier run left in ``output_dir`` (``arguments.earlier_run_files``:
+    checkpoints, best model, evaluation history), so a new run neither resumes nor extends it."""
+    from .arguments import earlier_run_files
+
+    for path in earlier_run_files(output_dir):
+        shutil.rmtree(path) if path.is_dir() else path.unlink()
+        if logger is not None:
+            logger.warning(f"--overwrite_output_dir: deleted {path} of an earlier run")
 
 
 _LOCKS: dict[str, Any] = {}  # lock file -> its open handle, held (locked) until the process exits
@@ -154,13 +168,68 @@ def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
 
     source = args.tokenizer_name or args.model_name_or_path
     if source:
-        return AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+        return _pretrained_tokenizer(args, source)
     if accelerator.is_main_process:
         train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, show_progress=show_bars(),
                         lowercase=getattr(args, "lowercase", False), **train_kwargs)
     accelerator.wait_for_everyone()
     return AutoTokenizer.from_pretrained(args.output_dir)
 
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.txt", "vocab.json", "spiece.model",
+                   "sentencepiece.bpe.model", "tokenizer.model")
+
+
+def usage_error(message: str):
+    """Stop a script as argparse does for a bad argument: ``error: message`` on stderr, exit code 2."""
+    print(f"{Path(sys.argv[0]).name}: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def _pretrained_tokenizer(args: argparse.Namespace, source: str):
+    """The tokenizer of ``source`` (``--tokenizer_name`` or ``--model_name_or_path``), refused with
+    a clear error when the folder has none (a folder written by ``model.save_pretrained`` alone)
+    or when it cannot be the model's (far fewer tokens than the model's vocabulary)."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"
+    folder = Path(source).expanduser()
+    if folder.is_dir() and not any((folder / name).exists() for name in TOKENIZER_FILES):
+        usage_error(f"{flag} {source!r} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): save the "
+                    "tokenizer into it (tokenizer.save_pretrained) or pass --tokenizer_name with the tokenizer the "
+                    "model was trained with")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+    except (OSError, ValueError) as error:
+        usage_error(f"{flag} {source!r}: no tokenizer could be loaded ({str(error).splitlines()[0]})")
+    if args.model_name_or_path:
+        with contextlib.suppress(OSError, ValueError):
+            vocab_size = AutoConfig.from_pretrained(args.model_name_or_path,
+                                                    trust_remote_code=args.trust_remote_code).vocab_size
+            if len(tokenizer) < vocab_size // 2:
+                usage_error(f"{flag} {source!r}: its tokenizer has {len(tokenizer)} tokens for a model vocabulary "
+                            f"of {vocab_size}, so most words would become unknown; pass --tokenizer_name with the "
+                            "tokenizer the model was trained with")
+    return tokenizer
+
+
+NEW_HEADS = ("classifier", "pooler", "lm_head", "score")  # parts a script may start fresh on a pretrained body
+
+
+def load_pretrained(auto_class, name_or_path: str, **kwargs):
+    """``auto_class.from_pretrained(name_or_path, **kwargs)``, refused (exit code 2) when weights of
+    the model's body are missing: a folder of another kind (a classifier given to the causal-LM
+    script) would otherwise load nothing and silently train from scratch. Task heads
+    (:data:`NEW_HEADS`) may start fresh."""
+    model, loading = auto_class.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    missing = sorted(key for key in loading["missing_keys"] if not set(key.split(".")) & set(NEW_HEADS))
+    if missing:
+        found = ", ".join(getattr(model.config, "architectures", None) or ["another kind of model"])
+        usage_error(f"--model_name_or_path {name_or_path!r} ({found}) lacks {len(missing)} weights of a "
+                    f"{type(model).__name__} (e.g. {', '.join(missing[:3])}): it is not a checkpoint this script can "
+                    "continue from; pass a folder of this task, or train a new model with --attention_type")
+    return model
 
 
 def command_line(secret: str | None = None) -> str:
@@ -231,6 +300,10 @@ def finish_run(
 
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
+    try:
+        require_finite(model, "the final model")
+    except TrainingDiverged as error:
+        raise SystemExit(f"error: {error}") from None
     unwrapped.save_pretrained(
         args.output_dir,
         is_main_process=accelerator.is_main_process,

@@ -29,19 +29,36 @@ import torch.nn.functional as F
 IGNORE_LABEL = -100  # the label of an unlabeled text: it only learns from the teacher
 
 
-def load_teacher(path: str, student_config, device, *, trust_remote_code: bool = False):
+def load_teacher(path: str, student_config, device, *, max_length: int | None = None, trust_remote_code: bool = False):
     """The fine-tuned classifier at ``path`` (folder or Hub id), frozen, in eval mode on ``device``.
-    ``ValueError`` when its vocabulary or classes differ from ``student_config``'s."""
+    ``ValueError`` naming the problem when there is no model at ``path``, when it is not a trained
+    classifier (a masked-LM or base folder would get a random classifier), when its vocabulary or
+    classes differ from ``student_config``'s, or when it has fewer positions than ``max_length``."""
     from transformers import AutoModelForSequenceClassification
 
-    teacher = AutoModelForSequenceClassification.from_pretrained(
-        path, trust_remote_code=trust_remote_code, dtype=torch.float32
-    )
+    where = f"--teacher_model_name_or_path {path}"
+    try:
+        teacher, loading = AutoModelForSequenceClassification.from_pretrained(
+            path, trust_remote_code=trust_remote_code, dtype=torch.float32, output_loading_info=True
+        )
+    except OSError as error:
+        raise ValueError(f"{where}: no model there ({str(error).splitlines()[0]})") from None
+    untrained = [key for key in loading["missing_keys"] if key.split(".")[0] in ("classifier", "pooler", "score")]
+    if untrained:
+        raise ValueError(f"{where} is not a trained classifier: {', '.join(untrained[:3])} would start random "
+                         f"(it is a {', '.join(teacher.config.architectures or ['model'])} checkpoint); pass the "
+                         "output folder of a fine-tuned classification run")
     for field, meaning in (("vocab_size", "vocabulary (tokenizer)"), ("num_labels", "number of classes")):
         ours, theirs = getattr(student_config, field), getattr(teacher.config, field)
         if ours != theirs:
-            raise ValueError(f"--teacher_model_name_or_path {path}: its {field} is {theirs}, the model's is {ours}; "
+            raise ValueError(f"{where}: its {field} is {theirs}, the model's is {ours}; "
                              f"teacher and student need one {meaning}")
+    positions = getattr(teacher.config, "max_position_embeddings", None)
+    if max_length is not None and positions is not None:
+        room = positions - getattr(teacher.config, "position_offset", 0)
+        if room < max_length:
+            raise ValueError(f"{where} holds {room} tokens (max_position_embeddings={positions}) but --max_length is "
+                             f"{max_length}: lower --max_length to {room} or pass a teacher with more positions")
     teacher.requires_grad_(False)
     return teacher.eval().to(device)
 

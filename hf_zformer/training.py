@@ -33,14 +33,17 @@ from .arguments import (  # noqa: F401  (re-exported: their former home)
     add_training_args,
     build_config,
     parse_config_overrides,
+    run_identity,
     validate_args,
 )
 from .batching import LengthGroupedBatchSampler, make_dataloader, pad_collate  # noqa: F401
 from .checkpoints import (  # noqa: F401
     TRAINING_STATE_FILE,
+    TrainingDiverged,
     clean_stale_checkpoints,
     latest_checkpoint,
     load_checkpoint,
+    require_finite,
     save_checkpoint,
 )
 from .evaluation import EvalTracker
@@ -122,6 +125,7 @@ def train(
     last one's as ``last_eval_``, and the final model holds the best weights) plus ``best_step``,
     ``train_loss``, ``train_steps``, ``epoch``, ``train_runtime_s``, ``eval_runtime_s``.
     """
+    run_args = getattr(args, "run_args", None) or run_identity(args)  # before the step plan fills in args
     updates_per_epoch = _plan_steps(args, len(train_dataloader))
     lr_scheduler = _make_scheduler(args, accelerator, optimizer)
     if args.with_tracking:
@@ -130,16 +134,19 @@ def train(
     tracker = EvalTracker(args, accelerator, model, evaluate_fn, metric=best_metric,
                           greater_is_better=greater_is_better, tokenizer=tokenizer,
                           updates_per_epoch=updates_per_epoch, logger=logger)
-    loop = _Loop(args, accelerator, model, optimizer, lr_scheduler, tracker, logger, loss_fn)
+    loop = _Loop(args, accelerator, model, optimizer, lr_scheduler, tracker, logger, loss_fn, run_args)
     if args.resume_from_checkpoint:
         loop.resume(args.resume_from_checkpoint, len(train_dataloader))
     loop.start()
     metrics: dict[str, Any] = {}
-    for epoch in range(loop.start_epoch, args.num_train_epochs):
-        if loop.completed_steps >= args.max_train_steps:
-            break
-        metrics = loop.run_epoch(epoch, train_dataloader, train_sampler)
-    return loop.finish(metrics, updates_per_epoch)
+    try:
+        for epoch in range(loop.start_epoch, args.num_train_epochs):
+            if loop.completed_steps >= args.max_train_steps:
+                break
+            metrics = loop.run_epoch(epoch, train_dataloader, train_sampler)
+        return loop.finish(metrics, updates_per_epoch)
+    except TrainingDiverged as error:  # the run stops; what was saved before the divergence stays
+        raise SystemExit(f"error: training diverged: {error}") from None
 
 
 def _plan_steps(args: argparse.Namespace, batches_per_epoch: int) -> int:
@@ -182,8 +189,10 @@ class _Loop:
     (carried by checkpoints over resumed segments) and the steps of an epoch: accumulate a batch,
     then after each optimizer update log, evaluate and checkpoint."""
 
-    def __init__(self, args, accelerator, model, optimizer, lr_scheduler, tracker: EvalTracker, logger, loss_fn=None):
+    def __init__(self, args, accelerator, model, optimizer, lr_scheduler, tracker: EvalTracker, logger, loss_fn=None,
+                 run_args: dict[str, Any] | None = None):
         self.args, self.accelerator, self.model = args, accelerator, model
+        self.run_args = run_args or {}  # stored in every checkpoint: resuming with other arguments is refused
         self.loss_fn = loss_fn or (lambda model, batch: model(**batch).loss)
         self.optimizer, self.lr_scheduler, self.tracker, self.logger = optimizer, lr_scheduler, tracker, logger
         self.completed_steps, self.start_epoch, self.resume_batches = 0, 0, 0
@@ -245,6 +254,7 @@ class _Loop:
         accelerator, args = self.accelerator, self.args
         with accelerator.accumulate(self.model):
             loss = self.loss_fn(self.model, batch)
+            self.check_loss(loss)
             accelerator.backward(loss)
             if accelerator.sync_gradients and args.max_grad_norm > 0:
                 accelerator.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
@@ -257,6 +267,20 @@ class _Loop:
         self.total_loss += loss
         self.loss_count += 1
         return accelerator.sync_gradients
+
+    def check_loss(self, loss: torch.Tensor) -> None:
+        """Stop the run (:class:`TrainingDiverged`, naming the step) when the loss of a batch is NaN
+        or infinite on any process, before it reaches the weights. One host sync per batch, as
+        transformers' Trainer makes for its NaN filter."""
+        finite = torch.isfinite(loss.detach()).reshape(1)
+        if self.accelerator.num_processes > 1:
+            finite = self.accelerator.gather(finite)
+        if not bool(finite.all()):
+            raise TrainingDiverged(
+                f"the loss is {loss.item()} at optimizer step {self.completed_steps + 1}; nothing from this step on "
+                "is saved (checkpoints and the best model saved before it stay). Lower --learning_rate, keep "
+                "--max_grad_norm > 0, or check the data and --mixed_precision"
+            )
 
     def after_update(self, epoch: int, batches_done: int) -> None:
         """Count the optimizer step; log, evaluate and checkpoint when due."""
@@ -292,8 +316,10 @@ class _Loop:
                 "train_runtime_s": self.runtime_before + time.perf_counter() - self.started}
 
     def checkpoint(self, name: str, *, epoch: int, batches_done: int) -> None:
+        require_finite(self.model, f"checkpoint {name}")
         state = self.run_state(completed_steps=self.completed_steps, epoch=epoch, batches_done=batches_done)
-        save_checkpoint(self.accelerator, self.args.output_dir, name, {**state, **self.tracker.state()})
+        save_checkpoint(self.accelerator, self.args.output_dir, name,
+                        {**state, **self.tracker.state(), "run_args": self.run_args})
 
     def finish(self, metrics: dict[str, Any], updates_per_epoch: int) -> dict[str, Any]:
         """Close the loop: final evaluation if none ran, the best weights back (``--save_best``),

@@ -39,6 +39,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--classifier_pooling", default=None, choices=CLASSIFIER_POOLINGS,
                         help='Pooling of a classifier (default: "pooler" when a trained pooler carries over, else "mean").')
     parser.add_argument("--num_labels", type=int, default=None, help="Classes of a new classifier (default 2).")
+    parser.add_argument("--tokenizer_name", default=None,
+                        help="Tokenizer saved with the model (folder or Hub id); default the source's own.")
     parser.add_argument("--base_model", default=None, help="Hub id named as base_model in the model card.")
     parser.add_argument("--config_overrides", default=None, help='Further config fields, "k=v,k2=v2".')
     parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
@@ -109,10 +111,10 @@ def main(argv=None):
         model = convert_pretrained(
             args.model_name_or_path, attention_type, args.output_dir, task=args.task,
             classifier_pooling=args.classifier_pooling, num_labels=args.num_labels, base_model=args.base_model,
-            overwrite=args.overwrite, distillation=distillation_of(args),
+            overwrite=args.overwrite, distillation=distillation_of(args), tokenizer_name=args.tokenizer_name,
             **parse_config_overrides(args.config_overrides),
         )
-    except (ValueError, FileNotFoundError) as error:  # a bad source, field, folder or file: the message names it
+    except (ValueError, OSError) as error:  # a bad source, field, folder or file: the message names it
         print(f"convert_checkpoint.py: error: {error}", file=sys.stderr)
         sys.exit(2)
     print(f"wrote {type(model).__name__} ({attention_type} attention) to {args.output_dir}")

@@ -63,6 +63,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--data_dir", default=None, help="Local dataset folder (exclusive with --dataset_name).")
     parser.add_argument("--split", default=None, help="Default: test if the dataset has one, else validation.")
     parser.add_argument("--output_dir", required=True, help="Where predictions and metrics go.")
+    parser.add_argument("--results_file", default=None,
+                        help="Append one result record (split, metric, value, samples, bootstrap ci95, the model's "
+                             "config and training) to this JSON list, e.g. docs/results.json (docs/training.md).")
     parser.add_argument("--per_device_eval_batch_size", type=int, default=64)
     parser.add_argument("--max_eval_samples", type=int, default=None,
                         help="Evaluate a seeded random subset (the rows training's --max_eval_samples and --split_seed pick).")
@@ -73,7 +76,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--max_source_length", type=int, default=128, help="Seq2seq: truncate sources.")
     parser.add_argument("--max_target_length", type=int, default=None, help="Seq2seq: generation max_length (default: generation config).")
     parser.add_argument("--num_beams", type=int, default=None, help="Seq2seq: beams (default: generation config).")
-    parser.add_argument("--max_length", type=int, default=512, help="Classification: truncate texts.")
+    parser.add_argument("--max_length", type=int, default=None,
+                        help="Classification: truncate texts to this many tokens. Default: the length the model was "
+                             "trained with (its tokenizer's model_max_length), else 512.")
     parser.add_argument("--truncation_side", choices=("right", "left"), default=None,
                         help="Classification: cut long texts at their end (right) or beginning (left). Default: "
                         "the tokenizer's saved setting (run_classification.py --truncation_side).")
@@ -100,11 +105,30 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error("pass exactly one of --dataset_name (Hub) and --data_dir (local folder)")
     if args.data_dir and not Path(args.data_dir).is_dir():
         parser.error(f"--data_dir {args.data_dir!r} is not a directory")
-    for name in ("per_device_eval_batch_size", "max_eval_samples", "num_beams", "max_target_length"):
+    for name in ("per_device_eval_batch_size", "max_eval_samples", "num_beams", "max_target_length", "max_length"):
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
     return args
+
+
+def result_record(args, config, rows, results, split: str, seq2seq: bool) -> dict:
+    """The record ``--results_file`` gets: the saved model's fields (``results.evaluation_fields``)
+    and this evaluation's split, metric, value, sample count and seeded bootstrap interval."""
+    from hf_zformer import results as records
+
+    if seq2seq:
+        metric, value, beams = "bleu", results[f"{split}_bleu"], results["num_beams"]
+        ci95 = records.bleu_ci([r["prediction"] for r in rows], [r["reference"] for r in rows], seed=args.seed)
+        max_length = args.max_source_length
+    else:
+        metric, value, beams = "accuracy", 100.0 * results[f"{split}_accuracy"], None
+        ci95 = records.accuracy_ci([r["prediction"] == r["label"] for r in rows], seed=args.seed)
+        max_length = results["max_length"]
+    return {**records.evaluation_fields(args, config), "max_length": max_length,
+            **({"truncation_side": results["truncation_side"]} if not seq2seq else {}),
+            "split": split, "metric": metric, "beams": beams, "samples": len(rows), "value": round(value, 4),
+            "ci95": ci95}
 
 
 def is_seq2seq(config) -> bool:
@@ -121,6 +145,7 @@ def main(argv=None) -> dict:
 
     import hf_zformer  # noqa: F401
     from hf_zformer import batching, feedback, run
+    from hf_zformer import results as records
     from hf_zformer.data import load_classification_dataset, load_translation_dataset
     from hf_zformer.scoring import generate_and_score, predict_labels
 
@@ -158,6 +183,9 @@ def main(argv=None) -> dict:
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
     model = auto.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code, dtype=torch.float32)
     limit = model.config.max_position_embeddings
+    if args.max_length is None:  # the training length, which the training scripts save with the tokenizer
+        saved = getattr(tokenizer, "model_max_length", None)
+        args.max_length = saved if isinstance(saved, int) and 0 < saved <= 100_000 else 512
 
     def tokenize(batch, indices):
         if seq2seq:
@@ -219,6 +247,10 @@ def main(argv=None) -> dict:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         (out / f"{split}_results.json").write_text(json.dumps(results, indent=2))
         logger.info(f"results: {json.dumps(results)}")
+        if args.results_file:
+            record = result_record(args, accelerator.unwrap_model(model).config, rows, results, split, seq2seq)
+            records.append_records(args.results_file, [record])
+            logger.info(f"result record ({split}, {record['metric']} {record['value']}) appended to {args.results_file}")
     return results
 
 

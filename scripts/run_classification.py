@@ -76,6 +76,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     teach.add_argument("--max_unlabeled_samples", type=int, default=None,
                        help="Use a seeded random N texts of --unlabeled_file (--seed).")
     args = parser.parse_args(argv)
+    arguments.check_finite_floats(parser, args)
     if not 0.0 <= args.distill_alpha <= 1.0:
         parser.error(f"--distill_alpha must be in [0, 1], got {args.distill_alpha}")
     if not args.distill_temperature > 0:
@@ -133,6 +134,8 @@ def load_unlabeled(args: argparse.Namespace):
     from hf_zformer.teacher import IGNORE_LABEL
 
     texts = {"train": load_text_dataset(args.unlabeled_file, text_column=args.text_column, validation_size=None)["train"]}
+    if len(texts["train"]) == 0:
+        raise ValueError(f"--unlabeled_file {args.unlabeled_file}: no texts in it (only blank lines or empty texts)")
     run.subsample(texts, {"train": args.max_unlabeled_samples}, args.seed)
     return texts["train"].map(lambda batch: {"label": [IGNORE_LABEL] * len(batch["text"])}, batched=True)
 
@@ -201,8 +204,8 @@ def main(argv=None) -> dict:
         if getattr(config, "num_labels", None) != num_labels:
             logger.warning(f"{base} has {config.num_labels} labels, the data {num_labels}: new classifier head")
         names = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}} if id2label else {}
-        model = AutoModelForSequenceClassification.from_pretrained(
-            base, num_labels=num_labels, ignore_mismatched_sizes=True, trust_remote_code=args.trust_remote_code,
+        model = run.load_pretrained(
+            AutoModelForSequenceClassification, base, num_labels=num_labels, ignore_mismatched_sizes=True, trust_remote_code=args.trust_remote_code,
             dtype=torch.float32, **names,
         )
     else:
@@ -217,20 +220,22 @@ def main(argv=None) -> dict:
             **({"max_position_embeddings": max(512, args.max_length)} if "max_position_embeddings" not in args.config_kwargs else {}),
         )
         model = AutoModelForSequenceClassification.from_config(config)
+    # a converted RoBERTa's positions start at position_offset = 2: 514 positions hold 512 tokens
+    max_length = min(args.max_length, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
+    tokenizer.model_max_length = max_length  # saved with the model: evaluate_model.py truncates where training did
     # the teacher before any tokenizing: a mismatched one is refused at once
     loss_fn = None
     if args.teacher_model_name_or_path:
         from hf_zformer.teacher import TeacherLoss, load_teacher
 
         try:
-            teacher = load_teacher(args.teacher_model_name_or_path, model.config,
-                                   accelerator.device, trust_remote_code=args.trust_remote_code)
-        except ValueError as error:  # another tokenizer or other classes: the message names the field
-            sys.exit(f"run_classification.py: error: {error}")
+            teacher = load_teacher(args.teacher_model_name_or_path, model.config, accelerator.device,
+                                   max_length=max_length, trust_remote_code=args.trust_remote_code)
+        except ValueError as error:  # no model, no classifier, another tokenizer, classes or length: named
+            print(f"run_classification.py: error: {error}", file=sys.stderr)
+            sys.exit(2)
         loss_fn = TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature,
                               autocast=accelerator.autocast)  # the teacher in the run's mixed precision too
-    # a converted RoBERTa's positions start at position_offset = 2: 514 positions hold 512 tokens
-    max_length = min(args.max_length, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
 
     def tokenize(batch):
         encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)

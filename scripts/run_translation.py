@@ -136,8 +136,8 @@ def main(argv=None) -> dict:
     tokenizer = run.load_tokenizer(args, accelerator, raw)
     if base:
         config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code, label_smoothing=args.label_smoothing)
-        model = AutoModelForSeq2SeqLM.from_pretrained(
-            base, config=config, trust_remote_code=args.trust_remote_code, dtype=torch.float32
+        model = run.load_pretrained(
+            AutoModelForSeq2SeqLM, base, config=config, trust_remote_code=args.trust_remote_code, dtype=torch.float32
         )
     else:
         extra = {"label_smoothing": args.label_smoothing}

@@ -847,7 +847,27 @@ def _decoding_state(past_key_values, cache):
 
 class ZformerGenerationMixin(GenerationMixin):
     """`generate()` for models with a `ZformerDecoder` (`self.decoder`): it decodes with the
-    decoder's `ZformerCache`, which knows the kind of every layer (no DynamicCache)."""
+    decoder's `ZformerCache`, which knows the kind of every layer (no DynamicCache). A request the
+    model cannot finish is refused before the first step: an empty prompt, or a length past the
+    decoder's positions (a default length is cut to them instead)."""
+
+    def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
+        if input_ids_length == 0:
+            raise ValueError("generate() got an empty prompt (input_ids of length 0): give at least one token, e.g. "
+                             f"the BOS token (bos_token_id={self.config.bos_token_id})")
+        limit = self.config.max_position_embeddings - self.config.position_offset
+        if generation_config.max_length > limit:
+            if has_default_max_length and generation_config.max_new_tokens is None:
+                generation_config.max_length = limit  # the default length, not asked for: cut to what fits
+            else:
+                asked = (f"max_length={generation_config.max_length}" if generation_config.max_new_tokens is None else
+                         f"{input_ids_length} prompt tokens + max_new_tokens={generation_config.max_new_tokens}")
+                raise ValueError(
+                    f"generate() would reach {generation_config.max_length} tokens ({asked}), past the {limit} "
+                    f"positions of the model (max_position_embeddings={self.config.max_position_embeddings}): ask for "
+                    f"at most {max(limit - input_ids_length, 0)} new tokens"
+                )
+        super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
 
     def _prepare_cache_for_generation(
         self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length

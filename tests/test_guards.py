@@ -1,0 +1,299 @@
+"""What the scripts and the converter refuse, and what they never do: delete a folder that is not a
+model, save a tokenizer that turns every word into [UNK], resume another run, save a diverged
+model, evaluate at another length than the training one, or fail with a raw traceback.
+
+Refusals come before any work, exit with code 2 and name the bad value."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+from test_convert import _bert_tokenizer, make_source
+from test_scripts import TINY_CLF, load_script, run_script, run_script_failing, tiny_data  # noqa: F401  (fixture)
+
+import hf_zformer
+from hf_zformer.folders import check_output_dir, check_replaceable, replace_atomically
+
+CLF = ["--attention_type", "zformer", "--config_overrides", TINY_CLF, "--vocab_size", 120, "--max_length", 32,
+       "--per_device_train_batch_size", 16]
+
+
+def refused(name, *args, message, code=2, env=None):
+    """Run scripts/<name>, expect exit code ``code`` and ``message`` in its stderr; the output."""
+    result = run_script_failing(name, *args, env=env)
+    assert result.returncode == code, result.stderr[-3000:]
+    assert message in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr, result.stderr[-3000:]
+    return result
+
+
+# ---- the folder guard ----------------------------------------------------------------------
+
+def test_folder_guard_never_replaces_the_current_home_root_or_foreign_folders(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    for folder, why in (("", "is empty"), (".", "current directory"), ("..", "contains the current directory"),
+                        ("/", "root directory"), (str(Path.home()), "home directory")):
+        with pytest.raises(ValueError, match=why):
+            check_output_dir(folder, overwrite=True)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "table.csv").write_text("a,b")
+    with pytest.raises(ValueError, match="not a saved model"):
+        check_output_dir("data", overwrite=True)
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        check_output_dir("data")
+    with pytest.raises(ValueError, match="is a file"):
+        check_output_dir("notes.txt", overwrite=True)
+    with pytest.raises(ValueError, match="which is a file"):
+        check_output_dir("notes.txt/model", overwrite=True)
+    staged = tmp_path / ".tmp-data"
+    staged.mkdir()
+    with pytest.raises(ValueError, match="not a saved model"):
+        replace_atomically(staged, tmp_path / "data")
+    assert (tmp_path / "data" / "table.csv").read_text() == "a,b" and (tmp_path / "notes.txt").exists()
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    assert check_output_dir("model", overwrite=True) == Path("model")  # a saved model may be replaced
+    check_replaceable(tmp_path / "new-folder")  # nothing there yet: fine
+
+
+@pytest.mark.parametrize("output_dir", ["", "."])
+def test_converter_never_deletes_the_current_directory(tmp_path, output_dir):
+    """What an unset "$OUT" gives, run from a folder holding the user's files."""
+    import subprocess
+    import sys
+
+    source, _ = make_source(tmp_path, "bert", "classification")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("user data")
+    script = Path(__file__).resolve().parents[1] / "scripts" / "convert_checkpoint.py"
+    result = subprocess.run([sys.executable, str(script), "--model_name_or_path", str(source), "--attention_type",
+                             "zformer", "--output_dir", output_dir, "--overwrite"], cwd=work, capture_output=True,
+                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    assert result.returncode == 2 and "--output_dir" in result.stderr, result.stderr[-3000:]
+    assert (work / "keep.txt").read_text() == "user data" and sorted(p.name for p in work.iterdir()) == ["keep.txt"]
+
+
+def test_converter_checks_its_output_folder_before_any_work(tmp_path):
+    """A non-empty folder without --overwrite, a file, a path under a file: refused at once (the
+    source path is checked later, so a bad source in the same command shows the order)."""
+    busy = tmp_path / "busy"
+    busy.mkdir()
+    (busy / "x.txt").write_text("x")
+    (tmp_path / "file").write_text("x")
+    for output_dir, message in ((busy, "exists and is not empty"), (tmp_path / "file", "is a file"),
+                                (tmp_path / "file" / "sub", "which is a file")):
+        refused("convert_checkpoint.py", "--model_name_or_path", tmp_path / "missing-source", "--attention_type",
+                "zformer", "--output_dir", output_dir, "--overwrite" if output_dir != busy else "--seed=0",
+                message=message)
+    assert (busy / "x.txt").exists()
+
+
+# ---- the converter's source ----------------------------------------------------------------
+
+def test_converter_refuses_bad_sources_by_name(tmp_path):
+    source, _ = make_source(tmp_path, "bert", "classification")
+    out = ["--attention_type", "zformer", "--output_dir", tmp_path / "out"]
+    refused("convert_checkpoint.py", "--model_name_or_path", tmp_path / "nowhere", *out, message="no model config")
+    refused("convert_checkpoint.py", "--model_name_or_path", "someone/not-cached", *out, message="no model config",
+            env={"HF_HUB_OFFLINE": "1"})
+    config_only = tmp_path / "config-only"
+    config_only.mkdir()
+    (config_only / "config.json").write_text((source / "config.json").read_text())
+    refused("convert_checkpoint.py", "--model_name_or_path", config_only, *out, message="weights cannot be loaded")
+    truncated = tmp_path / "truncated"
+    truncated.mkdir()
+    for f in source.iterdir():
+        data = f.read_bytes()
+        (truncated / f.name).write_bytes(data[: len(data) // 2] if f.name == "model.safetensors" else data)
+    refused("convert_checkpoint.py", "--model_name_or_path", truncated, *out, message="weights cannot be loaded")
+    refused("convert_checkpoint.py", "--model_name_or_path", source, *out, "--config_overrides", "hidden_size=64",
+            message="hidden_size=64 cannot be set when converting")
+    assert not (tmp_path / "out").exists()
+
+
+def test_source_without_tokenizer_gets_none_and_training_refuses_it(tmp_path, tiny_data):  # noqa: F811
+    """transformers builds a 5-token tokenizer for a folder without tokenizer files; the converter
+    must not save it (every word would be [UNK]), distillation is refused, and a training script
+    given the folder says it has no tokenizer."""
+    torch.manual_seed(0)
+    source, _ = make_source(tmp_path, "bert", "classification")
+    for name in ("vocab.txt", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.json"):
+        (source / name).unlink(missing_ok=True)
+    texts = tmp_path / "texts.txt"
+    texts.write_text("\n".join(["the movie was good"] * 40))
+    refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer",
+            "--output_dir", tmp_path / "distilled", "--distill_file", texts, "--distill_steps", 1,
+            message="has no tokenizer of this model")
+    assert not (tmp_path / "distilled").exists()
+    run_script("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer",
+               "--output_dir", tmp_path / "converted")
+    assert not (tmp_path / "converted" / "tokenizer_config.json").exists()
+    refused("run_classification.py", "--model_name_or_path", tmp_path / "converted", "--data_dir", tiny_data / "clf",
+            "--output_dir", tmp_path / "run", message="has no tokenizer files")
+    # with the tokenizer named, the converted folder gets it
+    tokenizer_folder = tmp_path / "tokenizer"
+    _bert_tokenizer(tokenizer_folder)
+    run_script("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer",
+               "--tokenizer_name", tokenizer_folder, "--output_dir", tmp_path / "with-tokenizer")
+    from transformers import AutoTokenizer
+
+    assert len(AutoTokenizer.from_pretrained(tmp_path / "with-tokenizer")) == 99
+
+
+def test_model_folder_without_tokenizer_is_named(tmp_path, tiny_data):  # noqa: F811
+    """The README's save_pretrained("my-model") folder given to a training script."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    config = AutoConfig.for_model("zformer", attention_type="zformer", vocab_size=120, hidden_size=16,
+                                  num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, num_labels=2)
+    AutoModelForSequenceClassification.from_config(config).save_pretrained(tmp_path / "my-model")
+    result = refused("run_classification.py", "--model_name_or_path", tmp_path / "my-model", "--data_dir",
+                     tiny_data / "clf", "--output_dir", tmp_path / "run", message="has no tokenizer files")
+    assert "--tokenizer_name" in result.stderr and "sentencepiece" not in result.stderr
+
+
+# ---- runs: resume, divergence, float flags -------------------------------------------------
+
+def test_a_run_never_resumes_or_extends_another_run(tmp_path, tiny_data):  # noqa: F811
+    data = ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 4, "--checkpointing_steps", 2,
+            "--eval_steps", 2]
+    out = tmp_path / "run"
+    run_script("run_classification.py", *data, "--learning_rate", 1e-3, "--output_dir", out)
+    first = [json.loads(line) for line in (out / "eval_history.jsonl").read_text().splitlines()]
+    state = json.loads((out / "step_4" / "training_state.json").read_text())
+    assert state["run_args"]["learning_rate"] == 1e-3
+    # a new run in the same folder: refused, the earlier run named
+    refused("run_classification.py", *data, "--learning_rate", 5e-4, "--output_dir", out,
+            message="holds an earlier run (step_2, step_4")
+    # resuming it with other arguments: refused, the difference named
+    refused("run_classification.py", *data, "--learning_rate", 5e-4, "--output_dir", out,
+            "--resume_from_checkpoint", "latest", message="--learning_rate 0.001 there, 0.0005 now")
+    assert [json.loads(line) for line in (out / "eval_history.jsonl").read_text().splitlines()] == first
+    # --overwrite_output_dir: the earlier run's checkpoints and history are gone, the new run's alone remain
+    run_script("run_classification.py", *data, "--learning_rate", 5e-4, "--max_train_steps", 2, "--output_dir", out,
+               "--overwrite_output_dir")
+    history = [json.loads(line) for line in (out / "eval_history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in history] == [2] and not (out / "step_4").exists()
+    state = json.loads((out / "step_2" / "training_state.json").read_text())
+    assert state["run_args"]["learning_rate"] == 5e-4 and state["run_args"]["max_train_steps"] == 2
+
+
+def test_resume_latest_without_a_checkpoint_is_refused(tmp_path, tiny_data):  # noqa: F811
+    refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--output_dir", tmp_path / "empty",
+            "--resume_from_checkpoint", "latest", message="holds no checkpoint yet")
+
+
+def test_divergence_stops_the_run_and_saves_nothing_non_finite(tmp_path, tiny_data):  # noqa: F811
+    out = tmp_path / "nan"
+    result = run_script_failing("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--learning_rate", 1e4,
+                                "--max_grad_norm", 0, "--max_train_steps", 12, "--eval_steps", 1, "--save_best",
+                                "--checkpointing_steps", 1, "--output_dir", out)
+    assert result.returncode == 1 and "training diverged" in result.stderr, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr
+    assert not (out / "model.safetensors").exists()
+    from safetensors.torch import load_file
+
+    for folder in [out / "best", *out.glob("step_*")]:  # whatever was saved before the divergence is finite
+        for name in ("model.safetensors",):
+            if (folder / name).exists():
+                assert all(torch.isfinite(t).all() for t in load_file(folder / name).values()), folder
+
+
+def test_float_flags_reject_inf_and_nan(tmp_path, tiny_data, capsys):  # noqa: F811
+    """Checked at parse time (in-process: no training starts), for every float flag."""
+    clf, convert = load_script("run_classification.py"), load_script("convert_checkpoint.py")
+    for flag in ("--learning_rate", "--distill_temperature", "--distill_alpha", "--weight_decay", "--max_grad_norm"):
+        for value in ("inf", "nan", "-inf"):
+            with pytest.raises(SystemExit) as stop:
+                clf.parse_args(["--data_dir", str(tiny_data / "clf"), "--attention_type", "zformer", f"{flag}={value}",
+                                "--output_dir", str(tmp_path)])
+            assert stop.value.code == 2 and f"{flag} must be a finite number" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        convert.parse_args(["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "out"),
+                            "--distill_learning_rate", "inf"])
+    assert stop.value.code == 2 and "--distill_learning_rate must be a finite number" in capsys.readouterr().err
+
+
+# ---- teacher, evaluation length, unlabeled file --------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained_classifier(tmp_path_factory, tiny_data):  # noqa: F811
+    """A tiny classifier trained at 24 tokens (its folder), for teacher and evaluation tests."""
+    out = tmp_path_factory.mktemp("clf") / "run"
+    run_script("run_classification.py", "--data_dir", tiny_data / "clf", *CLF[:-4], "--max_length", 24,
+               "--per_device_train_batch_size", 16, "--max_train_steps", 2, "--output_dir", out)
+    return out
+
+
+def test_teacher_must_be_a_trained_classifier_covering_max_length(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    student = ["--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf", "--max_train_steps", 1,
+               "--output_dir", tmp_path / "student"]
+    refused("run_classification.py", *student, "--max_length", 24, "--teacher_model_name_or_path",
+            tmp_path / "no-teacher", message="no model there")
+    config = AutoConfig.from_pretrained(trained_classifier)
+    AutoModelForMaskedLM.from_config(config).save_pretrained(tmp_path / "mlm")
+    refused("run_classification.py", *student, "--max_length", 24, "--teacher_model_name_or_path", tmp_path / "mlm",
+            message="is not a trained classifier")
+    short = AutoConfig.from_pretrained(trained_classifier, max_position_embeddings=16)
+    from transformers import AutoModelForSequenceClassification
+
+    AutoModelForSequenceClassification.from_config(short).save_pretrained(tmp_path / "short")
+    refused("run_classification.py", *student, "--max_length", 24, "--teacher_model_name_or_path", tmp_path / "short",
+            message="holds 16 tokens")
+
+
+def test_evaluation_truncates_where_training_did(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    config = json.loads((trained_classifier / "tokenizer_config.json").read_text())
+    assert config["model_max_length"] == 24
+    run_script("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
+               "--split", "validation", "--output_dir", tmp_path / "eval", "--results_file", tmp_path / "r.json")
+    results = json.loads((tmp_path / "eval" / "validation_results.json").read_text())
+    assert results["max_length"] == 24
+    record, = json.loads((tmp_path / "r.json").read_text())
+    assert record["split"] == "validation" and record["max_length"] == 24 and record["samples"] == results[
+        "validation_samples"]
+    assert record["value"] == pytest.approx(100 * results["validation_accuracy"])
+    assert len(record["ci95"]) == 2 and record["scored_by"] == "evaluate_model.py"
+
+
+def test_unlabeled_file_without_texts_is_named(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n  \n\n")
+    result = run_script_failing("run_classification.py", "--model_name_or_path", trained_classifier, "--data_dir",
+                                tiny_data / "clf", "--teacher_model_name_or_path", trained_classifier,
+                                "--unlabeled_file", blank, "--output_dir", tmp_path / "s")
+    assert "no texts in it" in result.stderr and "Traceback" not in result.stderr, result.stderr[-3000:]
+
+
+# ---- causal LM: the wrong folder, generation -----------------------------------------------
+
+def test_causal_lm_script_refuses_a_classifier_folder(tmp_path, trained_classifier):
+    docs = tmp_path / "docs.txt"
+    docs.write_text("\n".join(f"document {i} about a film and its music" for i in range(60)))
+    result = refused("run_clm.py", "--model_name_or_path", trained_classifier, "--train_file", docs,
+                     "--output_dir", tmp_path / "clm", message="is not a checkpoint this script can continue from")
+    assert "ZformerForSequenceClassification" in result.stderr
+
+
+def test_generation_refuses_empty_prompts_and_lengths_past_the_positions():
+    config = hf_zformer.ZformerConfig(attention_type="zformer", vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, intermediate_size=32, max_position_embeddings=20,
+                                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with pytest.raises(ValueError, match="empty prompt"):
+        model.generate(torch.zeros(1, 0, dtype=torch.long), max_new_tokens=3)
+    with pytest.raises(ValueError, match="at most 15 new tokens"):
+        model.generate(torch.ones(1, 5, dtype=torch.long), max_new_tokens=16)
+    with pytest.raises(ValueError, match="max_length=50"):
+        model.generate(torch.ones(1, 5, dtype=torch.long), max_length=50)
+    assert model.generate(torch.ones(1, 5, dtype=torch.long), max_new_tokens=15, eos_token_id=None).shape == (1, 20)
+    model.generation_config.max_length = None  # the library default (20 tokens), cut to the positions
+    assert model.generate(torch.ones(1, 5, dtype=torch.long), eos_token_id=None).shape[1] <= 20
