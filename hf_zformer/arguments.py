@@ -32,9 +32,10 @@ __all__ = [
 ]
 
 # Arguments that may differ between a run and its resumption: where the run is written and reported,
-# how it is launched and logged; every other argument defines the run (`run_identity`).
+# how often it is saved, how it is launched and logged; every other argument defines the run (`run_identity`).
 RESUMABLE_ARGS = frozenset({
-    "resume_from_checkpoint", "output_dir", "overwrite_output_dir", "logging_steps", "with_tracking", "report_to",
+    "resume_from_checkpoint", "output_dir", "overwrite_output_dir", "checkpointing_steps", "logging_steps",
+    "with_tracking", "report_to",
     "push_to_hub", "hub_model_id", "hub_token", "preprocessing_num_workers", "per_device_eval_batch_size",
     "cpu_allocator", "results_file", "trust_remote_code", "config_kwargs", "run_args",
 })

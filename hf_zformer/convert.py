@@ -28,7 +28,6 @@ from torch import nn
 
 from .folders import MODEL_FILES, check_output_dir, replace_atomically
 from .modeling import ZformerConfig
-from .modeling.attention import _split_heads, masked_softmax
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +71,7 @@ def _auto_class(task: str):
 
 # config fields the source's weight shapes decide: an override would make the copy fail (or mean nothing)
 WEIGHT_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
-                       "max_position_embeddings", "type_vocab_size", "position_offset")
+                       "max_position_embeddings", "type_vocab_size")
 
 
 def zformer_config(source_config, attention_type, task: str, has_pooler: bool, classifier_pooling=None,
@@ -214,9 +213,7 @@ def _copy_attention(layer, parts):
     """Pretrained attention weights into a layer of any attention type:
 
     - full, zformer: W_q, W_k, W_v (same roles, same shapes); zformer's scale s is set afterwards by
-      `calibrate_zformer_scales`. With `zformer_feature_map="hedgehog"` the feature maps start as
-      the identity (W = I, b = 0) and there is no scale: normalised outputs are convex combinations
-      of the values, as softmax attention's are, so they start at the right size.
+      `calibrate_zformer_scales`.
     - fastformer: W_q, W_k, W_v become the query, key and value projections (the query is pooled into
       the global query, the key mixed with it, the value modulated by the global key); the pooling
       vectors w_q, w_k start at zero, so both poolings start as the plain mean over real tokens (no
@@ -239,9 +236,6 @@ def _copy_attention(layer, parts):
         with torch.no_grad():
             attention.query_score.zero_()
             attention.key_score.zero_()
-    if layer.attention_type == "zformer" and attention.key_map is not None:
-        attention.query_map.reset_parameters()
-        attention.key_map.reset_parameters()
     _copy(layer.attention.output, parts["attention_output"])
 
 
@@ -322,12 +316,11 @@ def calibrate_zformer_scales(target, reference, input_ids: torch.Tensor, attenti
     LayerNorms expect. Matching sizes on real text (`CALIBRATION_TEXT`, ~128 tokens) at each layer's
     input in `reference` (the exact full-attention copy) starts s where the layer's output is of the
     right magnitude; s stays learnable (log-parametrised), so fine-tuning on other lengths adapts it.
-    Layers with a feature map (`zformer_feature_map="hedgehog"`) have no s and are skipped. Returns
-    the scales, one per zformer layer that has one."""
+    Returns the scales, one per zformer layer."""
     inputs = _attention_inputs(reference, input_ids, attention_mask)
     scales = []
     for i, layer in enumerate(target.base_model.encoder.layers):
-        if layer.attention_type != "zformer" or layer.attention.log_scale is None:
+        if layer.attention_type != "zformer":
             continue
         x = inputs[i]
         softmax_context = reference.base_model.encoder.layers[i].attention.context(x, attention_mask)
@@ -386,14 +379,7 @@ class Distillation:
     `model_steps` of whole-model fitting (the converted model on its own inputs, every layer's
     output pulled towards the source's), which corrects what the layers' errors add up to. `source`
     names where the texts came from (e.g. the file); the model card's metadata records it with the
-    settings.
-
-    `attention_weight_loss` weighs a second layer-wise loss for layers whose attention forms
-    normalised weights a_ij (zformer with `zformer_feature_map="hedgehog"`): the cross-entropy
-    -sum_j t_ij log a_ij between the source's softmax weights t_ij = softmax_j(q_i . k_j / sqrt(d_h))
-    (over real keys, from the source layer's own q and k on the same input) and a_ij, averaged over
-    real query tokens and heads (Hedgehog's loss), added to the output error (weights and outputs,
-    as in LoLCATs). 0 fits the outputs only; layers without such weights always fit outputs only."""
+    settings."""
 
     texts: Sequence[str]
     steps: int = 300
@@ -404,7 +390,6 @@ class Distillation:
     seed: int = 0
     eval_texts: int = 32
     source: str | None = None
-    attention_weight_loss: float = 1.0
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "max_length", "eval_texts"):
@@ -414,8 +399,6 @@ class Distillation:
             raise ValueError(f"Distillation: model_steps must be >= 0, got {self.model_steps}")
         if not self.learning_rate > 0:
             raise ValueError(f"Distillation: learning_rate must be > 0, got {self.learning_rate}")
-        if not self.attention_weight_loss >= 0:
-            raise ValueError(f"Distillation: attention_weight_loss must be >= 0, got {self.attention_weight_loss}")
         if len(self.texts) <= self.eval_texts:
             raise ValueError(f"Distillation: {len(self.texts)} texts given; it needs more than eval_texts="
                              f"{self.eval_texts} (held out to measure the fit) to train on")
@@ -436,42 +419,6 @@ def _relative_errors(model, calls, layers, attention_mask) -> list[torch.Tensor]
         output = model.base_model.encoder.layers[i].attention(*args, **kwargs)[0]
         errors.append(_relative_error(output, target, weights))
     return errors
-
-
-def _forms_weights(model, i: int) -> bool:
-    """Whether layer i's attention forms normalised weights a_ij (zformer with a feature map)."""
-    layer = model.base_model.encoder.layers[i]
-    return layer.attention_type == "zformer" and layer.attention.key_map is not None
-
-
-def _softmax_weights(attention, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax_j(q_i . k_j / sqrt(d_h)) over the real keys j (B, H, N, N), from a full attention's own
-    query and key projections of `hidden_states` (B, N, D)."""
-    query = _split_heads(attention.query(hidden_states), attention.num_heads)
-    key = _split_heads(attention.key(hidden_states), attention.num_heads)
-    mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-    return masked_softmax(query @ key.transpose(-1, -2) * attention.head_dim**-0.5, mask, dtype=torch.float32)
-
-
-def _attention_weight_losses(model, reference, calls, layers, attention_mask) -> list[torch.Tensor]:
-    """Per layer in `layers`: the cross-entropy between the reference layer's softmax weights and the
-    student's normalised weights a_ij on the recorded call, averaged over real query tokens and
-    heads (`Distillation.attention_weight_loss`); zero for a layer that forms no such weights."""
-    real = attention_mask.to(torch.float32)  # (B, N): the query tokens that count
-    losses = []
-    for i in layers:
-        if not _forms_weights(model, i):
-            losses.append(torch.zeros(()))
-            continue
-        args, kwargs, _ = calls[i]
-        x, mask = args[0], args[1] if len(args) > 1 else kwargs.get("attention_mask")
-        with torch.no_grad():
-            target = _softmax_weights(reference.base_model.encoder.layers[i].attention, x, mask)  # (B, H, N, N)
-        weights = model.base_model.encoder.layers[i].attention.attention_weights(x, mask)
-        # a_ij is zero only where t_ij is (padded keys): the clamp keeps 0 * log(0) at 0
-        cross_entropy = -(target * torch.log(weights.clamp_min(torch.finfo(weights.dtype).tiny))).sum(-1)  # (B, H, N)
-        losses.append((cross_entropy.mean(1) * real).sum() / real.sum().clamp_min(1.0))
-    return losses
 
 
 def _hidden_state_errors(model, reference, input_ids, attention_mask, first: int) -> list[torch.Tensor]:
@@ -526,38 +473,23 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
         encoded = tokenizer(batch, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
         return encoded["input_ids"], encoded["attention_mask"]
 
-    weighted = [i for i in layers if _forms_weights(model, i)]  # layers with an attention-weight loss
-
-    def attention_losses(ids, mask):
-        """(output errors, attention-weight cross-entropies) per layer, each (len(layers),)."""
+    def attention_loss(ids, mask):
         with torch.no_grad():
             calls = _attention_calls(reference, ids, mask)
-        errors = torch.stack(_relative_errors(model, calls, layers, mask))
-        if not weighted:
-            return errors, torch.zeros_like(errors)
-        return errors, torch.stack(_attention_weight_losses(model, reference, calls, layers, mask))
-
-    def attention_loss(ids, mask):
-        errors, weight_losses = attention_losses(ids, mask)
-        if not distillation.attention_weight_loss:
-            return errors
-        return errors + distillation.attention_weight_loss * weight_losses
+        return torch.stack(_relative_errors(model, calls, layers, mask))
 
     def model_loss(ids, mask):
         return torch.stack(_hidden_state_errors(model, reference, ids, mask, layers[0]))
 
     def held_out_fit():
-        attention, weight_loss, last, count = torch.zeros(len(layers)), torch.zeros(len(layers)), 0.0, 0
+        attention, last, count = torch.zeros(len(layers)), 0.0, 0
         with torch.no_grad():
             for start in range(0, len(held_out), distillation.batch_size):
                 ids, mask = encode(held_out[start : start + distillation.batch_size])
-                errors, weight_losses = attention_losses(ids, mask)
-                attention += errors
-                weight_loss += weight_losses
+                attention += attention_loss(ids, mask)
                 last += float(model_loss(ids, mask)[-1])
                 count += 1
-        weight_loss = [round(float(e) / count, 4) if i in weighted else None for i, e in zip(layers, weight_loss)]
-        return [round(float(e) / count, 4) for e in attention], round(last / count, 4), weight_loss
+        return [round(float(e) / count, 4) for e in attention], round(last / count, 4)
 
     def train(loss_of, steps, description):
         optimizer = torch.optim.AdamW(trainable, lr=distillation.learning_rate, weight_decay=0.0)
@@ -586,25 +518,19 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
     for parameter in trainable:
         parameter.requires_grad_(True)
     try:
-        before, last_before, weights_before = held_out_fit()
+        before, last_before = held_out_fit()
         train(attention_loss, distillation.steps, "distilling attention, layer by layer")
         if distillation.model_steps:
             train(model_loss, distillation.model_steps, "distilling attention, whole model")
-        after, last_after, weights_after = held_out_fit()
+        after, last_after = held_out_fit()
     finally:
         for parameter, flag in flags.items():
             parameter.requires_grad_(flag)
         model.train(was_training)
     logger.info(f"attention distillation, relative error per layer {layers}: before {before}, after {after}; "
                 f"of the last hidden states: before {last_before}, after {last_after}")
-    report = {"layers": layers, "before": before, "after": after, "last_layer_before": last_before,
-              "last_layer_after": last_after, "max_length": max_length}
-    if weighted:
-        logger.info(f"attention distillation, attention-weight cross-entropy per layer {layers} (None: no "
-                    f"feature map): before {weights_before}, after {weights_after}")
-        report.update(attention_weight_loss=distillation.attention_weight_loss,
-                      weight_loss_before=weights_before, weight_loss_after=weights_after)
-    return report
+    return {"layers": layers, "before": before, "after": after, "last_layer_before": last_before,
+            "last_layer_after": last_after, "max_length": max_length}
 
 
 def _calibration_batch(tokenizer, config):
@@ -651,8 +577,6 @@ def model_card_text(config, base_model: str, task: str, distillation: dict | Non
     distilled = ""
     if distillation is not None:  # the settings also as metadata, for result records (results.distillation_of)
         data.distillation = {key: distillation.get(key) for key in DISTILLATION_SETTINGS}
-        if "attention_weight_loss" in distillation:  # layers with a feature map fitted their weights too
-            data.distillation["attention_weight_loss"] = distillation["attention_weight_loss"]
         distilled = (
             f"\nAfter conversion the attention of layers {distillation['layers']} was distilled onto the base "
             f"model's softmax attention (`hf_zformer.convert.distill_attention`: {distillation['steps']} layer-wise "
@@ -662,13 +586,6 @@ def model_card_text(config, base_model: str, task: str, distillation: dict | Non
             f"{distillation['before']} and {distillation['after']}; of the last hidden states "
             f"{distillation['last_layer_before']} and {distillation['last_layer_after']}.\n"
         )
-        if "attention_weight_loss" in distillation:
-            distilled += (
-                f"Layers with a feature map also fitted their attention weights to the softmax weights "
-                f"(cross-entropy, weight {distillation['attention_weight_loss']} beside the output error); "
-                f"held-out cross-entropy per layer (None: no feature map), before and after: "
-                f"{distillation['weight_loss_before']} and {distillation['weight_loss_after']}.\n"
-            )
     content = f"""---
 {data.to_yaml()}
 ---
@@ -801,7 +718,7 @@ def convert_pretrained(
         reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
         copy_weights(reference, source, family, source_task)
         batch = _calibration_batch(tokenizer, config)
-        if "zformer" in types and config.zformer_feature_map == "identity":  # a feature map has no scale
+        if "zformer" in types:
             scales = calibrate_zformer_scales(model, reference, *batch)
             config.zformer_scale_init = float(sorted(scales)[len(scales) // 2])  # for reference; each layer has its own
             logger.info(f"zformer scales s per layer: {[round(s, 2) for s in scales]}")

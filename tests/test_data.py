@@ -557,8 +557,9 @@ def test_multi30k_shared() -> None:
 def test_imdb_shared_deterministic_validation() -> None:
     ds = load_classification_dataset(SHARED_DATA / "imdb", extra_columns=("id",))
     again = load_classification_dataset(SHARED_DATA / "imdb", extra_columns=("id",))
-    assert list(ds) == ["train", "validation"]
-    assert (len(ds["train"]), len(ds["validation"])) == (22500, 2500)
+    assert list(ds) == ["train", "validation", "test"]  # the official test split, kept apart from the carve
+    assert (len(ds["train"]), len(ds["validation"]), len(ds["test"])) == (22500, 2500, 25000)
+    assert collections.Counter(column(ds["test"], "label")) == {0: 12500, 1: 12500}
     assert collections.Counter(column(ds["validation"], "label")) == {0: 1250, 1: 1250}
     assert collections.Counter(column(ds["train"], "label")) == {0: 11250, 1: 11250}
     train_ids, val_ids = set(column(ds["train"], "id")), set(column(ds["validation"], "id"))

@@ -327,15 +327,17 @@ def test_stale_checkpoint_folders_cleaned_at_start(tiny_data, tmp_path):
     """.tmp-* (partial save) and .old-* (replaced checkpoint) folders of an interrupted run are
     removed at the start; an .old-NAME whose NAME is missing is the only copy and is restored."""
     out = tmp_path / "out"
+    # marked by a file of their own, not a training state: a folder holding another run's checkpoints
+    # is refused for a new run (test_guards.py), and this run starts fresh
     for name in (".tmp-step_9", ".old-step_7", ".old-step_1", "step_1"):
         (out / name).mkdir(parents=True)
-        (out / name / "training_state.json").write_text(json.dumps({"name": name}))
+        (out / name / "marker.json").write_text(json.dumps({"name": name}))
     run_script("run_classification.py", "--data_dir", tiny_data / "clf", "--attention_type", "fastformer",
                "--config_overrides", TINY_CLF, "--vocab_size", 120, "--max_length", 32, "--max_train_steps", 1,
                "--output_dir", out)
     assert not list(out.glob(".tmp-*")) and not list(out.glob(".old-*"))
-    assert json.loads((out / "step_7" / "training_state.json").read_text()) == {"name": ".old-step_7"}
-    assert json.loads((out / "step_1" / "training_state.json").read_text()) == {"name": "step_1"}
+    assert json.loads((out / "step_7" / "marker.json").read_text()) == {"name": ".old-step_7"}
+    assert json.loads((out / "step_1" / "marker.json").read_text()) == {"name": "step_1"}
     assert (out / ".lock").read_text().strip().isdigit()  # the pid of the run that held the folder
 
 

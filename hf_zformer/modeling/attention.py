@@ -479,65 +479,6 @@ def quadratic_order_pays_off(query_length: int, key_length: int, head_dim: int) 
     return 2 * query_length * key_length < head_dim * (query_length + key_length)
 
 
-class HedgehogFeatureMap(nn.Module):
-    """Hedgehog's learned feature map (Zhang et al., ICLR 2024, "The Hedgehog & the Porcupine"), per head h:
-
-        phi(x) = [softmax(W_h x + b_h), softmax(-(W_h x + b_h))]
-
-    each softmax over the d_h entries, so phi(x) has 2 d_h positive entries and phi(q) . phi(k) > 0
-    for any q, k: weights made of these dot products are never negative. W_h (d_h x d_h) starts as
-    the identity and b_h at zero. x (B, H, N, d) -> (B, H, N, 2 d), in x's precision."""
-
-    def __init__(self, num_heads: int, head_dim: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.empty(num_heads, head_dim, head_dim))  # W (H, d, d)
-        self.bias = nn.Parameter(torch.empty(num_heads, head_dim))  # b (H, d)
-        self.reset_parameters()
-
-    @torch.no_grad()
-    def reset_parameters(self) -> None:
-        """The identity map: W = I, b = 0."""
-        self.weight.copy_(torch.eye(self.weight.shape[-1]).expand_as(self.weight))
-        self.bias.zero_()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        weight, bias = self.weight, self.bias
-        if weight.dtype != x.dtype:
-            weight, bias = weight.to(x.dtype), bias.to(x.dtype)
-        projected = torch.matmul(x, weight.transpose(-1, -2)) + bias[:, None, :]  # W_h x + b_h  (B, H, N, d)
-        return torch.cat([torch.softmax(projected, dim=-1), torch.softmax(-projected, dim=-1)], dim=-1)
-
-
-def _with_ones(value: torch.Tensor) -> torch.Tensor:
-    """[v, 1] (B, H, N, d + 1): summed with weights, the last column is the sum of the weights."""
-    return torch.cat([value, value.new_ones(*value.shape[:-1], 1)], dim=-1)
-
-
-def _normalize(weighted: torch.Tensor) -> torch.Tensor:
-    """[sum_j w_ij v_j, sum_j w_ij] (B, H, N, d + 1) -> sum_j w_ij v_j / sum_j w_ij (B, H, N, d). The
-    weights are never negative, so a zero sum means no key has weight: then the numerator is zero
-    too and the output is zero (division by 1), with finite gradients."""
-    numerator, denominator = weighted[..., :-1], weighted[..., -1:]
-    return numerator / torch.where(denominator > 0, denominator, 1.0)
-
-
-def normalized_attention_weights(query_features: torch.Tensor, key_features: torch.Tensor,
-                                 key_mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
-    """The weights a_ij = phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j') of normalised linear
-    attention, built explicitly (quadratic in the length): the reference the linear forms are
-    tested against, and the student's weights in attention distillation. query_features
-    (B, H, Nq, F), key_features (B, H, Nk, F); `key_mask` (B, Nk), 1 at real keys; `causal`: query i
-    (the last Nq of Nk tokens) sees keys j <= i + Nk - Nq. Only real, visible keys count; a query
-    with none gets zero weights. Returns (B, H, Nq, Nk)."""
-    scores = query_features @ key_features.transpose(-1, -2)  # (B, H, Nq, Nk)
-    if key_mask is not None:
-        scores = scores * key_mask.to(scores.dtype)[:, None, None, :]
-    if causal:
-        scores = scores.tril(scores.shape[-1] - scores.shape[-2])
-    total = scores.sum(-1, keepdim=True)
-    return scores / torch.where(total > 0, total, 1.0)
-
-
 class ZformerAttention(_QKVAttention):
     """Zformer linear attention (the Zformer_Pytorch code): with Q = X W_q / sqrt(d_h),
     K = X W_k, V = X W_v per head, `out = Q (K^T V) / s`, `s` a learnable scalar (init
@@ -552,33 +493,11 @@ class ZformerAttention(_QKVAttention):
 
     Bidirectional self-attention on sequences longer than the width takes a folded form with the
     same result (`_folded`): 4 N D^2 + 2 D^3 FLOPs per sequence instead of 6 N D^2 + 4 N D d_h.
-
-    With `config.zformer_feature_map="hedgehog"` the attention is normalised linear attention over
-    learned feature maps (`HedgehogFeatureMap`, one for the queries and one for the keys):
-
-        out_i = sum_j (phi(q_i) . phi(k_j)) v_j / sum_j (phi(q_i) . phi(k_j))   over real keys j
-
-    computed as phi(Q) [S | z] with S = sum_j phi(k_j) v_j^T and z = sum_j phi(k_j) (the sums of
-    phi(k_j) [v_j, 1]^T, (2 d_h, d_h + 1) per head), then the ratio (`_normalized_context`); a query
-    with no real key gets zero. Cost O(N d_h^2) as before. phi takes q and k as the projections give
-    them, without the 1/sqrt(d_h) of softmax attention: that factor keeps a d_h-term dot product's
-    spread from growing with d_h, whereas phi's softmaxes act on each vector's own entries, and any
-    fixed factor on q is a rescaling of W that training absorbs; with W = I, phi then starts from
-    the map Hedgehog was measured with. Each output is a convex combination of the values, as in
-    softmax attention, so the scale `s` has no role: it is not created (no `log_scale`). Causal:
-    the state is [S | z] over the tokens so far; cross-attention: [S | z] of the memory, computed once.
     """
 
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
         self.scale_init = float(config.zformer_scale_init)
-        self.feature_map = getattr(config, "zformer_feature_map", "identity")
-        if self.feature_map == "hedgehog":
-            self.query_map = HedgehogFeatureMap(self.num_heads, self.head_dim)
-            self.key_map = HedgehogFeatureMap(self.num_heads, self.head_dim)
-            self.register_parameter("log_scale", None)  # normalised outputs need no scale
-            return
-        self.query_map = self.key_map = None
         # Shape (1,), not 0-d: FSDP (fully_shard and FullyShardedDataParallel) refuses scalar parameters.
         self.log_scale = nn.Parameter(torch.full((1,), math.log(self.scale_init)))
 
@@ -604,12 +523,8 @@ class ZformerAttention(_QKVAttention):
         return _split_heads(self._scaled_queries(hidden_states), self.num_heads)
 
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
-        """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D); with a feature
-        map phi(K)^T [V, 1] = [S | z] (B, H, 2 d, d + 1)."""
-        if self.key_map is not None:
-            key, value = self._feature_keys_values(memory, memory_mask)
-        else:
-            key, value = self._keys_values(memory, memory_mask)
+        """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D)."""
+        key, value = self._keys_values(memory, memory_mask)
         with _no_autocast(memory.device.type):
             return key.transpose(-1, -2) @ value
 
@@ -624,7 +539,7 @@ class ZformerAttention(_QKVAttention):
 
     def _folded_output(self, hidden_states, attention_mask):
         # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
-        if self.key_map is None and _use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
+        if _use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
             return self._folded(hidden_states, attention_mask)
         return None
 
@@ -635,9 +550,7 @@ class ZformerAttention(_QKVAttention):
         ZFORMER_CAUSAL_BLOCK tokens (one block of `causal_linear_attention`), the others where that
         order costs fewer FLOPs (`_quadratic_pays_off`). A causal module with a cache hands its
         keys/values to `cache.update`, which returns the sums of k^T v before and including them
-        (B, H, d, d). With a feature map: `_normalized_context`."""
-        if self.key_map is not None:
-            return self._normalized_context(hidden_states, attention_mask, memory, memory_mask, cache)
+        (B, H, d, d)."""
         length = hidden_states.shape[1]
         if cache is None:
             if self.is_causal and length <= ZFORMER_CAUSAL_BLOCK:
@@ -667,63 +580,6 @@ class ZformerAttention(_QKVAttention):
         if context.dtype != query.dtype:
             context = context.to(query.dtype)
         return _merge_heads(context)
-
-    def _feature_keys_values(self, x: torch.Tensor, mask: torch.Tensor | None):
-        """phi(K) (zero at padding) (B, H, N, 2 d) and [V, 1] (B, H, N, d + 1) of `x` (B, N, D), in fp32."""
-        key, value = _fp32(_split_heads(self.key(x), self.num_heads), _split_heads(self.value(x), self.num_heads))
-        with _no_autocast(x.device.type):
-            key_features = self.key_map(key)
-            if mask is not None:
-                key_features = key_features * mask.to(key_features.dtype)[:, None, :, None]
-            return key_features, _with_ones(value)
-
-    def _query_features(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """phi(Q) (B, H, N, 2 d) in fp32."""
-        query = _fp32(_split_heads(self.query(hidden_states), self.num_heads))[0]
-        with _no_autocast(hidden_states.device.type):
-            return self.query_map(query)
-
-    def _normalized_context(self, hidden_states, attention_mask, memory, memory_mask, cache) -> torch.Tensor:
-        """Normalised linear attention over the feature maps (see the class docstring), one form for
-        every role: phi(Q) [S | z] of the memory or the sequence, or its causal prefix sums
-        (`causal_linear_attention` on phi(Q), phi(K), [V, 1]; through the cache's [S | z] state when
-        there is one), then the ratio (`_normalize`). Sums in fp32. Returns (B, N, D)."""
-        length = hidden_states.shape[1]
-        query_features = self._query_features(hidden_states)  # (B, H, N, 2d)
-        if self.is_causal:
-            key_features, value = self._feature_keys_values(hidden_states, _new_tokens_mask(attention_mask, length))
-            past = None
-            if cache is not None:
-                past, current = cache.update(key_features, value, self.layer_idx)  # (B, H, 2d, d + 1)
-            if cache is not None and length == 1:  # a decoding step: phi(q) [S | z] over all tokens so far
-                with _no_autocast(hidden_states.device.type):
-                    weighted = per_head_product(query_features, current)
-            else:
-                weighted = causal_linear_attention(query_features, key_features, value, past)  # (B, H, N, d + 1)
-        else:
-            state = self._memory(memory, memory_mask, cache) if self.is_cross else self._project_memory(
-                hidden_states, attention_mask)
-            with _no_autocast(hidden_states.device.type):
-                weighted = per_head_product(query_features, state)
-        with _no_autocast(hidden_states.device.type):
-            context = _normalize(weighted)  # (B, H, N, d)
-        if context.dtype != hidden_states.dtype:
-            context = context.to(hidden_states.dtype)
-        return _merge_heads(context)
-
-    def attention_weights(self, hidden_states, attention_mask=None, memory=None, memory_mask=None) -> torch.Tensor:
-        """The weights a_ij (B, H, N, Nk) of the feature-map form, built explicitly
-        (`normalized_attention_weights`, quadratic): over the memory for cross-attention, causal for a
-        causal module (no cache). `context` equals `a V` merged over heads."""
-        if self.key_map is None:
-            raise ValueError("attention_weights: zformer_feature_map='identity' forms no normalised weights")
-        source, source_mask = (memory, memory_mask) if self.is_cross else (hidden_states, attention_mask)
-        if self.is_causal:
-            source_mask = _new_tokens_mask(source_mask, hidden_states.shape[1])
-        query_features = self._query_features(hidden_states)
-        key = _fp32(_split_heads(self.key(source), self.num_heads))[0]
-        with _no_autocast(hidden_states.device.type):
-            return normalized_attention_weights(query_features, self.key_map(key), source_mask, causal=self.is_causal)
 
     def _short_context(self, hidden_states, source, source_mask) -> torch.Tensor:
         """`(Q K^T) V` of the queries of `hidden_states` (B, N, D) over the keys and values of `source`

@@ -69,9 +69,7 @@ class RecurrentLayer(CacheLayerMixin):
 
 
 class ZformerStateLayer(RecurrentLayer):
-    """Causal Zformer: the running sum of k_j^T v_j per head, (B, H, d_h, d_h) in fp32. With a feature
-    map (`zformer_feature_map="hedgehog"`) the keys are phi(k_j) and the values [v_j, 1]: the state,
-    (B, H, 2 d_h, d_h + 1), holds S = sum_j phi(k_j) v_j^T and, as its last column, z = sum_j phi(k_j)."""
+    """Causal Zformer: the running sum of k_j^T v_j per head, (B, H, d_h, d_h) in fp32."""
 
     def __init__(self):
         super().__init__()
@@ -80,21 +78,19 @@ class ZformerStateLayer(RecurrentLayer):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """key_states (zero at padding) / value_states (B, H, N, d) of N new tokens. Adds theirs to
         the state and returns (the sum over the tokens before them, the sum including them), each
-        (B, H, d, e) (e = d without a feature map): a single new token attends to the second, a block
-        of tokens starts from the first."""
+        (B, H, d, d): a single new token attends to the second, a block of tokens starts from the first."""
         batch, heads, length, dim = key_states.shape
-        value_dim = value_states.shape[-1]
         key, value = _fp32(key_states, value_states)  # the sums run in fp32 (fp64 stays fp64)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-            self.state = key.new_zeros(batch, heads, dim, value_dim)
+            self.state = key.new_zeros(batch, heads, dim, dim)
         past = self.state
         with _no_autocast(key_states.device.type):
             # past + k^T v in one batched product-and-add over (B * H) views (see `per_head_product`)
             self.state = torch.baddbmm(
-                past.reshape(batch * heads, dim, value_dim), key.reshape(batch * heads, length, dim).transpose(1, 2),
-                value.reshape(batch * heads, length, value_dim),
-            ).view(batch, heads, dim, value_dim)
+                past.reshape(batch * heads, dim, dim), key.reshape(batch * heads, length, dim).transpose(1, 2),
+                value.reshape(batch * heads, length, dim),
+            ).view(batch, heads, dim, dim)
         self.num_tokens += length
         return past, self.state
 

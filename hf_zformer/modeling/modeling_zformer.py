@@ -28,7 +28,6 @@ from .attention import (
     ATTENTION_CLASSES,
     Dropout,
     FastformerAttention,
-    HedgehogFeatureMap,
     Linear,
     XformerAttention,
     ZformerAttention,
@@ -348,11 +347,8 @@ class ZformerPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         std = self.config.initializer_range
-        if isinstance(module, ZformerAttention) and module.log_scale is not None:
+        if isinstance(module, ZformerAttention):
             init.constant_(module.log_scale, math.log(module.scale_init))
-        elif isinstance(module, HedgehogFeatureMap):  # the identity map
-            init.copy_(module.weight, torch.eye(module.weight.shape[-1]).expand_as(module.weight))
-            init.zeros_(module.bias)
         elif isinstance(module, XformerAttention):
             init.normal_(module.sequence_projection, mean=0.0, std=std)
         elif isinstance(module, FastformerAttention) and module.additive:
