@@ -272,10 +272,10 @@ class _Loop:
         """Stop the run (:class:`TrainingDiverged`, naming the step) when the loss of a batch is NaN
         or infinite on any process, before it reaches the weights. One host sync per batch, as
         transformers' Trainer makes for its NaN filter."""
-        finite = torch.isfinite(loss.detach()).reshape(1)
+        finite = torch.isfinite(loss.detach()).float().reshape(1)  # float: gloo gathers no bool tensors
         if self.accelerator.num_processes > 1:
             finite = self.accelerator.gather(finite)
-        if not bool(finite.all()):
+        if not bool(finite.min() > 0):
             raise TrainingDiverged(
                 f"the loss is {loss.item()} at optimizer step {self.completed_steps + 1}; nothing from this step on "
                 "is saved (checkpoints and the best model saved before it stay). Lower --learning_rate, keep "
