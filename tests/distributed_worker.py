@@ -164,11 +164,43 @@ def check(kind, attention, mode, workdir: Path):
             report.write(json.dumps({"kind": kind, "attention": attention, "mode": mode, "loss": expected_loss}) + "\n")
 
 
+def check_ddp_checkpointing(kind, attention, workdir: Path):
+    """DDP with gradient checkpointing (non-reentrant recomputation of every layer) and the tied-embedding
+    lookups: each process's step on its rows gives the one-process step's gradients (DDP averages them),
+    loss and parameters."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    full_batch = batch(kind, rows=ROWS_PER_RANK * world)
+    local = rows(full_batch, rank * ROWS_PER_RANK, (rank + 1) * ROWS_PER_RANK)
+    where = f"{kind}/{attention}/ddp-gc"
+    expected_loss, expected_grads, expected = reference_step(kind, attention, full_batch, world)
+    plain = model(kind, attention).train()
+    plain.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    net = DistributedDataParallel(plain)
+    optimizer = torch.optim.AdamW(net.parameters(), lr=LR)
+    loss = net(**local).loss
+    loss.backward()
+    for name, p in plain.named_parameters():
+        torch.testing.assert_close(p.grad, expected_grads[name], rtol=1e-4, atol=1e-6,
+                                   msg=lambda m: f"{where} grad {name}: {m}")
+    optimizer.step()
+    mean_loss = loss.detach().clone()
+    dist.all_reduce(mean_loss)
+    assert abs(mean_loss.item() / world - expected_loss) <= 1e-6 * max(1.0, abs(expected_loss)), where
+    for name, value in plain.state_dict().items():
+        torch.testing.assert_close(value, expected[name], rtol=1e-5, atol=1e-5, msg=lambda m: f"{where} {name}: {m}")
+    check_tied(plain, where + " after a step")
+    if rank == 0:
+        with open(workdir / "report.jsonl", "a") as report:
+            report.write(json.dumps({"kind": kind, "attention": attention, "mode": "ddp-gc", "loss": expected_loss}) + "\n")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--workdir", type=Path, required=True)
     parser.add_argument("--cases", required=True, help="comma-separated kind:attention pairs")
-    parser.add_argument("--modes", default="fsdp2,fsdp1")
+    parser.add_argument("--modes", default="fsdp2,fsdp1", help="fsdp2, fsdp1 and/or ddp-gc")
     args = parser.parse_args()
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -176,7 +208,10 @@ def main():
         for case in args.cases.split(","):
             kind, attention = case.split(":")
             for mode in args.modes.split(","):
-                check(kind, attention, mode, args.workdir)
+                if mode == "ddp-gc":
+                    check_ddp_checkpointing(kind, attention, args.workdir)
+                else:
+                    check(kind, attention, mode, args.workdir)
     finally:
         dist.destroy_process_group()
 

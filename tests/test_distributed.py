@@ -44,6 +44,13 @@ def test_fsdp2_and_fsdp1_step_and_checkpoints_of_zformer_classifier_and_seq2seq(
     assert passed == {(kind, attention, mode) for kind, attention in pairs for mode in ("fsdp2", "fsdp1")}
 
 
+def test_ddp_with_gradient_checkpointing_equals_one_process(tmp_path):
+    """DDP over two processes with gradient checkpointing, through the tied-embedding lookups of a
+    seq2seq and a causal LM: the step of one process on the whole batch."""
+    pairs = [("seq2seq", "zformer"), ("causal", "fastformer")]
+    assert run_workers(tmp_path, pairs, modes=("ddp-gc",)) == {(kind, attention, "ddp-gc") for kind, attention in pairs}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", list(AUTO_CLASSES))
 def test_fsdp_matrix_every_attention_type(tmp_path, kind):
