@@ -554,7 +554,9 @@ def _load_tokenizer(model_name_or_path, vocab_size: int):
     except (OSError, ValueError, TypeError) as error:
         logger.warning(f"{model_name_or_path} has no loadable tokenizer ({error})")
         return None
-    if not vocab_size // 2 <= len(tokenizer) <= vocab_size:
+    from .tokenization import fits_vocabulary
+
+    if not fits_vocabulary(tokenizer, vocab_size):
         logger.warning(f"{model_name_or_path}: its tokenizer has {len(tokenizer)} tokens for a vocabulary of "
                        f"{vocab_size}; not a tokenizer of this model")
         return None

@@ -66,13 +66,13 @@ def check_output_dir(output_dir: str | os.PathLike | None, *, overwrite: bool = 
         if part.exists() and not part.is_dir():
             what = "is a file" if part == path else f"is under {str(part)!r}, which is a file"
             raise ValueError(f"{name}={str(output_dir)!r} {what}; pass a folder")
-    if _protected(path.resolve()) is not None:
-        check_replaceable(path, name=name)
-    if path.is_dir() and any(path.iterdir()):
-        if not overwrite:
-            raise ValueError(f"{name}={str(output_dir)!r} exists and is not empty; pass overwrite=True "
-                             "(--overwrite) to replace it, or another folder")
-        check_replaceable(path, name=name)
+    why = _protected(path.resolve())
+    if why is not None:
+        raise ValueError(f"{name}={str(output_dir)!r} cannot be replaced: {why}; pass a new folder")
+    if path.is_dir() and any(path.iterdir()) and not overwrite:
+        raise ValueError(f"{name}={str(output_dir)!r} exists and is not empty; pass overwrite=True "
+                         "(--overwrite) to replace it, or another folder")
+    check_replaceable(path, name=name)  # a non-empty folder must hold a saved model
     return path
 
 

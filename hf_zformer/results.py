@@ -279,32 +279,35 @@ def config_summary(config) -> dict[str, Any]:
     return summary
 
 
-def evaluation_fields(args, config) -> dict[str, Any]:
-    """The fields of a record written by ``scripts/evaluate_model.py`` for a saved model: what the
-    model is (attention, config, base model, distillation, and from the folder's ``all_results.json``
-    the training's steps, epochs and best step), what scored it (task, commit, date, machine)."""
-    folder = Path(args.model_name_or_path).expanduser()
-    trained: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        trained = json.loads((folder / "all_results.json").read_text())
+def _model_fields(args, config) -> dict[str, Any]:
+    """The fields every record shares, whether a training run or an evaluation wrote it: the task,
+    what the model is (attention, config, the folder it came from, its base model and distillation)
+    and where it was measured (commit, date, machine)."""
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     return {
         "task": task_name(args),
         "attention": _layer_types(getattr(config, "attention_type", None)),
         "decoder_attention": _layer_types(getattr(config, "decoder_attention_type", None)) if seq2seq else None,
-        "epochs": trained.get("epoch"),
-        "train_steps": trained.get("train_steps"),
-        "best_step": trained.get("best_step"),
         "split_seed": getattr(args, "split_seed", None),
         "commit": git_commit(),
         "base_model": base_model_of(args.model_name_or_path),
-        "distillation": distillation_of(args.model_name_or_path),
-        "model_name_or_path": str(args.model_name_or_path),
+        "distillation": distillation_of(args.model_name_or_path),  # of a converted folder (its model card)
+        "model_name_or_path": args.model_name_or_path,  # the folder or id the run loaded
         "config": config_summary(config),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
-        "scored_by": "evaluate_model.py",
     }
+
+
+def evaluation_fields(args, config) -> dict[str, Any]:
+    """The fields of a record written by ``scripts/evaluate_model.py`` for a saved model:
+    :func:`_model_fields` and, from the folder's ``all_results.json``, the training's epochs, steps
+    and best step."""
+    trained: dict[str, Any] = {}
+    with contextlib.suppress(OSError, ValueError):
+        trained = json.loads((Path(args.model_name_or_path).expanduser() / "all_results.json").read_text())
+    return {**_model_fields(args, config), "epochs": trained.get("epoch"), "train_steps": trained.get("train_steps"),
+            "best_step": trained.get("best_step"), "scored_by": "evaluate_model.py"}
 
 
 def run_fields(args, config, results: dict[str, Any], *, max_length: int | None, wall_time_s: float,
@@ -319,29 +322,18 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
     train_time = (results.get("train_runtime_s") or 0.0) - (results.get("eval_runtime_s") or 0.0)
     if tokens_per_epoch and results.get("epoch") and train_time > 0:
         tokens_per_s = tokens_per_epoch * results["epoch"] / train_time
-    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
     return {
-        "task": task_name(args),
-        "attention": _layer_types(getattr(config, "attention_type", None)),
-        "decoder_attention": _layer_types(getattr(config, "decoder_attention_type", None)) if seq2seq else None,
+        **_model_fields(args, config),
         "epochs": results.get("epoch"),  # fractional: optimizer steps / steps per epoch
         "train_steps": results.get("train_steps"),
         "train_examples": train_examples,
         "seed": args.seed,
-        "split_seed": getattr(args, "split_seed", None),
         "learning_rate": getattr(args, "learning_rate", None),  # runs of one comparison may differ only in it
-        "commit": git_commit(),
-        "base_model": base_model_of(args.model_name_or_path),
-        "distillation": distillation_of(args.model_name_or_path),  # of a converted folder (its model card)
-        "model_name_or_path": args.model_name_or_path,  # the folder or id the run loaded
         "max_length": max_length,
         **({"truncation_side": args.truncation_side} if getattr(args, "truncation_side", None) else {}),
-        "config": config_summary(config),
         "best_step": results.get("best_step"),
         "wall_time_s": round(wall_time_s, 1),
         "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "machine": machine(),
         "mixed_precision": results.get("mixed_precision"),  # "no", "bf16" or "fp16": runs differ in it
         "output_dir": str(args.output_dir),
     }

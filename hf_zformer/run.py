@@ -193,6 +193,8 @@ def _pretrained_tokenizer(args: argparse.Namespace, source: str):
     or when it cannot be the model's (far fewer tokens than the model's vocabulary)."""
     from transformers import AutoConfig, AutoTokenizer
 
+    from .tokenization import fits_vocabulary
+
     flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"
     folder = Path(source).expanduser()
     if folder.is_dir() and not any((folder / name).exists() for name in TOKENIZER_FILES):
@@ -207,10 +209,10 @@ def _pretrained_tokenizer(args: argparse.Namespace, source: str):
         with contextlib.suppress(OSError, ValueError):
             vocab_size = AutoConfig.from_pretrained(args.model_name_or_path,
                                                     trust_remote_code=args.trust_remote_code).vocab_size
-            if len(tokenizer) < vocab_size // 2:
+            if not fits_vocabulary(tokenizer, vocab_size):
                 usage_error(f"{flag} {source!r}: its tokenizer has {len(tokenizer)} tokens for a model vocabulary "
-                            f"of {vocab_size}, so most words would become unknown; pass --tokenizer_name with the "
-                            "tokenizer the model was trained with")
+                            f"of {vocab_size}, so it is not the model's; pass --tokenizer_name with the tokenizer "
+                            "the model was trained with")
     return tokenizer
 
 

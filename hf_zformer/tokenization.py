@@ -42,6 +42,7 @@ __all__ = [
     "PAD_ID",
     "SPECIAL_TOKENS",
     "UNK_ID",
+    "fits_vocabulary",
     "iter_texts",
     "train_tokenizer",
 ]
@@ -53,6 +54,13 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID, MASK_ID = range(len(SPECIAL_TOKENS))
 _METASPACE = "\u2581"  # "▁"
 #: Always in the vocabulary, so digits and ASCII punctuation never become ``<unk>``.
 _INITIAL_ALPHABET = sorted(set(string.ascii_letters + string.digits + string.punctuation + _METASPACE))
+
+
+def fits_vocabulary(tokenizer, vocab_size: int) -> bool:
+    """Whether ``tokenizer`` can be a model's with ``vocab_size`` embedding rows: no id beyond them, and
+    at least half of them covered. transformers 5 builds a tokenizer of the 5 special tokens for a
+    folder without tokenizer files, which would turn every word into the unknown token."""
+    return vocab_size // 2 <= len(tokenizer) <= vocab_size
 
 
 def iter_texts(

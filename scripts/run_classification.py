@@ -232,8 +232,7 @@ def main(argv=None) -> dict:
             teacher = load_teacher(args.teacher_model_name_or_path, model.config, accelerator.device,
                                    max_length=max_length, trust_remote_code=args.trust_remote_code)
         except ValueError as error:  # no model, no classifier, another tokenizer, classes or length: named
-            print(f"run_classification.py: error: {error}", file=sys.stderr)
-            sys.exit(2)
+            run.usage_error(str(error))
         loss_fn = TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature,
                               autocast=accelerator.autocast)  # the teacher in the run's mixed precision too
 
