@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer.modeling.attention import FEW_ROWS, Linear, takes_transposed_form, transposed_linear  # noqa: E402
+from hf_zformer.modeling.blocks import FEW_ROWS, Linear, takes_transposed_form, transposed_linear  # noqa: E402
 
 
 def parse_shape(text: str) -> tuple[int, int]:

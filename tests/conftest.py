@@ -109,6 +109,6 @@ def _seed():
 def few_row_form(monkeypatch):
     """`Linear`'s few-row rule on (FEW_ROWS = 4) whatever this machine's default (on for AMD CPUs
     only), so that decoding steps of 1-4 rows run the transposed product on every machine."""
-    from hf_zformer.modeling import attention
+    from hf_zformer.modeling import blocks
 
-    monkeypatch.setattr(attention, "FEW_ROWS", 4)
+    monkeypatch.setattr(blocks, "FEW_ROWS", 4)

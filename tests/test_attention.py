@@ -263,7 +263,7 @@ def _assert_same_function(first, second):
 def _folding(monkeypatch, enabled):
     import hf_zformer.modeling.attention as attention_module
 
-    monkeypatch.setattr(attention_module, "_use_folded_form", lambda hidden_states, pays_off: enabled)
+    monkeypatch.setattr(attention_module, "use_folded_form", lambda hidden_states, pays_off: enabled)
 
 
 @pytest.mark.parametrize(
@@ -315,11 +315,11 @@ def test_folded_form_is_taken_for_long_fp32_sequences_only():
     import hf_zformer.modeling.attention as attention_module
 
     long = torch.randn(1, 64, 32)
-    assert attention_module._use_folded_form(long, pays_off=True)
-    assert not attention_module._use_folded_form(long, pays_off=False)
-    assert not attention_module._use_folded_form(long.bfloat16(), pays_off=True)
+    assert attention_module.use_folded_form(long, pays_off=True)
+    assert not attention_module.use_folded_form(long, pays_off=False)
+    assert not attention_module.use_folded_form(long.bfloat16(), pays_off=True)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        assert not attention_module._use_folded_form(long, pays_off=True)
+        assert not attention_module.use_folded_form(long, pays_off=True)
 
 
 @pytest.mark.parametrize("attention_type", ["full", "zformer", "xformer", "fastformer"])
@@ -479,7 +479,7 @@ def test_few_row_rule_is_on_for_amd_cpus_only(monkeypatch, tmp_path):
     EPYC and 2-3x slower on an Intel Xeon (docs/benchmarks.md)."""
     import platform
 
-    from hf_zformer.modeling import attention
+    from hf_zformer.modeling import blocks as attention
 
     assert attention.default_few_rows("AuthenticAMD") == 4
     assert attention.default_few_rows("GenuineIntel") == 0 and attention.default_few_rows("") == 0
@@ -503,7 +503,7 @@ def test_few_row_rule_is_on_for_amd_cpus_only(monkeypatch, tmp_path):
 def test_few_row_linear_equals_nn_linear(in_features, out_features, bias, monkeypatch, few_row_form):
     """`Linear` takes its transposed product for 1-4 rows (not for in > out, fp64 or more rows) and
     gives nn.Linear's outputs and gradients, in every input shape, with nn.Linear's parameter names."""
-    from hf_zformer.modeling import attention
+    from hf_zformer.modeling import blocks as attention
 
     assert attention.FEW_ROWS == 4  # the fixture's, whatever this machine's default
 

@@ -210,7 +210,7 @@ def test_remote_code_round_trip_in_clean_process(tmp_path):
         "AutoModelForSeq2SeqLM", "AutoModelForCausalLM",
     }
     assert sorted(p.name for p in (tmp_path / "full-AutoModel").glob("*.py")) == [
-        "attention.py", "cache_zformer.py", "configuration_zformer.py", "modeling_zformer.py"
+        "attention.py", "blocks.py", "cache_zformer.py", "configuration_zformer.py", "modeling_zformer.py"
     ]
     torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
     run_isolated(
@@ -573,7 +573,7 @@ def test_config_fields_set_after_construction_are_validated_when_the_model_is_bu
 def test_dropout_is_active_in_training_and_skipped_otherwise():
     """`attention.Dropout` returns its input untouched (no call) in eval mode or with p = 0, and
     drops in training mode like `nn.Dropout`."""
-    from hf_zformer.modeling.attention import Dropout
+    from hf_zformer.modeling.blocks import Dropout
 
     x = torch.ones(64, 64)
     dropout = Dropout(0.5)

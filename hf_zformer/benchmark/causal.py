@@ -15,7 +15,7 @@ from ..modeling.configuration_zformer import ZformerConfig
 from ..modeling.modeling_zformer import CACHE_FIELD
 from .cases import DTYPES
 from .flops import dense_flops, layer_flops, token_attention_flops
-from .seq2seq import _runners, _time_alternating, _train_step
+from .seq2seq import build_runners, optimizer_step, time_alternating
 
 CAUSAL_MODELS = ("gpt2", "full", "zformer", "fastformer")
 CAUSAL_KINDS = ("train", "generate")
@@ -143,11 +143,11 @@ def causal_benchmark(models: Iterable[str], shape: CausalShape, device: str = "c
     use_autocast = autocast_dtype != torch.float32
     generator = torch.Generator().manual_seed(0)
     ids = {n: torch.randint(3, shape.vocab, (shape.batch, n), generator=generator).to(device_) for n in shape.lengths}
-    runners = _runners(models, build_causal, shape, device_)
+    runners = build_runners(models, build_causal, shape, device_)
     cache_sizes: dict[tuple[str, int], int] = {}
 
     def train_step(name, n):
-        _train_step(*runners[name][::2], autocast_dtype, input_ids=ids[n], labels=ids[n])
+        optimizer_step(*runners[name][::2], autocast_dtype, input_ids=ids[n], labels=ids[n])
 
     def generate(name, n):
         model, prompt, new = runners[name][0], ids[n][:, : n // 2], n - n // 2
@@ -163,7 +163,7 @@ def causal_benchmark(models: Iterable[str], shape: CausalShape, device: str = "c
     for n in shape.lengths:
         functions[f"train {n}"] = lambda name, n=n: train_step(name, n)
         functions[f"generate {n}"] = lambda name, n=n: generate(name, n)
-    times = _time_alternating(functions, models, warmup, repeats, device_, progress, desc="causal")
+    times = time_alternating(functions, models, warmup, repeats, device_, progress, desc="causal")
     results = []
     for name in models:
         model, description, _ = runners[name]

@@ -14,7 +14,7 @@ import torch
 from ..modeling.configuration_zformer import ZformerConfig
 from .cases import DTYPES
 from .flops import model_flops, step_flops
-from .seq2seq import _runners, _time_alternating, _train_step
+from .seq2seq import build_runners, optimizer_step, time_alternating
 
 CLASSIFICATION_MODELS = ("bert", "full", "zformer", "xformer", "fastformer")
 CLASSIFICATION_KINDS = ("forward", "train")
@@ -128,7 +128,7 @@ def classification_benchmark(models: Iterable[str], shape: ClassificationShape,
     generator = torch.Generator().manual_seed(0)
     ids = {n: torch.randint(3, shape.vocab, (shape.batch, n), generator=generator).to(device_) for n in shape.lengths}
     labels = torch.randint(0, shape.labels, (shape.batch,), generator=generator).to(device_)
-    runners = _runners(models, build_classifier, shape, device_)
+    runners = build_runners(models, build_classifier, shape, device_)
 
     def forward(name, n):
         model = runners[name][0]
@@ -137,13 +137,13 @@ def classification_benchmark(models: Iterable[str], shape: ClassificationShape,
             model(input_ids=ids[n], attention_mask=torch.ones_like(ids[n]))
 
     def train_step(name, n):
-        _train_step(*runners[name][::2], autocast_dtype, input_ids=ids[n], attention_mask=torch.ones_like(ids[n]),
+        optimizer_step(*runners[name][::2], autocast_dtype, input_ids=ids[n], attention_mask=torch.ones_like(ids[n]),
                     labels=labels)
 
     calls = {"forward": forward, "train": train_step}
     functions = {f"{kind} {n}": (lambda name, n=n, call=calls[kind]: call(name, n))
                  for n in shape.lengths for kind in kinds}
-    times = _time_alternating(functions, models, warmup, repeats, device_, progress, desc="classification")
+    times = time_alternating(functions, models, warmup, repeats, device_, progress, desc="classification")
     results = []
     for key in functions:
         kind, n = key.split()[0], int(key.split()[1])

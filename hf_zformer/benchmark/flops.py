@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from ..modeling.attention import _use_folded_form, quadratic_order_pays_off
+from ..modeling.attention import quadratic_order_pays_off, use_folded_form
 from .cases import TYPES, BenchCase, BenchResult, make_config
 
 def attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None) -> int:
@@ -66,7 +66,7 @@ def _fastformer_projections(config) -> int:
 
 def folded(attention_type: str, length: int, width: int, config, dtype: str = "fp32") -> bool:
     """Whether hf_zformer's bidirectional zformer/fastformer take their folded form: the model's own
-    rule (`modeling.attention._use_folded_form`: fp32 outside autocast; a bf16 benchmark runs its
+    rule (`modeling.attention.use_folded_form`: fp32 outside autocast; a bf16 benchmark runs its
     fp32 inputs under autocast) given each class's test that the folded form does fewer FLOPs."""
     if attention_type == "zformer":
         pays_off = length > width
@@ -76,7 +76,7 @@ def folded(attention_type: str, length: int, width: int, config, dtype: str = "f
         return False
     probe = torch.empty(0)  # stands for the fp32 hidden states the benchmark feeds
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype != "fp32"):
-        return _use_folded_form(probe, pays_off=pays_off)
+        return use_folded_form(probe, pays_off=pays_off)
 
 
 def executed_attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None,

@@ -41,12 +41,12 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, max_size: int
     while True:
         a = torch.randn(size, size, device=device).to(dtype)
         b = torch.randn(size, size, device=device).to(dtype)
-        elapsed = _timed_call(lambda: torch.nn.functional.linear(a, b), device)  # warm-up
-        elapsed = _timed_call(lambda: torch.nn.functional.linear(a, b), device)
+        elapsed = timed_call(lambda: torch.nn.functional.linear(a, b), device)  # warm-up
+        elapsed = timed_call(lambda: torch.nn.functional.linear(a, b), device)
         if elapsed >= target_seconds or size >= max_size:
             break
         size *= 2
-    times = [_timed_call(lambda: torch.nn.functional.linear(a, b), device) for _ in range(repeats)]
+    times = [timed_call(lambda: torch.nn.functional.linear(a, b), device) for _ in range(repeats)]
     seconds = statistics.median(times)
     return {"size": size, "dtype": str(dtype).replace("torch.", ""), "seconds": seconds, "flops": 2 * size**3 / seconds}
 
@@ -175,7 +175,7 @@ def _make_step(module, inputs: dict, case: BenchCase, device: torch.device) -> C
     return step
 
 
-def _timed_call(step: Callable[[], None], device: torch.device) -> float:
+def timed_call(step: Callable[[], None], device: torch.device) -> float:
     synchronize(device)
     start = time.perf_counter()
     step()
@@ -279,7 +279,7 @@ class _Runner:
 
     def call(self, record: bool) -> float | None:
         elapsed = []
-        self.guarded(lambda: elapsed.append(_timed_call(self.step, self.device)))
+        self.guarded(lambda: elapsed.append(timed_call(self.step, self.device)))
         if elapsed and record:
             self.times.append(elapsed[0])
         return elapsed[0] if elapsed else None

@@ -14,7 +14,7 @@ import torch
 from ..modeling.configuration_zformer import ZformerConfig
 from .cases import DTYPES
 from .flops import attention_flops, dense_flops, layer_flops, token_attention_flops
-from .harness import _timed_call
+from .harness import timed_call
 
 SEQ2SEQ_DEFAULT_MODELS = ("bart", "full", "zformer", "fastformer")
 # "fastformer-qv": fastformer with the official code's query-as-value sharing (`fastformer_share_qv`),
@@ -181,11 +181,11 @@ def seq2seq_benchmark(models: Iterable[str], shape: Seq2SeqShape, device: str = 
         data[s, t] = source, torch.ones_like(source), labels
 
     built = dataclasses.replace(shape, source_length=longest, target_length=longest) if lengths is not None else shape
-    runners = _runners(models, build_seq2seq, built, device_)
+    runners = build_runners(models, build_seq2seq, built, device_)
 
     def train_step(name, pair):
         source, source_mask, labels = data[pair]
-        _train_step(*runners[name][::2], autocast_dtype, input_ids=source, attention_mask=source_mask, labels=labels)
+        optimizer_step(*runners[name][::2], autocast_dtype, input_ids=source, attention_mask=source_mask, labels=labels)
 
     def generate(name, pair):
         model = runners[name][0]
@@ -204,7 +204,7 @@ def seq2seq_benchmark(models: Iterable[str], shape: Seq2SeqShape, device: str = 
     for pair in pairs:
         functions[f"train {pair[0]} {pair[1]}"] = lambda name, pair=pair: train_step(name, pair)
         functions[f"generate {pair[0]} {pair[1]}"] = lambda name, pair=pair: generate(name, pair)
-    times = _time_alternating(functions, models, warmup, repeats, device_, progress)
+    times = time_alternating(functions, models, warmup, repeats, device_, progress)
     results = []
     for s, t in pairs:
         at = dataclasses.replace(shape, source_length=s, target_length=t)
@@ -222,7 +222,7 @@ def seq2seq_benchmark(models: Iterable[str], shape: Seq2SeqShape, device: str = 
     return results
 
 
-def _runners(models: list[str], build, shape, device: torch.device) -> dict:
+def build_runners(models: list[str], build, shape, device: torch.device) -> dict:
     """``{name: (model, description, AdamW optimizer)}``: each model built by ``build(name, shape)``
     from the same seed and moved to `device`. The optimizer is PyTorch's fused AdamW on CPU and
     CUDA, as the training scripts use (`training.make_optimizer`): one kernel per step, so the
@@ -237,7 +237,7 @@ def _runners(models: list[str], build, shape, device: torch.device) -> dict:
     return runners
 
 
-def _train_step(model, optimizer, autocast_dtype: torch.dtype, **inputs):
+def optimizer_step(model, optimizer, autocast_dtype: torch.dtype, **inputs):
     """One training step: train mode, forward with `inputs` (labels included; under autocast unless
     fp32), backward, optimizer step, gradients dropped."""
     model.train()
@@ -249,7 +249,7 @@ def _train_step(model, optimizer, autocast_dtype: torch.dtype, **inputs):
     optimizer.zero_grad(set_to_none=True)
 
 
-def _time_alternating(functions: dict, models: list[str], warmup: int, repeats: int, device: torch.device,
+def time_alternating(functions: dict, models: list[str], warmup: int, repeats: int, device: torch.device,
                       progress: bool, desc: str = "seq2seq") -> dict[str, dict[str, list[float]]]:
     """``{model: {kind: seconds of each timed call}}``: for each kind (``function(model)``), the
     calls of all models alternate, warm-up calls first (not kept)."""
@@ -262,7 +262,7 @@ def _time_alternating(functions: dict, models: list[str], warmup: int, repeats: 
         for index in range(warmup + repeats):
             for name in models:
                 bar.set_postfix_str(f"{kind} {name}")
-                elapsed = _timed_call(lambda: function(name), device)
+                elapsed = timed_call(lambda: function(name), device)
                 if index >= warmup:
                     times[name][kind].append(elapsed)
                 bar.update(1)

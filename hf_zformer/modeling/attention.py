@@ -2,7 +2,8 @@
 
 Every class follows one protocol (`Attention`): the same constructor and forward, its own output
 projection `output` (so the folded bidirectional forms can merge it into their per-sequence
-matrix, `_apply_folded`); the layer adds the residual. `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
+matrix, `_apply_folded`); the layer adds the residual. Shared building blocks (head reshapes, masks,
+`Linear`) are in `blocks.py`. `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
 0/False at padding; padded positions never influence real ones, so outputs at real positions are
 exactly invariant to extra padding. Sums over the sequence run in fp32 with autocast disabled
 (linear-attention sums overflow fp16 and lose precision in bf16).
@@ -14,100 +15,36 @@ call or token by token gives the same outputs.
 This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and stdlib only.
 """
 
-import contextlib
 import math
-import platform
 from collections.abc import Callable
 
 import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from .blocks import (  # noqa: F401  (Linear, Dropout, masked_softmax are also this module's public names)
+    Dropout,
+    Linear,
+    add_into_fresh,
+    at_least_fp32,
+    drop_full_mask,
+    head_batches,
+    masked_softmax,
+    merge_head_batches,
+    merge_heads,
+    new_tokens_mask,
+    no_autocast,
+    per_head_product,
+    split_heads,
+    zero_padding,
+)
+
 # Zformer's causal form is computed in blocks of this many tokens: quadratic inside a block,
 # recurrent across blocks, so training memory is O(N * block) instead of O(N * d_h^2).
 ZFORMER_CAUSAL_BLOCK = 64
 
 
-def _fp32(*tensors):
-    """The tensors in at least fp32 (fp64 stays fp64), for sums over the sequence. fp32/fp64
-    tensors come back as they are, without a dispatched no-op conversion (decoding steps make many
-    such calls: see docs/benchmarks.md, "Short inputs")."""
-    return [t if t.dtype in (torch.float32, torch.float64) else t.float() for t in tensors]
-
-
-def _no_autocast(device_type: str):
-    """A context that disables autocast for fp32 sums; nothing to enter when autocast is off."""
-    if torch.is_autocast_enabled(device_type):
-        return torch.autocast(device_type=device_type, enabled=False)
-    return contextlib.nullcontext()
-
-
-def _split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """(B, N, H * d) -> (B, H, N, d)"""
-    batch, length, width = x.shape
-    return x.view(batch, length, num_heads, width // num_heads).transpose(1, 2)
-
-
-def _merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, N, d) -> (B, N, H * d)"""
-    batch, heads, length, dim = x.shape
-    return x.transpose(1, 2).reshape(batch, length, heads * dim)
-
-
-def _head_batches(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """(B, N, H * d) -> (B * H, N, d), contiguous: the operand layout of `torch.bmm` over every
-    (sequence, head) pair. A 4-D `matmul` of split heads makes the same copy, plus broadcasting
-    views and their autograd nodes, for each operand and product."""
-    batch, length, width = x.shape
-    return _split_heads(x, num_heads).reshape(batch * num_heads, length, -1)
-
-
-def per_head_product(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
-    """x (B, H, N, d) @ matrix (B, H, d, e) -> (B, H, N, e) as one `torch.bmm` over (B * H)-batched
-    views. x is copied only where its layout needs it (N > 1 split heads); a decoding step's single
-    token is a view. A 4-D `matmul` makes the same product with broadcasting views around it, an
-    extra ~5 dispatched operators that every decoding step pays per layer."""
-    batch, heads, length, dim = x.shape
-    product = torch.bmm(x.reshape(batch * heads, length, dim), matrix.reshape(batch * heads, dim, -1))
-    return product.view(batch, heads, length, -1)
-
-
-def _merge_head_batches(x: torch.Tensor, batch: int) -> torch.Tensor:
-    """(B * H, N, d) -> (B, N, H * d)"""
-    return _merge_heads(x.view(batch, -1, *x.shape[1:]))
-
-
-def _zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """Zero `x` (B, N, ...) at padded positions so sums over the sequence ignore them."""
-    if attention_mask is None:
-        return x
-    return x * attention_mask.to(x.dtype).view(*attention_mask.shape, *([1] * (x.dim() - 2)))
-
-
-def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -1, dtype=None,
-                   may_be_empty: bool = True) -> torch.Tensor:
-    """softmax of `scores` along `dim` over the positions where the boolean `mask` (broadcastable to
-    `scores`; the result takes the broadcast shape) is True. Where it is True nowhere (an
-    all-padding row) the weights are all zero, so the pooled or attended context is zero, and finite
-    gradients flow: masked scores are set to the lowest finite value, not -inf (a softmax over only
-    -inf is NaN), and zeroed after the softmax. Elsewhere the result is exactly that of -inf masking
-    (exp underflows to 0 at masked positions). `may_be_empty=False` (the caller knows every row has
-    a True position) skips that zeroing pass."""
-    if mask is None:
-        return torch.softmax(scores, dim=dim, dtype=dtype)
-    blocked = ~mask
-    weights = torch.softmax(scores.masked_fill(blocked, torch.finfo(scores.dtype).min), dim=dim, dtype=dtype)
-    return weights.masked_fill(blocked, 0.0) if may_be_empty else weights
-
-
-def _drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """None when `attention_mask` has no padding (saves masking passes over the sequence)."""
-    if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
-        return None
-    return attention_mask
-
-
-def _use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
+def use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
     """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
     `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences) and
     the whole computation runs in fp32/fp64 anyway (no autocast, which keeps the plain form with
@@ -117,112 +54,6 @@ def _use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
         and hidden_states.dtype in (torch.float32, torch.float64)
         and not torch.is_autocast_enabled(hidden_states.device.type)
     )
-
-
-def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
-    """`fresh + other`, written into `fresh` when it can hold the result: `fresh` must be a tensor
-    that nothing else uses (a just-computed branch output, which autograd does not save). Saves
-    allocating a (B, N, D) buffer, whose first touch is a pass of page faults on long inputs. Under
-    autocast a bf16/fp16 branch meets an fp32 residual stream: then the sum is a new fp32 tensor, as
-    `+` would give, so the stream never drops to low precision. Under autograd the sum is out of
-    place too: `fresh` is usually a view (a Linear's 3-D output), and an in-place add on a view
-    makes autograd zero-fill and copy a (B, N, D) gradient buffer in the backward (`CopySlices`),
-    which costs more than the buffer it saved (docs/benchmarks.md, "Short inputs")."""
-    if torch.is_grad_enabled() and (fresh.requires_grad or other.requires_grad):
-        return fresh + other
-    if fresh.shape == other.shape and (
-        fresh.dtype == other.dtype or torch.promote_types(fresh.dtype, other.dtype) == fresh.dtype
-    ):
-        return fresh.add_(other)
-    return fresh + other
-
-
-class Dropout(nn.Dropout):
-    """`nn.Dropout` that, inactive (eval mode or p = 0), returns its input without a call: a decoding
-    step of a 6-layer decoder otherwise dispatches ~25 identity dropouts (docs/benchmarks.md)."""
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return super().__call__(x) if self.training and self.p > 0 else x
-
-
-def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's vendor id ("AuthenticAMD", "GenuineIntel", ...; "" when the system does not say):
-    from `cpuinfo` on Linux, else from `platform.processor()` (Windows names it there)."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as info:
-            for line in info:
-                if line.startswith("vendor_id"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    processor = platform.processor()
-    return next((vendor for vendor in ("AuthenticAMD", "GenuineIntel") if vendor in processor), "")
-
-
-def default_few_rows(vendor: str) -> int:
-    """`FEW_ROWS` for a CPU vendor: 4 on AMD, where torch's BLAS multiplies 2-4 rows by a weight
-    1.4-5.7x slower as `x W^T` than as `W x^T` (AMD EPYC Zen 3 and Zen 4); 0 (the rule off) elsewhere: on
-    an Intel Xeon with AMX the plain product is the fast one, 2-3x faster than the transposed form
-    (docs/benchmarks.md, "Generation and memory")."""
-    return 4 if vendor == "AuthenticAMD" else 0
-
-
-# Inputs of at most this many rows (tokens x batch) take `Linear`'s transposed product on the CPU;
-# 0 turns the rule off. Chosen for this machine's CPU when the module loads (`default_few_rows`).
-FEW_ROWS = default_few_rows(cpu_vendor())
-
-
-def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` computed as (W x^T + b)^T, a single row sent as two (see `Linear`)."""
-    in_features = weight.shape[1]
-    rows = x.numel() // in_features
-    flat = x.reshape(rows, in_features)
-    if rows == 1:
-        flat = flat.expand(2, in_features).contiguous()
-    columns = flat.t()  # (in, rows): a transposed view, the layout the fast path takes
-    product = torch.mm(weight, columns) if bias is None else torch.addmm(bias[:, None], weight, columns)  # (out, rows)
-    return product[:, :rows].t().contiguous().view(*x.shape[:-1], weight.shape[0])
-
-
-def takes_transposed_form(in_features: int, out_features: int, rows: int) -> bool:
-    """`Linear`'s rule for fp32 inputs on the CPU: 1 to `FEW_ROWS` rows, and no narrowing projection."""
-    return 0 < rows <= FEW_ROWS and in_features <= out_features
-
-
-class Linear(nn.Linear):
-    """`nn.Linear` (same parameters, same state-dict keys) whose few-row products on the CPU take a
-    faster form: a decoding step of batch B sends B rows through every projection.
-
-    For 1 to `FEW_ROWS` rows of fp32 on the CPU, with `in_features <= out_features`
-    (`takes_transposed_form`), y = x W^T + b is computed as (W x^T + b)^T: the weight becomes the
-    BLAS call's left operand and the few rows its narrow right one. On an AMD EPYC, torch's CPU BLAS
-    computes `x @ W^T` for 2-4 rows through a general matrix product path that streams the weight
-    1.4-5.7x slower than `W @ x^T`, and a single row takes a vector path about half as fast as the
-    two-column product, so one row is sent as two (the row twice; the copy's column is dropped).
-    Same arithmetic, per output the same sum in another order (agreement to fp32 rounding).
-    Measured in docs/benchmarks.md ("Generation and memory"). It stays off for `in_features >
-    out_features` (the FFN's down projection), where it was slower at one thread. Greedy generation
-    of the benchmark's encoder-decoders at batch 1-4 runs 1.4-2x faster with it on AMD CPUs. On an Intel Xeon the plain
-    product is 2-3x faster than the transposed one, so the rule is on for AMD CPUs only
-    (`default_few_rows`); set `FEW_ROWS` on this module to choose (0: off;
-    `scripts/benchmark_linear.py --form transposed` checks a machine).
-    """
-
-    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
-        """`weight` (out_features, in_features) stands in for `self.weight` when given: an alias of it
-        that carries its gradient another way (`tied_lookups` in modeling_zformer.py)."""
-        weight = self.weight if weight is None else weight
-        if (
-            x.device.type == "cpu"
-            and x.dtype == torch.float32
-            and weight.dtype == torch.float32
-            and x.dim() > 0
-            and x.shape[-1] == self.in_features
-            and takes_transposed_form(self.in_features, self.out_features, x.numel() // self.in_features)
-            and not torch.is_autocast_enabled("cpu")
-        ):
-            return transposed_linear(x, weight, self.bias)
-        return nn.functional.linear(x, weight, self.bias)
 
 
 def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, output: nn.Module) -> torch.Tensor:
@@ -236,11 +67,6 @@ def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, o
     if isinstance(output, nn.Linear) and x.shape[1] > x.shape[2]:
         return torch.baddbmm(output(offset)[:, None, :], x, (output.weight @ matrix).transpose(1, 2))
     return output(torch.baddbmm(offset[:, None, :], x, matrix.transpose(1, 2)))
-
-
-def _new_tokens_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
-    """The columns of `attention_mask` (B, past + N) that belong to the N new tokens."""
-    return None if attention_mask is None else attention_mask[:, attention_mask.shape[1] - length :]
 
 
 class Attention(nn.Module):
@@ -379,7 +205,7 @@ class FullAttention(_QKVAttention):
 
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None):
         """Keys and values (B, H, Nk, d) of `memory` (B, Nk, D)."""
-        return _split_heads(self.key(memory), self.num_heads), _split_heads(self.value(memory), self.num_heads)
+        return split_heads(self.key(memory), self.num_heads), split_heads(self.value(memory), self.num_heads)
 
     def forward(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None, output_attentions=False):
@@ -393,7 +219,7 @@ class FullAttention(_QKVAttention):
         return self._attend(hidden_states, attention_mask, memory, memory_mask, cache)[0]
 
     def _attend(self, hidden_states, attention_mask, memory, memory_mask, cache, output_attentions=False):
-        query = _split_heads(self.query(hidden_states), self.num_heads)  # (B, H, Nq, d)
+        query = split_heads(self.query(hidden_states), self.num_heads)  # (B, H, Nq, d)
         batch, _, q_len, _ = query.shape
         if self.is_cross:
             key, value = self._memory(memory, memory_mask, cache)
@@ -404,7 +230,7 @@ class FullAttention(_QKVAttention):
                 key, value = cache.update(key, value, self.layer_idx)  # (B, H, past + Nq, d)
             key_mask = attention_mask
         k_len = key.shape[2]
-        key_mask = _drop_full_mask(key_mask)  # no padding: SDPA can take its unmasked (fastest) kernel
+        key_mask = drop_full_mask(key_mask)  # no padding: SDPA can take its unmasked (fastest) kernel
         if key_mask is not None and key_mask.shape[1] != k_len:
             raise ValueError(
                 f"the attention mask covers {key_mask.shape[1]} tokens, the keys {k_len} (cached and new tokens)"
@@ -455,8 +281,8 @@ def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
     tokens: quadratic inside a block, recurrent across blocks. query/key/value (B, H, N, d); past
     (B, H, d, d) (the sum over earlier tokens) or None. Returns (B, H, N, d)."""
     length = query.shape[2]
-    with _no_autocast(query.device.type):
-        query, key, value = _fp32(query, key, value)
+    with no_autocast(query.device.type):
+        query, key, value = at_least_fp32(query, key, value)
         state = past  # None: nothing before the first block (no product with a zero state)
         outputs = []
         for start in range(0, length, ZFORMER_CAUSAL_BLOCK):
@@ -520,26 +346,26 @@ class ZformerAttention(_QKVAttention):
 
     def _queries(self, hidden_states):
         """Q / (sqrt(d_h) s) split into heads (B, H, N, d)."""
-        return _split_heads(self._scaled_queries(hidden_states), self.num_heads)
+        return split_heads(self._scaled_queries(hidden_states), self.num_heads)
 
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D)."""
         key, value = self._keys_values(memory, memory_mask)
-        with _no_autocast(memory.device.type):
+        with no_autocast(memory.device.type):
             return key.transpose(-1, -2) @ value
 
     def _keys_values(self, x: torch.Tensor, mask: torch.Tensor | None):
         """K (zero at padding) and V (B, H, N, d) of `x` (B, N, D), in fp32."""
-        key = _split_heads(_zero_padding(self.key(x), mask), self.num_heads)
-        value = _split_heads(self.value(x), self.num_heads)
-        return _fp32(key, value)
+        key = split_heads(zero_padding(self.key(x), mask), self.num_heads)
+        value = split_heads(self.value(x), self.num_heads)
+        return at_least_fp32(key, value)
 
     def _quadratic_pays_off(self, query_length: int, key_length: int) -> bool:
         return quadratic_order_pays_off(query_length, key_length, self.head_dim)
 
     def _folded_output(self, hidden_states, attention_mask):
         # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
-        if _use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
+        if use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
             return self._folded(hidden_states, attention_mask)
         return None
 
@@ -554,48 +380,48 @@ class ZformerAttention(_QKVAttention):
         length = hidden_states.shape[1]
         if cache is None:
             if self.is_causal and length <= ZFORMER_CAUSAL_BLOCK:
-                return self._short_context(hidden_states, hidden_states, _new_tokens_mask(attention_mask, length))
+                return self._short_context(hidden_states, hidden_states, new_tokens_mask(attention_mask, length))
             source, source_mask = (memory, memory_mask) if self.is_cross else (hidden_states, attention_mask)
             if not self.is_causal and source is not None and self._quadratic_pays_off(length, source.shape[1]):
                 return self._short_context(hidden_states, source, source_mask)
         query = self._queries(hidden_states)  # (B, H, N, d), scaled by 1 / (sqrt(d_h) s)
         if self.is_causal:
-            new_mask = _new_tokens_mask(attention_mask, length)
-            key = _split_heads(_zero_padding(self.key(hidden_states), new_mask), self.num_heads)
-            value = _split_heads(self.value(hidden_states), self.num_heads)
+            new_mask = new_tokens_mask(attention_mask, length)
+            key = split_heads(zero_padding(self.key(hidden_states), new_mask), self.num_heads)
+            value = split_heads(self.value(hidden_states), self.num_heads)
             if cache is None:
                 context = causal_linear_attention(query, key, value)
             else:
                 past, current = cache.update(key, value, self.layer_idx)
                 if length == 1:  # a decoding step: q (sum over all tokens so far)
-                    with _no_autocast(hidden_states.device.type):
-                        context = per_head_product(_fp32(query)[0], current)
+                    with no_autocast(hidden_states.device.type):
+                        context = per_head_product(at_least_fp32(query)[0], current)
                 else:
                     context = causal_linear_attention(query, key, value, past)
         else:
             kv = self._memory(memory, memory_mask, cache) if self.is_cross else self._project_memory(
                 hidden_states, attention_mask)
-            with _no_autocast(hidden_states.device.type):
-                context = per_head_product(_fp32(query)[0], kv)  # (B, H, N, d)
+            with no_autocast(hidden_states.device.type):
+                context = per_head_product(at_least_fp32(query)[0], kv)  # (B, H, N, d)
         if context.dtype != query.dtype:
             context = context.to(query.dtype)
-        return _merge_heads(context)
+        return merge_heads(context)
 
     def _short_context(self, hidden_states, source, source_mask) -> torch.Tensor:
         """`(Q K^T) V` of the queries of `hidden_states` (B, N, D) over the keys and values of `source`
         (B, Nk, D), causal (scores above the diagonal zeroed) for a causal module: the product of
         the plain form in the cheaper order on short inputs. Keys are zero at padding, as in K^T V;
-        the products run in fp32 on (B * H, N, d) head batches (`_head_batches`). The scale
+        the products run in fp32 on (B * H, N, d) head batches (`head_batches`). The scale
         1 / (sqrt(d_h) s) multiplies the scores (B * H, N, Nk) where they are no larger than the
         queries (Nk <= d_h), else the queries: one pass over the smaller tensor, forward and
         backward (docs/benchmarks.md, "Short inputs"). Returns (B, N, D)."""
         heads = self.num_heads
         scale_scores = source.shape[1] <= self.head_dim
         query = self.query(hidden_states) if scale_scores else self._scaled_queries(hidden_states)
-        key = _head_batches(_zero_padding(self.key(source), source_mask), heads)
-        value = _head_batches(self.value(source), heads)
-        with _no_autocast(hidden_states.device.type):
-            query_fp32, key, value = _fp32(_head_batches(query, heads), key, value)
+        key = head_batches(zero_padding(self.key(source), source_mask), heads)
+        value = head_batches(self.value(source), heads)
+        with no_autocast(hidden_states.device.type):
+            query_fp32, key, value = at_least_fp32(head_batches(query, heads), key, value)
             scores = torch.bmm(query_fp32, key.transpose(1, 2))  # (B * H, N, Nk): no softmax
             if scale_scores:
                 scores = scores * self._scale(scores.dtype)
@@ -604,7 +430,7 @@ class ZformerAttention(_QKVAttention):
             context = torch.bmm(scores, value)
         if context.dtype != query.dtype:
             context = context.to(query.dtype)
-        return _merge_head_batches(context, hidden_states.shape[0])
+        return merge_head_batches(context, hidden_states.shape[0])
 
     def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Bidirectional self-attention `Q (K^T V) / s` folded into one (D, D) matrix per sequence.
@@ -622,8 +448,8 @@ class ZformerAttention(_QKVAttention):
         x = hidden_states  # (B, N, D)
         batch, length, width = x.shape
         heads, dim = self.num_heads, self.head_dim
-        attention_mask = _drop_full_mask(attention_mask)
-        masked = _zero_padding(x, attention_mask)
+        attention_mask = drop_full_mask(attention_mask)
+        masked = zero_padding(x, attention_mask)
         gram = masked.transpose(1, 2) @ x  # G (B, D, D)
         total = masked.sum(1, keepdim=True)  # t (B, 1, D)
         if attention_mask is None:
@@ -697,14 +523,14 @@ class XformerAttention(Attention):
 
     def _attend(self, hidden_states, attention_mask, position_ids):
         length = hidden_states.shape[1]
-        query = _zero_padding(self.query(hidden_states), attention_mask)  # (B, N, D/alpha)
-        inputs = _zero_padding(hidden_states, attention_mask)  # (B, N, D)
+        query = zero_padding(self.query(hidden_states), attention_mask)  # (B, N, D/alpha)
+        inputs = zero_padding(hidden_states, attention_mask)  # (B, N, D)
         projection = self._projection(length, attention_mask, position_ids)  # E (k, N) or (B, k, N)
-        with _no_autocast(hidden_states.device.type):
-            projection, query32, inputs = _fp32(projection, query, inputs)
+        with no_autocast(hidden_states.device.type):
+            projection, query32, inputs = at_least_fp32(projection, query, inputs)
             key = projection @ query32  # (B, k, D/alpha)
             value = projection @ inputs  # (B, k, D)
-        query, key, value = (_split_heads(t.to(query.dtype), self.num_heads) for t in (query, key, value))
+        query, key, value = (split_heads(t.to(query.dtype), self.num_heads) for t in (query, key, value))
         # Fused attention (no (B, H, N, k) score matrix: memory linear in N) needs query/key heads as
         # wide as value heads: zero channels leave the scores unchanged.
         padding = value.shape[-1] - query.shape[-1]
@@ -713,7 +539,7 @@ class XformerAttention(Attention):
         context = nn.functional.scaled_dot_product_attention(
             query, key, value, dropout_p=self.dropout.p if self.training else 0.0, scale=self.scaling
         )  # (B, H, N, D/H)
-        return _merge_heads(context)
+        return merge_heads(context)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -847,7 +673,7 @@ class FastformerAttention(_QKVAttention):
         projections = 3 if self.value is None else 4
         # fewer FLOPs when 2 (projections - 1) N D^2 > 2 D^3
         length, width = hidden_states.shape[1:]
-        if _use_folded_form(hidden_states, pays_off=(projections - 1) * length > width):
+        if use_folded_form(hidden_states, pays_off=(projections - 1) * length > width):
             return self._folded(hidden_states, attention_mask)
         return None
 
@@ -867,15 +693,15 @@ class FastformerAttention(_QKVAttention):
         """The plain form: the four projections and two (prefix) poolings."""
         query_proj = self.query(hidden_states)
         value_proj = query_proj if self.value is None else self.value(hidden_states)
-        query = _split_heads(query_proj, self.num_heads)
-        key = _split_heads(self.key(hidden_states), self.num_heads)
-        value = _split_heads(value_proj, self.num_heads)
+        query = split_heads(query_proj, self.num_heads)
+        key = split_heads(self.key(hidden_states), self.num_heads)
+        value = split_heads(value_proj, self.num_heads)
         w_q = self.query_score if self.additive else None
         w_k = self.key_score if self.additive else None
-        with _no_autocast(hidden_states.device.type):
-            query32, key32 = _fp32(query, key)
+        with no_autocast(hidden_states.device.type):
+            query32, key32 = at_least_fp32(query, key)
             if self.is_causal:
-                mask = _new_tokens_mask(attention_mask, hidden_states.shape[1])
+                mask = new_tokens_mask(attention_mask, hidden_states.shape[1])
                 mask = None if mask is None else mask.bool()  # once for both poolings
                 global_query = self._causal_pool(self._scores(query32, w_q), query32, mask, cache, pool=0)
                 mixed = global_query * key32  # p_i  (B, H, N, d)
@@ -886,7 +712,7 @@ class FastformerAttention(_QKVAttention):
                 global_key = _pool(self._scores(mixed, w_k), mixed, attention_mask)
         if global_key.dtype != value.dtype:
             global_key = global_key.to(value.dtype)
-        mixed_value = _merge_heads(global_key * value)  # u_i  (B, N, D)
+        mixed_value = merge_heads(global_key * value)  # u_i  (B, N, D)
         return add_into_fresh(self.transform(mixed_value), query_proj)  # r_i = W_r u_i + q_i
 
     def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -907,7 +733,7 @@ class FastformerAttention(_QKVAttention):
         x = hidden_states  # (B, N, D)
         batch, length, width = x.shape
         heads, dim = self.num_heads, self.head_dim
-        attention_mask = _drop_full_mask(attention_mask)
+        attention_mask = drop_full_mask(attention_mask)
         value_layer = self.query if self.value is None else self.value
         w_q, w_k = self.query.weight.view(heads, dim, width), self.key.weight.view(heads, dim, width)
         b_q, b_k = self.query.bias.view(heads, dim), self.key.bias.view(heads, dim)

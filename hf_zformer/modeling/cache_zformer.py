@@ -8,7 +8,8 @@ This file ships to the Hugging Face Hub with every checkpoint: torch, transforme
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
-from .attention import _fp32, _no_autocast, prefix_pool
+from .attention import prefix_pool
+from .blocks import at_least_fp32, no_autocast
 
 
 class RecurrentLayer(CacheLayerMixin):
@@ -80,12 +81,12 @@ class ZformerStateLayer(RecurrentLayer):
         the state and returns (the sum over the tokens before them, the sum including them), each
         (B, H, d, d): a single new token attends to the second, a block of tokens starts from the first."""
         batch, heads, length, dim = key_states.shape
-        key, value = _fp32(key_states, value_states)  # the sums run in fp32 (fp64 stays fp64)
+        key, value = at_least_fp32(key_states, value_states)  # the sums run in fp32 (fp64 stays fp64)
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
             self.state = key.new_zeros(batch, heads, dim, dim)
         past = self.state
-        with _no_autocast(key_states.device.type):
+        with no_autocast(key_states.device.type):
             # past + k^T v in one batched product-and-add over (B * H) views (see `per_head_product`)
             self.state = torch.baddbmm(
                 past.reshape(batch * heads, dim, dim), key.reshape(batch * heads, length, dim).transpose(1, 2),

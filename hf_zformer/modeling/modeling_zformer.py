@@ -24,18 +24,8 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
-from .attention import (
-    ATTENTION_CLASSES,
-    Dropout,
-    FastformerAttention,
-    Linear,
-    XformerAttention,
-    ZformerAttention,
-    _drop_full_mask,
-    _zero_padding,
-    add_into_fresh,
-    masked_softmax,
-)
+from .attention import ATTENTION_CLASSES, FastformerAttention, XformerAttention, ZformerAttention
+from .blocks import Dropout, Linear, add_into_fresh, drop_full_mask, masked_softmax, zero_padding
 from .cache_zformer import ZformerCache
 from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
 
@@ -266,7 +256,7 @@ class ZformerShortConv(nn.Module):
 
     def forward(self, hidden_states, attention_mask=None):
         """hidden_states (B, N, D); attention_mask (B, N), 1 at real tokens, or None."""
-        hidden_states = _zero_padding(hidden_states, attention_mask)
+        hidden_states = zero_padding(hidden_states, attention_mask)
         length, half = hidden_states.shape[1], self.size // 2
         window = nn.functional.pad(hidden_states, (0, 0, half, half))  # (B, N + size - 1, D)
         weight = self.weight.to(hidden_states.dtype)
@@ -500,7 +490,7 @@ class ZformerModel(ZformerPreTrainedModel):
         offset = self.config.position_offset
         # Masks and positions are settled once per forward, not per layer: without padding the layers
         # get no mask (no masking passes; SDPA's unmasked kernel) and the default positions.
-        attention_mask = _drop_full_mask(attention_mask)
+        attention_mask = drop_full_mask(attention_mask)
         layer_positions, max_position = position_ids, None
         if position_ids is None:
             max_position = offset + length - 1
@@ -795,8 +785,8 @@ class ZformerDecoder(nn.Module):
                 f"{past_length + length} (the {past_length} cached tokens and the new ones)"
             )
         # Masks and positions are settled once per forward (per decoding step), not per layer.
-        attention_mask = _drop_full_mask(attention_mask)
-        encoder_attention_mask = _drop_full_mask(encoder_attention_mask)
+        attention_mask = drop_full_mask(attention_mask)
+        encoder_attention_mask = drop_full_mask(encoder_attention_mask)
         max_position = None
         if position_ids is None:
             first = past_length + self.position_offset

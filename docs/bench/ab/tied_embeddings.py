@@ -68,13 +68,13 @@ def fused_short_context(self, hidden_states, source, source_mask):
     key, value = projected[-2:]
     if not scale_scores:
         query = query * self._scale(query.dtype)
-    query, key, value = (A._head_batches(t, heads) for t in (query, A._zero_padding(key, source_mask), value))
+    query, key, value = (A.head_batches(t, heads) for t in (query, A.zero_padding(key, source_mask), value))
     scores = torch.bmm(query, key.transpose(1, 2))
     if scale_scores:
         scores = scores * self._scale(scores.dtype)
     if self.is_causal and scores.shape[1] > 1:
         scores = scores.tril_()
-    return A._merge_head_batches(torch.bmm(scores, value), hidden_states.shape[0])
+    return A.merge_head_batches(torch.bmm(scores, value), hidden_states.shape[0])
 
 
 common.VARIANTS.update({f"{name}_plain": (lambda name=name: Plain(build_seq2seq(name, SHAPE)[0]))

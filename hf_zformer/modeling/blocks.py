@@ -1,0 +1,202 @@
+"""Building blocks of the attention family: head reshapes, masks, fp32 sums under autocast, the
+residual add, and the CPU-tuned `Linear` and `Dropout`.
+
+This file ships to the Hugging Face Hub with every checkpoint: torch and stdlib only.
+"""
+
+import contextlib
+import platform
+
+import torch
+from torch import nn
+
+def at_least_fp32(*tensors):
+    """The tensors in at least fp32 (fp64 stays fp64), for sums over the sequence. fp32/fp64
+    tensors come back as they are, without a dispatched no-op conversion (decoding steps make many
+    such calls: see docs/benchmarks.md, "Short inputs")."""
+    return [t if t.dtype in (torch.float32, torch.float64) else t.float() for t in tensors]
+
+
+def no_autocast(device_type: str):
+    """A context that disables autocast for fp32 sums; nothing to enter when autocast is off."""
+    if torch.is_autocast_enabled(device_type):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def split_heads(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, H * d) -> (B, H, N, d)"""
+    batch, length, width = x.shape
+    return x.view(batch, length, num_heads, width // num_heads).transpose(1, 2)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, d) -> (B, N, H * d)"""
+    batch, heads, length, dim = x.shape
+    return x.transpose(1, 2).reshape(batch, length, heads * dim)
+
+
+def head_batches(x: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """(B, N, H * d) -> (B * H, N, d), contiguous: the operand layout of `torch.bmm` over every
+    (sequence, head) pair. A 4-D `matmul` of split heads makes the same copy, plus broadcasting
+    views and their autograd nodes, for each operand and product."""
+    batch, length, width = x.shape
+    return split_heads(x, num_heads).reshape(batch * num_heads, length, -1)
+
+
+def per_head_product(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
+    """x (B, H, N, d) @ matrix (B, H, d, e) -> (B, H, N, e) as one `torch.bmm` over (B * H)-batched
+    views. x is copied only where its layout needs it (N > 1 split heads); a decoding step's single
+    token is a view. A 4-D `matmul` makes the same product with broadcasting views around it, an
+    extra ~5 dispatched operators that every decoding step pays per layer."""
+    batch, heads, length, dim = x.shape
+    product = torch.bmm(x.reshape(batch * heads, length, dim), matrix.reshape(batch * heads, dim, -1))
+    return product.view(batch, heads, length, -1)
+
+
+def merge_head_batches(x: torch.Tensor, batch: int) -> torch.Tensor:
+    """(B * H, N, d) -> (B, N, H * d)"""
+    return merge_heads(x.view(batch, -1, *x.shape[1:]))
+
+
+def zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """Zero `x` (B, N, ...) at padded positions so sums over the sequence ignore them."""
+    if attention_mask is None:
+        return x
+    return x * attention_mask.to(x.dtype).view(*attention_mask.shape, *([1] * (x.dim() - 2)))
+
+
+def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -1, dtype=None,
+                   may_be_empty: bool = True) -> torch.Tensor:
+    """softmax of `scores` along `dim` over the positions where the boolean `mask` (broadcastable to
+    `scores`; the result takes the broadcast shape) is True. Where it is True nowhere (an
+    all-padding row) the weights are all zero, so the pooled or attended context is zero, and finite
+    gradients flow: masked scores are set to the lowest finite value, not -inf (a softmax over only
+    -inf is NaN), and zeroed after the softmax. Elsewhere the result is exactly that of -inf masking
+    (exp underflows to 0 at masked positions). `may_be_empty=False` (the caller knows every row has
+    a True position) skips that zeroing pass."""
+    if mask is None:
+        return torch.softmax(scores, dim=dim, dtype=dtype)
+    blocked = ~mask
+    weights = torch.softmax(scores.masked_fill(blocked, torch.finfo(scores.dtype).min), dim=dim, dtype=dtype)
+    return weights.masked_fill(blocked, 0.0) if may_be_empty else weights
+
+
+def drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
+    """None when `attention_mask` has no padding (saves masking passes over the sequence)."""
+    if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
+        return None
+    return attention_mask
+
+
+def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
+    """`fresh + other`, written into `fresh` when it can hold the result: `fresh` must be a tensor
+    that nothing else uses (a just-computed branch output, which autograd does not save). Saves
+    allocating a (B, N, D) buffer, whose first touch is a pass of page faults on long inputs. Under
+    autocast a bf16/fp16 branch meets an fp32 residual stream: then the sum is a new fp32 tensor, as
+    `+` would give, so the stream never drops to low precision. Under autograd the sum is out of
+    place too: `fresh` is usually a view (a Linear's 3-D output), and an in-place add on a view
+    makes autograd zero-fill and copy a (B, N, D) gradient buffer in the backward (`CopySlices`),
+    which costs more than the buffer it saved (docs/benchmarks.md, "Short inputs")."""
+    if torch.is_grad_enabled() and (fresh.requires_grad or other.requires_grad):
+        return fresh + other
+    if fresh.shape == other.shape and (
+        fresh.dtype == other.dtype or torch.promote_types(fresh.dtype, other.dtype) == fresh.dtype
+    ):
+        return fresh.add_(other)
+    return fresh + other
+
+
+# Named as torch's class on purpose: a drop-in subclass (same arguments, same state-dict keys).
+class Dropout(nn.Dropout):
+    """`nn.Dropout` that, inactive (eval mode or p = 0), returns its input without a call: a decoding
+    step of a 6-layer decoder otherwise dispatches ~25 identity dropouts (docs/benchmarks.md)."""
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return super().__call__(x) if self.training and self.p > 0 else x
+
+
+def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's vendor id ("AuthenticAMD", "GenuineIntel", ...; "" when the system does not say):
+    from `cpuinfo` on Linux, else from `platform.processor()` (Windows names it there)."""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as info:
+            for line in info:
+                if line.startswith("vendor_id"):
+                    return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    processor = platform.processor()
+    return next((vendor for vendor in ("AuthenticAMD", "GenuineIntel") if vendor in processor), "")
+
+
+def default_few_rows(vendor: str) -> int:
+    """`FEW_ROWS` for a CPU vendor: 4 on AMD, where torch's BLAS multiplies 2-4 rows by a weight
+    1.4-5.7x slower as `x W^T` than as `W x^T` (AMD EPYC Zen 3 and Zen 4); 0 (the rule off) elsewhere: on
+    an Intel Xeon with AMX the plain product is the fast one, 2-3x faster than the transposed form
+    (docs/benchmarks.md, "Generation and memory")."""
+    return 4 if vendor == "AuthenticAMD" else 0
+
+
+# Inputs of at most this many rows (tokens x batch) take `Linear`'s transposed product on the CPU;
+# 0 turns the rule off. Chosen for this machine's CPU when the module loads (`default_few_rows`).
+FEW_ROWS = default_few_rows(cpu_vendor())
+
+
+def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """`F.linear(x, weight, bias)` computed as (W x^T + b)^T, a single row sent as two (see `Linear`)."""
+    in_features = weight.shape[1]
+    rows = x.numel() // in_features
+    flat = x.reshape(rows, in_features)
+    if rows == 1:
+        flat = flat.expand(2, in_features).contiguous()
+    columns = flat.t()  # (in, rows): a transposed view, the layout the fast path takes
+    product = torch.mm(weight, columns) if bias is None else torch.addmm(bias[:, None], weight, columns)  # (out, rows)
+    return product[:, :rows].t().contiguous().view(*x.shape[:-1], weight.shape[0])
+
+
+def takes_transposed_form(in_features: int, out_features: int, rows: int) -> bool:
+    """`Linear`'s rule for fp32 inputs on the CPU: 1 to `FEW_ROWS` rows, and no narrowing projection."""
+    return 0 < rows <= FEW_ROWS and in_features <= out_features
+
+
+# Named as torch's class on purpose: a drop-in subclass (same arguments, same state-dict keys).
+class Linear(nn.Linear):
+    """`nn.Linear` (same parameters, same state-dict keys) whose few-row products on the CPU take a
+    faster form: a decoding step of batch B sends B rows through every projection.
+
+    For 1 to `FEW_ROWS` rows of fp32 on the CPU, with `in_features <= out_features`
+    (`takes_transposed_form`), y = x W^T + b is computed as (W x^T + b)^T: the weight becomes the
+    BLAS call's left operand and the few rows its narrow right one. On an AMD EPYC, torch's CPU BLAS
+    computes `x @ W^T` for 2-4 rows through a general matrix product path that streams the weight
+    1.4-5.7x slower than `W @ x^T`, and a single row takes a vector path about half as fast as the
+    two-column product, so one row is sent as two (the row twice; the copy's column is dropped).
+    Same arithmetic, per output the same sum in another order (agreement to fp32 rounding).
+    Measured in docs/benchmarks.md ("Generation and memory"). It stays off for `in_features >
+    out_features` (the FFN's down projection), where it was slower at one thread. Greedy generation
+    of the benchmark's encoder-decoders at batch 1-4 runs 1.4-2x faster with it on AMD CPUs. On an Intel Xeon the plain
+    product is 2-3x faster than the transposed one, so the rule is on for AMD CPUs only
+    (`default_few_rows`); set `FEW_ROWS` on this module to choose (0: off;
+    `scripts/benchmark_linear.py --form transposed` checks a machine).
+    """
+
+    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
+        """`weight` (out_features, in_features) stands in for `self.weight` when given: an alias of it
+        that carries its gradient another way (`tied_lookups` in modeling_zformer.py)."""
+        weight = self.weight if weight is None else weight
+        if (
+            x.device.type == "cpu"
+            and x.dtype == torch.float32
+            and weight.dtype == torch.float32
+            and x.dim() > 0
+            and x.shape[-1] == self.in_features
+            and takes_transposed_form(self.in_features, self.out_features, x.numel() // self.in_features)
+            and not torch.is_autocast_enabled("cpu")
+        ):
+            return transposed_linear(x, weight, self.bias)
+        return nn.functional.linear(x, weight, self.bias)
+
+
+def new_tokens_mask(attention_mask: torch.Tensor | None, length: int) -> torch.Tensor | None:
+    """The columns of `attention_mask` (B, past + N) that belong to the N new tokens."""
+    return None if attention_mask is None else attention_mask[:, attention_mask.shape[1] - length :]
