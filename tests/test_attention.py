@@ -179,6 +179,27 @@ def test_fastformer_causal_state_is_constant_size_and_exact():
     torch.testing.assert_close(torch.cat(steps, 1)[mask.bool()], full[mask.bool()], atol=1e-5, rtol=1e-5)
     sizes = [t.shape for t in cache.layers[0].tensors()]
     assert sizes == [(B, H, 1, 1), (B, H, 1, DH)] * 2 and cache.get_seq_length() == N  # (lse, pooling) per pooling
+    layer = cache.layers[0]
+    assert [t.shape for t in layer.query_pool] == [t.shape for t in layer.key_pool] == [(B, H, 1, 1), (B, H, 1, DH)]
+
+
+@pytest.mark.parametrize("attention_type", ["zformer", "fastformer"])
+def test_a_recurrent_cache_layer_only_stores(attention_type):
+    """A fixed-size cache layer takes no keys/values (transformers' `update`), only the state its
+    attention computed; storing replaces the state and counts the new tokens."""
+    cache = ZformerCache([attention_type])
+    with pytest.raises(TypeError, match="store"):
+        cache.update(torch.zeros(B, H, 1, DH), torch.zeros(B, H, 1, DH), 0)
+    layer = cache.layers[0]
+    state = torch.ones(B, H, DH, DH)
+    pools = (torch.zeros(B, H, 1, 1), torch.ones(B, H, 1, DH))
+    layer.store(state, 3) if attention_type == "zformer" else layer.store(pools, pools, 3)
+    layer.store(2 * state, 2) if attention_type == "zformer" else layer.store(pools, pools, 2)
+    assert cache.get_seq_length() == 5
+    if attention_type == "zformer":
+        assert torch.equal(layer.state, 2 * state) and layer.tensors() == [layer.state]
+    else:
+        assert layer.query_pool is pools and layer.key_pool is pools
 
 
 def test_fastformer_cache_takes_blocks_and_steps_alike():

@@ -83,7 +83,9 @@ class Attention(nn.Module):
     output projection `output` (W_o); the layer adds the residual. Masks are 1/True at real tokens:
     `attention_mask` (B, past + N) covers the tokens a causal cache already holds and the N new ones
     (past = 0 without a cache), `memory_mask` (B, Nk) the memory. Decoding state lives in `cache` (a
-    `ZformerCache`), reached only through `cache.update(...)` and `cache.update_memory(...)`.
+    `ZformerCache`): full attention's keys/values through `cache.update(...)`, a Zformer or Fastformer
+    layer's fixed-size state read from and stored into `cache.layers[layer_idx]`, cross-attention's
+    projected memory through `cache.update_memory(...)`. The cache only stores.
     `context(...)` gives the output before W_o (the plain form).
     """
 
@@ -299,6 +301,21 @@ def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
 
 
+def add_key_value_products(past: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """past + sum_j k_j^T v_j per head, in fp32 (fp64 stays fp64): key (zero at padding) / value
+    (B, H, N, d), past (B, H, d, d) or None (nothing before). Causal Zformer's decoding state."""
+    batch, heads, length, dim = key.shape
+    key, value = at_least_fp32(key, value)
+    if past is None:
+        past = key.new_zeros(batch, heads, dim, dim)
+    with no_autocast(key.device.type):
+        # one batched product-and-add over (B * H) views (see `per_head_product`)
+        return torch.baddbmm(
+            past.reshape(batch * heads, dim, dim), key.reshape(batch * heads, length, dim).transpose(1, 2),
+            value.reshape(batch * heads, length, dim),
+        ).view(batch, heads, dim, dim)
+
+
 def quadratic_order_pays_off(query_length: int, key_length: int, head_dim: int) -> bool:
     """Whether Zformer's `(Q K^T) V` (4 Nq Nk d_h FLOPs per head) costs less than `Q (K^T V)`
     (2 (Nq + Nk) d_h^2): short inputs, 2 Nq Nk < d_h (Nq + Nk), i.e. N < d_h for self-attention."""
@@ -374,9 +391,9 @@ class ZformerAttention(_QKVAttention):
         """The plain form: Q, and K^T V (of the memory, or of the sequence) or its causal prefix sums.
         Without a cache, short inputs take `(Q K^T) V` instead (`_short_context`): causal ones up to
         ZFORMER_CAUSAL_BLOCK tokens (one block of `causal_linear_attention`), the others where that
-        order costs fewer FLOPs (`_quadratic_pays_off`). A causal module with a cache hands its
-        keys/values to `cache.update`, which returns the sums of k^T v before and including them
-        (B, H, d, d)."""
+        order costs fewer FLOPs (`_quadratic_pays_off`). A causal module with a cache reads the sum of
+        k^T v over the earlier tokens from its cache layer, attends from it and stores the sum
+        including the new tokens (`add_key_value_products`)."""
         length = hidden_states.shape[1]
         if cache is None:
             if self.is_causal and length <= ZFORMER_CAUSAL_BLOCK:
@@ -392,7 +409,10 @@ class ZformerAttention(_QKVAttention):
             if cache is None:
                 context = causal_linear_attention(query, key, value)
             else:
-                past, current = cache.update(key, value, self.layer_idx)
+                layer = cache.layers[self.layer_idx]
+                past = layer.state  # None before the first token
+                current = add_key_value_products(past, key, value)
+                layer.store(current, length)
                 if length == 1:  # a decoding step: q (sum over all tokens so far)
                     with no_autocast(hidden_states.device.type):
                         context = per_head_product(at_least_fp32(query)[0], current)
@@ -633,8 +653,8 @@ class FastformerAttention(_QKVAttention):
     global query mixes with each token's own key (no cross form).
 
     Causal form: the poolings become prefix poolings (a log-sum-exp and the pooling so far per head),
-    an O(1) state per generated token; with a cache, each pooling goes through
-    `cache.update(scores, values, layer_idx, pool)`. Without a cache, up to
+    an O(1) state per generated token; with a cache, each pooling starts from its state in the
+    cache layer (`query_pool`, `key_pool`) and both new states are stored there. Without a cache, up to
     `FASTFORMER_CAUSAL_QUADRATIC` tokens pool through a softmax over the causal pattern instead
     (`causal_softmax_pool`, fewer operations on short inputs).
 
@@ -677,16 +697,15 @@ class FastformerAttention(_QKVAttention):
             return self._folded(hidden_states, attention_mask)
         return None
 
-    def _causal_pool(self, scores, values, mask, cache, pool: int):
-        """Prefix pooling `pool` (0: the query's, 1: the key's), through the cache when there is one;
-        without one, short inputs take the quadratic form (`causal_softmax_pool`)."""
-        if cache is None and scores.shape[2] <= FASTFORMER_CAUSAL_QUADRATIC:
-            return causal_softmax_pool(scores, values, mask)
+    def _causal_pool(self, scores, values, mask, layer, past):
+        """A prefix pooling and its state after these tokens: from the state `past` of the earlier
+        tokens when decoding with a cache layer (`layer` not None), else from nothing, short inputs
+        taking the quadratic form (`causal_softmax_pool`, no state)."""
+        if layer is None and scores.shape[2] <= FASTFORMER_CAUSAL_QUADRATIC:
+            return causal_softmax_pool(scores, values, mask), None
         if mask is not None:
             scores = scores.masked_fill(~mask[:, None, :, None], float("-inf"))  # mask: bool (B, N)
-        if cache is None:
-            return prefix_pool(scores, values)[0]
-        return cache.update(scores, values, self.layer_idx, pool=pool)
+        return prefix_pool(scores, values, past)
 
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
@@ -703,9 +722,14 @@ class FastformerAttention(_QKVAttention):
             if self.is_causal:
                 mask = new_tokens_mask(attention_mask, hidden_states.shape[1])
                 mask = None if mask is None else mask.bool()  # once for both poolings
-                global_query = self._causal_pool(self._scores(query32, w_q), query32, mask, cache, pool=0)
+                layer = None if cache is None else cache.layers[self.layer_idx]
+                global_query, query_pool = self._causal_pool(
+                    self._scores(query32, w_q), query32, mask, layer, None if layer is None else layer.query_pool)
                 mixed = global_query * key32  # p_i  (B, H, N, d)
-                global_key = self._causal_pool(self._scores(mixed, w_k), mixed, mask, cache, pool=1)
+                global_key, key_pool = self._causal_pool(
+                    self._scores(mixed, w_k), mixed, mask, layer, None if layer is None else layer.key_pool)
+                if layer is not None:
+                    layer.store(query_pool, key_pool, hidden_states.shape[1])
             else:
                 global_query = _pool(self._scores(query32, w_q), query32, attention_mask)  # (B, H, 1, d)
                 mixed = global_query * key32

@@ -8,8 +8,6 @@ This file ships to the Hugging Face Hub with every checkpoint: torch, transforme
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
-from .attention import prefix_pool
-from .blocks import at_least_fp32, no_autocast
 
 
 class RecurrentLayer(CacheLayerMixin):
@@ -35,6 +33,10 @@ class RecurrentLayer(CacheLayerMixin):
 
     def _map(self, function) -> None:
         raise NotImplementedError
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        raise TypeError(f"{type(self).__name__} keeps a fixed-size state, not keys and values: its attention "
+                        "computes the state and calls `store`")
 
     def get_seq_length(self) -> int:
         return self.num_tokens
@@ -70,30 +72,20 @@ class RecurrentLayer(CacheLayerMixin):
 
 
 class ZformerStateLayer(RecurrentLayer):
-    """Causal Zformer: the running sum of k_j^T v_j per head, (B, H, d_h, d_h) in fp32."""
+    """Causal Zformer's state: `state`, the running sum of k_j^T v_j per head (B, H, d_h, d_h) in
+    fp32, or None before the first token. The attention computes it (`add_key_value_products`) and
+    stores it here."""
 
     def __init__(self):
         super().__init__()
         self.state: torch.Tensor | None = None
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        """key_states (zero at padding) / value_states (B, H, N, d) of N new tokens. Adds theirs to
-        the state and returns (the sum over the tokens before them, the sum including them), each
-        (B, H, d, d): a single new token attends to the second, a block of tokens starts from the first."""
-        batch, heads, length, dim = key_states.shape
-        key, value = at_least_fp32(key_states, value_states)  # the sums run in fp32 (fp64 stays fp64)
+    def store(self, state: torch.Tensor, new_tokens: int) -> None:
+        """Keep `state`, the sum over every token so far, `new_tokens` of them new."""
         if not self.is_initialized:
-            self.lazy_initialization(key_states, value_states)
-            self.state = key.new_zeros(batch, heads, dim, dim)
-        past = self.state
-        with no_autocast(key_states.device.type):
-            # past + k^T v in one batched product-and-add over (B * H) views (see `per_head_product`)
-            self.state = torch.baddbmm(
-                past.reshape(batch * heads, dim, dim), key.reshape(batch * heads, length, dim).transpose(1, 2),
-                value.reshape(batch * heads, length, dim),
-            ).view(batch, heads, dim, dim)
-        self.num_tokens += length
-        return past, self.state
+            self.lazy_initialization(state, state)
+        self.state = state
+        self.num_tokens += new_tokens
 
     def tensors(self):
         return [] if self.state is None else [self.state]
@@ -104,29 +96,32 @@ class ZformerStateLayer(RecurrentLayer):
 
 
 class FastformerStateLayer(RecurrentLayer):
-    """Causal Fastformer: for each of its two poolings (0: the query's, 1: the key's) the
-    log-sum-exp of the scores so far (B, H, 1, 1) and the pooling so far (B, H, 1, d_h) of the
-    prefix softmax (`prefix_pool`)."""
+    """Causal Fastformer's state: for each of its two prefix poolings, `query_pool` and `key_pool`,
+    the log-sum-exp of the scores so far (B, H, 1, 1) and the pooling so far (B, H, 1, d_h)
+    (`prefix_pool`'s state), or None before the first token. The attention computes them and
+    stores them here."""
 
     def __init__(self):
         super().__init__()
-        self.pools: list[tuple[torch.Tensor, ...] | None] = [None, None]
+        self.query_pool: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.key_pool: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def update(self, scores: torch.Tensor, values: torch.Tensor, *args, pool: int = 0, **kwargs) -> torch.Tensor:
-        """scores (B, H, N, 1), -inf at padding, and values (B, H, N, d) of N new tokens for pooling
-        `pool`. Returns every new token's prefix pooling (B, H, N, d) over all tokens so far."""
+    def store(self, query_pool: tuple[torch.Tensor, torch.Tensor], key_pool: tuple[torch.Tensor, torch.Tensor],
+              new_tokens: int) -> None:
+        """Keep both poolings' states over every token so far, `new_tokens` of them new."""
         if not self.is_initialized:
-            self.lazy_initialization(scores, values)
-        pooled, self.pools[pool] = prefix_pool(scores, values, self.pools[pool])
-        if pool == 0:
-            self.num_tokens += scores.shape[2]
-        return pooled
+            self.lazy_initialization(*query_pool)
+        self.query_pool, self.key_pool = query_pool, key_pool
+        self.num_tokens += new_tokens
 
     def tensors(self):
-        return [t for state in self.pools if state is not None for t in state]
+        return [t for state in (self.query_pool, self.key_pool) if state is not None for t in state]
 
     def _map(self, function):
-        self.pools = [None if state is None else tuple(function(t) for t in state) for state in self.pools]
+        if self.query_pool is not None:
+            self.query_pool = tuple(function(t) for t in self.query_pool)
+        if self.key_pool is not None:
+            self.key_pool = tuple(function(t) for t in self.key_pool)
 
 
 class MemoryLayer:
@@ -159,7 +154,10 @@ class ZformerCache(Cache):
     `FastformerStateLayer` for `zformer` / `fastformer` layers (fixed size). With
     `cross_attention=True` (encoder-decoders) `memory_layers[i]` keeps layer i's projected encoder
     states. Attention modules reach it through `update` (self-attention) and `update_memory` /
-    `memory` (cross-attention); beam search reorders both parts.
+    `memory` (cross-attention); beam search reorders both parts. The cache computes nothing: a full
+    layer's `update` stores keys/values and returns them all (transformers' protocol); a Zformer or
+    Fastformer layer is read and written by its attention (`layers[i].state`, `.query_pool`,
+    `.key_pool`, `.store(...)`).
 
     Args:
         layer_types: the decoder's attention type per layer (`"full"`, `"zformer"` or `"fastformer"`).
@@ -172,9 +170,8 @@ class ZformerCache(Cache):
         self.memory_layers = [MemoryLayer() for _ in layer_types] if cross_attention else []
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
-        """Self-attention of layer `layer_idx`: hands the new tokens' states to its cache layer and
-        returns what the attention needs: all keys/values (`DynamicLayer`), the k^T v sums before
-        and including the new tokens (`ZformerStateLayer`) or the prefix poolings (`FastformerStateLayer`)."""
+        """Full self-attention of layer `layer_idx`: stores the new tokens' keys/values (B, H, N, d) and
+        returns all of them (B, H, past + N, d)."""
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
 
     def has_memory(self, layer_idx: int) -> bool:
