@@ -14,6 +14,7 @@ from hf_zformer.modeling.attention import (
     XformerAttention,
     ZformerAttention,
 )
+from hf_zformer.modeling import ops
 from hf_zformer.modeling.cache_zformer import ZformerCache
 
 B, N, D, H = 2, 11, 32, 4
@@ -118,12 +119,10 @@ def test_zformer_matches_equation_and_causal_state():
 
 
 def test_zformer_causal_blocks_cover_long_sequences(monkeypatch):
-    import hf_zformer.modeling.attention as attention_module
-
     x = torch.randn(1, 40, D)
     attention = _randomize(ZformerAttention(tiny_config(), is_causal=True))
     one_block, _ = attention(x)
-    monkeypatch.setattr(attention_module, "ZFORMER_CAUSAL_BLOCK", 7)
+    monkeypatch.setattr(ops, "ZFORMER_CAUSAL_BLOCK", 7)
     many_blocks, _ = attention(x)
     torch.testing.assert_close(many_blocks, one_block, atol=1e-4, rtol=1e-4)
 
@@ -425,12 +424,12 @@ def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, sour
     kwargs = dict(memory=source, memory_mask=mask) if is_cross else dict(attention_mask=mask)
     results = []
     for quadratic in (True, False):
-        monkeypatch.setattr(ZformerAttention, "_quadratic_pays_off", lambda self, nq, nk, q=quadratic: q)
+        monkeypatch.setattr(ops, "quadratic_order_pays_off", lambda nq, nk, d, q=quadratic: q)
         results.append(_output_and_gradients(attention, [x, source] if is_cross else [x], **kwargs))
     _assert_same_function(*results)
     quad_out = results[0][0]
     if with_mask:  # padding invariance of the quadratic order
-        monkeypatch.setattr(ZformerAttention, "_quadratic_pays_off", lambda self, nq, nk: True)
+        monkeypatch.setattr(ops, "quadratic_order_pays_off", lambda nq, nk, d: True)
         extra = torch.randn(4, 3, D, generator=generator, dtype=torch.float64)
         padded_mask = torch.cat([mask, torch.zeros(4, 3, dtype=torch.long)], 1)
         if is_cross:
@@ -451,13 +450,11 @@ def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, sour
 )
 def test_causal_short_form_equals_prefix_sums(monkeypatch, with_mask, kind, limit_name, limits):
     """Without a cache, short causal inputs take a quadratic form: Zformer one masked `(Q K^T) V` on
-    head batches (`_short_context`) instead of the blocked prefix sums of `causal_linear_attention`,
+    head batches (`ops.quadratic_linear_attention`) instead of the blocked prefix sums of `causal_linear_attention`,
     Fastformer a softmax over the causal pattern instead of prefix poolings. In fp64 both forms
     agree (outputs and every gradient), with padding at the end, padding before the first real
     token (those rows see nothing: zero) and an all-padding row; token-by-token decoding through
     the cache gives the same outputs."""
-    import hf_zformer.modeling.attention as attention_module
-
     config = tiny_config(hidden_size=D, num_attention_heads=H, attention_type=kind)
     attention_class = ZformerAttention if kind == "zformer" else FastformerAttention
     attention = _randomize(attention_class(config, is_causal=True, layer_idx=0)).double()
@@ -472,14 +469,14 @@ def test_causal_short_form_equals_prefix_sums(monkeypatch, with_mask, kind, limi
     mask = mask if with_mask else None
     results = []
     for limit in limits:  # the 9 tokens take the quadratic form under the first limit, not under the second
-        monkeypatch.setattr(attention_module, limit_name, limit)
+        monkeypatch.setattr(ops, limit_name, limit)
         results.append(_output_and_gradients(attention, [x], mask))
     _assert_same_function(*results)
     quad_out = results[0][0]
     if with_mask and kind == "fastformer":  # pooled state zero before the first real token: W_r's bias and q_i remain
         mixed = attention.output(attention.transform.bias + attention.query(x[2, :3]))
         torch.testing.assert_close(quad_out[2, :3], mixed, atol=1e-10, rtol=1e-10)
-    monkeypatch.setattr(attention_module, limit_name, 64)
+    monkeypatch.setattr(ops, limit_name, 64)
     for grad in (True, False):  # decoding under autograd and without it (generate's path)
         cache, steps = ZformerCache([kind]), []
         with torch.set_grad_enabled(grad):
@@ -489,10 +486,8 @@ def test_causal_short_form_equals_prefix_sums(monkeypatch, with_mask, kind, limi
 
 
 def test_zformer_takes_the_cheaper_order():
-    attention = ZformerAttention(tiny_config(hidden_size=64, num_attention_heads=2, attention_type="zformer"))
-    assert attention.head_dim == 32
-    assert attention._quadratic_pays_off(31, 31) and not attention._quadratic_pays_off(32, 32)
-    assert attention._quadratic_pays_off(1, 40) and not attention._quadratic_pays_off(40, 40)
+    assert ops.quadratic_order_pays_off(31, 31, 32) and not ops.quadratic_order_pays_off(32, 32, 32)
+    assert ops.quadratic_order_pays_off(1, 40, 32) and not ops.quadratic_order_pays_off(40, 40, 32)
 
 
 def test_few_row_rule_is_on_for_amd_cpus_only(monkeypatch, tmp_path):

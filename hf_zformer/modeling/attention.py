@@ -38,10 +38,7 @@ from .blocks import (  # noqa: F401  (Linear, Dropout, masked_softmax are also t
     split_heads,
     zero_padding,
 )
-
-# Zformer's causal form is computed in blocks of this many tokens: quadratic inside a block,
-# recurrent across blocks, so training memory is O(N * block) instead of O(N * d_h^2).
-ZFORMER_CAUSAL_BLOCK = 64
+from .ops import add_key_value_products, linear_attention, quadratic_order_pays_off, softmax_pool
 
 
 def use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
@@ -278,50 +275,6 @@ class FullAttention(_QKVAttention):
 # ----------------------------------------------------------------------------------------------
 
 
-def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
-    """out_i = q_i (past + sum_{j<=i} k_j^T v_j), in fp32, computed in blocks of ZFORMER_CAUSAL_BLOCK
-    tokens: quadratic inside a block, recurrent across blocks. query/key/value (B, H, N, d); past
-    (B, H, d, d) (the sum over earlier tokens) or None. Returns (B, H, N, d)."""
-    length = query.shape[2]
-    with no_autocast(query.device.type):
-        query, key, value = at_least_fp32(query, key, value)
-        state = past  # None: nothing before the first block (no product with a zero state)
-        outputs = []
-        for start in range(0, length, ZFORMER_CAUSAL_BLOCK):
-            q = query[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
-            k = key[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
-            v = value[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
-            scores = q @ k.transpose(-1, -2)  # (B, H, b, b): no softmax, only causality
-            if q.shape[2] > 1:
-                scores = scores.tril()
-            outputs.append(scores @ v if state is None else per_head_product(q, state).add_(scores @ v))
-            if start + ZFORMER_CAUSAL_BLOCK < length:
-                update = k.transpose(-1, -2) @ v
-                state = update if state is None else state + update
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
-
-
-def add_key_value_products(past: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """past + sum_j k_j^T v_j per head, in fp32 (fp64 stays fp64): key (zero at padding) / value
-    (B, H, N, d), past (B, H, d, d) or None (nothing before). Causal Zformer's decoding state."""
-    batch, heads, length, dim = key.shape
-    key, value = at_least_fp32(key, value)
-    if past is None:
-        past = key.new_zeros(batch, heads, dim, dim)
-    with no_autocast(key.device.type):
-        # one batched product-and-add over (B * H) views (see `per_head_product`)
-        return torch.baddbmm(
-            past.reshape(batch * heads, dim, dim), key.reshape(batch * heads, length, dim).transpose(1, 2),
-            value.reshape(batch * heads, length, dim),
-        ).view(batch, heads, dim, dim)
-
-
-def quadratic_order_pays_off(query_length: int, key_length: int, head_dim: int) -> bool:
-    """Whether Zformer's `(Q K^T) V` (4 Nq Nk d_h FLOPs per head) costs less than `Q (K^T V)`
-    (2 (Nq + Nk) d_h^2): short inputs, 2 Nq Nk < d_h (Nq + Nk), i.e. N < d_h for self-attention."""
-    return 2 * query_length * key_length < head_dim * (query_length + key_length)
-
-
 class ZformerAttention(_QKVAttention):
     """Zformer linear attention (the Zformer_Pytorch code): with Q = X W_q / sqrt(d_h),
     K = X W_k, V = X W_v per head, `out = Q (K^T V) / s`, `s` a learnable scalar (init
@@ -357,28 +310,14 @@ class ZformerAttention(_QKVAttention):
         scale = torch.exp(math.log(self.head_dim**-0.5) - self.log_scale)  # log_scale: fp32 parameter
         return scale if scale.dtype == dtype else scale.to(dtype)
 
-    def _scaled_queries(self, hidden_states):
-        """Q / (sqrt(d_h) s) (B, N, D): both scalings in one product."""
-        return self.query(hidden_states) * self._scale(hidden_states.dtype)
-
-    def _queries(self, hidden_states):
-        """Q / (sqrt(d_h) s) split into heads (B, H, N, d)."""
-        return split_heads(self._scaled_queries(hidden_states), self.num_heads)
-
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
         """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D)."""
-        key, value = self._keys_values(memory, memory_mask)
-        with no_autocast(memory.device.type):
-            return key.transpose(-1, -2) @ value
+        return add_key_value_products(None, *self._keys_values(memory, memory_mask))
 
     def _keys_values(self, x: torch.Tensor, mask: torch.Tensor | None):
-        """K (zero at padding) and V (B, H, N, d) of `x` (B, N, D), in fp32."""
+        """K (zero at padding) and V (B, H, N, d) of `x` (B, N, D)."""
         key = split_heads(zero_padding(self.key(x), mask), self.num_heads)
-        value = split_heads(self.value(x), self.num_heads)
-        return at_least_fp32(key, value)
-
-    def _quadratic_pays_off(self, query_length: int, key_length: int) -> bool:
-        return quadratic_order_pays_off(query_length, key_length, self.head_dim)
+        return key, split_heads(self.value(x), self.num_heads)
 
     def _folded_output(self, hidden_states, attention_mask):
         # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
@@ -388,69 +327,33 @@ class ZformerAttention(_QKVAttention):
 
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
-        """The plain form: Q, and K^T V (of the memory, or of the sequence) or its causal prefix sums.
-        Without a cache, short inputs take `(Q K^T) V` instead (`_short_context`): causal ones up to
-        ZFORMER_CAUSAL_BLOCK tokens (one block of `causal_linear_attention`), the others where that
-        order costs fewer FLOPs (`_quadratic_pays_off`). A causal module with a cache reads the sum of
-        k^T v over the earlier tokens from its cache layer, attends from it and stores the sum
-        including the new tokens (`add_key_value_products`)."""
+        """The plain form: Q against the sum of k^T v through `ops.linear_attention`, which picks the
+        order and blocks. Self-attention takes the keys of the sequence; a causal module decoding
+        with a cache starts from the sum over earlier tokens in its cache layer and stores the sum
+        including the new ones. Cross-attention takes the memory's keys, or with a cache its K^T V
+        computed at the first step and kept (`_memory`)."""
         length = hidden_states.shape[1]
-        if cache is None:
-            if self.is_causal and length <= ZFORMER_CAUSAL_BLOCK:
-                return self._short_context(hidden_states, hidden_states, new_tokens_mask(attention_mask, length))
-            source, source_mask = (memory, memory_mask) if self.is_cross else (hidden_states, attention_mask)
-            if not self.is_causal and source is not None and self._quadratic_pays_off(length, source.shape[1]):
-                return self._short_context(hidden_states, source, source_mask)
-        query = self._queries(hidden_states)  # (B, H, N, d), scaled by 1 / (sqrt(d_h) s)
-        if self.is_causal:
-            new_mask = new_tokens_mask(attention_mask, length)
-            key = split_heads(zero_padding(self.key(hidden_states), new_mask), self.num_heads)
-            value = split_heads(self.value(hidden_states), self.num_heads)
-            if cache is None:
-                context = causal_linear_attention(query, key, value)
-            else:
-                layer = cache.layers[self.layer_idx]
-                past = layer.state  # None before the first token
-                current = add_key_value_products(past, key, value)
-                layer.store(current, length)
-                if length == 1:  # a decoding step: q (sum over all tokens so far)
-                    with no_autocast(hidden_states.device.type):
-                        context = per_head_product(at_least_fp32(query)[0], current)
-                else:
-                    context = causal_linear_attention(query, key, value, past)
+        projected = self.query(hidden_states)
+        query = split_heads(projected, self.num_heads)
+        scale = self._scale(hidden_states.dtype)  # 1 / (sqrt(d_h) s)
+        if self.is_cross and cache is not None:
+            context, _ = linear_attention(query, None, None, state=self._memory(memory, memory_mask, cache), scale=scale)
+        elif self.is_cross:
+            if memory is None:
+                raise ValueError(f"{type(self).__name__} is cross-attention: pass `memory` (the encoder states)")
+            context, _ = linear_attention(query, *self._keys_values(memory, None), memory_mask, scale=scale)
         else:
-            kv = self._memory(memory, memory_mask, cache) if self.is_cross else self._project_memory(
-                hidden_states, attention_mask)
-            with no_autocast(hidden_states.device.type):
-                context = per_head_product(at_least_fp32(query)[0], kv)  # (B, H, N, d)
-        if context.dtype != query.dtype:
-            context = context.to(query.dtype)
+            mask = new_tokens_mask(attention_mask, length) if self.is_causal else attention_mask
+            layer = cache.layers[self.layer_idx] if self.is_causal and cache is not None else None
+            context, state = linear_attention(
+                query, *self._keys_values(hidden_states, None), mask, None if layer is None else layer.state,
+                causal=self.is_causal, scale=scale, return_state=layer is not None,
+            )
+            if layer is not None:
+                layer.store(state, length)
+        if context.dtype != projected.dtype:
+            context = context.to(projected.dtype)
         return merge_heads(context)
-
-    def _short_context(self, hidden_states, source, source_mask) -> torch.Tensor:
-        """`(Q K^T) V` of the queries of `hidden_states` (B, N, D) over the keys and values of `source`
-        (B, Nk, D), causal (scores above the diagonal zeroed) for a causal module: the product of
-        the plain form in the cheaper order on short inputs. Keys are zero at padding, as in K^T V;
-        the products run in fp32 on (B * H, N, d) head batches (`head_batches`). The scale
-        1 / (sqrt(d_h) s) multiplies the scores (B * H, N, Nk) where they are no larger than the
-        queries (Nk <= d_h), else the queries: one pass over the smaller tensor, forward and
-        backward (docs/benchmarks.md, "Short inputs"). Returns (B, N, D)."""
-        heads = self.num_heads
-        scale_scores = source.shape[1] <= self.head_dim
-        query = self.query(hidden_states) if scale_scores else self._scaled_queries(hidden_states)
-        key = head_batches(zero_padding(self.key(source), source_mask), heads)
-        value = head_batches(self.value(source), heads)
-        with no_autocast(hidden_states.device.type):
-            query_fp32, key, value = at_least_fp32(head_batches(query, heads), key, value)
-            scores = torch.bmm(query_fp32, key.transpose(1, 2))  # (B * H, N, Nk): no softmax
-            if scale_scores:
-                scores = scores * self._scale(scores.dtype)
-            if self.is_causal and scores.shape[1] > 1:
-                scores = scores.tril_()  # in place: the product's backward needs its inputs, not its output
-            context = torch.bmm(scores, value)
-        if context.dtype != query.dtype:
-            context = context.to(query.dtype)
-        return merge_head_batches(context, hidden_states.shape[0])
 
     def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Bidirectional self-attention `Q (K^T V) / s` folded into one (D, D) matrix per sequence.
@@ -567,79 +470,6 @@ class XformerAttention(Attention):
 # ----------------------------------------------------------------------------------------------
 
 
-def _pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """sum_i softmax_i(scores) values_i over real positions (zero for a row without any).
-    scores (B, H, N, 1), values (B, H, N, d); returns (B, H, 1, d)."""
-    weights = masked_softmax(scores, None if mask is None else mask.bool()[:, None, :, None], dim=2)
-    return weights.transpose(-1, -2) @ values
-
-
-# Fastformer's causal poolings without a cache take a quadratic form up to this many tokens: a
-# softmax over the (N, N) causal pattern, four operations where the prefix sums take ten, each a
-# dispatch in the forward and more in the backward (docs/benchmarks.md). Its 2 N^2 D FLOPs per
-# pooling (all heads) are N / D of one D x D projection's: an eighth at N = 64, D = 512.
-FASTFORMER_CAUSAL_QUADRATIC = 64
-
-
-def causal_softmax_pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """`prefix_pool` without a state, in the quadratic form: output i is sum_{j<=i} softmax_j(scores)
-    values_j over the real positions j <= i (mask (B, N), 1 at real tokens, or None), zero where
-    there is none yet. scores (B, H, N, 1), values (B, H, N, d); returns (B, H, N, d). Each row's
-    softmax takes its own max, so no position underflows against a later, larger score."""
-    length = scores.shape[2]
-    allowed = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril_()  # j <= i
-    if mask is not None:
-        allowed = allowed & mask.bool()[:, None, None, :]  # (B, 1, N, N)
-    # without padding every row holds its own position; with it, a row can have no real token yet
-    weights = masked_softmax(scores.transpose(-1, -2), allowed, may_be_empty=mask is not None)  # (B, H, N, N)
-    return weights @ values
-
-
-def prefix_pool(scores, values, state=None):
-    """Causal `_pool`: output i pools positions j <= i. scores (B, H, N, 1), -inf at padding; values
-    (B, H, N, d); state = (log-sum-exp of the scores so far (B, H, 1, 1), the pooling so far
-    (B, H, 1, d)) of the positions before these, or None. Returns (pooled (B, H, N, d), the state
-    after them).
-
-    A single new token (a decoding step) with a state takes four operations: its share of the
-    softmax a = exp(s - lse'), lse' = logaddexp(lse, s), moves the pooling towards its value,
-    pooled' = pooled + a (v - pooled) (`torch.lerp`). Per-call overhead dominates decoding
-    (docs/benchmarks.md). A block of tokens takes prefix sums under a running max, which starts at
-    the lowest finite float, not -inf: padding (-inf) then gets weight exp(-inf) = 0 and never
-    makes a NaN, without a guard. A state is the same thing with max = lse, denominator 1 and
-    numerator = pooled, and "nothing seen yet" is lse = the lowest float, pooled = 0. The state keeps
-    the sequence axis (size 1)."""
-    length = values.shape[2]
-    floor = torch.finfo(scores.dtype).min
-    if state is not None and length == 1:  # a decoding step
-        old_lse, old_pooled = state
-        lse = torch.logaddexp(old_lse, scores)  # (B, H, 1, 1); unchanged by padding (-inf)
-        pooled = torch.lerp(old_pooled, values, torch.exp(scores - lse))  # the new token's share: 0 at padding
-        return pooled, (lse, pooled)
-    if state is None:  # nothing before: the prefix sums alone
-        new_max = scores.amax(dim=2, keepdim=True).clamp_min(floor)
-        weights = torch.exp(scores - new_max)  # (B, H, N, 1)
-        den, num = weights.cumsum(dim=2), (weights * values).cumsum(dim=2)
-    else:
-        old_lse, old_pooled = state
-        new_max = torch.maximum(old_lse, scores.amax(dim=2, keepdim=True))
-        rescale = torch.exp(old_lse - new_max)  # the earlier tokens' total weight (0 if all were padding)
-        weights = torch.exp(scores - new_max)  # (B, H, N, 1)
-        den = weights.cumsum(dim=2) + rescale  # (B, H, N, 1)
-        num = torch.addcmul((weights * values).cumsum(dim=2), old_pooled, rescale)  # (B, H, N, d)
-    # A prefix with no real token yet (only padding) has den = 0 and pools to zero. Every other den
-    # is positive (>= 1 from the running max's own token on), so clamping den to the tiniest float
-    # changes nothing else: one operation where no gradient is needed. Under autograd the clamp would
-    # give -num / den^2 = 0/0 = NaN gradients there; dividing by 1 instead keeps them zero.
-    if num.requires_grad or den.requires_grad:
-        pooled = num / torch.where(den > 0, den, 1.0)
-    else:
-        pooled = num / den.clamp_min(torch.finfo(den.dtype).tiny)
-    # log(0) = -inf where only padding was seen: the floor again
-    lse = (new_max + torch.log(den[:, :, -1:])).clamp_min(floor)
-    return pooled, (lse, pooled[:, :, -1:])
-
-
 class FastformerAttention(_QKVAttention):
     """Fastformer additive attention (Wu et al. 2021, arXiv 2108.09084), per head:
 
@@ -655,8 +485,8 @@ class FastformerAttention(_QKVAttention):
     Causal form: the poolings become prefix poolings (a log-sum-exp and the pooling so far per head),
     an O(1) state per generated token; with a cache, each pooling starts from its state in the
     cache layer (`query_pool`, `key_pool`) and both new states are stored there. Without a cache, up to
-    `FASTFORMER_CAUSAL_QUADRATIC` tokens pool through a softmax over the causal pattern instead
-    (`causal_softmax_pool`, fewer operations on short inputs).
+    `ops.FASTFORMER_CAUSAL_QUADRATIC` tokens pool through a softmax over the causal pattern instead
+    (`ops.causal_softmax_pool`, fewer operations on short inputs).
 
     Bidirectional attention on all but short sequences takes a folded form with the same result
     (`_folded`): 2 N D^2 + 2 D^3 FLOPs per sequence instead of the 8 N D^2 of four projections.
@@ -697,16 +527,6 @@ class FastformerAttention(_QKVAttention):
             return self._folded(hidden_states, attention_mask)
         return None
 
-    def _causal_pool(self, scores, values, mask, layer, past):
-        """A prefix pooling and its state after these tokens: from the state `past` of the earlier
-        tokens when decoding with a cache layer (`layer` not None), else from nothing, short inputs
-        taking the quadratic form (`causal_softmax_pool`, no state)."""
-        if layer is None and scores.shape[2] <= FASTFORMER_CAUSAL_QUADRATIC:
-            return causal_softmax_pool(scores, values, mask), None
-        if mask is not None:
-            scores = scores.masked_fill(~mask[:, None, :, None], float("-inf"))  # mask: bool (B, N)
-        return prefix_pool(scores, values, past)
-
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
         """The plain form: the four projections and two (prefix) poolings."""
@@ -719,21 +539,22 @@ class FastformerAttention(_QKVAttention):
         w_k = self.key_score if self.additive else None
         with no_autocast(hidden_states.device.type):
             query32, key32 = at_least_fp32(query, key)
-            if self.is_causal:
-                mask = new_tokens_mask(attention_mask, hidden_states.shape[1])
-                mask = None if mask is None else mask.bool()  # once for both poolings
-                layer = None if cache is None else cache.layers[self.layer_idx]
-                global_query, query_pool = self._causal_pool(
-                    self._scores(query32, w_q), query32, mask, layer, None if layer is None else layer.query_pool)
-                mixed = global_query * key32  # p_i  (B, H, N, d)
-                global_key, key_pool = self._causal_pool(
-                    self._scores(mixed, w_k), mixed, mask, layer, None if layer is None else layer.key_pool)
-                if layer is not None:
-                    layer.store(query_pool, key_pool, hidden_states.shape[1])
-            else:
-                global_query = _pool(self._scores(query32, w_q), query32, attention_mask)  # (B, H, 1, d)
-                mixed = global_query * key32
-                global_key = _pool(self._scores(mixed, w_k), mixed, attention_mask)
+            causal = self.is_causal
+            mask = new_tokens_mask(attention_mask, hidden_states.shape[1]) if causal else attention_mask
+            mask = None if mask is None else mask.bool()  # once for both poolings
+            layer = cache.layers[self.layer_idx] if causal and cache is not None else None
+            keep = layer is not None
+            global_query, query_pool = softmax_pool(  # q_g: (B, H, 1, d), causal (B, H, N, d)
+                self._scores(query32, w_q), query32, mask, layer.query_pool if keep else None, causal=causal,
+                return_state=keep,
+            )
+            mixed = global_query * key32  # p_i  (B, H, N, d)
+            global_key, key_pool = softmax_pool(
+                self._scores(mixed, w_k), mixed, mask, layer.key_pool if keep else None, causal=causal,
+                return_state=keep,
+            )
+            if keep:
+                layer.store(query_pool, key_pool, hidden_states.shape[1])
         if global_key.dtype != value.dtype:
             global_key = global_key.to(value.dtype)
         mixed_value = merge_heads(global_key * value)  # u_i  (B, N, D)

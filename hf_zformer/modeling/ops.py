@@ -1,0 +1,280 @@
+"""The sequence operations of the linear attention types, as pure functions of tensors, each family
+with one signature and a naive reference beside it (loops over positions, written for reading;
+the tests compare every fast form against it in fp64, forward and backward).
+
+- **Linear attention** (Zformer): `linear_attention(query, key, value, mask, state, *, causal,
+  scale, return_state) -> (out, state)`, reference `linear_attention_reference`. Per head,
+  out_i = scale * q_i (state + sum_j k_j^T v_j) over the real keys j that query i sees (all of them,
+  or j <= i with `causal=True`); `state` (B, H, d, d) is that sum over earlier tokens (a decoder's
+  cache, or a cross-attention's whole memory).
+- **Softmax pooling** (Fastformer): `softmax_pool(scores, values, mask, state, *, causal,
+  return_state) -> (pooled, state)`, reference `softmax_pool_reference`. pooled_i = sum_j
+  softmax_j(scores) values_j over the real positions j that i sees; `state` is (log-sum-exp of the
+  scores so far (B, H, 1, 1), the pooling so far (B, H, 1, d)).
+
+Softmax attention (full) runs through transformers' attention functions, with
+`attention.einsum_attention_forward` as its reference.
+
+Each function picks its form by a rule stated in its docstring (the cheaper order on short inputs,
+blocks for long causal inputs, a four-operation step while decoding). Sums over the sequence run in
+fp32 with autocast off (fp64 stays fp64). This file ships to the Hugging Face Hub with every
+checkpoint: torch and siblings only.
+"""
+
+import torch
+
+from .blocks import at_least_fp32, masked_softmax, no_autocast, per_head_product
+
+# Zformer's causal form is computed in blocks of this many tokens: quadratic inside a block,
+# recurrent across blocks, so training memory is O(N * block) instead of O(N * d_h^2). Inputs up to
+# one block without a state take the quadratic form alone.
+ZFORMER_CAUSAL_BLOCK = 64
+
+# Fastformer's causal poolings without a state take a quadratic form up to this many tokens: a
+# softmax over the (N, N) causal pattern, four operations where the prefix sums take ten, each a
+# dispatch in the forward and more in the backward (docs/benchmarks.md). Its 2 N^2 D FLOPs per
+# pooling (all heads) are N / D of one D x D projection's: an eighth at N = 64, D = 512.
+FASTFORMER_CAUSAL_QUADRATIC = 64
+
+
+# ----------------------------------------------------------------------------------------------
+# linear attention (Zformer)
+# ----------------------------------------------------------------------------------------------
+
+
+def quadratic_order_pays_off(query_length: int, key_length: int, head_dim: int) -> bool:
+    """Whether `(Q K^T) V` (4 Nq Nk d_h FLOPs per head) costs less than `Q (K^T V)`
+    (2 (Nq + Nk) d_h^2): short inputs, 2 Nq Nk < d_h (Nq + Nk), i.e. N < d_h for self-attention."""
+    return 2 * query_length * key_length < head_dim * (query_length + key_length)
+
+
+def linear_attention(query, key, value, mask=None, state=None, *, causal=False, scale=None, return_state=False):
+    """Zformer's sequence operation (see the module docstring). query (B, H, Nq, d), key/value
+    (B, H, Nk, d) (Nk = Nq when causal) or both None (no new keys), mask (B, Nk), 1 at real keys, or
+    None; state (B, H, d, d) or None (nothing before); scale a tensor of one element, or None for 1. Returns (out (B, H, Nq,
+    d) in fp32 or fp64, the state including these keys (B, H, d, d) when `return_state`, else None).
+
+    The form, by a rule on the shapes: without a state (and none asked for), `(Q K^T) V` where it
+    costs less (`quadratic_order_pays_off`; causal: up to ZFORMER_CAUSAL_BLOCK tokens, with the
+    scores above the diagonal zeroed); one new causal token with a state, q (state + k^T v);
+    otherwise `Q (K^T V)`, causal in blocks of ZFORMER_CAUSAL_BLOCK tokens (`causal_linear_attention`).
+    """
+    if key is None:  # no new keys: attend to the state alone (a cross-attention's stored memory)
+        with no_autocast(query.device.type):
+            query = at_least_fp32(query)[0]
+            query = query if scale is None else query * scale.to(query.dtype)
+            return per_head_product(query, state), state if return_state else None
+    if mask is not None:
+        key = key * mask.to(key.dtype)[:, None, :, None]  # padding's keys are zero: no k^T v term
+    queries, keys, dim = query.shape[2], key.shape[2], query.shape[3]
+    if state is None and not return_state:
+        short = queries <= ZFORMER_CAUSAL_BLOCK if causal else quadratic_order_pays_off(queries, keys, dim)
+        if short:
+            return quadratic_linear_attention(query, key, value, causal=causal, scale=scale), None
+    with no_autocast(query.device.type):
+        query, key, value = at_least_fp32(query, key, value)
+        if scale is not None:
+            query = query * scale.to(query.dtype)
+        current = add_key_value_products(state, key, value) if (return_state or not causal) else None
+        if not causal:
+            return per_head_product(query, current), current if return_state else None
+        if queries == 1 and current is not None:  # a decoding step: q (sum over all tokens so far)
+            return per_head_product(query, current), current
+        return causal_linear_attention(query, key, value, state), current
+
+
+def quadratic_linear_attention(query, key, value, *, causal=False, scale=None):
+    """`(Q K^T) V` (B, H, Nq, d), causal with the scores above the diagonal zeroed: the product in the
+    cheaper order on short inputs, in fp32 on (B * H, N, d) head batches. `scale` multiplies the
+    scores (B * H, Nq, Nk) where they are no larger than the queries (Nk <= d), else the queries:
+    one pass over the smaller tensor, forward and backward (docs/benchmarks.md, "Short inputs")."""
+    batch, heads, queries, dim = query.shape
+    scale_scores = scale is not None and key.shape[2] <= dim
+    with no_autocast(query.device.type):
+        query, key, value = (t.reshape(batch * heads, t.shape[2], dim) for t in at_least_fp32(query, key, value))
+        if scale is not None and not scale_scores:
+            query = query * scale.to(query.dtype)
+        scores = torch.bmm(query, key.transpose(1, 2))  # (B * H, Nq, Nk): no softmax
+        if scale_scores:
+            scores = scores * scale.to(scores.dtype)
+        if causal and queries > 1:
+            scores = scores.tril_()  # in place: the product's backward needs its inputs, not its output
+        return torch.bmm(scores, value).view(batch, heads, queries, dim)
+
+
+def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
+    """out_i = q_i (past + sum_{j<=i} k_j^T v_j), in fp32, computed in blocks of ZFORMER_CAUSAL_BLOCK
+    tokens: quadratic inside a block, recurrent across blocks. query/key/value (B, H, N, d); past
+    (B, H, d, d) (the sum over earlier tokens) or None. Returns (B, H, N, d)."""
+    length = query.shape[2]
+    with no_autocast(query.device.type):
+        query, key, value = at_least_fp32(query, key, value)
+        state = past  # None: nothing before the first block (no product with a zero state)
+        outputs = []
+        for start in range(0, length, ZFORMER_CAUSAL_BLOCK):
+            q = query[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
+            k = key[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
+            v = value[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
+            scores = q @ k.transpose(-1, -2)  # (B, H, b, b): no softmax, only causality
+            if q.shape[2] > 1:
+                scores = scores.tril()
+            outputs.append(scores @ v if state is None else per_head_product(q, state).add_(scores @ v))
+            if start + ZFORMER_CAUSAL_BLOCK < length:
+                update = k.transpose(-1, -2) @ v
+                state = update if state is None else state + update
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+
+
+def add_key_value_products(past: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+    """past + sum_j k_j^T v_j per head, in fp32 (fp64 stays fp64): key (zero at padding) / value
+    (B, H, N, d), past (B, H, d, d) or None (nothing before)."""
+    batch, heads, length, dim = key.shape
+    key, value = at_least_fp32(key, value)
+    if past is None:
+        past = key.new_zeros(batch, heads, dim, dim)
+    with no_autocast(key.device.type):
+        # one batched product-and-add over (B * H) views (see `per_head_product`)
+        return torch.baddbmm(
+            past.reshape(batch * heads, dim, dim), key.reshape(batch * heads, length, dim).transpose(1, 2),
+            value.reshape(batch * heads, length, dim),
+        ).view(batch, heads, dim, dim)
+
+
+def linear_attention_reference(query, key, value, mask=None, state=None, *, causal=False, scale=None,
+                               return_state=False):
+    """`linear_attention` computed naively: for each query position, the sum of k_j^T v_j over the
+    keys it sees, one key at a time, then the product with q_i."""
+    batch, heads, queries, dim = query.shape
+    keep = torch.ones(batch, key.shape[2], dtype=torch.bool) if mask is None else mask.bool().cpu()
+    start = query.new_zeros(batch, heads, dim, dim) if state is None else state.to(query.dtype)
+    out = query.new_zeros(batch, heads, queries, dim)
+    for b in range(batch):
+        for h in range(heads):
+            for i in range(queries):
+                total = start[b, h]
+                for j in range(key.shape[2] if not causal else i + 1):
+                    if keep[b, j]:
+                        total = total + torch.outer(key[b, h, j], value[b, h, j])
+                out[b, h, i] = query[b, h, i] @ total * (1 if scale is None else scale.reshape(()))
+    if not return_state:
+        return out, None
+    final = start.clone()
+    for j in range(key.shape[2]):
+        weight = keep[:, j].to(query.dtype).view(batch, 1, 1, 1).to(query.device)
+        final = final + weight * key[:, :, j, :, None] * value[:, :, j, None, :]
+    return out, final
+
+
+# ----------------------------------------------------------------------------------------------
+# softmax pooling (Fastformer)
+# ----------------------------------------------------------------------------------------------
+
+
+def softmax_pool(scores, values, mask=None, state=None, *, causal=False, return_state=False):
+    """Fastformer's sequence operation (see the module docstring). scores (B, H, N, 1), values
+    (B, H, N, d), mask (B, N), 1/True at real tokens, or None; state (lse (B, H, 1, 1), pooled
+    (B, H, 1, d)) of earlier tokens or None (causal only). Returns (pooled: (B, H, 1, d) pooled over
+    all real tokens, or (B, H, N, d) with `causal`; the state including these tokens when
+    `return_state`, else None). A causal position with no real token yet pools to zero.
+
+    The form: bidirectional, one masked softmax; causal without a state (and none asked for) up to
+    FASTFORMER_CAUSAL_QUADRATIC tokens, a softmax over the causal pattern (`causal_softmax_pool`);
+    otherwise prefix sums from the state (`prefix_pool`, a four-operation update for one new token).
+    """
+    if not causal:
+        if state is not None or return_state:
+            raise ValueError("softmax_pool: a state belongs to the causal form (causal=True)")
+        weights = masked_softmax(scores, None if mask is None else mask.bool()[:, None, :, None], dim=2)
+        return weights.transpose(-1, -2) @ values, None
+    if state is None and not return_state and scores.shape[2] <= FASTFORMER_CAUSAL_QUADRATIC:
+        return causal_softmax_pool(scores, values, mask), None
+    if mask is not None:
+        scores = scores.masked_fill(~mask.bool()[:, None, :, None], float("-inf"))
+    pooled, after = prefix_pool(scores, values, state)
+    return pooled, after if return_state else None
+
+
+def causal_softmax_pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    """`prefix_pool` without a state, in the quadratic form: output i is sum_{j<=i} softmax_j(scores)
+    values_j over the real positions j <= i (mask (B, N), 1 at real tokens, or None), zero where
+    there is none yet. scores (B, H, N, 1), values (B, H, N, d); returns (B, H, N, d). Each row's
+    softmax takes its own max, so no position underflows against a later, larger score."""
+    length = scores.shape[2]
+    allowed = torch.ones(length, length, dtype=torch.bool, device=scores.device).tril_()  # j <= i
+    if mask is not None:
+        allowed = allowed & mask.bool()[:, None, None, :]  # (B, 1, N, N)
+    # without padding every row holds its own position; with it, a row can have no real token yet
+    weights = masked_softmax(scores.transpose(-1, -2), allowed, may_be_empty=mask is not None)  # (B, H, N, N)
+    return weights @ values
+
+
+def prefix_pool(scores, values, state=None):
+    """Causal pooling by prefix sums: output i pools positions j <= i. scores (B, H, N, 1), -inf at
+    padding; values (B, H, N, d); state = (log-sum-exp of the scores so far (B, H, 1, 1), the
+    pooling so far (B, H, 1, d)) of the positions before these, or None. Returns (pooled (B, H, N,
+    d), the state after them).
+
+    A single new token (a decoding step) with a state takes four operations: its share of the
+    softmax a = exp(s - lse'), lse' = logaddexp(lse, s), moves the pooling towards its value,
+    pooled' = pooled + a (v - pooled) (`torch.lerp`). Per-call overhead dominates decoding
+    (docs/benchmarks.md). A block of tokens takes prefix sums under a running max, which starts at
+    the lowest finite float, not -inf: padding (-inf) then gets weight exp(-inf) = 0 and never
+    makes a NaN, without a guard. A state is the same thing with max = lse, denominator 1 and
+    numerator = pooled, and "nothing seen yet" is lse = the lowest float, pooled = 0. The state keeps
+    the sequence axis (size 1)."""
+    length = values.shape[2]
+    floor = torch.finfo(scores.dtype).min
+    if state is not None and length == 1:  # a decoding step
+        old_lse, old_pooled = state
+        lse = torch.logaddexp(old_lse, scores)  # (B, H, 1, 1); unchanged by padding (-inf)
+        pooled = torch.lerp(old_pooled, values, torch.exp(scores - lse))  # the new token's share: 0 at padding
+        return pooled, (lse, pooled)
+    if state is None:  # nothing before: the prefix sums alone
+        new_max = scores.amax(dim=2, keepdim=True).clamp_min(floor)
+        weights = torch.exp(scores - new_max)  # (B, H, N, 1)
+        den, num = weights.cumsum(dim=2), (weights * values).cumsum(dim=2)
+    else:
+        old_lse, old_pooled = state
+        new_max = torch.maximum(old_lse, scores.amax(dim=2, keepdim=True))
+        rescale = torch.exp(old_lse - new_max)  # the earlier tokens' total weight (0 if all were padding)
+        weights = torch.exp(scores - new_max)  # (B, H, N, 1)
+        den = weights.cumsum(dim=2) + rescale  # (B, H, N, 1)
+        num = torch.addcmul((weights * values).cumsum(dim=2), old_pooled, rescale)  # (B, H, N, d)
+    # A prefix with no real token yet (only padding) has den = 0 and pools to zero. Every other den
+    # is positive (>= 1 from the running max's own token on), so clamping den to the tiniest float
+    # changes nothing else: one operation where no gradient is needed. Under autograd the clamp would
+    # give -num / den^2 = 0/0 = NaN gradients there; dividing by 1 instead keeps them zero.
+    if num.requires_grad or den.requires_grad:
+        pooled = num / torch.where(den > 0, den, 1.0)
+    else:
+        pooled = num / den.clamp_min(torch.finfo(den.dtype).tiny)
+    # log(0) = -inf where only padding was seen: the floor again
+    lse = (new_max + torch.log(den[:, :, -1:])).clamp_min(floor)
+    return pooled, (lse, pooled[:, :, -1:])
+
+
+def softmax_pool_reference(scores, values, mask=None, state=None, *, causal=False, return_state=False):
+    """`softmax_pool` computed naively: for each position, a softmax over the scores it sees, the
+    earlier tokens' state entering as one more score (its log-sum-exp) with its pooling as value."""
+    batch, heads, length, dim = values.shape
+    keep = torch.ones(batch, length, dtype=torch.bool) if mask is None else mask.bool().cpu()
+
+    def pool(b, h, last):
+        """The pooling of row (b, h) over the real positions up to `last` and the state."""
+        terms = [(scores[b, h, j, 0], values[b, h, j]) for j in range(last + 1) if keep[b, j]]
+        if state is not None:  # "nothing seen yet" (the lowest float) weighs nothing beside a real token
+            terms.append((state[0][b, h, 0, 0], state[1][b, h, 0]))
+        if not terms:
+            return values.new_zeros(dim), values.new_tensor(torch.finfo(values.dtype).min)
+        logits = torch.stack([s for s, _ in terms])
+        return torch.softmax(logits, 0) @ torch.stack([v for _, v in terms]), torch.logsumexp(logits, 0)
+
+    rows = range(length) if causal else [length - 1]
+    pooled = values.new_zeros(batch, heads, len(rows), dim)
+    lse = values.new_zeros(batch, heads, 1, 1)
+    for b in range(batch):
+        for h in range(heads):
+            for row, last in enumerate(rows):
+                pooled[b, h, row], total = pool(b, h, last)
+            lse[b, h, 0, 0] = total
+    return pooled, ((lse, pooled[:, :, -1:].clone()) if return_state else None)
