@@ -134,11 +134,19 @@ class Attention(nn.Module):
         """The bidirectional output in a folded form where one pays off, else None."""
         return None
 
+    def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None):
+        """Cross-attention: what the memory (B, Nk, D) becomes for every later query, stored in the
+        cache at the first decoding step (keys and values, or K^T V). Types with a cross form define it."""
+        raise NotImplementedError(f"{type(self).__name__} has no cross-attention form")
+
+    def _require_memory(self, memory, cache) -> None:
+        if memory is None and (cache is None or not cache.has_memory(self.layer_idx)):
+            raise ValueError(f"{type(self).__name__} is cross-attention: pass `memory` (the encoder states)")
+
     def _memory(self, memory, memory_mask, cache):
         """Cross-attention: the projected memory (`_project_memory`), computed at the first decoding
         step and kept in the cache."""
-        if self.is_cross and memory is None and (cache is None or not cache.has_memory(self.layer_idx)):
-            raise ValueError(f"{type(self).__name__} is cross-attention: pass `memory` (the encoder states)")
+        self._require_memory(memory, cache)
         if cache is not None and cache.has_memory(self.layer_idx):
             return cache.memory(self.layer_idx)
         projected = self._project_memory(memory, memory_mask)
@@ -339,8 +347,7 @@ class ZformerAttention(_QKVAttention):
         if self.is_cross and cache is not None:
             context, _ = linear_attention(query, None, None, state=self._memory(memory, memory_mask, cache), scale=scale)
         elif self.is_cross:
-            if memory is None:
-                raise ValueError(f"{type(self).__name__} is cross-attention: pass `memory` (the encoder states)")
+            self._require_memory(memory, None)
             context, _ = linear_attention(query, *self._keys_values(memory, None), memory_mask, scale=scale)
         else:
             mask = new_tokens_mask(attention_mask, length) if self.is_causal else attention_mask
@@ -454,7 +461,7 @@ class XformerAttention(Attention):
             key = projection @ query32  # (B, k, D/alpha)
             value = projection @ inputs  # (B, k, D)
         query, key, value = (split_heads(t.to(query.dtype), self.num_heads) for t in (query, key, value))
-        # Fused attention (no (B, H, N, k) score matrix: memory linear in N) needs query/key heads as
+        # Fused attention (no (B, H, N, k) score matrix: storage linear in N) needs query/key heads as
         # wide as value heads: zero channels leave the scores unchanged.
         padding = value.shape[-1] - query.shape[-1]
         if padding:

@@ -26,7 +26,7 @@ import torch
 from .blocks import at_least_fp32, masked_softmax, no_autocast, per_head_product
 
 # Zformer's causal form is computed in blocks of this many tokens: quadratic inside a block,
-# recurrent across blocks, so training memory is O(N * block) instead of O(N * d_h^2). Inputs up to
+# recurrent across blocks, so what autograd keeps is O(N * block) instead of O(N * d_h^2). Inputs up to
 # one block without a state take the quadratic form alone.
 ZFORMER_CAUSAL_BLOCK = 64
 
