@@ -28,6 +28,7 @@ from torch import nn
 
 from .distillation import DISTILLATION_SETTINGS, Distillation, _attention_calls, distill_attention
 from .folders import MODEL_FILES, check_output_dir, replace_atomically
+from .hub import model_card
 from .modeling import ZformerConfig
 
 logger = logging.getLogger(__name__)
@@ -375,51 +376,6 @@ def _load_tokenizer(model_name_or_path, vocab_size: int):
     return tokenizer
 
 
-def model_card_text(config, base_model: str, task: str, distillation: dict | None = None) -> str:
-    """README.md of a converted folder: `base_model` metadata, what was converted and how to load it,
-    and the attention distillation's settings and fit when there was one (`distill_attention`)."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    types = config.layer_attention_types()
-    summary = types[0] if len(set(types)) == 1 else "|".join(types)
-    data = ModelCardData(
-        base_model=base_model,
-        library_name="transformers",
-        pipeline_tag=task,
-        tags=["hf_zformer", config.model_type, "warm-start", *sorted({f"{t}-attention" for t in types})],
-    )
-    distilled = ""
-    if distillation is not None:  # the settings also as metadata, for result records (results.distillation_of)
-        data.distillation = {key: distillation.get(key) for key in DISTILLATION_SETTINGS}
-        distilled = (
-            f"\nAfter conversion the attention of layers {distillation['layers']} was distilled onto the base "
-            f"model's softmax attention (`hf_zformer.distillation.distill_attention`: {distillation['steps']} layer-wise "
-            f"and {distillation['model_steps']} whole-model steps of {distillation['batch_size']} documents of up "
-            f"to {distillation['max_length']} tokens, learning rate {distillation['learning_rate']}). Relative "
-            f"squared error on held-out documents, before and after: of each layer's attention output "
-            f"{distillation['before']} and {distillation['after']}; of the last hidden states "
-            f"{distillation['last_layer_before']} and {distillation['last_layer_after']}.\n"
-        )
-    content = f"""---
-{data.to_yaml()}
----
-
-# {Path(base_model).name} with {summary} attention
-
-[{base_model}](https://huggingface.co/{base_model}) converted by `hf_zformer.convert_pretrained`
-(attention_type={summary}). The embeddings, the feed-forward blocks, the LayerNorms and the task
-head carry over unchanged; with `full` attention the model computes what the base model computes.
-Other attention types reuse the pretrained projections that map and start the rest fresh (the
-mapping is in hf_zformer's docs/warm_start.md), so the model needs fine-tuning before use.
-{distilled}
-```python
-from transformers import AutoModel, AutoTokenizer
-model = AutoModel.from_pretrained("path/to/this/folder", trust_remote_code=True)
-```
-"""
-    return str(ModelCard(content))
-
-
 def _save(model, tokenizer, card: str, output_dir, overwrite: bool):
     """Write the folder atomically: into a temporary sibling, moved into place when complete
     (`folders.replace_atomically`, which refuses to replace anything but a saved model)."""
@@ -543,6 +499,7 @@ def convert_pretrained(
             report = distill_attention(model, reference, tokenizer, distillation)
             report.update({key: getattr(distillation, key) for key in DISTILLATION_SETTINGS if key not in report})
     if output_dir is not None:
-        card = model_card_text(config, str(base_model or model_name_or_path), task, report)
+        card = model_card(config=config, task=task, base_model=str(base_model or model_name_or_path),
+                          model_id=str(output_dir), distillation=report)
         _save(model, tokenizer, card, output_dir, overwrite)
     return model
