@@ -392,6 +392,36 @@ def _save(model, tokenizer, card: str, output_dir, overwrite: bool):
         shutil.rmtree(staging, ignore_errors=True)
 
 
+def _fit_to_source(model, target_class, source, family: str, source_task: str, tokenizer,
+                   distillation: Distillation | None):
+    """Bring the converted layers of `model` (built with the Auto class `target_class`) close to the
+    softmax attention of `source`: calibrate zformer scales and fastformer sizes, then distill when
+    asked. Returns the distillation's report with its settings (`DISTILLATION_SETTINGS`), or None
+    without a distillation."""
+    config = model.config
+    types = set(config.layer_attention_types())
+    report = None
+    # zformer / fastformer outputs start at the size of the softmax attention they replace; distillation
+    # then fits every converted layer's output to it. Both compare with an exact full-attention copy.
+    if types & {"zformer", "fastformer"} or distillation is not None:
+        reference_config = config.to_dict()
+        reference_config.update(attention_type="full")
+        reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
+        copy_weights(reference, source, family, source_task)
+        batch = _calibration_batch(tokenizer, config)
+        if "zformer" in types:
+            scales = calibrate_zformer_scales(model, reference, *batch)
+            config.zformer_scale_init = float(sorted(scales)[len(scales) // 2])  # for reference; each layer has its own
+            logger.info(f"zformer scales s per layer: {[round(s, 2) for s in scales]}")
+        if "fastformer" in types:
+            factors = calibrate_fastformer_sizes(model, reference, *batch)
+            logger.info(f"fastformer W_q factors per layer: {[round(f, 4) for f in factors]}")
+        if distillation is not None:
+            report = distill_attention(model, reference, tokenizer, distillation)
+            report.update({key: getattr(distillation, key) for key in DISTILLATION_SETTINGS if key not in report})
+    return report
+
+
 def convert_pretrained(
     model_name_or_path: str | os.PathLike,
     attention_type: str | list[str] = "full",
@@ -478,26 +508,7 @@ def convert_pretrained(
     if tokenizer is None and output_dir is not None:
         logger.warning(f"{model_name_or_path} has no tokenizer of this model: {output_dir} gets none; pass "
                        "tokenizer_name (--tokenizer_name) to include one")
-    types = set(config.layer_attention_types())
-    report = None
-    # zformer / fastformer outputs start at the size of the softmax attention they replace; distillation
-    # then fits every converted layer's output to it. Both compare with an exact full-attention copy.
-    if types & {"zformer", "fastformer"} or distillation is not None:
-        reference_config = config.to_dict()
-        reference_config.update(attention_type="full")
-        reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
-        copy_weights(reference, source, family, source_task)
-        batch = _calibration_batch(tokenizer, config)
-        if "zformer" in types:
-            scales = calibrate_zformer_scales(model, reference, *batch)
-            config.zformer_scale_init = float(sorted(scales)[len(scales) // 2])  # for reference; each layer has its own
-            logger.info(f"zformer scales s per layer: {[round(s, 2) for s in scales]}")
-        if "fastformer" in types:
-            factors = calibrate_fastformer_sizes(model, reference, *batch)
-            logger.info(f"fastformer W_q factors per layer: {[round(f, 4) for f in factors]}")
-        if distillation is not None:
-            report = distill_attention(model, reference, tokenizer, distillation)
-            report.update({key: getattr(distillation, key) for key in DISTILLATION_SETTINGS if key not in report})
+    report = _fit_to_source(model, target_class, source, family, source_task, tokenizer, distillation)
     if output_dir is not None:
         card = model_card(config=config, task=task, base_model=str(base_model or model_name_or_path),
                           model_id=str(output_dir), distillation=report)
