@@ -147,9 +147,9 @@ def model_card(
     Then a short description (with the distillation's fit, ``distillation`` being the report of
     :func:`hf_zformer.distill_attention` plus its settings), the results table (when ``results``
     is given), the exact training command (when ``command`` is given) and a usage snippet that runs
-    as written: it loads ``model_id`` (a Hub id or folder; default ``model_name``) with
-    ``trust_remote_code=True`` and, for a trained model, translates / classifies / continues
-    ``example`` (default: a German sentence / an English review / the start of one)."""
+    as written: it loads ``model_id`` (a Hub id or folder; default the title, ``model_name`` when
+    given) with ``trust_remote_code=True`` and, for a trained model, translates / classifies /
+    continues ``example`` (default: a German sentence / an English review / the start of one)."""
     converted = dataset_name is None
     if converted and base_model is None:
         raise ValueError("model_card: pass dataset_name (a trained model) or base_model (a converted one)")
