@@ -28,7 +28,8 @@ from .modeling import (
     position_ids_from_mask,
     register_auto_classes,
 )
-from .convert import Distillation, convert_pretrained, distill_attention  # warm start from BERT / RoBERTa / DistilBERT checkpoints
+from .convert import convert_pretrained  # warm start from BERT / RoBERTa / DistilBERT checkpoints
+from .distillation import Distillation, distill_attention  # fit converted attention to the source's softmax attention
 from .memory import retain_freed_memory  # CPU training: keep freed memory instead of re-faulting it
 
 __version__ = "0.1.0"

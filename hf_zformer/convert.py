@@ -9,7 +9,9 @@ The architecture options of `ZformerConfig` (post-LayerNorm layers, token types,
 LayerNorm, learned positions with RoBERTa's offset, BERT's pooler) express these encoders exactly,
 so with `attention_type="full"` the converted model computes what the source computes. The other
 attention types reuse what maps (see `_copy_attention`) and initialise the rest; docs/warm_start.md
-has the mapping table and the reasons for every choice.
+has the mapping table and the reasons for every choice. Converted layers are then calibrated to the
+size of the softmax attention they replace (`calibrate_zformer_scales`, `calibrate_fastformer_sizes`)
+and, with `distillation=`, fitted to it (`hf_zformer.distillation`).
 """
 
 from __future__ import annotations
@@ -19,14 +21,14 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from .distillation import DISTILLATION_SETTINGS, Distillation, _attention_calls, distill_attention
 from .folders import MODEL_FILES, check_output_dir, replace_atomically
+from .hub import model_card
 from .modeling import ZformerConfig
 
 logger = logging.getLogger(__name__)
@@ -279,26 +281,6 @@ def _rms(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return ((x.square() * weights).sum() / (weights.sum() * x.shape[-1])).sqrt()
 
 
-def _attention_calls(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, tuple]:
-    """`(args, kwargs, output)` of every encoder attention call of `reference` on a batch, by layer
-    index: the arguments replay the call on another attention module, `output` is (B, N, D)."""
-    calls = {}
-
-    def record(module, args, kwargs, output, i):
-        calls[i] = (args, kwargs, output[0])
-
-    hooks = [
-        layer.attention.register_forward_hook(lambda *call, i=i: record(*call, i), with_kwargs=True)
-        for i, layer in enumerate(reference.base_model.encoder.layers)
-    ]
-    try:
-        reference.base_model(input_ids=input_ids, attention_mask=attention_mask)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return calls
-
-
 def _attention_inputs(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, torch.Tensor]:
     """The input of every attention layer of `reference` on the calibration batch, by layer index."""
     return {i: args[0] for i, (args, _, _) in _attention_calls(reference, input_ids, attention_mask).items()}
@@ -364,175 +346,6 @@ def calibrate_fastformer_sizes(target, reference, input_ids: torch.Tensor, atten
     return factors
 
 
-#: What a converted folder's model card records of its distillation (metadata `distillation`).
-DISTILLATION_SETTINGS = ("source", "steps", "model_steps", "batch_size", "max_length", "learning_rate")
-
-
-@dataclass
-class Distillation:
-    """Attention transfer on unlabeled text after conversion (`distill_attention`).
-
-    `texts` are the documents (e.g. the 50,000 unlabeled IMDB reviews), drawn with `seed` in batches
-    of `batch_size` truncated to `max_length` tokens; the first `eval_texts` are held out to measure
-    the fit. Two phases, each with AdamW at `learning_rate` (5% warm-up, linear decay): `steps` of
-    layer-wise fitting (each converted layer's attention on the source's inputs), then
-    `model_steps` of whole-model fitting (the converted model on its own inputs, every layer's
-    output pulled towards the source's), which corrects what the layers' errors add up to. `source`
-    names where the texts came from (e.g. the file); the model card's metadata records it with the
-    settings."""
-
-    texts: Sequence[str]
-    steps: int = 300
-    model_steps: int = 0
-    batch_size: int = 16
-    max_length: int = 256
-    learning_rate: float = 1e-3
-    seed: int = 0
-    eval_texts: int = 32
-    source: str | None = None
-
-    def __post_init__(self):
-        for name in ("steps", "batch_size", "max_length", "eval_texts"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"Distillation: {name} must be >= 1, got {getattr(self, name)}")
-        if self.model_steps < 0:
-            raise ValueError(f"Distillation: model_steps must be >= 0, got {self.model_steps}")
-        if not self.learning_rate > 0:
-            raise ValueError(f"Distillation: learning_rate must be > 0, got {self.learning_rate}")
-        if len(self.texts) <= self.eval_texts:
-            raise ValueError(f"Distillation: {len(self.texts)} texts given; it needs more than eval_texts="
-                             f"{self.eval_texts} (held out to measure the fit) to train on")
-
-
-def _relative_error(output: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """||output - target||^2 / ||target||^2 over the real tokens (weights (B, N, 1))."""
-    return ((output - target).square() * weights).sum() / (target.square() * weights).sum().clamp_min(1e-12)
-
-
-def _relative_errors(model, calls, layers, attention_mask) -> list[torch.Tensor]:
-    """Per layer in `layers`: the relative squared error of the attention output, the student's
-    attention replaying the teacher's recorded call."""
-    weights = attention_mask.to(torch.float32)[..., None]
-    errors = []
-    for i in layers:
-        args, kwargs, target = calls[i]
-        output = model.base_model.encoder.layers[i].attention(*args, **kwargs)[0]
-        errors.append(_relative_error(output, target, weights))
-    return errors
-
-
-def _hidden_state_errors(model, reference, input_ids, attention_mask, first: int) -> list[torch.Tensor]:
-    """Per layer from `first` (the first converted one) on: the relative squared error of the
-    layer's output when the model runs on its own, against the reference's."""
-    weights = attention_mask.to(torch.float32)[..., None]
-    with torch.no_grad():
-        targets = reference.base_model(input_ids=input_ids, attention_mask=attention_mask,
-                                       output_hidden_states=True).hidden_states
-    outputs = model.base_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states
-    return [_relative_error(outputs[i + 1], targets[i + 1], weights) for i in range(first, len(outputs) - 1)]
-
-
-def distill_attention(model, reference, tokenizer, distillation: Distillation, progress: bool = True) -> dict:
-    """Fit the attention of every non-full layer of `model` to the softmax attention it replaced.
-
-    `reference` is the exact full-attention copy of the source (same weights everywhere but the
-    attention types). Only the converted layers' attention parameters train; embeddings,
-    feed-forward blocks, LayerNorms, heads and full layers stay the source's. Dropout is off. The
-    loss of both phases is a mean over layers of relative squared errors, so every layer counts
-    alike whatever its output size.
-
-    1. Layer-wise (`distillation.steps`): a batch runs through `reference`; each converted layer's
-       attention replays the reference layer's call (same input, mask and positions) and its output
-       is pulled towards the softmax output. Layers learn independently, from the source's inputs.
-    2. Whole model (`distillation.model_steps`, optional): the model runs on its own and the output
-       of every layer from the first converted one on is pulled towards the reference's. Small
-       per-layer errors compound through the stack (all-MiniLM-L6-v2 with fastformer after phase 1:
-       attention errors 5-11% per layer, yet the last layer's mean-pooled output only 0.63 cosine
-       to the source's); this phase fits what the layers produce together.
-
-    Calibration (`calibrate_zformer_scales`, `calibrate_fastformer_sizes`) only matches each
-    output's size; this matches the outputs themselves, on text like the task's. Returns the fit
-    on the held-out documents: `{"layers": [...], "before": [...], "after": [...]}` (each
-    converted layer's attention error on the source's inputs) and `"last_layer_before"` /
-    `"last_layer_after"` (the relative error of the model's last hidden states), and `"max_length"`,
-    the documents' length cap (`distillation.max_length` or the model's positions, the lower)."""
-    from tqdm.auto import tqdm
-
-    layers = [i for i, layer in enumerate(model.base_model.encoder.layers) if layer.attention_type != "full"]
-    if not layers:
-        raise ValueError("distill_attention: every layer of the model has full attention; nothing to distill")
-    if tokenizer is None:
-        raise ValueError("distill_attention needs the source's tokenizer to encode the texts; none was found")
-    texts = list(distillation.texts)
-    held_out, train_texts = texts[: distillation.eval_texts], texts[distillation.eval_texts :]
-    generator = torch.Generator().manual_seed(distillation.seed)
-    config = model.config  # documents longer than the model's positions are cut to them
-    max_length = min(distillation.max_length, config.max_position_embeddings - config.position_offset)
-
-    def encode(batch):
-        encoded = tokenizer(batch, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
-        return encoded["input_ids"], encoded["attention_mask"]
-
-    def attention_loss(ids, mask):
-        with torch.no_grad():
-            calls = _attention_calls(reference, ids, mask)
-        return torch.stack(_relative_errors(model, calls, layers, mask))
-
-    def model_loss(ids, mask):
-        return torch.stack(_hidden_state_errors(model, reference, ids, mask, layers[0]))
-
-    def held_out_fit():
-        attention, last, count = torch.zeros(len(layers)), 0.0, 0
-        with torch.no_grad():
-            for start in range(0, len(held_out), distillation.batch_size):
-                ids, mask = encode(held_out[start : start + distillation.batch_size])
-                attention += attention_loss(ids, mask)
-                last += float(model_loss(ids, mask)[-1])
-                count += 1
-        return [round(float(e) / count, 4) for e in attention], round(last / count, 4)
-
-    def train(loss_of, steps, description):
-        optimizer = torch.optim.AdamW(trainable, lr=distillation.learning_rate, weight_decay=0.0)
-        warmup = max(1, steps // 20)
-        schedule = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: min((step + 1) / warmup, max(0.0, (steps - step) / (steps - warmup + 1)))
-        )
-        bar = tqdm(range(steps), desc=description, disable=not progress)
-        for _ in bar:
-            picks = torch.randint(len(train_texts), (distillation.batch_size,), generator=generator).tolist()
-            loss = loss_of(*encode([train_texts[j] for j in picks])).mean()
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, 1.0)
-            optimizer.step()
-            schedule.step()
-            bar.set_postfix(loss=f"{loss.item():.4f}")
-
-    was_training = model.training
-    model.eval()  # no dropout: the student fits the teacher's deterministic outputs
-    reference.eval()
-    trainable = [p for i in layers for p in model.base_model.encoder.layers[i].attention.parameters()]
-    flags = {p: p.requires_grad for p in model.parameters()}
-    for parameter in model.parameters():
-        parameter.requires_grad_(False)
-    for parameter in trainable:
-        parameter.requires_grad_(True)
-    try:
-        before, last_before = held_out_fit()
-        train(attention_loss, distillation.steps, "distilling attention, layer by layer")
-        if distillation.model_steps:
-            train(model_loss, distillation.model_steps, "distilling attention, whole model")
-        after, last_after = held_out_fit()
-    finally:
-        for parameter, flag in flags.items():
-            parameter.requires_grad_(flag)
-        model.train(was_training)
-    logger.info(f"attention distillation, relative error per layer {layers}: before {before}, after {after}; "
-                f"of the last hidden states: before {last_before}, after {last_after}")
-    return {"layers": layers, "before": before, "after": after, "last_layer_before": last_before,
-            "last_layer_after": last_after, "max_length": max_length}
-
-
 def _calibration_batch(tokenizer, config):
     """(input_ids, attention_mask) of `CALIBRATION_TEXT`, or of random tokens without a tokenizer."""
     length = min(128, config.max_position_embeddings - config.position_offset)
@@ -563,51 +376,6 @@ def _load_tokenizer(model_name_or_path, vocab_size: int):
     return tokenizer
 
 
-def model_card_text(config, base_model: str, task: str, distillation: dict | None = None) -> str:
-    """README.md of a converted folder: `base_model` metadata, what was converted and how to load it,
-    and the attention distillation's settings and fit when there was one (`distill_attention`)."""
-    from huggingface_hub import ModelCard, ModelCardData
-
-    types = config.layer_attention_types()
-    summary = types[0] if len(set(types)) == 1 else "|".join(types)
-    data = ModelCardData(
-        base_model=base_model,
-        library_name="transformers",
-        pipeline_tag=task,
-        tags=["hf_zformer", config.model_type, "warm-start", *sorted({f"{t}-attention" for t in types})],
-    )
-    distilled = ""
-    if distillation is not None:  # the settings also as metadata, for result records (results.distillation_of)
-        data.distillation = {key: distillation.get(key) for key in DISTILLATION_SETTINGS}
-        distilled = (
-            f"\nAfter conversion the attention of layers {distillation['layers']} was distilled onto the base "
-            f"model's softmax attention (`hf_zformer.convert.distill_attention`: {distillation['steps']} layer-wise "
-            f"and {distillation['model_steps']} whole-model steps of {distillation['batch_size']} documents of up "
-            f"to {distillation['max_length']} tokens, learning rate {distillation['learning_rate']}). Relative "
-            f"squared error on held-out documents, before and after: of each layer's attention output "
-            f"{distillation['before']} and {distillation['after']}; of the last hidden states "
-            f"{distillation['last_layer_before']} and {distillation['last_layer_after']}.\n"
-        )
-    content = f"""---
-{data.to_yaml()}
----
-
-# {Path(base_model).name} with {summary} attention
-
-[{base_model}](https://huggingface.co/{base_model}) converted by `hf_zformer.convert_pretrained`
-(attention_type={summary}). The embeddings, the feed-forward blocks, the LayerNorms and the task
-head carry over unchanged; with `full` attention the model computes what the base model computes.
-Other attention types reuse the pretrained projections that map and start the rest fresh (the
-mapping is in hf_zformer's docs/warm_start.md), so the model needs fine-tuning before use.
-{distilled}
-```python
-from transformers import AutoModel, AutoTokenizer
-model = AutoModel.from_pretrained("path/to/this/folder", trust_remote_code=True)
-```
-"""
-    return str(ModelCard(content))
-
-
 def _save(model, tokenizer, card: str, output_dir, overwrite: bool):
     """Write the folder atomically: into a temporary sibling, moved into place when complete
     (`folders.replace_atomically`, which refuses to replace anything but a saved model)."""
@@ -622,6 +390,36 @@ def _save(model, tokenizer, card: str, output_dir, overwrite: bool):
         replace_atomically(staging, output_dir, expect=MODEL_FILES)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+
+
+def _fit_to_source(model, target_class, source, family: str, source_task: str, tokenizer,
+                   distillation: Distillation | None):
+    """Bring the converted layers of `model` (built with the Auto class `target_class`) close to the
+    softmax attention of `source`: calibrate zformer scales and fastformer sizes, then distill when
+    asked. Returns the distillation's report with its settings (`DISTILLATION_SETTINGS`), or None
+    without a distillation."""
+    config = model.config
+    types = set(config.layer_attention_types())
+    report = None
+    # zformer / fastformer outputs start at the size of the softmax attention they replace; distillation
+    # then fits every converted layer's output to it. Both compare with an exact full-attention copy.
+    if types & {"zformer", "fastformer"} or distillation is not None:
+        reference_config = config.to_dict()
+        reference_config.update(attention_type="full")
+        reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
+        copy_weights(reference, source, family, source_task)
+        batch = _calibration_batch(tokenizer, config)
+        if "zformer" in types:
+            scales = calibrate_zformer_scales(model, reference, *batch)
+            config.zformer_scale_init = float(sorted(scales)[len(scales) // 2])  # for reference; each layer has its own
+            logger.info(f"zformer scales s per layer: {[round(s, 2) for s in scales]}")
+        if "fastformer" in types:
+            factors = calibrate_fastformer_sizes(model, reference, *batch)
+            logger.info(f"fastformer W_q factors per layer: {[round(f, 4) for f in factors]}")
+        if distillation is not None:
+            report = distill_attention(model, reference, tokenizer, distillation)
+            report.update({key: getattr(distillation, key) for key in DISTILLATION_SETTINGS if key not in report})
+    return report
 
 
 def convert_pretrained(
@@ -710,27 +508,9 @@ def convert_pretrained(
     if tokenizer is None and output_dir is not None:
         logger.warning(f"{model_name_or_path} has no tokenizer of this model: {output_dir} gets none; pass "
                        "tokenizer_name (--tokenizer_name) to include one")
-    types = set(config.layer_attention_types())
-    report = None
-    # zformer / fastformer outputs start at the size of the softmax attention they replace; distillation
-    # then fits every converted layer's output to it. Both compare with an exact full-attention copy.
-    if types & {"zformer", "fastformer"} or distillation is not None:
-        reference_config = config.to_dict()
-        reference_config.update(attention_type="full")
-        reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
-        copy_weights(reference, source, family, source_task)
-        batch = _calibration_batch(tokenizer, config)
-        if "zformer" in types:
-            scales = calibrate_zformer_scales(model, reference, *batch)
-            config.zformer_scale_init = float(sorted(scales)[len(scales) // 2])  # for reference; each layer has its own
-            logger.info(f"zformer scales s per layer: {[round(s, 2) for s in scales]}")
-        if "fastformer" in types:
-            factors = calibrate_fastformer_sizes(model, reference, *batch)
-            logger.info(f"fastformer W_q factors per layer: {[round(f, 4) for f in factors]}")
-        if distillation is not None:
-            report = distill_attention(model, reference, tokenizer, distillation)
-            report.update({key: getattr(distillation, key) for key in DISTILLATION_SETTINGS if key not in report})
+    report = _fit_to_source(model, target_class, source, family, source_task, tokenizer, distillation)
     if output_dir is not None:
-        card = model_card_text(config, str(base_model or model_name_or_path), task, report)
+        card = model_card(config=config, task=task, base_model=str(base_model or model_name_or_path),
+                          model_id=str(output_dir), distillation=report)
         _save(model, tokenizer, card, output_dir, overwrite)
     return model

@@ -1,16 +1,23 @@
-"""Model cards (with ``model-index`` metadata) and Hub uploads for trained hf_zformer models.
+"""Model cards (with ``model-index`` metadata) and Hub uploads for hf_zformer models.
+
+:func:`model_card` writes the README.md of every folder the library saves: of a model the scripts
+trained and of one :func:`hf_zformer.convert_pretrained` converted (with its distillation's fit).
 
 >>> card = model_card(config=config, results={"eval_accuracy": 0.87}, task="text-classification",
 ...                   dataset_name="stanfordnlp/imdb", metric_name="accuracy", command="accelerate launch ...")
+>>> card = model_card(config=converted.config, task="text-classification", base_model="google-bert/bert-base-uncased")
 >>> push_to_hub("runs/imdb-zformer", "me/imdb-zformer")   # create_repo + upload_folder
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from huggingface_hub import EvalResult, HfApi, ModelCardData
+
+from .distillation import DISTILLATION_SETTINGS
 
 __all__ = ["LICENSE", "check_push_access", "model_card", "push_to_hub", "UPLOAD_IGNORE"]
 
@@ -26,50 +33,43 @@ _TASK_NAMES = {"translation": "Translation", "text-classification": "Text Classi
 _EXAMPLES = {"translation": "Ein Mann fährt mit dem Fahrrad durch den Park.", "text-classification": "What a great film!",
              "text-generation": "This movie", "fill-mask": "This movie was <mask>."}
 _METRIC_NAMES = {"bleu": "BLEU (sacreBLEU)", "accuracy": "Accuracy", "perplexity": "Perplexity"}
+_AUTO_CLASSES = {"feature-extraction": "AutoModel", "text-classification": "AutoModelForSequenceClassification",
+                 "fill-mask": "AutoModelForMaskedLM", "text-generation": "AutoModelForCausalLM",
+                 "translation": "AutoModelForSeq2SeqLM"}
+
+
+def _types_text(value) -> str:
+    """An attention type, or a list of them (one per layer): the type when all layers share it."""
+    if isinstance(value, str):
+        return value
+    return value[0] if len(set(value)) == 1 else "|".join(value)
 
 
 def _attention_summary(config) -> str:
-    encoder = config.attention_type if isinstance(config.attention_type, str) else "|".join(config.attention_type)
+    encoder = _types_text(config.attention_type)
     if getattr(config, "is_encoder_decoder", False):
-        decoder = config.decoder_attention_type
-        decoder = decoder if isinstance(decoder, str) else "|".join(decoder)
+        decoder = _types_text(config.decoder_attention_type)
         return f"encoder {encoder}, decoder {decoder}, cross-attention {config.cross_attention_type}"
     return encoder
 
 
-def model_card(
-    *,
-    config,
-    results: dict[str, Any],
-    task: str,
-    dataset_name: str,
-    metric_name: str,
-    command: str,
-    model_name: str | None = None,
-    dataset_config: str | None = None,
-    languages: list[str] | None = None,
-    base_model: str | None = None,
-    model_id: str | None = None,
-    example: str | None = None,
-    hub_dataset: bool = True,
-    license: str = LICENSE,
-) -> str:
-    """A model card: YAML front matter with ``model-index`` (task, dataset, metric name and value for
-    every split found in ``results`` as ``<split>_<metric_name>``), ``library_name: transformers``,
-    ``license``, ``datasets`` (``dataset_name`` when ``hub_dataset``, i.e. it is a Hub id; nothing
-    for local data), tags (hf_zformer, the attention types, the task), then a short description,
-    the results table, the exact training command and a usage snippet that runs as written: it
-    loads ``model_id`` (a Hub id or folder; default ``model_name``) with ``trust_remote_code=True``
-    and translates / classifies / continues ``example`` (default: a German sentence / an English review
-    / the start of one)."""
+def _tags(config, task: str, converted: bool) -> list[str]:
+    """hf_zformer, the model type, ``warm-start`` for a converted model, the attention types, the task."""
     attention_types = set()
     for field in ("attention_type", "decoder_attention_type") if getattr(config, "is_encoder_decoder", False) else ("attention_type",):
         value = getattr(config, field)
         attention_types.update([value] if isinstance(value, str) else value)
-    model_name = model_name or f"{config.model_type}-{task}"
+    return ["hf_zformer", config.model_type, *(["warm-start"] if converted else []),
+            *sorted(f"{t}-attention" for t in attention_types), task]
+
+
+def _eval_results(results: dict[str, Any], task: str, dataset_name: str, dataset_config: str | None,
+                  metric_name: str | None) -> list[EvalResult]:
+    """The ``model-index`` entries: ``metric_name`` on every split found in ``results`` as
+    ``test_<metric_name>`` / ``eval_<metric_name>``."""
     eval_results = []
     for split, key in (("test", f"test_{metric_name}"), ("validation", f"eval_{metric_name}")):
-        if key in results:
+        if metric_name is not None and key in results:
             eval_results.append(
                 EvalResult(
                     task_type=task,
@@ -83,51 +83,120 @@ def model_card(
                     metric_value=round(float(results[key]), 4),
                 )
             )
-    data = ModelCardData(
-        model_name=model_name,
-        library_name="transformers",
-        pipeline_tag=task,
-        tags=["hf_zformer", config.model_type, *sorted(f"{t}-attention" for t in attention_types), task],
-        license=license,
-        datasets=[dataset_name] if hub_dataset else None,
-        language=languages,
-        base_model=base_model,
-        eval_results=eval_results or None,
-    )
-    rows = "\n".join(f"| {k} | {v} |" for k, v in results.items())
-    usage = _usage(task, model_id or model_name, example if example is not None else _EXAMPLES.get(task, "Hello!"))
-    return f"""---
-{data.to_yaml()}
----
+    return eval_results
 
-# {model_name}
 
-A {config.model_type} model ({_attention_summary(config)} attention; hidden size {config.hidden_size},
-{config.num_hidden_layers} {"decoder" if task == "text-generation" else "encoder"} layers{f", {config.num_decoder_layers} decoder layers" if getattr(config, "is_encoder_decoder", False) else ""},
+def _training_summary(config, task: str, dataset_name: str, base_model: str | None) -> str:
+    """What a trained model is: type, attention, size, task, data and starting checkpoint."""
+    decoder_layers = f", {config.num_decoder_layers} decoder layers" if getattr(config, "is_encoder_decoder", False) else ""
+    return f"""A {config.model_type} model ({_attention_summary(config)} attention; hidden size {config.hidden_size},
+{config.num_hidden_layers} {"decoder" if task == "text-generation" else "encoder"} layers{decoder_layers},
 {config.num_attention_heads} heads) trained for {task} on `{dataset_name}` with
 the hf_zformer scripts{f", fine-tuned from `{base_model}`" if base_model else ""}.
-
-## Results
-
-| metric | value |
-| --- | --- |
-{rows}
-
-## Training command
-
-```bash
-{command}
-```
-
-## Usage
-
-The model code ships with the checkpoint (hence `trust_remote_code=True`); only `transformers` and
-`torch` are needed:
-
-```python
-{usage}
-```
 """
+
+
+def _conversion_summary(base_model: str, attention: str, distillation: dict | None) -> str:
+    """What a converted model is: the source, what carried over, and the distillation's fit when there was one."""
+    text = f"""[{base_model}](https://huggingface.co/{base_model}) converted by `hf_zformer.convert_pretrained`
+(attention_type={attention}). The embeddings, the feed-forward blocks, the LayerNorms and the task
+head carry over unchanged; with `full` attention the model computes what the base model computes.
+Other attention types reuse the pretrained projections that map and start the rest fresh (the
+mapping is in hf_zformer's docs/warm_start.md), so the model needs fine-tuning before use.
+"""
+    if distillation is not None:
+        text += (
+            f"\nAfter conversion the attention of layers {distillation['layers']} was distilled onto the base "
+            f"model's softmax attention (`hf_zformer.distill_attention`: {distillation['steps']} layer-wise "
+            f"and {distillation['model_steps']} whole-model steps of {distillation['batch_size']} documents of up "
+            f"to {distillation['max_length']} tokens, learning rate {distillation['learning_rate']}). Relative "
+            f"squared error on held-out documents, before and after: of each layer's attention output "
+            f"{distillation['before']} and {distillation['after']}; of the last hidden states "
+            f"{distillation['last_layer_before']} and {distillation['last_layer_after']}.\n"
+        )
+    return text
+
+
+def model_card(
+    *,
+    config,
+    task: str,
+    results: dict[str, Any] | None = None,
+    dataset_name: str | None = None,
+    metric_name: str | None = None,
+    command: str | None = None,
+    model_name: str | None = None,
+    dataset_config: str | None = None,
+    languages: list[str] | None = None,
+    base_model: str | None = None,
+    model_id: str | None = None,
+    example: str | None = None,
+    hub_dataset: bool = True,
+    license: str = LICENSE,
+    distillation: dict[str, Any] | None = None,
+) -> str:
+    """The model card (README.md) of a model the scripts trained (``dataset_name`` given) or of one
+    :func:`hf_zformer.convert_pretrained` converted from ``base_model`` (no ``dataset_name``).
+
+    YAML front matter: ``library_name: transformers``, ``pipeline_tag``, ``license``, tags
+    (hf_zformer, the model type, ``warm-start`` for a converted model, the attention types, the
+    task), ``base_model``; for a trained model ``model-index`` (task, dataset, metric name and value
+    for every split found in ``results`` as ``<split>_<metric_name>``) and ``datasets``
+    (``dataset_name`` when ``hub_dataset``, i.e. it is a Hub id; nothing for local data); for a
+    distilled model ``distillation`` (its settings, :data:`hf_zformer.distillation.DISTILLATION_SETTINGS`).
+    Then a short description (with the distillation's fit, ``distillation`` being the report of
+    :func:`hf_zformer.distill_attention` plus its settings), the results table (when ``results``
+    is given), the exact training command (when ``command`` is given) and a usage snippet that runs
+    as written: it loads ``model_id`` (a Hub id or folder; default the title, ``model_name`` when
+    given) with ``trust_remote_code=True`` and, for a trained model, translates / classifies /
+    continues ``example`` (default: a German sentence / an English review / the start of one)."""
+    converted = dataset_name is None
+    if converted and base_model is None:
+        raise ValueError("model_card: pass dataset_name (a trained model) or base_model (a converted one)")
+    title = model_name or (f"{Path(base_model).name} with {_attention_summary(config)} attention"
+                           if converted else f"{config.model_type}-{task}")
+    data = ModelCardData(
+        model_name=model_name if converted else title,
+        library_name="transformers",
+        pipeline_tag=task,
+        tags=_tags(config, task, converted),
+        license=license,
+        datasets=[dataset_name] if hub_dataset and not converted else None,
+        language=languages,
+        base_model=base_model,
+        eval_results=None if converted else _eval_results(results or {}, task, dataset_name, dataset_config,
+                                                          metric_name) or None,
+    )
+    if distillation is not None:  # the settings also as metadata, for result records (results.distillation_of)
+        data.distillation = {key: distillation.get(key) for key in DISTILLATION_SETTINGS}
+    sections = [f"---\n{data.to_yaml()}\n---\n", f"# {title}\n"]
+    if converted:
+        sections.append(_conversion_summary(base_model, _attention_summary(config), distillation))
+    else:
+        sections.append(_training_summary(config, task, dataset_name, base_model))
+    if results is not None:
+        rows = "\n".join(f"| {k} | {v} |" for k, v in results.items())
+        sections.append(f"## Results\n\n| metric | value |\n| --- | --- |\n{rows}\n")
+    if command is not None:
+        sections.append(f"## Training command\n\n```bash\n{command}\n```\n")
+    model_id = model_id or title
+    usage = (_loading(task, model_id) if converted else
+             _usage(task, model_id, example if example is not None else _EXAMPLES.get(task, "Hello!")))
+    sections.append(
+        "## Usage\n\nThe model code ships with the checkpoint (hence `trust_remote_code=True`); only "
+        f"`transformers` and\n`torch` are needed:\n\n```python\n{usage}\n```\n"
+    )
+    return "\n".join(sections)
+
+
+def _loading(task: str, model_id: str) -> str:
+    """A converted card's Python snippet: load ``model_id`` with the task's Auto class (the model
+    needs fine-tuning before it is of use)."""
+    auto_class = _AUTO_CLASSES.get(task, "AutoModel")
+    return f"""from transformers import {auto_class}
+
+model_id = {model_id!r}
+model = {auto_class}.from_pretrained(model_id, trust_remote_code=True)  # fine-tune before use"""
 
 
 def _usage(task: str, model_id: str, example: str) -> str:

@@ -47,7 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     distill = parser.add_argument_group(
         "attention distillation",
         "Fit the converted attention layers to the source's softmax attention on unlabeled text before "
-        "fine-tuning (hf_zformer.convert.distill_attention; docs/warm_start.md).",
+        "fine-tuning (hf_zformer.distillation.distill_attention; docs/warm_start.md).",
     )
     distill.add_argument("--distill_file", default=None,
                          help="Unlabeled documents: .jsonl[.gz] / .csv[.gz] (--distill_text_column) or .txt[.gz] "
@@ -86,7 +86,7 @@ def distillation_of(args):
     """The `Distillation` the arguments ask for, with the documents of --distill_file; None without it."""
     if args.distill_file is None:
         return None
-    from hf_zformer.convert import Distillation
+    from hf_zformer.distillation import Distillation
     from hf_zformer.data import load_text_dataset
 
     texts = load_text_dataset(args.distill_file, text_column=args.distill_text_column, validation_size=None)["train"]

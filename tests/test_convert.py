@@ -353,7 +353,7 @@ def test_distillation_fits_attention_and_touches_nothing_else(tmp_path, attentio
     # the fit, measured again from outside on the held-out texts the report used
     reference = hf_zformer.convert_pretrained(folder, "full")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    from hf_zformer.convert import _attention_calls, _relative_errors
+    from hf_zformer.distillation import _attention_calls, _relative_errors
 
     batch = tokenizer(distillation.texts[:16], padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -363,7 +363,7 @@ def test_distillation_fits_attention_and_touches_nothing_else(tmp_path, attentio
     for a, s in zip(after, start):
         assert a < 0.8 * s
     # and the whole model on its own inputs: the last hidden states are closer to the source's
-    from hf_zformer.convert import _hidden_state_errors
+    from hf_zformer.distillation import _hidden_state_errors
 
     with torch.no_grad():
         first = min(converted)
@@ -377,7 +377,7 @@ def test_whole_model_phase_improves_on_layer_wise_alone(tmp_path):
     the source's on the held-out texts than the layer-wise phase alone leaves them."""
     import copy
 
-    from hf_zformer.convert import distill_attention
+    from hf_zformer.distillation import distill_attention
 
     folder, _ = make_source(tmp_path, "bert", "base")
     start = hf_zformer.convert_pretrained(folder, ["fastformer", "fastformer"])

@@ -25,7 +25,7 @@ needs_shared_data = pytest.mark.skipif(
 def _hub_reachable(monkeypatch: pytest.MonkeyPatch) -> None:
     """The Hub tests here mock ``datasets.load_dataset``; the reachability check must pass too
     (tests/test_first_contact.py covers the check itself)."""
-    monkeypatch.setattr("hf_zformer.data.hub_unreachable", lambda timeout=5.0: None)
+    monkeypatch.setattr("hf_zformer.data.sources.hub_unreachable", lambda timeout=5.0: None)
 
 
 # ---------------------------------------------------------------------------------------------
