@@ -580,3 +580,24 @@ def test_dropout_is_active_in_training_and_skipped_otherwise():
     assert dropout.eval()(x) is x and Dropout(0.0).train()(x) is x
     dropped = dropout.train()(x)
     assert (dropped == 0).any() and torch.allclose(dropped[dropped != 0], torch.full_like(dropped[dropped != 0], 2.0))
+
+
+@pytest.mark.parametrize("attention_type, warns", [("zformer", True), ("fastformer", True), ("full", False),
+                                                   ("xformer", False)])
+def test_attention_dropout_a_type_cannot_use_is_named_once_when_training(attention_type, warns, monkeypatch):
+    """Zformer and Fastformer form no attention probabilities: `attention_probs_dropout_prob` > 0 does
+    nothing there, and the first training forward says so (once); evaluation and p = 0 stay silent."""
+    from transformers import AutoModel
+
+    from hf_zformer.modeling import attention as attention_module
+
+    messages = []
+    monkeypatch.setattr(attention_module.logger, "warning_once", lambda message: messages.append(message))
+    ids = torch.randint(5, 97, (2, 6))
+    for p, training in ((0.1, False), (0.0, True), (0.1, True)):
+        model = AutoModel.from_config(tiny_config(attention_type=attention_type, attention_probs_dropout_prob=p))
+        model.train(training)
+        model(input_ids=ids)
+    assert len(messages) == (2 if warns else 0)  # one per layer of the p = 0.1 training model (2 layers)
+    if warns:
+        assert "attention_probs_dropout_prob=0.1 does nothing" in messages[0] and "silence" in messages[0]

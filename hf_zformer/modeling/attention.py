@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.utils import logging
 
 from .blocks import (  # noqa: F401  (Linear, Dropout, masked_softmax are also this module's public names)
     Dropout,
@@ -39,6 +40,8 @@ from .blocks import (  # noqa: F401  (Linear, Dropout, masked_softmax are also t
     zero_padding,
 )
 from .ops import add_key_value_products, linear_attention, quadratic_order_pays_off, softmax_pool
+
+logger = logging.get_logger(__name__)
 
 
 def use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
@@ -88,6 +91,9 @@ class Attention(nn.Module):
 
     CAN_BE_CAUSAL = True
     CAN_BE_CROSS = True
+    # Whether `attention_probs_dropout_prob` drops something here: types that form no attention
+    # probabilities ignore it, and say so once when training with it above zero.
+    HAS_ATTENTION_DROPOUT = True
 
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__()
@@ -104,6 +110,7 @@ class Attention(nn.Module):
         self.is_cross = is_cross
         self.layer_idx = layer_idx
         self.output = Linear(config.hidden_size, config.hidden_size)  # W_o
+        self.ignored_dropout = 0.0 if self.HAS_ATTENTION_DROPOUT else float(config.attention_probs_dropout_prob)
 
     def forward(
         self,
@@ -118,6 +125,12 @@ class Attention(nn.Module):
         """hidden_states (B, N, D) -> (output (B, N, D), None); see the class docstring."""
         if output_attentions:
             raise ValueError(f"output_attentions=True: {type(self).__name__} forms no attention matrix")
+        if self.training and self.ignored_dropout and not torch.compiler.is_compiling():
+            logger.warning_once(
+                f"attention_probs_dropout_prob={self.ignored_dropout} does nothing in {type(self).__name__}: it "
+                "forms no attention probabilities to drop (hidden_dropout_prob still applies). Set "
+                "attention_probs_dropout_prob=0 to silence this."
+            )
         if not (self.is_causal or self.is_cross):
             folded = self._folded_output(hidden_states, attention_mask)
             if folded is not None:
@@ -298,6 +311,8 @@ class ZformerAttention(_QKVAttention):
     Bidirectional self-attention on sequences longer than the width takes a folded form with the
     same result (`_folded`): 4 N D^2 + 2 D^3 FLOPs per sequence instead of 6 N D^2 + 4 N D d_h.
     """
+
+    HAS_ATTENTION_DROPOUT = False
 
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
@@ -499,6 +514,7 @@ class FastformerAttention(_QKVAttention):
     (`_folded`): 2 N D^2 + 2 D^3 FLOPs per sequence instead of the 8 N D^2 of four projections.
     """
 
+    HAS_ATTENTION_DROPOUT = False
     CAN_BE_CROSS = False
 
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):

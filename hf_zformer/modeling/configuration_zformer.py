@@ -72,7 +72,9 @@ class ZformerConfig(PreTrainedConfig):
     Args:
         vocab_size, hidden_size, num_hidden_layers, num_attention_heads, intermediate_size, hidden_act,
         hidden_dropout_prob, attention_probs_dropout_prob, max_position_embeddings, initializer_range,
-        layer_norm_eps: as in BERT.
+        layer_norm_eps: as in BERT. `attention_probs_dropout_prob` drops attention probabilities of
+            full and Xformer layers; Zformer and Fastformer layers form none and ignore it (with a
+            warning the first time such a model trains with it above 0).
         attention_type (`str` or `list[str]`): encoder self-attention type(s).
         zformer_scale_init (`float`): initial value of Zformer's learnable output scale `s` (seed: 700).
         xformer_alpha (`int`): Xformer divides the query/key width by `alpha`.
