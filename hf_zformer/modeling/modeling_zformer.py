@@ -917,6 +917,19 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
     def prepare_decoder_input_ids_from_labels(self, labels: torch.Tensor):
         return shift_tokens_right(labels, self.config.pad_token_id, self.config.decoder_start_token_id)
 
+    def _tied_inputs(self, input_ids, decoder_input_ids):
+        """(source embeddings or None, target embeddings, the LM head's weight) looked up through
+        `tied_lookups` (the source only when `input_ids` is given: the encoder runs), or None where
+        it does not apply."""
+        lookups = [(self.decoder.embeddings.word_embeddings, decoder_input_ids)]
+        if input_ids is not None:
+            lookups.insert(0, (self.encoder.embeddings.word_embeddings, input_ids))
+        tied = tied_lookups(self.lm_head, *lookups)
+        if tied is None:
+            return None
+        *token_embeddings, head_weight = tied
+        return (token_embeddings[0] if input_ids is not None else None), token_embeddings[-1], head_weight
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -967,17 +980,14 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
             use_cache = False
             if decoder_input_ids is None and decoder_inputs_embeds is None:
                 decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-        tied = None
+        head_weight = None
         if inputs_embeds is None and decoder_inputs_embeds is None:
-            lookups = [(self.decoder.embeddings.word_embeddings, decoder_input_ids)]
-            if encoder_outputs is None:
-                lookups.insert(0, (self.encoder.embeddings.word_embeddings, input_ids))
-            tied = tied_lookups(self.lm_head, *lookups)
-        if tied is not None:  # the same embeddings, with a cheaper gradient
-            *token_embeddings, head_weight = tied
-            decoder_inputs_embeds, decoder_input_ids = token_embeddings[-1], None
-            if encoder_outputs is None:
-                inputs_embeds, input_ids = token_embeddings[0], None
+            embedded = self._tied_inputs(input_ids if encoder_outputs is None else None, decoder_input_ids)
+            if embedded is not None:  # the same embeddings, with a cheaper gradient
+                source_embeds, decoder_inputs_embeds, head_weight = embedded
+                decoder_input_ids = None
+                if encoder_outputs is None:
+                    inputs_embeds, input_ids = source_embeds, None
         if encoder_outputs is None:
             encoder_outputs = self.encoder(
                 input_ids, attention_mask, inputs_embeds, token_type_ids=token_type_ids,
@@ -995,7 +1005,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
             decoder_input_ids, None, encoder_hidden, attention_mask, past_key_values, decoder_inputs_embeds,
             output_hidden_states=output_hidden_states,
         )
-        logits = self.lm_head(hidden_states) if tied is None else self.lm_head(hidden_states, head_weight)
+        logits = self.lm_head(hidden_states) if head_weight is None else self.lm_head(hidden_states, head_weight)
         loss = None
         if labels is not None:
             loss = mean_loss(
