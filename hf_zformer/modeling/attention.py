@@ -360,7 +360,8 @@ class ZformerAttention(_QKVAttention):
         query = split_heads(projected, self.num_heads)
         scale = self._scale(hidden_states.dtype)  # 1 / (sqrt(d_h) s)
         if self.is_cross and cache is not None:
-            context, _ = linear_attention(query, None, None, state=self._memory(memory, memory_mask, cache), scale=scale)
+            stored = self._memory(memory, memory_mask, cache)  # K^T V of the memory, (B, H, d, d)
+            context, _ = linear_attention(query, None, None, state=stored, scale=scale)
         elif self.is_cross:
             self._require_memory(memory, None)
             context, _ = linear_attention(query, *self._keys_values(memory, None), memory_mask, scale=scale)

@@ -51,8 +51,9 @@ def quadratic_order_pays_off(query_length: int, key_length: int, head_dim: int) 
 def linear_attention(query, key, value, mask=None, state=None, *, causal=False, scale=None, return_state=False):
     """Zformer's sequence operation (see the module docstring). query (B, H, Nq, d), key/value
     (B, H, Nk, d) (Nk = Nq when causal) or both None (no new keys), mask (B, Nk), 1 at real keys, or
-    None; state (B, H, d, d) or None (nothing before); scale a tensor of one element, or None for 1. Returns (out (B, H, Nq,
-    d) in fp32 or fp64, the state including these keys (B, H, d, d) when `return_state`, else None).
+    None; state (B, H, d, d) or None (nothing before); scale a tensor of one element, or None for 1.
+    Returns (out (B, H, Nq, d) in fp32 or fp64, the state including these keys (B, H, d, d) when
+    `return_state`, else None).
 
     The form, by a rule on the shapes: without a state (and none asked for), `(Q K^T) V` where it
     costs less (`quadratic_order_pays_off`; causal: up to ZFORMER_CAUSAL_BLOCK tokens, with the
