@@ -338,3 +338,15 @@ def test_decoding_state_under_either_name(kind):
     torch.testing.assert_close(logits["cache"], logits["past_key_values"])
     with pytest.raises(ValueError, match="as `cache` or as `past_key_values`, not both"):
         model(**first, past_key_values=state, cache=state)
+
+
+def test_labels_that_are_a_view_of_a_larger_tensor_give_the_same_loss():
+    """Labels sliced out of a wider tensor (not contiguous) give the loss of a contiguous copy."""
+    from conftest import tiny_config
+
+    model = AutoModelForSeq2SeqLM.from_config(tiny_config(decoder_attention_type="zformer")).eval()
+    ids = torch.randint(5, 97, (2, 9))
+    labels = torch.randint(5, 97, (2, 12))[:, :6]
+    assert not labels.is_contiguous()
+    loss = model(input_ids=ids, labels=labels).loss
+    torch.testing.assert_close(loss, model(input_ids=ids, labels=labels.contiguous()).loss)

@@ -554,7 +554,7 @@ def classification_loss(config, logits, labels, num_items_in_batch=None):
             return mean_loss(MSELoss, num_items_in_batch, logits.squeeze(-1), labels.squeeze(-1).to(logits.dtype))
         return mean_loss(MSELoss, num_items_in_batch, logits, labels.to(logits.dtype))
     if config.problem_type == "single_label_classification":
-        return mean_loss(CrossEntropyLoss, num_items_in_batch, logits.view(-1, config.num_labels), labels.view(-1))
+        return mean_loss(CrossEntropyLoss, num_items_in_batch, logits.view(-1, config.num_labels), labels.reshape(-1))
     return mean_loss(BCEWithLogitsLoss, num_items_in_batch, logits, labels.to(logits.dtype))
 
 
@@ -1009,7 +1009,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         loss = None
         if labels is not None:
             loss = mean_loss(
-                CrossEntropyLoss, num_items_in_batch, logits.view(-1, logits.shape[-1]).float(), labels.view(-1),
+                CrossEntropyLoss, num_items_in_batch, logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1),
                 label_smoothing=self.config.label_smoothing,
             )
         output = Seq2SeqLMOutput(
