@@ -9,7 +9,6 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
 
 
-
 class RecurrentLayer(CacheLayerMixin):
     """A cache layer whose state has a fixed size (no sequence axis): `tensors()` lists it.
     It counts the tokens it has seen (padding included, as a `DynamicLayer` does), so
