@@ -215,7 +215,8 @@ def _copy_attention(layer, parts):
     """Pretrained attention weights into a layer of any attention type:
 
     - full, zformer: W_q, W_k, W_v (same roles, same shapes); zformer's scale s is set afterwards by
-      `calibrate_zformer_scales`.
+      `calibrate_zformer_scales`. With `zformer_feature_map="hedgehog"` the feature maps keep their
+      init, the identity (W = I, b = 0), and there is no scale.
     - fastformer: W_q, W_k, W_v become the query, key and value projections (the query is pooled into
       the global query, the key mixed with it, the value modulated by the global key); the pooling
       vectors w_q, w_k start at zero, so both poolings start as the plain mean over real tokens (no
@@ -298,11 +299,13 @@ def calibrate_zformer_scales(target, reference, input_ids: torch.Tensor, attenti
     LayerNorms expect. Matching sizes on real text (`CALIBRATION_TEXT`, ~128 tokens) at each layer's
     input in `reference` (the exact full-attention copy) starts s where the layer's output is of the
     right magnitude; s stays learnable (log-parametrised), so fine-tuning on other lengths adapts it.
-    Returns the scales, one per zformer layer."""
+    Layers with a feature map (`zformer_feature_map="hedgehog"`) have no s and are skipped: their
+    normalised outputs are convex combinations of the values, of the right size from the start.
+    Returns the scales, one per zformer layer that has one."""
     inputs = _attention_inputs(reference, input_ids, attention_mask)
     scales = []
     for i, layer in enumerate(target.base_model.encoder.layers):
-        if layer.attention_type != "zformer":
+        if layer.attention_type != "zformer" or layer.attention.log_scale is None:
             continue
         x = inputs[i]
         softmax_context = reference.base_model.encoder.layers[i].attention.context(x, attention_mask)
@@ -409,7 +412,7 @@ def _fit_to_source(model, target_class, source, family: str, source_task: str, t
         reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
         copy_weights(reference, source, family, source_task)
         batch = _calibration_batch(tokenizer, config)
-        if "zformer" in types:
+        if "zformer" in types and config.zformer_feature_map == "identity":  # a feature map has no scale
             scales = calibrate_zformer_scales(model, reference, *batch)
             config.zformer_scale_init = float(sorted(scales)[len(scales) // 2])  # for reference; each layer has its own
             logger.info(f"zformer scales s per layer: {[round(s, 2) for s in scales]}")

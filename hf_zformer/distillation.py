@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .modeling.blocks import masked_softmax, split_heads
+
 logger = logging.getLogger(__name__)
 
 
@@ -35,7 +37,14 @@ class Distillation:
     `model_steps` of whole-model fitting (the converted model on its own inputs, every layer's
     output pulled towards the source's), which corrects what the layers' errors add up to. `source`
     names where the texts came from (e.g. the file); the model card's metadata records it with the
-    settings."""
+    settings.
+
+    `attention_weight_loss` weighs a second layer-wise loss for layers whose attention forms
+    normalised weights a_ij (zformer with `zformer_feature_map="hedgehog"`): the cross-entropy
+    -sum_j t_ij log a_ij between the source's softmax weights t_ij = softmax_j(q_i . k_j / sqrt(d_h))
+    (over real keys, from the source layer's own q and k on the same input) and a_ij, averaged over
+    real query tokens and heads (Hedgehog's loss), added to the output error (weights and outputs
+    together, as in LoLCATs). 0 fits the outputs only; other layers always fit outputs only."""
 
     texts: Sequence[str]
     steps: int = 300
@@ -46,6 +55,7 @@ class Distillation:
     seed: int = 0
     eval_texts: int = 32
     source: str | None = None
+    attention_weight_loss: float = 1.0
 
     def __post_init__(self):
         for name in ("steps", "batch_size", "max_length", "eval_texts"):
@@ -55,6 +65,8 @@ class Distillation:
             raise ValueError(f"Distillation: model_steps must be >= 0, got {self.model_steps}")
         if not self.learning_rate > 0:
             raise ValueError(f"Distillation: learning_rate must be > 0, got {self.learning_rate}")
+        if not self.attention_weight_loss >= 0:
+            raise ValueError(f"Distillation: attention_weight_loss must be >= 0, got {self.attention_weight_loss}")
         if len(self.texts) <= self.eval_texts:
             raise ValueError(f"Distillation: {len(self.texts)} texts given; it needs more than eval_texts="
                              f"{self.eval_texts} (held out to measure the fit) to train on")
@@ -95,6 +107,41 @@ def _relative_errors(model, calls, layers, attention_mask) -> list[torch.Tensor]
         output = model.base_model.encoder.layers[i].attention(*args, **kwargs)[0]
         errors.append(_relative_error(output, target, weights))
     return errors
+
+
+def _forms_weights(model, i: int) -> bool:
+    """Whether encoder layer i's attention forms normalised weights a_ij (zformer with a feature map)."""
+    return getattr(model.base_model.encoder.layers[i].attention, "key_map", None) is not None
+
+
+def _softmax_weights(attention, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+    """softmax_j(q_i . k_j / sqrt(d_h)) over the real keys j (B, H, N, N) in fp32, from a full
+    attention's own query and key projections of `hidden_states` (B, N, D)."""
+    query = split_heads(attention.query(hidden_states), attention.num_heads).float()
+    key = split_heads(attention.key(hidden_states), attention.num_heads).float()
+    mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
+    return masked_softmax(query @ key.transpose(-1, -2) * attention.head_dim**-0.5, mask)
+
+
+def _attention_weight_losses(model, reference, calls, layers, attention_mask) -> list[torch.Tensor]:
+    """Per layer in `layers`: the cross-entropy between the reference layer's softmax weights and the
+    student's normalised weights on the recorded call, averaged over real query tokens and heads
+    (`Distillation.attention_weight_loss`); zero for a layer that forms no such weights."""
+    real = attention_mask.to(torch.float32)  # (B, N): the query tokens that count
+    losses = []
+    for i in layers:
+        if not _forms_weights(model, i):
+            losses.append(torch.zeros(()))
+            continue
+        args, kwargs, _ = calls[i]
+        x, mask = args[0], args[1] if len(args) > 1 else kwargs.get("attention_mask")
+        with torch.no_grad():
+            target = _softmax_weights(reference.base_model.encoder.layers[i].attention, x, mask)  # (B, H, N, N)
+        weights = model.base_model.encoder.layers[i].attention.attention_weights(x, mask)
+        # a_ij is zero only where t_ij is (padded keys): the clamp keeps 0 * log(0) at 0
+        cross_entropy = -(target * torch.log(weights.clamp_min(torch.finfo(weights.dtype).tiny))).sum(-1)  # (B, H, N)
+        losses.append((cross_entropy.mean(1) * real).sum() / real.sum().clamp_min(1.0))
+    return losses
 
 
 def _hidden_state_errors(model, reference, input_ids, attention_mask, first: int) -> list[torch.Tensor]:
@@ -147,16 +194,26 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
         encoded = tokenizer(batch, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
         return encoded["input_ids"], encoded["attention_mask"]
 
-    def attention_loss(ids, mask):
+    weighted = [i for i in layers if _forms_weights(model, i)]  # layers with an attention-weight loss
+
+    def attention_losses(ids, mask):
+        """(output errors, attention-weight cross-entropies) per layer, each (len(layers),)."""
         with torch.no_grad():
             calls = _attention_calls(reference, ids, mask)
-        return torch.stack(_relative_errors(model, calls, layers, mask))
+        errors = torch.stack(_relative_errors(model, calls, layers, mask))
+        if not weighted:
+            return errors, torch.zeros_like(errors)
+        return errors, torch.stack(_attention_weight_losses(model, reference, calls, layers, mask))
+
+    def attention_loss(ids, mask):
+        errors, weight_losses = attention_losses(ids, mask)
+        return errors + distillation.attention_weight_loss * weight_losses if weighted else errors
 
     def model_loss(ids, mask):
         return torch.stack(_hidden_state_errors(model, reference, ids, mask, layers[0]))
 
     def fit_on_held_out():
-        return _held_out_fit(attention_loss, model_loss, encode, held_out, distillation.batch_size, len(layers))
+        return _held_out_fit(attention_losses, model_loss, encode, held_out, distillation.batch_size, len(layers))
 
     def train(loss_of, steps, description):
         batches = _batches(train_texts, distillation.batch_size, encode, generator)
@@ -164,29 +221,41 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
 
     trainable = [p for i in layers for p in model.base_model.encoder.layers[i].attention.parameters()]
     with _training_only(model, reference, trainable):
-        before, last_before = fit_on_held_out()
+        before, last_before, weights_before = fit_on_held_out()
         train(attention_loss, distillation.steps, "distilling attention, layer by layer")
         if distillation.model_steps:
             train(model_loss, distillation.model_steps, "distilling attention, whole model")
-        after, last_after = fit_on_held_out()
+        after, last_after, weights_after = fit_on_held_out()
     logger.info(f"attention distillation, relative error per layer {layers}: before {before}, after {after}; "
                 f"of the last hidden states: before {last_before}, after {last_after}")
-    return {"layers": layers, "before": before, "after": after, "last_layer_before": last_before,
-            "last_layer_after": last_after, "max_length": max_length}
+    report = {"layers": layers, "before": before, "after": after, "last_layer_before": last_before,
+              "last_layer_after": last_after, "max_length": max_length}
+    if weighted:
+        weights_before = [w if i in weighted else None for i, w in zip(layers, weights_before)]
+        weights_after = [w if i in weighted else None for i, w in zip(layers, weights_after)]
+        logger.info(f"attention distillation, attention-weight cross-entropy per layer {layers} (None: no "
+                    f"feature map): before {weights_before}, after {weights_after}")
+        report.update(attention_weight_loss=distillation.attention_weight_loss,
+                      weight_loss_before=weights_before, weight_loss_after=weights_after)
+    return report
 
 
-def _held_out_fit(attention_loss, model_loss, encode, texts: list[str], batch_size: int,
-                  n_layers: int) -> tuple[list[float], float]:
-    """The mean of each converted layer's attention error and of the last hidden states' error on
-    `texts`, in batches of `batch_size` (no gradients), rounded to 4 digits."""
-    attention, last, count = torch.zeros(n_layers), 0.0, 0
+def _held_out_fit(attention_losses, model_loss, encode, texts: list[str], batch_size: int,
+                  n_layers: int) -> tuple[list[float], float, list[float]]:
+    """The mean of each converted layer's attention error, of the last hidden states' error and of
+    each layer's attention-weight cross-entropy (0 without a feature map) on `texts`, in batches of
+    `batch_size` (no gradients), rounded to 4 digits."""
+    attention, weights, last, count = torch.zeros(n_layers), torch.zeros(n_layers), 0.0, 0
     with torch.no_grad():
         for start in range(0, len(texts), batch_size):
             ids, mask = encode(texts[start : start + batch_size])
-            attention += attention_loss(ids, mask)
+            errors, weight_losses = attention_losses(ids, mask)
+            attention += errors
+            weights += weight_losses
             last += float(model_loss(ids, mask)[-1])
             count += 1
-    return [round(float(e) / count, 4) for e in attention], round(last / count, 4)
+    rounded = [round(float(e) / count, 4) for e in attention], [round(float(e) / count, 4) for e in weights]
+    return rounded[0], round(last / count, 4), rounded[1]
 
 
 def _batches(texts: list[str], batch_size: int, encode, generator: torch.Generator):

@@ -114,6 +114,13 @@ mapping is in hf_zformer's docs/warm_start.md), so the model needs fine-tuning b
             f"{distillation['before']} and {distillation['after']}; of the last hidden states "
             f"{distillation['last_layer_before']} and {distillation['last_layer_after']}.\n"
         )
+        if "weight_loss_before" in distillation:
+            text += (
+                f"Layers with a feature map also fitted their attention weights to the softmax weights "
+                f"(cross-entropy, weight {distillation['attention_weight_loss']} beside the output error); "
+                f"held-out cross-entropy per layer (None: no feature map), before and after: "
+                f"{distillation['weight_loss_before']} and {distillation['weight_loss_after']}.\n"
+            )
     return text
 
 
@@ -169,6 +176,8 @@ def model_card(
     )
     if distillation is not None:  # the settings also as metadata, for result records (results.distillation_of)
         data.distillation = {key: distillation.get(key) for key in DISTILLATION_SETTINGS}
+        if "weight_loss_before" in distillation:  # layers with a feature map fitted their weights too
+            data.distillation["attention_weight_loss"] = distillation["attention_weight_loss"]
     sections = [f"---\n{data.to_yaml()}\n---\n", f"# {title}\n"]
     if converted:
         sections.append(_conversion_summary(base_model, _attention_summary(config), distillation))

@@ -61,6 +61,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     distill.add_argument("--distill_batch_size", type=int, default=16, help="Documents per step.")
     distill.add_argument("--distill_max_length", type=int, default=256, help="Truncate documents to this many tokens.")
     distill.add_argument("--distill_learning_rate", type=float, default=1e-3)
+    distill.add_argument("--distill_attention_weight_loss", type=float, default=1.0,
+                         help="Weight of the attention-weight cross-entropy beside the output error, for layers "
+                              "with a feature map (--config_overrides zformer_feature_map=hedgehog); 0: outputs only.")
     distill.add_argument("--distill_max_documents", type=int, default=None,
                          help="Read only the first N documents of --distill_file.")
     distill.add_argument("--seed", type=int, default=0, help="Seed of the documents' order.")
@@ -75,6 +78,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--distill_model_steps must be >= 0, got {args.distill_model_steps}")
     if not math.isfinite(args.distill_learning_rate) or not args.distill_learning_rate > 0:
         parser.error(f"--distill_learning_rate must be a finite number > 0, got {args.distill_learning_rate}")
+    if not math.isfinite(args.distill_attention_weight_loss) or args.distill_attention_weight_loss < 0:
+        parser.error(f"--distill_attention_weight_loss must be a finite number >= 0, got "
+                     f"{args.distill_attention_weight_loss}")
     try:  # before any work: the conversion and distillation must not be thrown away at the end
         check_output_dir(args.output_dir, overwrite=args.overwrite, name="--output_dir")
     except ValueError as error:
@@ -95,6 +101,7 @@ def distillation_of(args):
     return Distillation(texts["text"], steps=args.distill_steps, model_steps=args.distill_model_steps,
                         batch_size=args.distill_batch_size,
                         max_length=args.distill_max_length, learning_rate=args.distill_learning_rate, seed=args.seed,
+                        attention_weight_loss=args.distill_attention_weight_loss,
                         source=str(args.distill_file))
 
 

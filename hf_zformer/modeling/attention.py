@@ -39,7 +39,16 @@ from .blocks import (  # noqa: F401  (Linear, Dropout, masked_softmax are also t
     split_heads,
     zero_padding,
 )
-from .ops import add_key_value_products, linear_attention, quadratic_order_pays_off, softmax_pool
+from .ops import (
+    add_key_value_products,
+    hedgehog_features,
+    linear_attention,
+    normalize,
+    normalized_attention_weights,
+    quadratic_order_pays_off,
+    softmax_pool,
+    with_ones,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -296,6 +305,20 @@ class FullAttention(_QKVAttention):
 # ----------------------------------------------------------------------------------------------
 
 
+class HedgehogFeatureMap(nn.Module):
+    """A learned feature map per head, phi(x) = [softmax(W_h x + b_h), softmax(-(W_h x + b_h))]
+    (`ops.hedgehog_features`; Hedgehog, Zhang et al., ICLR 2024). W_h (d_h x d_h) starts as the
+    identity and b_h at zero. x (B, H, N, d_h) -> (B, H, N, 2 d_h) in fp32."""
+
+    def __init__(self, num_heads: int, head_dim: int):
+        super().__init__()
+        self.weight = nn.Parameter(torch.eye(head_dim).repeat(num_heads, 1, 1))  # W (H, d, d)
+        self.bias = nn.Parameter(torch.zeros(num_heads, head_dim))  # b (H, d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return hedgehog_features(x, self.weight, self.bias)
+
+
 class ZformerAttention(_QKVAttention):
     """Zformer linear attention (the Zformer_Pytorch code): with Q = X W_q / sqrt(d_h),
     K = X W_k, V = X W_v per head, `out = Q (K^T V) / s`, `s` a learnable scalar (init
@@ -310,6 +333,18 @@ class ZformerAttention(_QKVAttention):
 
     Bidirectional self-attention on sequences longer than the width takes a folded form with the
     same result (`_folded`): 4 N D^2 + 2 D^3 FLOPs per sequence instead of 6 N D^2 + 4 N D d_h.
+
+    With `config.zformer_feature_map="hedgehog"` it is normalised linear attention over learned
+    feature maps (`HedgehogFeatureMap`, one for the queries, one for the keys):
+
+        out_i = sum_j (phi(q_i) . phi(k_j)) v_j / sum_j (phi(q_i) . phi(k_j))   over the real keys j
+
+    computed by the same `linear_attention` on phi(Q), phi(K) and [V, 1] (the state per head,
+    (2 d_h, d_h + 1), holds S = sum_j phi(k_j) v_j^T and, as its last column, z = sum_j phi(k_j)),
+    then the ratio (`ops.normalize`); a query with no real key gets zero. Still O(N d_h^2), causal
+    with a constant-size cache. phi takes q and k as projected, without 1/sqrt(d_h): any fixed
+    factor is a rescaling of W that training absorbs. Each output is a convex combination of the
+    values, as in softmax attention, so there is no scale `s` (no `log_scale`) and no folded form.
     """
 
     HAS_ATTENTION_DROPOUT = False
@@ -317,6 +352,12 @@ class ZformerAttention(_QKVAttention):
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
         self.scale_init = float(config.zformer_scale_init)
+        if config.zformer_feature_map == "hedgehog":
+            self.query_map = HedgehogFeatureMap(self.num_heads, self.head_dim)
+            self.key_map = HedgehogFeatureMap(self.num_heads, self.head_dim)
+            self.register_parameter("log_scale", None)  # normalised outputs need no scale
+            return
+        self.query_map = self.key_map = None
         # Shape (1,), not 0-d: FSDP (fully_shard and FullyShardedDataParallel) refuses scalar parameters.
         self.log_scale = nn.Parameter(torch.full((1,), math.log(self.scale_init)))
 
@@ -334,17 +375,38 @@ class ZformerAttention(_QKVAttention):
         return scale if scale.dtype == dtype else scale.to(dtype)
 
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None) -> torch.Tensor:
-        """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D)."""
+        """K^T V (B, H, d, d) in fp32 over the real positions of `memory` (B, Nk, D); with a feature
+        map phi(K)^T [V, 1] (B, H, 2 d, d + 1)."""
         return add_key_value_products(None, *self._keys_values(memory, memory_mask))
 
     def _keys_values(self, x: torch.Tensor, mask: torch.Tensor | None):
-        """K (zero at padding) and V (B, H, N, d) of `x` (B, N, D)."""
-        key = split_heads(zero_padding(self.key(x), mask), self.num_heads)
-        return key, split_heads(self.value(x), self.num_heads)
+        """K (zero at padding) and V (B, H, N, d) of `x` (B, N, D); with a feature map phi(K) (zero at
+        padding, B, H, N, 2 d) and [V, 1] (B, H, N, d + 1), in fp32."""
+        if self.key_map is None:
+            key = split_heads(zero_padding(self.key(x), mask), self.num_heads)
+            return key, split_heads(self.value(x), self.num_heads)
+        key = self.key_map(split_heads(self.key(x), self.num_heads))
+        if mask is not None:  # after phi: phi(0) is not zero
+            key = key * mask.to(key.dtype)[:, None, :, None]
+        return key, with_ones(at_least_fp32(split_heads(self.value(x), self.num_heads))[0])
+
+    def attention_weights(self, hidden_states, attention_mask=None, memory=None, memory_mask=None) -> torch.Tensor:
+        """The weights a_ij (B, H, N, Nk) of the feature-map form, built explicitly (quadratic,
+        `ops.normalized_attention_weights`): over the memory for cross-attention, causal for a causal
+        module (without a cache). `context` merges `a @ V` over heads. Distillation fits them to
+        softmax attention's weights."""
+        if self.key_map is None:
+            raise ValueError("attention_weights: zformer_feature_map='identity' forms no normalised weights")
+        source, mask = (memory, memory_mask) if self.is_cross else (hidden_states, attention_mask)
+        if self.is_causal:
+            mask = new_tokens_mask(mask, hidden_states.shape[1])
+        query_features = self.query_map(split_heads(self.query(hidden_states), self.num_heads))
+        key_features = self.key_map(split_heads(self.key(source), self.num_heads))
+        return normalized_attention_weights(query_features, key_features, mask, causal=self.is_causal)
 
     def _folded_output(self, hidden_states, attention_mask):
         # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
-        if use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
+        if self.key_map is None and use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
             return self._folded(hidden_states, attention_mask)
         return None
 
@@ -354,11 +416,15 @@ class ZformerAttention(_QKVAttention):
         order and blocks. Self-attention takes the keys of the sequence; a causal module decoding
         with a cache starts from the sum over earlier tokens in its cache layer and stores the sum
         including the new ones. Cross-attention takes the memory's keys, or with a cache its K^T V
-        computed at the first step and kept (`_memory`)."""
+        computed at the first step and kept (`_memory`). With a feature map the same calls take
+        phi(Q), phi(K) and [V, 1], and the result is normalised (`ops.normalize`)."""
         length = hidden_states.shape[1]
         projected = self.query(hidden_states)
         query = split_heads(projected, self.num_heads)
-        scale = self._scale(hidden_states.dtype)  # 1 / (sqrt(d_h) s)
+        if self.query_map is None:
+            scale = self._scale(hidden_states.dtype)  # 1 / (sqrt(d_h) s)
+        else:  # phi(Q) (B, H, N, 2 d) in fp32; normalised outputs need no scale
+            query, scale = self.query_map(query), None
         if self.is_cross and cache is not None:
             stored = self._memory(memory, memory_mask, cache)  # K^T V of the memory, (B, H, d, d)
             context, _ = linear_attention(query, None, None, state=stored, scale=scale)
@@ -374,6 +440,9 @@ class ZformerAttention(_QKVAttention):
             )
             if layer is not None:
                 layer.store(state, length)
+        if self.query_map is not None:
+            with no_autocast(context.device.type):
+                context = normalize(context)
         if context.dtype != projected.dtype:
             context = context.to(projected.dtype)
         return merge_heads(context)

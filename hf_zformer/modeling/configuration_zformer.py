@@ -13,6 +13,7 @@ CROSS_ATTENTION_TYPES = ("full", "zformer")
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 POSITION_EMBEDDING_MERGES = ("add", "concat")
 FASTFORMER_POOLINGS = ("additive", "mean")
+ZFORMER_FEATURE_MAPS = ("identity", "hedgehog")
 CLASSIFIER_POOLINGS = ("mean", "first", "attention", "pooler")
 POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")
 LAYER_NORM_POSITIONS = ("pre", "post")
@@ -77,6 +78,13 @@ class ZformerConfig(PreTrainedConfig):
             warning the first time such a model trains with it above 0).
         attention_type (`str` or `list[str]`): encoder self-attention type(s).
         zformer_scale_init (`float`): initial value of Zformer's learnable output scale `s` (seed: 700).
+        zformer_feature_map (`"identity"` or `"hedgehog"`): what Zformer applies to queries and keys.
+            `"identity"`: `Q (K^T V) / s` as above. `"hedgehog"`: a learned map per head,
+            phi(x) = [softmax(W x + b), softmax(-(W x + b))] (Hedgehog, Zhang et al. 2024; W starts
+            as the identity, b at zero), and normalised attention
+            out_i = sum_j (phi(q_i) . phi(k_j)) v_j / sum_j (phi(q_i) . phi(k_j)), still O(N d_h^2) and
+            with a constant-size decoding state; no scale `s` (`zformer_scale_init` unused), 2 d_h (d_h + 1)
+            more parameters per head. Applies to every zformer layer: encoder, decoder, cross-attention.
         xformer_alpha (`int`): Xformer divides the query/key width by `alpha`.
         xformer_beta (`int`): Xformer compresses the sequence from `max_position_embeddings` to
             `ceil(max_position_embeddings / beta)` keys (`beta > 1`).
@@ -148,6 +156,7 @@ class ZformerConfig(PreTrainedConfig):
     decoder_start_token_id: int | None = 1
     attention_type: str | list[str] = "zformer"
     zformer_scale_init: float = 700.0
+    zformer_feature_map: str = "identity"
     xformer_alpha: int = 2
     xformer_beta: int = 4
     fastformer_pooling: str = "additive"
@@ -215,6 +224,7 @@ class ZformerConfig(PreTrainedConfig):
         _check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
         _check_choice("position_embedding_merge", self.position_embedding_merge, POSITION_EMBEDDING_MERGES)
         _check_choice("fastformer_pooling", self.fastformer_pooling, FASTFORMER_POOLINGS)
+        _check_choice("zformer_feature_map", self.zformer_feature_map, ZFORMER_FEATURE_MAPS)
         _check_choice("classifier_pooling", self.classifier_pooling, CLASSIFIER_POOLINGS)
         _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
         _check_choice("layer_norm_position", self.layer_norm_position, LAYER_NORM_POSITIONS)

@@ -24,7 +24,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
-from .attention import ATTENTION_CLASSES, FastformerAttention, XformerAttention, ZformerAttention
+from .attention import ATTENTION_CLASSES, FastformerAttention, HedgehogFeatureMap, XformerAttention, ZformerAttention
 from .blocks import Dropout, Linear, add_into_fresh, drop_full_mask, masked_softmax, zero_padding
 from .cache_zformer import ZformerCache
 from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
@@ -337,8 +337,11 @@ class ZformerPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         std = self.config.initializer_range
-        if isinstance(module, ZformerAttention):
+        if isinstance(module, ZformerAttention) and module.log_scale is not None:
             init.constant_(module.log_scale, math.log(module.scale_init))
+        elif isinstance(module, HedgehogFeatureMap):  # the identity map: W = I, b = 0
+            init.copy_(module.weight, torch.eye(module.weight.shape[-1]).expand_as(module.weight))
+            init.zeros_(module.bias)
         elif isinstance(module, XformerAttention):
             init.normal_(module.sequence_projection, mean=0.0, std=std)
         elif isinstance(module, FastformerAttention) and module.additive:

@@ -5,8 +5,12 @@ the tests compare every fast form against it in fp64, forward and backward).
 - **Linear attention** (Zformer): `linear_attention(query, key, value, mask, state, *, causal,
   scale, return_state) -> (out, state)`, reference `linear_attention_reference`. Per head,
   out_i = scale * q_i (state + sum_j k_j^T v_j) over the real keys j that query i sees (all of them,
-  or j <= i with `causal=True`); `state` (B, H, d, d) is that sum over earlier tokens (a decoder's
-  cache, or a cross-attention's whole memory).
+  or j <= i with `causal=True`); `state` (B, H, d_k, d_v) is that sum over earlier tokens (a
+  decoder's cache, or a cross-attention's whole memory). Keys and values may differ in width (a
+  feature map widens the keys; `[v, 1]` adds the normaliser's column to the values).
+- **Hedgehog feature map** (Zformer with `zformer_feature_map="hedgehog"`): `hedgehog_features`,
+  and `normalize` to turn `linear_attention` over phi(q), phi(k) and [v, 1] into normalised
+  attention; `normalized_attention_weights` builds its weights explicitly (distillation, tests).
 - **Softmax pooling** (Fastformer): `softmax_pool(scores, values, mask, state, *, causal,
   return_state) -> (pooled, state)`, reference `softmax_pool_reference`. pooled_i = sum_j
   softmax_j(scores) values_j over the real positions j that i sees; `state` is (log-sum-exp of the
@@ -49,11 +53,11 @@ def quadratic_order_pays_off(query_length: int, key_length: int, head_dim: int) 
 
 
 def linear_attention(query, key, value, mask=None, state=None, *, causal=False, scale=None, return_state=False):
-    """Zformer's sequence operation (see the module docstring). query (B, H, Nq, d), key/value
-    (B, H, Nk, d) (Nk = Nq when causal) or both None (no new keys), mask (B, Nk), 1 at real keys, or
-    None; state (B, H, d, d) or None (nothing before); scale a tensor of one element, or None for 1.
-    Returns (out (B, H, Nq, d) in fp32 or fp64, the state including these keys (B, H, d, d) when
-    `return_state`, else None).
+    """Zformer's sequence operation (see the module docstring). query (B, H, Nq, d), key (B, H, Nk, d)
+    and value (B, H, Nk, e) (Nk = Nq when causal) or both None (no new keys), mask (B, Nk), 1 at real
+    keys, or None; state (B, H, d, e) or None (nothing before); scale a tensor of one element, or
+    None for 1. Returns (out (B, H, Nq, e) in fp32 or fp64, the state including these keys
+    (B, H, d, e) when `return_state`, else None).
 
     The form, by a rule on the shapes: without a state (and none asked for), `(Q K^T) V` where it
     costs less (`quadratic_order_pays_off`; causal: up to ZFORMER_CAUSAL_BLOCK tokens, with the
@@ -85,14 +89,14 @@ def linear_attention(query, key, value, mask=None, state=None, *, causal=False, 
 
 
 def quadratic_linear_attention(query, key, value, *, causal=False, scale=None):
-    """`(Q K^T) V` (B, H, Nq, d), causal with the scores above the diagonal zeroed: the product in the
+    """`(Q K^T) V` (B, H, Nq, e), causal with the scores above the diagonal zeroed: the product in the
     cheaper order on short inputs, in fp32 on (B * H, N, d) head batches. `scale` multiplies the
     scores (B * H, Nq, Nk) where they are no larger than the queries (Nk <= d), else the queries:
     one pass over the smaller tensor, forward and backward (docs/benchmarks.md, "Short inputs")."""
     batch, heads, queries, dim = query.shape
     scale_scores = scale is not None and key.shape[2] <= dim
     with no_autocast(query.device.type):
-        query, key, value = (t.reshape(batch * heads, t.shape[2], dim) for t in at_least_fp32(query, key, value))
+        query, key, value = (t.reshape(batch * heads, *t.shape[2:]) for t in at_least_fp32(query, key, value))
         if scale is not None and not scale_scores:
             query = query * scale.to(query.dtype)
         scores = torch.bmm(query, key.transpose(1, 2))  # (B * H, Nq, Nk): no softmax
@@ -100,13 +104,13 @@ def quadratic_linear_attention(query, key, value, *, causal=False, scale=None):
             scores = scores * scale.to(scores.dtype)
         if causal and queries > 1:
             scores = scores.tril_()  # in place: the product's backward needs its inputs, not its output
-        return torch.bmm(scores, value).view(batch, heads, queries, dim)
+        return torch.bmm(scores, value).view(batch, heads, queries, value.shape[-1])
 
 
 def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
     """out_i = q_i (past + sum_{j<=i} k_j^T v_j), in fp32, computed in blocks of ZFORMER_CAUSAL_BLOCK
-    tokens: quadratic inside a block, recurrent across blocks. query/key/value (B, H, N, d); past
-    (B, H, d, d) (the sum over earlier tokens) or None. Returns (B, H, N, d)."""
+    tokens: quadratic inside a block, recurrent across blocks. query/key (B, H, N, d), value
+    (B, H, N, e); past (B, H, d, e) (the sum over earlier tokens) or None. Returns (B, H, N, e)."""
     length = query.shape[2]
     with no_autocast(query.device.type):
         query, key, value = at_least_fp32(query, key, value)
@@ -127,18 +131,19 @@ def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
 
 
 def add_key_value_products(past: torch.Tensor | None, key: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-    """past + sum_j k_j^T v_j per head, in fp32 (fp64 stays fp64): key (zero at padding) / value
-    (B, H, N, d), past (B, H, d, d) or None (nothing before)."""
+    """past + sum_j k_j^T v_j per head, in fp32 (fp64 stays fp64): key (zero at padding) (B, H, N, d),
+    value (B, H, N, e), past (B, H, d, e) or None (nothing before)."""
     batch, heads, length, dim = key.shape
+    width = value.shape[-1]
     key, value = at_least_fp32(key, value)
     if past is None:
-        past = key.new_zeros(batch, heads, dim, dim)
+        past = key.new_zeros(batch, heads, dim, width)
     with no_autocast(key.device.type):
         # one batched product-and-add over (B * H) views (see `per_head_product`)
         return torch.baddbmm(
-            past.reshape(batch * heads, dim, dim), key.reshape(batch * heads, length, dim).transpose(1, 2),
-            value.reshape(batch * heads, length, dim),
-        ).view(batch, heads, dim, dim)
+            past.reshape(batch * heads, dim, width), key.reshape(batch * heads, length, dim).transpose(1, 2),
+            value.reshape(batch * heads, length, width),
+        ).view(batch, heads, dim, width)
 
 
 def linear_attention_reference(query, key, value, mask=None, state=None, *, causal=False, scale=None,
@@ -147,8 +152,8 @@ def linear_attention_reference(query, key, value, mask=None, state=None, *, caus
     keys it sees, one key at a time, then the product with q_i."""
     batch, heads, queries, dim = query.shape
     keep = torch.ones(batch, key.shape[2], dtype=torch.bool) if mask is None else mask.bool().cpu()
-    start = query.new_zeros(batch, heads, dim, dim) if state is None else state.to(query.dtype)
-    out = query.new_zeros(batch, heads, queries, dim)
+    start = query.new_zeros(batch, heads, dim, value.shape[-1]) if state is None else state.to(query.dtype)
+    out = query.new_zeros(batch, heads, queries, value.shape[-1])
     for b in range(batch):
         for h in range(heads):
             for i in range(queries):
@@ -164,6 +169,51 @@ def linear_attention_reference(query, key, value, mask=None, state=None, *, caus
         weight = keep[:, j].to(query.dtype).view(batch, 1, 1, 1).to(query.device)
         final = final + weight * key[:, :, j, :, None] * value[:, :, j, None, :]
     return out, final
+
+
+# ----------------------------------------------------------------------------------------------
+# Hedgehog feature map (Zformer with zformer_feature_map="hedgehog")
+# ----------------------------------------------------------------------------------------------
+
+
+def hedgehog_features(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """Hedgehog's feature map (Zhang et al., ICLR 2024), per head h:
+    phi(x) = [softmax(W_h x + b_h), softmax(-(W_h x + b_h))], each softmax over the d entries, so
+    phi(x) has 2 d positive entries and phi(q) . phi(k) > 0 for any q, k. x (B, H, N, d), weight
+    (H, d, d), bias (H, d). Returns (B, H, N, 2 d) in fp32 (fp64 stays fp64), autocast off."""
+    with no_autocast(x.device.type):
+        x = at_least_fp32(x)[0]
+        projected = torch.matmul(x, weight.to(x.dtype).transpose(-1, -2)) + bias.to(x.dtype)[:, None, :]
+        return torch.cat([torch.softmax(projected, dim=-1), torch.softmax(-projected, dim=-1)], dim=-1)
+
+
+def with_ones(value: torch.Tensor) -> torch.Tensor:
+    """[v, 1] (B, H, N, d + 1): summed with weights, the last column is the sum of the weights."""
+    return torch.cat([value, value.new_ones(*value.shape[:-1], 1)], dim=-1)
+
+
+def normalize(weighted: torch.Tensor) -> torch.Tensor:
+    """[sum_j w_ij v_j, sum_j w_ij] (B, H, N, d + 1) -> sum_j w_ij v_j / sum_j w_ij (B, H, N, d): the
+    output of `linear_attention` over phi(q), phi(k) and `with_ones(v)` made normalised attention.
+    The weights are never negative, so a zero sum means no key has weight (a query before any
+    real token): the numerator is zero too, and dividing by 1 there keeps output and gradients zero."""
+    numerator, denominator = weighted[..., :-1], weighted[..., -1:]
+    return numerator / torch.where(denominator > 0, denominator, 1.0)
+
+
+def normalized_attention_weights(query_features, key_features, mask=None, *, causal=False) -> torch.Tensor:
+    """The weights a_ij = phi(q_i) . phi(k_j) / sum_j' phi(q_i) . phi(k_j') of normalised linear
+    attention, built explicitly (quadratic): the reference the linear forms are tested against and
+    the student's weights in attention distillation. query_features (B, H, Nq, F), key_features
+    (B, H, Nk, F), mask (B, Nk), 1 at real keys, or None; `causal`: query i (the last Nq of Nk
+    tokens) sees keys j <= i + Nk - Nq. A query with no real key gets zero weights. (B, H, Nq, Nk)."""
+    scores = query_features @ key_features.transpose(-1, -2)  # (B, H, Nq, Nk), all > 0
+    if mask is not None:
+        scores = scores * mask.to(scores.dtype)[:, None, None, :]
+    if causal:
+        scores = scores.tril(scores.shape[-1] - scores.shape[-2])
+    total = scores.sum(-1, keepdim=True)
+    return scores / torch.where(total > 0, total, 1.0)
 
 
 # ----------------------------------------------------------------------------------------------
