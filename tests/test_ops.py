@@ -43,12 +43,13 @@ def _assert_same(fast, reference, inputs_fast, inputs_reference):
         torch.testing.assert_close(got, want, atol=1e-10, rtol=1e-10)
 
 
-def _linear_case(queries, keys, with_state, with_scale, seed=0):
+def _linear_case(queries, keys, with_state, with_scale, seed=0, value_width=D):
+    """Queries/keys of width D, values of `value_width` (wider with a feature map's [v, 1])."""
     generator = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, queries, D, generator=generator, dtype=torch.float64)
     k = torch.randn(B, H, keys, D, generator=generator, dtype=torch.float64)
-    v = torch.randn(B, H, keys, D, generator=generator, dtype=torch.float64)
-    state = torch.randn(B, H, D, D, generator=generator, dtype=torch.float64) if with_state else None
+    v = torch.randn(B, H, keys, value_width, generator=generator, dtype=torch.float64)
+    state = torch.randn(B, H, D, value_width, generator=generator, dtype=torch.float64) if with_state else None
     scale = torch.tensor([0.3], dtype=torch.float64) if with_scale else None
     return q, k, v, state, scale
 
@@ -58,6 +59,7 @@ def _run_linear(function, q, k, v, mask, state, scale, **options):
     return [out, after]
 
 
+@pytest.mark.parametrize("value_width", [D, D + 3])
 @pytest.mark.parametrize("mask_kind", ["none", "padded"])
 @pytest.mark.parametrize("with_scale", [False, True])
 @pytest.mark.parametrize(
@@ -71,8 +73,8 @@ def _run_linear(function, q, k, v, mask, state, scale, **options):
     ],
 )
 def test_bidirectional_linear_attention_equals_reference(queries, keys, with_state, return_state, form, with_scale,
-                                                         mask_kind):
-    q, k, v, state, scale = _linear_case(queries, keys, with_state, with_scale)
+                                                         mask_kind, value_width):
+    q, k, v, state, scale = _linear_case(queries, keys, with_state, with_scale, value_width=value_width)
     mask = _mask(keys, mask_kind)
     fast_inputs, reference_inputs = _leaves(q, k, v, state, scale), _leaves(q, k, v, state, scale)
     fast = _run_linear(ops.linear_attention, *fast_inputs[:3], mask, *fast_inputs[3:], return_state=return_state)
@@ -90,6 +92,7 @@ def test_stored_state_alone_is_attended_without_keys():
     assert after is state
 
 
+@pytest.mark.parametrize("value_width", [D, D + 3])
 @pytest.mark.parametrize("mask_kind", ["none", "padded"])
 @pytest.mark.parametrize(
     "length, block, with_state, return_state, form",
@@ -102,9 +105,9 @@ def test_stored_state_alone_is_attended_without_keys():
     ],
 )
 def test_causal_linear_attention_equals_reference(monkeypatch, length, block, with_state, return_state, form,
-                                                  mask_kind):
+                                                  mask_kind, value_width):
     monkeypatch.setattr(ops, "ZFORMER_CAUSAL_BLOCK", block)
-    q, k, v, state, scale = _linear_case(length, length, with_state, True)
+    q, k, v, state, scale = _linear_case(length, length, with_state, True, value_width=value_width)
     mask = _mask(length, mask_kind) if length > 2 else None
     fast_inputs, reference_inputs = _leaves(q, k, v, state, scale), _leaves(q, k, v, state, scale)
     fast = _run_linear(ops.linear_attention, *fast_inputs[:3], mask, *fast_inputs[3:], causal=True,
@@ -112,6 +115,30 @@ def test_causal_linear_attention_equals_reference(monkeypatch, length, block, wi
     reference = _run_linear(ops.linear_attention_reference, *reference_inputs[:3], mask, *reference_inputs[3:],
                             causal=True, return_state=return_state)
     _assert_same(fast, reference, fast_inputs, reference_inputs)
+
+
+def test_hedgehog_features_and_normalize_are_their_equations():
+    """phi(x) = [softmax(W x + b), softmax(-(W x + b))] entry by entry; `normalize` divides by the
+    last column and leaves a row whose weights sum to zero (no real key) at zero, with finite gradients."""
+    generator = torch.Generator().manual_seed(3)
+    x = torch.randn(B, H, 5, D, generator=generator, dtype=torch.float64)
+    weight = torch.randn(H, D, D, generator=generator, dtype=torch.float64)
+    bias = torch.randn(H, D, generator=generator, dtype=torch.float64)
+    features = ops.hedgehog_features(x, weight, bias)
+    for b in range(B):
+        for h in range(H):
+            for n in range(5):
+                projected = weight[h] @ x[b, h, n] + bias[h]
+                expected = torch.cat([torch.softmax(projected, 0), torch.softmax(-projected, 0)])
+                torch.testing.assert_close(features[b, h, n], expected, atol=1e-14, rtol=1e-14)
+    weighted = torch.randn(B, H, 5, D + 1, generator=generator, dtype=torch.float64).abs()
+    weighted[0, 0, 2] = 0.0  # a query that saw no real key
+    weighted.requires_grad_()
+    out = ops.normalize(weighted)
+    torch.testing.assert_close(out[1], weighted[1, ..., :D] / weighted[1, ..., D:], atol=1e-14, rtol=1e-14)
+    assert out[0, 0, 2].abs().max() == 0
+    (gradient,) = torch.autograd.grad(out.sum(), weighted)
+    assert torch.isfinite(gradient).all() and gradient[0, 0, 2, D] == 0  # the sum's gradient: none, not NaN
 
 
 def _pool_case(length, seed=0):
