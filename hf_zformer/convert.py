@@ -412,8 +412,8 @@ def _fit_to_source(model, target_class, source, family: str, source_task: str, t
         reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
         copy_weights(reference, source, family, source_task)
         batch = _calibration_batch(tokenizer, config)
-        if "zformer" in types and config.zformer_feature_map == "identity":  # a feature map has no scale
-            scales = calibrate_zformer_scales(model, reference, *batch)
+        scales = calibrate_zformer_scales(model, reference, *batch) if "zformer" in types else []
+        if scales:  # none either with a feature map (no scale s)
             config.zformer_scale_init = float(sorted(scales)[len(scales) // 2])  # for reference; each layer has its own
             logger.info(f"zformer scales s per layer: {[round(s, 2) for s in scales]}")
         if "fastformer" in types:

@@ -17,8 +17,6 @@ from dataclasses import dataclass
 
 import torch
 
-from .modeling.blocks import masked_softmax, split_heads
-
 logger = logging.getLogger(__name__)
 
 
@@ -114,15 +112,6 @@ def _forms_weights(model, i: int) -> bool:
     return getattr(model.base_model.encoder.layers[i].attention, "key_map", None) is not None
 
 
-def _softmax_weights(attention, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
-    """softmax_j(q_i . k_j / sqrt(d_h)) over the real keys j (B, H, N, N) in fp32, from a full
-    attention's own query and key projections of `hidden_states` (B, N, D)."""
-    query = split_heads(attention.query(hidden_states), attention.num_heads).float()
-    key = split_heads(attention.key(hidden_states), attention.num_heads).float()
-    mask = None if attention_mask is None else attention_mask.bool()[:, None, None, :]
-    return masked_softmax(query @ key.transpose(-1, -2) * attention.head_dim**-0.5, mask)
-
-
 def _attention_weight_losses(model, reference, calls, layers, attention_mask) -> list[torch.Tensor]:
     """Per layer in `layers`: the cross-entropy between the reference layer's softmax weights and the
     student's normalised weights on the recorded call, averaged over real query tokens and heads
@@ -135,8 +124,8 @@ def _attention_weight_losses(model, reference, calls, layers, attention_mask) ->
             continue
         args, kwargs, _ = calls[i]
         x, mask = args[0], args[1] if len(args) > 1 else kwargs.get("attention_mask")
-        with torch.no_grad():
-            target = _softmax_weights(reference.base_model.encoder.layers[i].attention, x, mask)  # (B, H, N, N)
+        with torch.no_grad():  # the source's softmax weights (B, H, N, N), from its own attention
+            target = reference.base_model.encoder.layers[i].attention(x, mask, output_attentions=True)[1].float()
         weights = model.base_model.encoder.layers[i].attention.attention_weights(x, mask)
         # a_ij is zero only where t_ij is (padded keys): the clamp keeps 0 * log(0) at 0
         cross_entropy = -(target * torch.log(weights.clamp_min(torch.finfo(weights.dtype).tiny))).sum(-1)  # (B, H, N)

@@ -212,10 +212,12 @@ def test_float_flags_reject_inf_and_nan(tmp_path, tiny_data, capsys):  # noqa: F
                 clf.parse_args(["--data_dir", str(tiny_data / "clf"), "--attention_type", "zformer", f"{flag}={value}",
                                 "--output_dir", str(tmp_path)])
             assert stop.value.code == 2 and f"{flag} must be a finite number" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as stop:
-        convert.parse_args(["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "out"),
-                            "--distill_learning_rate", "inf"])
-    assert stop.value.code == 2 and "--distill_learning_rate must be a finite number" in capsys.readouterr().err
+    for flag, value in (("--distill_learning_rate", "inf"), ("--distill_attention_weight_loss", "nan"),
+                        ("--distill_attention_weight_loss", "-1")):
+        with pytest.raises(SystemExit) as stop:
+            convert.parse_args(["--model_name_or_path", str(tmp_path), "--output_dir", str(tmp_path / "out"),
+                                flag, value])
+        assert stop.value.code == 2 and f"{flag} must be a finite number" in capsys.readouterr().err
 
 
 # ---- teacher, evaluation length, unlabeled file --------------------------------------------
