@@ -33,7 +33,12 @@ from .modeling import ZformerConfig
 
 logger = logging.getLogger(__name__)
 
-SOURCE_MODEL_TYPES = ("bert", "roberta", "distilbert")
+SOURCE_MODEL_TYPES = ("bert", "roberta", "distilbert", "zformer")
+# a Zformer-family source must be one of these, with full attention in every layer (the softmax reference)
+ZFORMER_SOURCE_ARCHITECTURES = ("ZformerModel", "ZformerForSequenceClassification", "ZformerForMaskedLM")
+# config fields of a Zformer-family source that describe the saved folder, not the model
+_FOLDER_FIELDS = ("architectures", "model_type", "transformers_version", "auto_map", "_name_or_path", "dtype",
+                  "torch_dtype", "attention_type")
 TASKS = ("feature-extraction", "text-classification", "fill-mask")
 
 # Zformer's scale s is chosen on this text (see `calibrate_zformer_scales`): plain English prose,
@@ -78,11 +83,16 @@ WEIGHT_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads"
 
 def zformer_config(source_config, attention_type, task: str, has_pooler: bool, classifier_pooling=None,
                    num_labels=None, **overrides) -> ZformerConfig:
-    """The `ZformerConfig` that expresses `source_config` (a BERT, RoBERTa or DistilBERT config) with
-    the given attention type(s); `overrides` (config fields) win. `classifier_pooling` defaults to
-    "pooler" when the converted classifier carries a trained pooler (`has_pooler`), else "mean"."""
+    """The `ZformerConfig` that expresses `source_config` (a BERT, RoBERTa or DistilBERT config, or a
+    full-attention `ZformerConfig`) with the given attention type(s); `overrides` (config fields) win.
+    `classifier_pooling` defaults to the source's pooling for a Zformer-family source; for the BERT
+    family to "pooler" when the converted classifier carries a trained pooler (`has_pooler`), else "mean"."""
     family = source_config.model_type
-    if family == "distilbert":
+    if family == "zformer":  # a fine-tuned full-attention model of ours: every architecture option carries over
+        fields = {key: value for key, value in source_config.to_dict().items() if key not in _FOLDER_FIELDS}
+        fields.pop("num_labels", None)  # id2label says it
+        fields["classifier_pooling"] = classifier_pooling or source_config.classifier_pooling
+    elif family == "distilbert":
         fields = dict(
             hidden_size=source_config.dim, num_hidden_layers=source_config.n_layers,
             num_attention_heads=source_config.n_heads, intermediate_size=source_config.hidden_dim,
@@ -104,8 +114,27 @@ def zformer_config(source_config, attention_type, task: str, has_pooler: bool, c
             fields.update(id2label=source_config.id2label, label2id=source_config.label2id)
             fields["problem_type"] = source_config.problem_type
         else:
+            fields.pop("id2label", None), fields.pop("label2id", None)
             fields["num_labels"] = num_labels or 2
-    fields.update(
+    if family == "zformer":
+        fields.update(attention_type=attention_type, xformer_alpha=1)
+    else:
+        fields.update(_bert_family_fields(source_config, attention_type, has_pooler, classifier_pooling))
+    fixed = {key: (value, fields.get(key, 0)) for key, value in overrides.items() if key in WEIGHT_SHAPE_FIELDS}
+    for key, (value, source_value) in fixed.items():
+        if value != source_value:
+            raise ValueError(f"{key}={value!r} cannot be set when converting: the pretrained weights fix it "
+                             f"({key}={source_value!r} in the source)")
+    fields.update(overrides)
+    model_type = "fastformer" if fields["attention_type"] == "fastformer" else "zformer"
+    from transformers import AutoConfig
+
+    return AutoConfig.for_model(model_type, **fields)
+
+
+def _bert_family_fields(source_config, attention_type, has_pooler: bool, classifier_pooling) -> dict:
+    """The `ZformerConfig` options that express a BERT, RoBERTa or DistilBERT encoder exactly."""
+    return dict(
         vocab_size=source_config.vocab_size,
         max_position_embeddings=source_config.max_position_embeddings,
         initializer_range=source_config.initializer_range,
@@ -123,24 +152,25 @@ def zformer_config(source_config, attention_type, task: str, has_pooler: bool, c
         tie_word_embeddings=getattr(source_config, "tie_word_embeddings", True),
         xformer_alpha=1,  # full-width xformer queries: the pretrained W_q maps onto them
     )
-    fixed = {key: (value, fields.get(key, 0)) for key, value in overrides.items() if key in WEIGHT_SHAPE_FIELDS}
-    for key, (value, source_value) in fixed.items():
-        if value != source_value:
-            raise ValueError(f"{key}={value!r} cannot be set when converting: the pretrained weights fix it "
-                             f"({key}={source_value!r} in the source)")
-    fields.update(overrides)
-    model_type = "fastformer" if fields["attention_type"] == "fastformer" else "zformer"
-    from transformers import AutoConfig
-
-    return AutoConfig.for_model(model_type, **fields)
 
 
 def _check_source(config, model_name_or_path):
     if config.model_type not in SOURCE_MODEL_TYPES:
         raise ValueError(
             f"{model_name_or_path} is a {config.model_type!r} model; convert_pretrained reads "
-            f"{list(SOURCE_MODEL_TYPES)} checkpoints (BertModel, RobertaModel, DistilBertModel and their heads)"
+            f"{list(SOURCE_MODEL_TYPES)} checkpoints (BertModel, RobertaModel, DistilBertModel and their heads, "
+            f"or a full-attention {list(ZFORMER_SOURCE_ARCHITECTURES)})"
         )
+    if config.model_type == "zformer":
+        architecture = (config.architectures or ["ZformerModel"])[0]
+        if architecture not in ZFORMER_SOURCE_ARCHITECTURES:
+            raise ValueError(f"{model_name_or_path} is a {architecture}; only encoders convert "
+                             f"({list(ZFORMER_SOURCE_ARCHITECTURES)})")
+        types = config.layer_attention_types()
+        if set(types) != {"full"}:
+            raise ValueError(f"{model_name_or_path} has attention_type={types}; a Zformer-family source needs full "
+                             "attention in every layer (the softmax attention the new layers are fitted to)")
+        return
     if getattr(config, "position_embedding_type", "absolute") != "absolute":
         raise ValueError(
             f"{model_name_or_path} has position_embedding_type={config.position_embedding_type!r}; only "
@@ -153,6 +183,15 @@ def _check_source(config, model_name_or_path):
 def _encoder_parts(base, family):
     """(embedding modules, per-layer modules) of a source base model, by our names."""
     embeddings = base.embeddings
+    if family == "zformer":  # our own names already
+        parts = {name: getattr(embeddings, name, None) for name in (
+            "word_embeddings", "position_embeddings", "token_type_embeddings", "layer_norm")}
+        return parts, [dict(
+            query=layer.attention.query, key=layer.attention.key, value=layer.attention.value,
+            attention_output=layer.attention.output, attention_norm=layer.attention_norm,
+            intermediate=layer.feed_forward.intermediate, output=layer.feed_forward.output,
+            feed_forward_norm=layer.feed_forward_norm,
+        ) for layer in base.encoder.layers]
     parts = {
         "word_embeddings": embeddings.word_embeddings,
         "position_embeddings": embeddings.position_embeddings,
@@ -182,10 +221,19 @@ def _encoder_parts(base, family):
 
 def _head_parts(source, family, source_task):
     """The source's task-head modules by our names: `pooler` / `classifier` (classification),
-    `lm_dense` / `lm_layer_norm` / `lm_bias` / `lm_decoder` (masked LM)."""
+    `lm_dense` / `lm_layer_norm` / `lm_bias` / `lm_decoder` (masked LM); a Zformer-family source's
+    whole pooling module as `pooling` (copied when the converted model pools the same way)."""
     base = source.base_model
     parts = {"pooler": getattr(getattr(base, "pooler", None), "dense", None)}  # BERT's (and RoBERTa's) NSP pooler
-    if source_task == "text-classification":
+    if family == "zformer":
+        pooler = getattr(source, "pooler", None)  # the whole pooling module: it carries over when the modes agree
+        parts = {"pooler": None, "pooling": pooler}
+        if source_task == "text-classification":
+            parts.update(classifier=source.classifier)
+        elif source_task == "fill-mask":
+            head = source.lm_head
+            parts.update(lm_dense=head.dense, lm_layer_norm=head.layer_norm, lm_bias=head.bias, lm_decoder=head.decoder)
+    elif source_task == "text-classification":
         if family == "bert":
             parts.update(classifier=source.classifier)
         elif family == "roberta":  # dropout, dense, tanh, dropout, out_proj: the "pooler" pooling
@@ -260,6 +308,8 @@ def copy_weights(target, source, family: str, source_task: str):
     pooler = getattr(target, "pooler", None)
     if pooler is not None and pooler.mode == "pooler" and head["pooler"] is not None:
         _copy(pooler.dense, head["pooler"])
+    if pooler is not None and head.get("pooling") is not None and pooler.mode == head["pooling"].mode:
+        _copy(pooler, head["pooling"])
     if "classifier" in head and hasattr(target, "classifier"):
         if target.classifier.weight.shape == head["classifier"].weight.shape:
             _copy(target.classifier, head["classifier"])
