@@ -183,15 +183,9 @@ def _check_source(config, model_name_or_path):
 def _encoder_parts(base, family):
     """(embedding modules, per-layer modules) of a source base model, by our names."""
     embeddings = base.embeddings
-    if family == "zformer":  # our own names already
-        parts = {name: getattr(embeddings, name, None) for name in (
-            "word_embeddings", "position_embeddings", "token_type_embeddings", "layer_norm")}
-        return parts, [dict(
-            query=layer.attention.query, key=layer.attention.key, value=layer.attention.value,
-            attention_output=layer.attention.output, attention_norm=layer.attention_norm,
-            intermediate=layer.feed_forward.intermediate, output=layer.feed_forward.output,
-            feed_forward_norm=layer.feed_forward_norm,
-        ) for layer in base.encoder.layers]
+    if family == "zformer":  # the attention maps as for BERT; the rest carries over by name (`copy_weights`)
+        return {}, [dict(query=layer.attention.query, key=layer.attention.key, value=layer.attention.value,
+                         attention_output=layer.attention.output) for layer in base.encoder.layers]
     parts = {
         "word_embeddings": embeddings.word_embeddings,
         "position_embeddings": embeddings.position_embeddings,
@@ -221,19 +215,12 @@ def _encoder_parts(base, family):
 
 def _head_parts(source, family, source_task):
     """The source's task-head modules by our names: `pooler` / `classifier` (classification),
-    `lm_dense` / `lm_layer_norm` / `lm_bias` / `lm_decoder` (masked LM); a Zformer-family source's
-    whole pooling module as `pooling` (copied when the converted model pools the same way)."""
+    `lm_dense` / `lm_layer_norm` / `lm_bias` / `lm_decoder` (masked LM)."""
     base = source.base_model
     parts = {"pooler": getattr(getattr(base, "pooler", None), "dense", None)}  # BERT's (and RoBERTa's) NSP pooler
-    if family == "zformer":
-        pooler = getattr(source, "pooler", None)  # the whole pooling module: it carries over when the modes agree
-        parts = {"pooler": None, "pooling": pooler}
-        if source_task == "text-classification":
-            parts.update(classifier=source.classifier)
-        elif source_task == "fill-mask":
-            head = source.lm_head
-            parts.update(lm_dense=head.dense, lm_layer_norm=head.layer_norm, lm_bias=head.bias, lm_decoder=head.decoder)
-    elif source_task == "text-classification":
+    if family == "zformer":  # its head carries over by name (`_copy_outside_attention`)
+        return {"pooler": None}
+    if source_task == "text-classification":
         if family == "bert":
             parts.update(classifier=source.classifier)
         elif family == "roberta":  # dropout, dense, tanh, dropout, out_proj: the "pooler" pooling
@@ -290,10 +277,36 @@ def _copy_attention(layer, parts):
     _copy(layer.attention.output, parts["attention_output"])
 
 
+def _copy_outside_attention(target, source):
+    """Every parameter and buffer of `target` outside its attention modules from the same-named one of
+    `source`, a Zformer-family model (the base model's prefix aside), so every architecture option
+    (final LayerNorm, convolutions, pooling, heads) carries over. A tensor without a same-shaped
+    counterpart (another number of labels, another pooling) keeps its fresh init, with a warning."""
+    target_prefix, source_prefix = target.base_model_prefix + ".", source.base_model_prefix + "."
+    source_state = {(target_prefix + key[len(source_prefix):] if key.startswith(source_prefix) else key): value
+                    for key, value in source.state_dict().items()}
+    fresh = []
+    with torch.no_grad():
+        for name, tensor in target.state_dict().items():
+            if ".attention." in name:
+                continue
+            if name in source_state and source_state[name].shape == tensor.shape:
+                tensor.copy_(source_state[name])
+            else:
+                fresh.append(name)
+    if fresh:
+        logger.warning(f"no counterpart in the source, left at their fresh init: {fresh}")
+
+
 def copy_weights(target, source, family: str, source_task: str):
     """Copy the encoder and the task head of `source` into `target` (built from `zformer_config`)."""
     base = target.base_model
     parts, source_layers = _encoder_parts(source.base_model, family)
+    if family == "zformer":
+        _copy_outside_attention(target, source)
+        for layer, layer_parts in zip(base.encoder.layers, source_layers):
+            _copy_attention(layer, layer_parts)
+        return
     for name, module in parts.items():
         if module is not None:
             _copy(getattr(base.embeddings, name), module)
@@ -308,8 +321,6 @@ def copy_weights(target, source, family: str, source_task: str):
     pooler = getattr(target, "pooler", None)
     if pooler is not None and pooler.mode == "pooler" and head["pooler"] is not None:
         _copy(pooler.dense, head["pooler"])
-    if pooler is not None and head.get("pooling") is not None and pooler.mode == head["pooling"].mode:
-        _copy(pooler, head["pooling"])
     if "classifier" in head and hasattr(target, "classifier"):
         if target.classifier.weight.shape == head["classifier"].weight.shape:
             _copy(target.classifier, head["classifier"])

@@ -218,11 +218,104 @@ def test_heads_follow_source_architecture_or_task(tmp_path):
 
 
 def test_other_model_types_are_refused_by_name(tmp_path):
+    from transformers import GPT2Config, GPT2Model
+
     from conftest import tiny_config
 
-    hf_zformer.ZformerModel(tiny_config()).save_pretrained(tmp_path / "zformer")
-    with pytest.raises(ValueError, match="is a 'zformer' model; convert_pretrained reads"):
-        hf_zformer.convert_pretrained(tmp_path / "zformer")
+    GPT2Model(GPT2Config(n_layer=1, n_embd=32, n_head=4, vocab_size=99)).save_pretrained(tmp_path / "gpt2")
+    with pytest.raises(ValueError, match="is a 'gpt2' model; convert_pretrained reads"):
+        hf_zformer.convert_pretrained(tmp_path / "gpt2")
+    # Zformer-family sources: encoders with full attention in every layer (the softmax reference)
+    hf_zformer.ZformerModel(tiny_config(attention_type=["full", "zformer"])).save_pretrained(tmp_path / "mixed")
+    with pytest.raises(ValueError, match=r"has attention_type=\['full', 'zformer'\]; a Zformer-family source needs full"):
+        hf_zformer.convert_pretrained(tmp_path / "mixed", "zformer")
+    hf_zformer.ZformerForCausalLM(tiny_config(attention_type="full")).save_pretrained(tmp_path / "lm")
+    with pytest.raises(ValueError, match="is a ZformerForCausalLM; only encoders convert"):
+        hf_zformer.convert_pretrained(tmp_path / "lm", "zformer")
+
+
+def _fine_tuned_zformer(tmp_path, **options):
+    """A full-attention ZformerForSequenceClassification with non-default architecture options and
+    non-trivial weights, saved with a word-level tokenizer: what a fine-tuned model of ours looks like."""
+    from conftest import tiny_config
+
+    torch.manual_seed(0)
+    config = tiny_config(vocab_size=99, attention_type="full", num_labels=3, **options)
+    model = _perturb(hf_zformer.ZformerForSequenceClassification(config)).eval()
+    folder = tmp_path / "fine-tuned"
+    model.save_pretrained(folder)
+    _bert_tokenizer(folder)
+    return folder, model
+
+
+@pytest.mark.parametrize("options", [
+    dict(layer_norm_position="pre", position_embedding_type="sinusoidal", classifier_pooling="attention"),
+    dict(layer_norm_position="post", position_embedding_type="learned", classifier_pooling="first"),
+], ids=["pre-sinusoidal-attention", "post-learned-first"])
+def test_full_attention_zformer_source_converts(tmp_path, options):
+    """A fine-tuned full-attention model of ours converts like a BERT: with full attention every
+    logit and hidden state is the source's exactly (every architecture option, the pooling and the
+    labels carry over); a linear type keeps every parameter outside the attention layers, and fresh
+    attention parameters only where the type has no counterpart."""
+    folder, source = _fine_tuned_zformer(tmp_path, **options)
+    ids, mask = right_padded_batch(0)
+    same = hf_zformer.convert_pretrained(folder, "full")
+    assert same.config.id2label == source.config.id2label and same.config.classifier_pooling == options["classifier_pooling"]
+    with torch.no_grad():
+        expected = source(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+        got = same(input_ids=ids, attention_mask=mask, output_hidden_states=True)
+    torch.testing.assert_close(got.logits, expected.logits, rtol=0, atol=0)
+    assert max(_max_diff(e, g, mask) for e, g in zip(expected.hidden_states, got.hidden_states)) == 0
+    source_parameters = dict(source.named_parameters())
+    for attention_type in ("zformer", "fastformer", "xformer"):
+        converted = hf_zformer.convert_pretrained(folder, attention_type)
+        for name, parameter in converted.named_parameters():
+            if ".attention." in name:
+                continue
+            name = name.replace("fastformer.", "zformer.", 1)
+            torch.testing.assert_close(parameter, source_parameters[name], rtol=0, atol=0, msg=name)
+        # fastformer's W_q is rescaled to the softmax output's size (calibrate_fastformer_sizes)
+        kept = {"zformer": "query key value output", "fastformer": "key value output",
+                "xformer": "query output"}[attention_type].split()
+        layer = converted.base_model.encoder.layers[1].attention
+        for name in kept:
+            torch.testing.assert_close(getattr(layer, name).weight,
+                                       source_parameters[f"zformer.encoder.layers.1.attention.{name}.weight"],
+                                       rtol=0, atol=0, msg=f"{attention_type} {name}")
+    relabelled = hf_zformer.convert_pretrained(folder, "zformer", num_labels=2)  # a new classifier, same pooling
+    assert relabelled.classifier.out_features == 2 and relabelled.config.classifier_pooling == options["classifier_pooling"]
+
+
+def test_fine_tuned_zformer_distils_against_itself(tmp_path):
+    """Converting a fine-tuned full-attention model with distillation fits each new layer to that
+    model's own softmax attention (the reference is the source, not a pretrained checkpoint): the
+    error of every converted layer drops, nothing outside them changes, and the saved folder names
+    the source as its base model."""
+    folder, source = _fine_tuned_zformer(tmp_path, layer_norm_position="pre", position_embedding_type="sinusoidal",
+                                         classifier_pooling="mean")
+    torch.manual_seed(0)
+    plain = hf_zformer.convert_pretrained(folder, "zformer")
+    distillation = hf_zformer.Distillation(_sentences(80), steps=40, batch_size=8, learning_rate=3e-3, eval_texts=16)
+    torch.manual_seed(0)
+    model = hf_zformer.convert_pretrained(folder, "zformer", tmp_path / "out", distillation=distillation)
+    for name, parameter in model.named_parameters():
+        if ".attention." not in name:
+            torch.testing.assert_close(parameter, dict(source.named_parameters())[name], rtol=0, atol=0, msg=name)
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    from hf_zformer.distillation import _attention_calls, _relative_errors
+
+    batch = tokenizer(distillation.texts[:16], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        calls = _attention_calls(source, batch["input_ids"], batch["attention_mask"])
+        after = _relative_errors(model, calls, [0, 1], batch["attention_mask"])
+        start = _relative_errors(plain, calls, [0, 1], batch["attention_mask"])
+    for a, s in zip(after, start):
+        assert a < 0.8 * s
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert f"base_model: {folder}" in card and "distilled" in card
+    reloaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out")
+    with torch.no_grad():
+        torch.testing.assert_close(reloaded(**batch).logits, model(**batch).logits)
 
 
 def test_existing_output_dir_is_kept_unless_overwrite(tmp_path):
@@ -282,10 +375,10 @@ def test_script_writes_folder_that_loads_in_clean_process(tmp_path):
 def test_script_errors_name_the_problem(tmp_path):
     from conftest import tiny_config
 
-    hf_zformer.ZformerModel(tiny_config()).save_pretrained(tmp_path / "zformer")
+    hf_zformer.ZformerModel(tiny_config(attention_type="zformer")).save_pretrained(tmp_path / "zformer")
     result = _run_converter(REPO_ROOT / "scripts" / "convert_checkpoint.py", "--model_name_or_path",
                             tmp_path / "zformer", "--output_dir", tmp_path / "out")
-    assert result.returncode != 0 and "'zformer' model" in result.stderr
+    assert result.returncode == 2 and "a Zformer-family source needs full attention in every layer" in result.stderr
 
 
 def test_converted_bert_fine_tunes_with_run_classification(tmp_path):
