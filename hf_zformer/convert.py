@@ -469,7 +469,7 @@ def _fit_to_source(model, target_class, source, family: str, source_task: str, t
     # then fits every converted layer's output to it. Both compare with an exact full-attention copy.
     if types & {"zformer", "fastformer"} or distillation is not None:
         reference_config = config.to_dict()
-        reference_config.update(attention_type="full")
+        reference_config.update(attention_type="full", zformer_feature_map="identity")
         reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
         copy_weights(reference, source, family, source_task)
         batch = _calibration_batch(tokenizer, config)

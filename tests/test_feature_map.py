@@ -191,6 +191,13 @@ def test_bad_value_is_refused_by_name():
     config.zformer_feature_map = "relu"  # set after construction: refused when a model is built
     with pytest.raises(ValueError, match="zformer_feature_map='relu'"):
         hf_zformer.ZformerModel(config)
+    # a map on a config without any zformer layer would change nothing: refused, naming the types
+    with pytest.raises(ValueError, match="applies to zformer layers and this config has none .attention_type='full'"):
+        tiny_config(attention_type="full", zformer_feature_map="hedgehog")
+    with pytest.raises(ValueError, match="attention_type=\\['full', 'fastformer'\\]"):
+        tiny_config(attention_type=["full", "fastformer"], zformer_feature_map="hedgehog")
+    tiny_config(attention_type=["full", "zformer"], zformer_feature_map="hedgehog")  # one zformer layer is enough
+    tiny_config(attention_type="full", decoder_attention_type="zformer", zformer_feature_map="hedgehog")
 
 
 def test_identity_keeps_its_parameters_and_hedgehog_has_no_scale():

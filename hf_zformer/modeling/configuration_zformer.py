@@ -225,6 +225,15 @@ class ZformerConfig(PreTrainedConfig):
         _check_choice("position_embedding_merge", self.position_embedding_merge, POSITION_EMBEDDING_MERGES)
         _check_choice("fastformer_pooling", self.fastformer_pooling, FASTFORMER_POOLINGS)
         _check_choice("zformer_feature_map", self.zformer_feature_map, ZFORMER_FEATURE_MAPS)
+        used = {*encoder_types, *([decoder_value] if isinstance(decoder_value, str) else decoder_value),
+                self.cross_attention_type}
+        if self.zformer_feature_map != "identity" and "zformer" not in used:
+            raise ValueError(
+                f"zformer_feature_map={self.zformer_feature_map!r} applies to zformer layers and this config has "
+                f"none (attention_type={self.attention_type!r}, decoder_attention_type={decoder_value!r}, "
+                f"cross_attention_type={self.cross_attention_type!r}): make some layers zformer, or leave "
+                "zformer_feature_map at 'identity'"
+            )
         _check_choice("classifier_pooling", self.classifier_pooling, CLASSIFIER_POOLINGS)
         _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
         _check_choice("layer_norm_position", self.layer_norm_position, LAYER_NORM_POSITIONS)
