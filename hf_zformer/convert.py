@@ -36,7 +36,8 @@ logger = logging.getLogger(__name__)
 SOURCE_MODEL_TYPES = ("bert", "roberta", "distilbert", "zformer")
 # a Zformer-family source must be one of these, with full attention in every layer (the softmax reference)
 ZFORMER_SOURCE_ARCHITECTURES = ("ZformerModel", "ZformerForSequenceClassification", "ZformerForMaskedLM")
-# config fields of a Zformer-family source that describe the saved folder, not the model
+# config fields of a Zformer-family source that do not carry over: they describe the saved folder, or
+# (attention_type) are what the conversion sets anew
 _FOLDER_FIELDS = ("architectures", "model_type", "transformers_version", "auto_map", "_name_or_path", "dtype",
                   "torch_dtype", "attention_type")
 TASKS = ("feature-extraction", "text-classification", "fill-mask")

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Convert a pretrained BERT / RoBERTa / DistilBERT checkpoint (or a full-attention Zformer-family model) into a Zformer-family model.
+"""Convert a BERT / RoBERTa / DistilBERT checkpoint or a full-attention Zformer model into a Zformer-family model.
 
     python scripts/convert_checkpoint.py --model_name_or_path sentence-transformers/all-MiniLM-L6-v2 \
         --attention_type fastformer --task text-classification --classifier_pooling mean \
@@ -29,8 +29,9 @@ from hf_zformer.modeling.configuration_zformer import ATTENTION_TYPES, CLASSIFIE
 
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--model_name_or_path", required=True, help="BERT / RoBERTa / DistilBERT folder or Hub id, or a full-attention "
-                             "Zformer-family encoder (e.g. one already fine-tuned on the task).")
+    parser.add_argument("--model_name_or_path", required=True,
+                        help="BERT / RoBERTa / DistilBERT folder or Hub id, or a full-attention Zformer-family "
+                             "encoder (e.g. one already fine-tuned on the task).")
     parser.add_argument(
         "--attention_type", nargs="+", default=["full"], choices=ATTENTION_TYPES,
         help="One attention type for every layer, or one per layer (e.g. fastformer fastformer full ...).",
