@@ -91,7 +91,6 @@ def zformer_config(source_config, attention_type, task: str, has_pooler: bool, c
     family = source_config.model_type
     if family == "zformer":  # a fine-tuned full-attention model of ours: every architecture option carries over
         fields = {key: value for key, value in source_config.to_dict().items() if key not in _FOLDER_FIELDS}
-        fields.pop("num_labels", None)  # id2label says it
         fields["classifier_pooling"] = classifier_pooling or source_config.classifier_pooling
     elif family == "distilbert":
         fields = dict(
@@ -183,10 +182,10 @@ def _check_source(config, model_name_or_path):
 
 def _encoder_parts(base, family):
     """(embedding modules, per-layer modules) of a source base model, by our names."""
-    embeddings = base.embeddings
     if family == "zformer":  # the attention maps as for BERT; the rest carries over by name (`copy_weights`)
         return {}, [dict(query=layer.attention.query, key=layer.attention.key, value=layer.attention.value,
                          attention_output=layer.attention.output) for layer in base.encoder.layers]
+    embeddings = base.embeddings
     parts = {
         "word_embeddings": embeddings.word_embeddings,
         "position_embeddings": embeddings.position_embeddings,
@@ -217,10 +216,10 @@ def _encoder_parts(base, family):
 def _head_parts(source, family, source_task):
     """The source's task-head modules by our names: `pooler` / `classifier` (classification),
     `lm_dense` / `lm_layer_norm` / `lm_bias` / `lm_decoder` (masked LM)."""
-    base = source.base_model
-    parts = {"pooler": getattr(getattr(base, "pooler", None), "dense", None)}  # BERT's (and RoBERTa's) NSP pooler
     if family == "zformer":  # its head carries over by name (`_copy_outside_attention`)
         return {"pooler": None}
+    base = source.base_model
+    parts = {"pooler": getattr(getattr(base, "pooler", None), "dense", None)}  # BERT's (and RoBERTa's) NSP pooler
     if source_task == "text-classification":
         if family == "bert":
             parts.update(classifier=source.classifier)
