@@ -69,6 +69,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     distill.add_argument("--distill_max_documents", type=int, default=None,
                          help="Read only the first N documents of --distill_file.")
     distill.add_argument("--seed", type=int, default=0, help="Seed of the documents' order.")
+    distill.add_argument("--distill_device", default="auto",
+                         help='Where the distillation runs: "auto" (a CUDA GPU when there is one, else the CPU), '
+                              '"cpu", "cuda", "cuda:1", ... The written model is the same either way, up to rounding.')
     args = parser.parse_args(argv)
     if args.num_labels is not None and args.num_labels < 1:
         parser.error(f"--num_labels must be >= 1, got {args.num_labels}")
@@ -83,6 +86,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not math.isfinite(args.distill_attention_weight_loss) or args.distill_attention_weight_loss < 0:
         parser.error(f"--distill_attention_weight_loss must be a finite number >= 0, got "
                      f"{args.distill_attention_weight_loss}")
+    if args.distill_device != "auto":
+        from hf_zformer.distillation import Distillation
+
+        try:  # the same check as the Python API, before the documents are read
+            Distillation(["a", "b"], eval_texts=1, device=args.distill_device)
+        except ValueError as error:
+            parser.error(f"--distill_device: {error}")
     try:  # before any work: the conversion and distillation must not be thrown away at the end
         check_output_dir(args.output_dir, overwrite=args.overwrite, name="--output_dir")
     except ValueError as error:
@@ -104,7 +114,16 @@ def distillation_of(args):
                         batch_size=args.distill_batch_size,
                         max_length=args.distill_max_length, learning_rate=args.distill_learning_rate, seed=args.seed,
                         attention_weight_loss=args.distill_attention_weight_loss,
-                        source=str(args.distill_file))
+                        source=str(args.distill_file), device=distill_device(args.distill_device))
+
+
+def distill_device(name: str) -> str:
+    """--distill_device with "auto" resolved: "cuda" when a CUDA GPU is there, else "cpu"."""
+    if name != "auto":
+        return name
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def main(argv=None):

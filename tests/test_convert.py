@@ -497,6 +497,11 @@ def test_distillation_refuses_bad_settings(tmp_path):
         hf_zformer.Distillation(texts, learning_rate=-1)
     with pytest.raises(ValueError, match="40 texts given; it needs more than eval_texts=40"):
         hf_zformer.Distillation(texts, eval_texts=40)
+    with pytest.raises(ValueError, match="device='gpu0' is not a torch device"):
+        hf_zformer.Distillation(texts, device="gpu0")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match=r"device='cuda', but torch.cuda.is_available\(\) is False"):
+            hf_zformer.Distillation(texts, device="cuda")
     with pytest.raises(ValueError, match="every layer has full attention"):
         hf_zformer.convert_pretrained(folder, "full", distillation=hf_zformer.Distillation(texts, steps=1))
     with pytest.raises(ValueError, match="every layer has full attention"):  # refused before loading anything
@@ -540,3 +545,6 @@ def test_script_distills_from_a_file(tmp_path):
     bad = _run_converter(script, "--model_name_or_path", folder, "--output_dir", tmp_path / "bad",
                          "--distill_file", documents, "--distill_batch_size", 0)
     assert bad.returncode != 0 and "--distill_batch_size must be >= 1, got 0" in bad.stderr
+    bad = _run_converter(script, "--model_name_or_path", folder, "--output_dir", tmp_path / "bad",
+                         "--distill_file", documents, "--distill_device", "gpu0")
+    assert bad.returncode != 0 and "--distill_device: Distillation: device='gpu0' is not a torch device" in bad.stderr

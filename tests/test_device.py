@@ -165,3 +165,32 @@ def test_autocast_stays_close_to_fp32_at_long_inputs(attention, causal, dtype, t
     assert torch.isfinite(low).all(), f"{attention}: non-finite outputs under {dtype} autocast"
     error = ((low - reference).norm() / reference.norm()).item()
     assert error < tolerance, f"{attention} causal={causal} {dtype} n={length}: relative error {error:.2e}"
+
+
+def test_distillation_on_the_device_fits_as_on_the_cpu(tmp_path):
+    """`Distillation(device=...)` runs the attention transfer on the device and gives the CPU's fit and
+    weights (fp64); the model and its reference are back where they were afterwards."""
+    import copy
+
+    from test_convert import _sentences, make_source
+    from transformers import AutoTokenizer
+
+    import hf_zformer
+    from hf_zformer.distillation import distill_attention
+
+    folder, _ = make_source(tmp_path, "bert", "base")
+    start = hf_zformer.convert_pretrained(folder, ["zformer", "fastformer"]).double()
+    reference = hf_zformer.convert_pretrained(folder, "full").double()
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    settings = dict(steps=6, model_steps=3, batch_size=8, learning_rate=3e-3, eval_texts=16)
+    on_cpu, on_device = copy.deepcopy(start), copy.deepcopy(start)
+    fit_cpu = distill_attention(on_cpu, reference, tokenizer, hf_zformer.Distillation(_sentences(60), **settings),
+                                progress=False)
+    fit_device = distill_attention(on_device, reference, tokenizer,
+                                   hf_zformer.Distillation(_sentences(60), device=DEVICE, **settings), progress=False)
+    assert fit_device == fit_cpu
+    assert fit_cpu["after"] != fit_cpu["before"]  # it trained
+    for model in (on_device, reference):
+        assert {p.device.type for p in model.parameters()} == {"cpu"}
+    for (name, a), b in zip(on_cpu.named_parameters(), on_device.parameters()):
+        torch.testing.assert_close(b, a, rtol=1e-9, atol=1e-12, msg=name)
