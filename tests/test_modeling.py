@@ -601,3 +601,21 @@ def test_attention_dropout_a_type_cannot_use_is_named_once_when_training(attenti
     assert len(messages) == (2 if warns else 0)  # one per layer of the p = 0.1 training model (2 layers)
     if warns:
         assert "attention_probs_dropout_prob=0.1 does nothing" in messages[0] and "silence" in messages[0]
+
+
+@pytest.mark.parametrize("kind", ["masked", "seq2seq", "causal", "classification"])
+def test_fp64_model_keeps_fp64_losses_and_pooling(kind):
+    """Losses and attention-pooling scores go up to fp32 under bf16/fp16 but never down: an fp64 model
+    (gradient checks, the device test) gets an fp64 loss equal to the cross-entropy of its own logits."""
+    from model_kinds import batch, model
+
+    overrides = {"classifier_pooling": "attention"} if kind == "classification" else {}
+    net = model(kind, "zformer", **overrides).double().eval()
+    inputs = batch(kind)
+    out = net(**inputs)
+    assert out.loss.dtype == torch.float64 and out.logits.dtype == torch.float64
+    logits, labels = out.logits, inputs["labels"]
+    if kind == "causal":
+        logits, labels = logits[:, :-1], labels[:, 1:]
+    expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    torch.testing.assert_close(out.loss, expected, rtol=1e-13, atol=0)

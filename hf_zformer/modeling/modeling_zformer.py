@@ -25,7 +25,7 @@ from transformers.modeling_outputs import (
 )
 
 from .attention import ATTENTION_CLASSES, FastformerAttention, HedgehogFeatureMap, XformerAttention, ZformerAttention
-from .blocks import Dropout, Linear, add_into_fresh, drop_full_mask, masked_softmax, zero_padding
+from .blocks import Dropout, Linear, add_into_fresh, at_least_fp32, drop_full_mask, masked_softmax, zero_padding
 from .cache_zformer import ZformerCache
 from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
 
@@ -538,7 +538,7 @@ class ZformerPooler(nn.Module):
         mask = attention_mask.to(hidden_states.dtype)[..., None]  # (B, N, 1)
         if self.mode == "mean":
             return (hidden_states * mask).sum(1) / mask.sum(1).clamp_min(1.0)
-        scores = self.score(torch.tanh(self.projection(hidden_states))).float()  # (B, N, 1)
+        (scores,) = at_least_fp32(self.score(torch.tanh(self.projection(hidden_states))))  # (B, N, 1)
         weights = masked_softmax(scores, mask != 0, dim=1).to(hidden_states.dtype)  # all padding: zero weights
         return (weights * hidden_states).sum(1)
 
@@ -695,9 +695,8 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
         logits = self.lm_head(hidden) if tied is None else self.lm_head(hidden, head_weight)
         loss = None
         if labels is not None:
-            loss = mean_loss(
-                CrossEntropyLoss, num_items_in_batch, logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1)
-            )
+            (flat,) = at_least_fp32(logits.reshape(-1, logits.shape[-1]))  # bf16 up to fp32; fp64 stays fp64
+            loss = mean_loss(CrossEntropyLoss, num_items_in_batch, flat, labels.reshape(-1))
         output = MaskedLMOutput(
             loss=loss, logits=logits, hidden_states=outputs.hidden_states, attentions=outputs.attentions
         )
@@ -1012,7 +1011,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         loss = None
         if labels is not None:
             loss = mean_loss(
-                CrossEntropyLoss, num_items_in_batch, logits.view(-1, logits.shape[-1]).float(), labels.reshape(-1),
+                CrossEntropyLoss, num_items_in_batch, *at_least_fp32(logits.view(-1, logits.shape[-1])), labels.reshape(-1),
                 label_smoothing=self.config.label_smoothing,
             )
         output = Seq2SeqLMOutput(
@@ -1034,7 +1033,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
 def causal_lm_loss(logits, labels, num_items_in_batch=None) -> torch.Tensor:
     """Next-token cross-entropy: the logits at position i score labels[i + 1] (labels are the input
     ids, -100 where nothing is scored: transformers' convention); `mean_loss` normalisation."""
-    shifted_logits = logits[:, :-1].reshape(-1, logits.shape[-1]).float()
+    (shifted_logits,) = at_least_fp32(logits[:, :-1].reshape(-1, logits.shape[-1]))  # fp64 stays fp64
     return mean_loss(CrossEntropyLoss, num_items_in_batch, shifted_logits, labels[:, 1:].reshape(-1))
 
 
