@@ -73,7 +73,8 @@ def parse_args(argv=None):
                          default=list(benchmark.CAUSAL_MODELS), help="--level causal: GPT-2 and our attention types")
     seq2seq.add_argument("--classification-models", nargs="+", choices=benchmark.CLASSIFICATION_MODELS,
                          default=[m for m in benchmark.CLASSIFICATION_MODELS if m != "xformer"],
-                         help="--level classification: BERT and our attention types")
+                         help="--level classification: BERT and our attention types (zformer-hedgehog: zformer "
+                              'with zformer_feature_map="hedgehog")')
     seq2seq.add_argument("--source-length", type=positive_int, default=None, help="default 32")
     seq2seq.add_argument("--target-length", type=positive_int, default=None,
                          help="also the number of tokens generated (default 32)")

@@ -251,6 +251,17 @@ def test_classification_flops_follow_the_formulas():
             benchmark.classification_flops(model, "forward", n, shape))
         assert benchmark.classification_flops(model, "forward", n, shape, executed=True, dtype="bf16") == (
             benchmark.classification_flops(model, "forward", n, shape))
+    # the hedgehog map: two d_h x d_h maps per head, sums over 2 d_h features against [V, 1]; no folded form
+    h = 8  # d_h
+    assert (benchmark.classification_flops("zformer-hedgehog", "forward", n, shape)
+            - benchmark.classification_flops("zformer", "forward", n, shape)) == 2 * 8 * b * n * d * (h + 1)
+    assert benchmark.classification_flops("zformer-hedgehog", "forward", n, shape, executed=True) == (
+        benchmark.classification_flops("zformer-hedgehog", "forward", n, shape))
+    short = 8  # n < 2 d_h: (phi(Q) phi(K)^T) [V, 1]
+    quadratic = 4 * b * short * short * d + 2 * b * short * short * (d + 2)
+    linear = 8 * b * short * d * (h + 1)
+    assert (benchmark.classification_flops("zformer-hedgehog", "forward", short, shape, executed=True)
+            - benchmark.classification_flops("zformer-hedgehog", "forward", short, shape)) == 2 * (quadratic - linear)
 
 
 def test_seq2seq_sweep_over_lengths(tmp_path):
@@ -287,11 +298,13 @@ def test_classification_level_compares_with_bert(tmp_path):
             assert float(row[key]) > 0
         if row["model"] == "bert":
             assert float(row["speedup_vs_bert"]) == pytest.approx(1.0) and float(row["flops_ratio_vs_bert"]) == 1.0
-    # BERT's architecture around our full attention: the same parameters, one for one
+    # BERT's architecture around our full attention: the same parameters, one for one; the hedgehog maps
+    # add two d_h x d_h matrices and biases per head and layer to zformer (which has a scale per head)
     params = {r["model"]: int(r["parameters"]) for r in rows}
     assert params["full"] == params["bert"]
+    assert params["zformer-hedgehog"] > params["zformer"]
     markdown = Path(f"{prefix}.md").read_text()
-    assert markdown.count("| n | bert | full | zformer | xformer | fastformer |") == 2  # inference and training
+    assert markdown.count("| n | bert | full | zformer | zformer-hedgehog | xformer | fastformer |") == 2  # inference, training
     assert "BertForSequenceClassification" in markdown
     assert Path(f"{prefix}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

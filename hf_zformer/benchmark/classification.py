@@ -16,7 +16,8 @@ from .cases import DTYPES
 from .flops import model_flops, step_flops
 from .seq2seq import build_runners, optimizer_step, time_alternating
 
-CLASSIFICATION_MODELS = ("bert", "full", "zformer", "xformer", "fastformer")
+#: "zformer-hedgehog": zformer with `zformer_feature_map="hedgehog"` (the learned feature map)
+CLASSIFICATION_MODELS = ("bert", "full", "zformer", "zformer-hedgehog", "xformer", "fastformer")
 CLASSIFICATION_KINDS = ("forward", "train")
 
 
@@ -58,7 +59,7 @@ class ClassificationResult:
 
 
 def _attention_type(model: str) -> str:
-    return "full" if model == "bert" else model
+    return {"bert": "full", "zformer-hedgehog": "zformer"}.get(model, model)
 
 
 def _zformer_config(model: str, shape: ClassificationShape) -> ZformerConfig:
@@ -72,6 +73,7 @@ def _zformer_config(model: str, shape: ClassificationShape) -> ZformerConfig:
         num_labels=shape.labels, attn_implementation="sdpa", hidden_act="gelu", layer_norm_eps=1e-12,
         layer_norm_position="post", embedding_layer_norm=True, type_vocab_size=2, position_embedding_type="learned",
         scale_embedding=False, classifier_pooling="pooler", pooler_activation="tanh",
+        zformer_feature_map="hedgehog" if model == "zformer-hedgehog" else "identity",
     )
 
 

@@ -17,7 +17,10 @@ def attention_flops(attention_type: str, batch: int, length: int, width: int, he
 
     - projections: a Linear D -> D' on B*N tokens costs 2 B N D D'.
     - full / full_eager: Q, K, V projections + Q K^T + P V = 6 B N D^2 + 4 B N^2 D (softmax ignored).
-    - zformer: Q, K, V projections + K^T V + Q (K^T V) = 6 B N D^2 + 4 B N D d_h.
+    - zformer: Q, K, V projections + K^T V + Q (K^T V) = 6 B N D^2 + 4 B N D d_h. With the hedgehog
+      feature map (`zformer_feature_map="hedgehog"`), the two per-head maps W_h (d_h x d_h) on queries
+      and keys, 4 B N D d_h, and the sums run over 2 d_h features against [V, 1]: phi(K)^T [V, 1]
+      and phi(Q) (.) 2 x 2 B N H 2 d_h (d_h + 1) = 8 B N D (d_h + 1).
     - xformer: Q' (D -> D/alpha) + K = E Q' + V = E X + scores + P V with k = ceil(max_pos / beta)
       compressed keys: 2 B N D^2/alpha + 2 B k N (D/alpha + D + D/alpha + D).
     - fastformer: Q, K, V (unless shared with Q) and W_r projections, 2 B N D^2 each, plus the
@@ -29,6 +32,8 @@ def attention_flops(attention_type: str, batch: int, length: int, width: int, he
     head_dim = d // heads
     if attention_type in ("full", "full_eager"):
         return 6 * b * n * d * d + 4 * b * n * n * d
+    if attention_type == "zformer" and _hedgehog(config):
+        return 6 * b * n * d * d + 4 * b * n * d * head_dim + 8 * b * n * d * (head_dim + 1)
     if attention_type == "zformer":
         return 6 * b * n * d * d + 4 * b * n * d * head_dim
     if attention_type == "xformer":
@@ -64,10 +69,17 @@ def _fastformer_projections(config) -> int:
     return 3 if config.fastformer_share_qv else 4
 
 
+def _hedgehog(config) -> bool:
+    return getattr(config, "zformer_feature_map", "identity") == "hedgehog"
+
+
 def folded(attention_type: str, length: int, width: int, config, dtype: str = "fp32") -> bool:
     """Whether hf_zformer's bidirectional zformer/fastformer take their folded form: the model's own
     rule (`modeling.attention.use_folded_form`: fp32 outside autocast; a bf16 benchmark runs its
-    fp32 inputs under autocast) given each class's test that the folded form does fewer FLOPs."""
+    fp32 inputs under autocast) given each class's test that the folded form does fewer FLOPs. A
+    zformer with a feature map has no folded form."""
+    if attention_type == "zformer" and _hedgehog(config):
+        return False
     if attention_type == "zformer":
         pays_off = length > width
     elif attention_type == "fastformer":
@@ -84,7 +96,8 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
     """Forward FLOPs that hf_zformer's implementation actually executes (matmuls only):
 
     - full, full_eager, and zformer/fastformer in their plain form: as `attention_flops`; zformer
-      on short inputs (`quadratic_order_pays_off`: N < d_h) computes (Q K^T) V, 6 B N D^2 + 4 B N^2 D.
+      on short inputs (`quadratic_order_pays_off`: N < d_h) computes (Q K^T) V, 6 B N D^2 + 4 B N^2 D;
+      with the hedgehog map (N < 2 d_h) the maps 4 B N D d_h plus 4 B N^2 D + 2 B N^2 (D + H).
     - zformer folded (fp32, N > D): Gram matrix 2 B N D^2 + [W_v|b_v] S 2 B D (D+1)^2 + per-head
       products 4 B D (D+1) d_h + x_i A 2 B N D^2.
     - fastformer folded (fp32, (projections - 1) N > D): 2 score products and 2 poolings
@@ -102,7 +115,10 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
         query_width = d // config.xformer_alpha
         k = math.ceil(config.max_position_embeddings / config.xformer_beta)
         return 2 * b * n * d * query_width + 2 * b * k * n * (query_width + 3 * d)
-    if attention_type == "zformer" and quadratic_order_pays_off(n, n, d // heads):
+    if attention_type == "zformer" and _hedgehog(config) and quadratic_order_pays_off(n, n, 2 * (d // heads)):
+        # (phi(Q) phi(K)^T) [V, 1] over 2 d_h features: 2 B H N^2 2 d_h + 2 B H N^2 (d_h + 1)
+        return 6 * b * n * d * d + 4 * b * n * d * (d // heads) + 4 * b * n * n * d + 2 * b * n * n * (d + heads)
+    if attention_type == "zformer" and not _hedgehog(config) and quadratic_order_pays_off(n, n, d // heads):
         return 6 * b * n * d * d + 4 * b * n * n * d
     return attention_flops(attention_type, batch, length, width, heads, config)
 
