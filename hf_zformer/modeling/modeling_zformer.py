@@ -1010,10 +1010,9 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         logits = self.lm_head(hidden_states) if head_weight is None else self.lm_head(hidden_states, head_weight)
         loss = None
         if labels is not None:
-            loss = mean_loss(
-                CrossEntropyLoss, num_items_in_batch, *at_least_fp32(logits.view(-1, logits.shape[-1])), labels.reshape(-1),
-                label_smoothing=self.config.label_smoothing,
-            )
+            (flat,) = at_least_fp32(logits.view(-1, logits.shape[-1]))  # bf16 up to fp32; fp64 stays fp64
+            loss = mean_loss(CrossEntropyLoss, num_items_in_batch, flat, labels.reshape(-1),
+                             label_smoothing=self.config.label_smoothing)
         output = Seq2SeqLMOutput(
             loss=loss,
             logits=logits,
