@@ -62,12 +62,7 @@ class Distillation:
 
     def __post_init__(self):
         if self.device is not None:
-            try:
-                device = torch.device(self.device)
-            except (RuntimeError, TypeError) as error:
-                raise ValueError(f"Distillation: device={self.device!r} is not a torch device ({error})") from None
-            if device.type == "cuda" and not torch.cuda.is_available():
-                raise ValueError(f"Distillation: device={self.device!r}, but torch.cuda.is_available() is False")
+            check_device(self.device)
         for name in ("steps", "batch_size", "max_length", "eval_texts"):
             if getattr(self, name) < 1:
                 raise ValueError(f"Distillation: {name} must be >= 1, got {getattr(self, name)}")
@@ -80,6 +75,18 @@ class Distillation:
         if len(self.texts) <= self.eval_texts:
             raise ValueError(f"Distillation: {len(self.texts)} texts given; it needs more than eval_texts="
                              f"{self.eval_texts} (held out to measure the fit) to train on")
+
+
+def check_device(device) -> torch.device:
+    """`device` as a `torch.device`; `ValueError` naming it when torch does not know it or it is a
+    CUDA device on a machine without one."""
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"Distillation: device={device!r} is not a torch device ({error})") from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"Distillation: device={device!r}, but torch.cuda.is_available() is False")
+    return resolved
 
 
 def _attention_calls(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, tuple]:

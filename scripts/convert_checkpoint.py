@@ -87,10 +87,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--distill_attention_weight_loss must be a finite number >= 0, got "
                      f"{args.distill_attention_weight_loss}")
     if args.distill_device != "auto":
-        from hf_zformer.distillation import Distillation
+        from hf_zformer.distillation import check_device
 
         try:  # the same check as the Python API, before the documents are read
-            Distillation(["a", "b"], eval_texts=1, device=args.distill_device)
+            check_device(args.distill_device)
         except ValueError as error:
             parser.error(f"--distill_device: {error}")
     try:  # before any work: the conversion and distillation must not be thrown away at the end
