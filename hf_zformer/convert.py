@@ -345,7 +345,7 @@ def _rms(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _attention_inputs(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, torch.Tensor]:
     """The input of every attention layer of `reference` on the calibration batch, by layer index."""
-    return {i: args[0] for i, (args, _, _) in _attention_calls(reference, input_ids, attention_mask).items()}
+    return {i: call.args[0] for i, call in _attention_calls(reference, input_ids, attention_mask).items()}
 
 
 @torch.no_grad()

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -89,24 +90,48 @@ def check_device(device) -> torch.device:
     return resolved
 
 
-def _attention_calls(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, tuple]:
-    """`(args, kwargs, output)` of every encoder attention call of `reference` on a batch, by layer
-    index: the arguments replay the call on another attention module, `output` is (B, N, D)."""
-    calls = {}
+class _Call(NamedTuple):
+    """One recorded encoder attention call of the reference: `args` and `kwargs` replay it, `output`
+    (B, N, D) is what it returned, `layer_input` (B, N, D) is what entered the layer's input
+    convolution (`encoder_conv_size`; None without one), so a student's convolution can be fitted
+    together with its attention."""
+
+    args: tuple
+    kwargs: dict
+    output: torch.Tensor
+    layer_input: torch.Tensor | None
+
+
+def _attention_calls(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, _Call]:
+    """Every encoder attention call of `reference` on a batch, by layer index (`_Call`)."""
+    calls, conv_inputs = {}, {}
 
     def record(module, args, kwargs, output, i):
-        calls[i] = (args, kwargs, output[0])
+        calls[i] = _Call(args, kwargs, output[0], conv_inputs.get(i))
 
-    hooks = [
-        layer.attention.register_forward_hook(lambda *call, i=i: record(*call, i), with_kwargs=True)
-        for i, layer in enumerate(reference.base_model.encoder.layers)
-    ]
+    hooks = []
+    for i, layer in enumerate(reference.base_model.encoder.layers):
+        hooks.append(layer.attention.register_forward_hook(lambda *call, i=i: record(*call, i), with_kwargs=True))
+        if layer.short_conv is not None:
+            hooks.append(layer.short_conv.register_forward_pre_hook(
+                lambda module, args, i=i: conv_inputs.__setitem__(i, args[0])))
     try:
         reference.base_model(input_ids=input_ids, attention_mask=attention_mask)
     finally:
         for hook in hooks:
             hook.remove()
     return calls
+
+
+def _replayed_args(layer, call: _Call) -> tuple:
+    """The positional arguments with which `layer`'s attention replays `call`: the recorded ones, or,
+    when the layer has an input convolution, its own convolution of what entered the reference
+    layer's (the attention's input where the reference has none)."""
+    if layer.short_conv is None:
+        return call.args
+    mask = call.args[1] if len(call.args) > 1 else call.kwargs.get("attention_mask")
+    layer_input = call.args[0] if call.layer_input is None else call.layer_input
+    return (layer.short_conv(layer_input, mask), *call.args[1:])
 
 
 def _relative_error(output: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -120,9 +145,9 @@ def _relative_errors(model, calls, layers, attention_mask) -> list[torch.Tensor]
     weights = attention_mask.to(torch.float32)[..., None]
     errors = []
     for i in layers:
-        args, kwargs, target = calls[i]
-        output = model.base_model.encoder.layers[i].attention(*args, **kwargs)[0]
-        errors.append(_relative_error(output, target, weights))
+        layer, call = model.base_model.encoder.layers[i], calls[i]
+        output = layer.attention(*_replayed_args(layer, call), **call.kwargs)[0]
+        errors.append(_relative_error(output, call.output, weights))
     return errors
 
 
@@ -141,11 +166,11 @@ def _attention_weight_losses(model, reference, calls, layers, attention_mask) ->
         if not _forms_weights(model, i):
             losses.append(torch.zeros((), device=attention_mask.device))
             continue
-        args, kwargs, _ = calls[i]
-        x, mask = args[0], args[1] if len(args) > 1 else kwargs.get("attention_mask")
+        layer, (args, kwargs, _, _) = model.base_model.encoder.layers[i], calls[i]
+        mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
         with torch.no_grad():  # the source's softmax weights (B, H, N, N), from its own attention
-            target = reference.base_model.encoder.layers[i].attention(x, mask, output_attentions=True)[1].float()
-        weights = model.base_model.encoder.layers[i].attention.attention_weights(x, mask)
+            target = reference.base_model.encoder.layers[i].attention(args[0], mask, output_attentions=True)[1].float()
+        weights = layer.attention.attention_weights(_replayed_args(layer, calls[i])[0], mask)
         # a_ij is zero only where t_ij is (padded keys): the clamp keeps 0 * log(0) at 0
         cross_entropy = -(target * torch.log(weights.clamp_min(torch.finfo(weights.dtype).tiny))).sum(-1)  # (B, H, N)
         losses.append((cross_entropy.mean(1) * real).sum() / real.sum().clamp_min(1.0))
@@ -167,13 +192,16 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
     """Fit the attention of every non-full layer of `model` to the softmax attention it replaced.
 
     `reference` is the exact full-attention copy of the source (same weights everywhere but the
-    attention types). Only the converted layers' attention parameters train; embeddings,
-    feed-forward blocks, LayerNorms, heads and full layers stay the source's. Dropout is off. The
+    attention types). Only the converted layers' attention parameters train, with the input
+    convolution in front of each (`encoder_conv_size`: the identity at conversion, so it can learn
+    the local mixing that fastformer's pooled vectors lack); embeddings, feed-forward blocks,
+    LayerNorms, heads and full layers stay the source's. Dropout is off. The
     loss of both phases is a mean over layers of relative squared errors, so every layer counts
     alike whatever its output size.
 
     1. Layer-wise (`distillation.steps`): a batch runs through `reference`; each converted layer's
-       attention replays the reference layer's call (same input, mask and positions) and its output
+       attention replays the reference layer's call (same input, through the layer's own
+       convolution when it has one; same mask and positions) and its output
        is pulled towards the softmax output. Layers learn independently, from the source's inputs.
     2. Whole model (`distillation.model_steps`, optional): the model runs on its own and the output
        of every layer from the first converted one on is pulled towards the reference's. Small
@@ -228,7 +256,7 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
         batches = _batches(train_texts, distillation.batch_size, encode, generator)
         _train(loss_of, batches, trainable, steps, distillation.learning_rate, description, progress)
 
-    trainable = [p for i in layers for p in model.base_model.encoder.layers[i].attention.parameters()]
+    trainable = [p for i in layers for p in _distilled_parameters(model.base_model.encoder.layers[i])]
     with _training_only(model, reference, trainable), _moved_to(device, model, reference):
         before, last_before, weights_before = fit_on_held_out()
         train(attention_loss, distillation.steps, "distilling attention, layer by layer")
@@ -247,6 +275,13 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
         report.update(attention_weight_loss=distillation.attention_weight_loss,
                       weight_loss_before=weights_before, weight_loss_after=weights_after)
     return report
+
+
+def _distilled_parameters(layer) -> list[torch.nn.Parameter]:
+    """What distillation trains in a converted layer: its attention and, when it has one, the input
+    convolution in front of it (`encoder_conv_size`, the identity at conversion)."""
+    modules = [layer.attention] if layer.short_conv is None else [layer.short_conv, layer.attention]
+    return [p for module in modules for p in module.parameters()]
 
 
 def _held_out_fit(attention_losses, model_loss, encode, texts: list[str], batch_size: int,

@@ -548,3 +548,47 @@ def test_script_distills_from_a_file(tmp_path):
     bad = _run_converter(script, "--model_name_or_path", folder, "--output_dir", tmp_path / "bad",
                          "--distill_file", documents, "--distill_device", "gpu0")
     assert bad.returncode != 0 and "--distill_device: Distillation: device='gpu0' is not a torch device" in bad.stderr
+
+
+def test_distillation_fits_the_input_convolution_with_the_attention(tmp_path):
+    """With `encoder_conv_size`, a converted layer's convolution starts as the identity (the model is
+    the source's plus nothing) and distillation trains it together with the attention: the taps
+    leave the identity, the fit on held-out texts improves, the full layers' convolutions stay the
+    identity, and the distilled model keeps exact padding invariance."""
+    folder, _ = make_source(tmp_path, "bert", "classification")
+    attention_type = ["fastformer", "full"]
+    torch.manual_seed(0)
+    plain = hf_zformer.convert_pretrained(folder, attention_type, encoder_conv_size=3)
+    identity = plain.zformer.encoder.layers[0].short_conv.weight.detach().clone()
+    assert torch.equal(identity, torch.tensor([0.0, 1.0, 0.0])[:, None].expand_as(identity))
+    distillation = hf_zformer.Distillation(_sentences(80), steps=40, model_steps=10, batch_size=8,
+                                           learning_rate=3e-3, eval_texts=16)
+    torch.manual_seed(0)
+    model = hf_zformer.convert_pretrained(folder, attention_type, tmp_path / "out", encoder_conv_size=3,
+                                          distillation=distillation)
+    assert not torch.equal(model.zformer.encoder.layers[0].short_conv.weight, identity)
+    assert torch.equal(model.zformer.encoder.layers[1].short_conv.weight, identity)
+    reference = hf_zformer.convert_pretrained(folder, "full")
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    from hf_zformer.distillation import _attention_calls, _relative_errors
+
+    batch = tokenizer(distillation.texts[:16], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        calls = _attention_calls(reference, batch["input_ids"], batch["attention_mask"])
+        (after,) = _relative_errors(model, calls, [0], batch["attention_mask"])
+        (start,) = _relative_errors(plain, calls, [0], batch["attention_mask"])
+    assert after < 0.8 * start
+    # the same fit replayed through a reference that carries the (identity) convolution itself
+    with torch.no_grad():
+        calls = _attention_calls(plain_reference := hf_zformer.convert_pretrained(folder, "full", encoder_conv_size=3),
+                                 batch["input_ids"], batch["attention_mask"])
+        assert calls[0].layer_input is not None
+        (again,) = _relative_errors(model, calls, [0], batch["attention_mask"])
+    torch.testing.assert_close(again, after)
+    del plain_reference
+    loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()
+    ids = batch["input_ids"][:1, : int(batch["attention_mask"][0].sum())]
+    padded = torch.cat([ids, torch.zeros(1, 5, dtype=ids.dtype)], dim=1)
+    mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 5, dtype=ids.dtype)], dim=1)
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(padded, attention_mask=mask).logits, loaded(ids).logits, rtol=0, atol=1e-6)
