@@ -225,7 +225,7 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
     generator = torch.Generator().manual_seed(distillation.seed)
     config = model.config  # documents longer than the model's positions are cut to them
     max_length = min(distillation.max_length, config.max_position_embeddings - config.position_offset)
-    device = next(model.parameters()).device if distillation.device is None else torch.device(distillation.device)
+    device = next(model.parameters()).device if distillation.device is None else check_device(distillation.device)
 
     def encode(batch):
         encoded = tokenizer(batch, truncation=True, max_length=max_length, padding=True, return_tensors="pt")

@@ -619,3 +619,19 @@ def test_fp64_model_keeps_fp64_losses_and_pooling(kind):
         logits, labels = logits[:, :-1], labels[:, 1:]
     expected = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
     torch.testing.assert_close(out.loss, expected, rtol=1e-13, atol=0)
+
+
+def test_fp64_attention_pooling_equals_an_fp64_softmax():
+    """The attention pooling of an fp64 model weighs tokens by an fp64 softmax of its scores over the
+    real tokens (scores are raised to fp32 under bf16, never lowered): equal to the direct
+    computation to fp64 precision, which scores rounded to fp32 would miss by ~1e-8."""
+    from model_kinds import batch, model
+
+    net = model("classification", "zformer", classifier_pooling="attention").double().eval()
+    inputs = batch("classification")
+    hidden = net.zformer(input_ids=inputs["input_ids"], attention_mask=inputs["attention_mask"]).last_hidden_state
+    pooler = net.pooler
+    scores = pooler.score(torch.tanh(pooler.projection(hidden))).squeeze(-1)  # (B, N), fp64
+    weights = torch.softmax(scores.masked_fill(inputs["attention_mask"] == 0, float("-inf")), dim=1)
+    expected = (weights[..., None] * hidden).sum(1)
+    torch.testing.assert_close(pooler(hidden, inputs["attention_mask"]), expected, rtol=1e-13, atol=1e-15)
