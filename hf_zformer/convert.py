@@ -281,7 +281,9 @@ def _copy_outside_attention(target, source):
     """Every parameter and buffer of `target` outside its attention modules from the same-named one of
     `source`, a Zformer-family model (the base model's prefix aside), so every architecture option
     (final LayerNorm, convolutions, pooling, heads) carries over. A tensor without a same-shaped
-    counterpart (another number of labels, another pooling) keeps its fresh init, with a warning."""
+    counterpart (another number of labels, another pooling) keeps its fresh init, with a warning;
+    an input convolution the source lacks (`encoder_conv_size` added) starts as the identity,
+    silently: the model then computes what the source did."""
     target_prefix, source_prefix = target.base_model_prefix + ".", source.base_model_prefix + "."
     source_state = {(target_prefix + key[len(source_prefix):] if key.startswith(source_prefix) else key): value
                     for key, value in source.state_dict().items()}
@@ -292,7 +294,7 @@ def _copy_outside_attention(target, source):
                 continue
             if name in source_state and source_state[name].shape == tensor.shape:
                 tensor.copy_(source_state[name])
-            else:
+            elif name in source_state or ".short_conv." not in name:  # a convolution new here starts as the identity
                 fresh.append(name)
     if fresh:
         logger.warning(f"no counterpart in the source, left at their fresh init: {fresh}")

@@ -286,6 +286,24 @@ def test_full_attention_zformer_source_converts(tmp_path, options):
     assert relabelled.classifier.out_features == 2 and relabelled.config.classifier_pooling == options["classifier_pooling"]
 
 
+
+def test_added_input_convolution_starts_as_the_identity(tmp_path, caplog):
+    """`encoder_conv_size` set when converting a fine-tuned model of ours that has none: the new
+    convolutions start as the identity, so the full-attention conversion still gives the source's
+    logits exactly, and no "left at their fresh init" warning is raised for them; a classifier for
+    another number of labels still warns."""
+    folder, source = _fine_tuned_zformer(tmp_path, classifier_pooling="mean")
+    ids, mask = right_padded_batch(0)
+    with caplog.at_level("WARNING", logger="hf_zformer.convert"):
+        converted = hf_zformer.convert_pretrained(folder, "full", encoder_conv_size=3)
+    assert converted.config.encoder_conv_size == 3 and "fresh init" not in caplog.text
+    with torch.no_grad():
+        torch.testing.assert_close(converted(input_ids=ids, attention_mask=mask).logits,
+                                   source(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)
+    with caplog.at_level("WARNING", logger="hf_zformer.convert"):
+        hf_zformer.convert_pretrained(folder, "full", encoder_conv_size=3, num_labels=2)
+    assert "fresh init" in caplog.text and "classifier" in caplog.text and "short_conv" not in caplog.text
+
 def test_fine_tuned_zformer_distils_against_itself(tmp_path):
     """Converting a fine-tuned full-attention model with distillation fits each new layer to that
     model's own softmax attention (the reference is the source, not a pretrained checkpoint): the
