@@ -142,13 +142,7 @@ def _relative_error(output: torch.Tensor, target: torch.Tensor, weights: torch.T
 def _relative_errors(model, calls, layers, attention_mask) -> list[torch.Tensor]:
     """Per layer in `layers`: the relative squared error of the attention output, the student's
     attention replaying the teacher's recorded call."""
-    weights = attention_mask.to(torch.float32)[..., None]
-    errors = []
-    for i in layers:
-        layer, call = model.base_model.encoder.layers[i], calls[i]
-        output = layer.attention(*_replayed_args(layer, call), **call.kwargs)[0]
-        errors.append(_relative_error(output, call.output, weights))
-    return errors
+    return _layer_losses(model, None, calls, layers, attention_mask)[0]
 
 
 def _forms_weights(model, i: int) -> bool:
@@ -156,25 +150,33 @@ def _forms_weights(model, i: int) -> bool:
     return getattr(model.base_model.encoder.layers[i].attention, "key_map", None) is not None
 
 
-def _attention_weight_losses(model, reference, calls, layers, attention_mask) -> list[torch.Tensor]:
-    """Per layer in `layers`: the cross-entropy between the reference layer's softmax weights and the
-    student's normalised weights on the recorded call, averaged over real query tokens and heads
-    (`Distillation.attention_weight_loss`); zero for a layer that forms no such weights."""
+def _layer_losses(model, reference, calls, layers, attention_mask) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """Per layer in `layers`, the student's attention replaying the reference's recorded call:
+    (the relative squared error of its output, the cross-entropy between the reference layer's
+    softmax weights and its normalised weights). The cross-entropy is averaged over real query
+    tokens and heads (`Distillation.attention_weight_loss`); it is zero for a layer that forms no
+    weights, and not computed (an empty list) when `reference` is None. A layer with weights gets
+    output and weights from one computation of its features (`output_and_weights`)."""
     real = attention_mask.to(torch.float32)  # (B, N): the query tokens that count
-    losses = []
+    errors, cross_entropies = [], []
     for i in layers:
-        if not _forms_weights(model, i):
-            losses.append(torch.zeros((), device=attention_mask.device))
-            continue
-        layer, (args, kwargs, _, _) = model.base_model.encoder.layers[i], calls[i]
-        mask = args[1] if len(args) > 1 else kwargs.get("attention_mask")
-        with torch.no_grad():  # the source's softmax weights (B, H, N, N), from its own attention
-            target = reference.base_model.encoder.layers[i].attention(args[0], mask, output_attentions=True)[1].float()
-        weights = layer.attention.attention_weights(_replayed_args(layer, calls[i])[0], mask)
-        # a_ij is zero only where t_ij is (padded keys): the clamp keeps 0 * log(0) at 0
-        cross_entropy = -(target * torch.log(weights.clamp_min(torch.finfo(weights.dtype).tiny))).sum(-1)  # (B, H, N)
-        losses.append((cross_entropy.mean(1) * real).sum() / real.sum().clamp_min(1.0))
-    return losses
+        layer, call = model.base_model.encoder.layers[i], calls[i]
+        args = _replayed_args(layer, call)
+        if reference is None or not _forms_weights(model, i):
+            output = layer.attention(*args, **call.kwargs)[0]
+            if reference is not None:
+                cross_entropies.append(torch.zeros((), device=attention_mask.device))
+        else:
+            mask = call.args[1] if len(call.args) > 1 else call.kwargs.get("attention_mask")
+            with torch.no_grad():  # the source's softmax weights (B, H, N, N), from its own attention
+                target = reference.base_model.encoder.layers[i].attention(
+                    call.args[0], mask, output_attentions=True)[1].float()
+            output, weights = layer.attention.output_and_weights(args[0], mask)
+            # a_ij is zero only where t_ij is (padded keys): the clamp keeps 0 * log(0) at 0
+            cross_entropy = -(target * torch.log(weights.clamp_min(torch.finfo(weights.dtype).tiny))).sum(-1)  # (B, H, N)
+            cross_entropies.append((cross_entropy.mean(1) * real).sum() / real.sum().clamp_min(1.0))
+        errors.append(_relative_error(output, call.output, real[..., None]))
+    return errors, cross_entropies
 
 
 def _hidden_state_errors(model, reference, input_ids, attention_mask, first: int) -> list[torch.Tensor]:
@@ -237,10 +239,9 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
         """(output errors, attention-weight cross-entropies) per layer, each (len(layers),)."""
         with torch.no_grad():
             calls = _attention_calls(reference, ids, mask)
-        errors = torch.stack(_relative_errors(model, calls, layers, mask))
-        if not weighted:
-            return errors, torch.zeros_like(errors)
-        return errors, torch.stack(_attention_weight_losses(model, reference, calls, layers, mask))
+        errors, weight_losses = _layer_losses(model, reference if weighted else None, calls, layers, mask)
+        errors = torch.stack(errors)
+        return errors, torch.stack(weight_losses) if weighted else torch.zeros_like(errors)
 
     def attention_loss(ids, mask):
         errors, weight_losses = attention_losses(ids, mask)

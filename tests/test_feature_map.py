@@ -108,6 +108,22 @@ def test_every_form_equals_the_quadratic_reference(role, with_mask):
     _assert_same(_output_and_gradients(got, inputs, attention), _output_and_gradients(expected, inputs, attention))
 
 
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_output_and_weights_in_one_pass_equal_forward_and_attention_weights(with_mask):
+    """`output_and_weights` (what distillation uses, features computed once) returns forward's output
+    and `attention_weights`' weights, with the same gradients, in fp64; causal and cross modules
+    are refused."""
+    attention = hedgehog_attention()
+    x = torch.randn(B, N, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64).requires_grad_()
+    mask = _mask() if with_mask else None
+    output, weights = attention.output_and_weights(x, mask)
+    torch.testing.assert_close(weights, attention.attention_weights(x, mask), rtol=0, atol=0)
+    _assert_same(_output_and_gradients(output, [x], attention), _output_and_gradients(attention(x, mask)[0], [x], attention))
+    for role in ("is_causal", "is_cross"):
+        with pytest.raises(ValueError, match="bidirectional self-attention only"):
+            hedgehog_attention(**{role: True}).output_and_weights(x, mask)
+
 def test_causal_blocks_equal_one_pass(monkeypatch):
     """Sequences longer than a block (prefix sums across blocks) give the reference too."""
     import hf_zformer.modeling.ops as ops
@@ -353,5 +369,14 @@ def test_distillation_fits_weights_and_outputs_and_reports_both(tmp_path):
     assert outputs_only["weight_loss_before"] == report["weight_loss_before"]
     assert outputs_only["weight_loss_after"] != report["weight_loss_after"]
     assert model.zformer.encoder.layers[0].attention.query_map.weight.requires_grad
+    # the training loss takes output and weights from one pass: its output errors are forward's
+    from hf_zformer.distillation import _attention_calls, _layer_losses, _relative_errors
+
+    batch = tokenizer(distillation.texts[:8], padding=True, return_tensors="pt")
+    with torch.no_grad():
+        calls = _attention_calls(reference, batch["input_ids"], batch["attention_mask"])
+        errors, cross_entropies = _layer_losses(model, reference, calls, [0], batch["attention_mask"])
+        torch.testing.assert_close(errors, _relative_errors(model, calls, [0], batch["attention_mask"]))
+    assert len(cross_entropies) == 1 and cross_entropies[0] > 0
     with pytest.raises(ValueError, match="attention_weight_loss must be >= 0, got -1"):
         hf_zformer.Distillation(_sentences(40), attention_weight_loss=-1)

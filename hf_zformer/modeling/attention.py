@@ -404,6 +404,17 @@ class ZformerAttention(_QKVAttention):
         key_features = self.key_map(split_heads(self.key(source), self.num_heads))
         return normalized_attention_weights(query_features, key_features, mask, causal=self.is_causal)
 
+    def output_and_weights(self, hidden_states, attention_mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(output (B, N, D), weights a_ij (B, H, N, N)) of bidirectional self-attention with a feature
+        map, from one computation of phi(Q) and phi(K): the output is W_o merge(a V), what `forward`
+        returns (its linear form sums the same terms in another order). Distillation fits both."""
+        if self.is_causal or self.is_cross:
+            raise ValueError("output_and_weights: bidirectional self-attention only (an encoder layer)")
+        weights = self.attention_weights(hidden_states, attention_mask)
+        value = split_heads(self.value(hidden_states), self.num_heads)
+        context = (weights @ at_least_fp32(value)[0]).to(value.dtype)
+        return self.output(merge_heads(context)), weights
+
     def _folded_output(self, hidden_states, attention_mask):
         # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
         if self.key_map is None and use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
