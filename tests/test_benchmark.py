@@ -147,6 +147,13 @@ def test_flop_counts_follow_the_documented_formulas():
     q = d // config.xformer_alpha
     assert benchmark.attention_flops("xformer", b, n, d, h) == 2 * b * n * d * q + 2 * b * k * n * (2 * q + 2 * d)
     assert benchmark.attention_flops("fastformer", b, n, d, h) == 8 * b * n * d * d + 11 * b * n * d
+    global_value = benchmark.make_config("fastformer", n, d, h)
+    global_value.fastformer_global_value = True  # a third pooling and the added v_g
+    assert benchmark.attention_flops("fastformer", b, n, d, h, global_value) == 8 * b * n * d * d + 16 * b * n * d
+    long_value = benchmark.make_config("fastformer", 4 * d, d, h)
+    long_value.fastformer_global_value = True
+    assert (benchmark.executed_attention_flops("fastformer", b, 4 * d, d, h, long_value)
+            - benchmark.executed_attention_flops("fastformer", b, 4 * d, d, h)) == 4 * b * h * 4 * d * d
     assert benchmark.step_flops(10, "train") == 30
     # executed counts: the folded zformer/fastformer forms (fp32, long sequences) do less work
     long = 4 * d

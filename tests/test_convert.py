@@ -610,3 +610,40 @@ def test_distillation_fits_the_input_convolution_with_the_attention(tmp_path):
     mask = torch.cat([torch.ones_like(ids), torch.zeros(1, 5, dtype=ids.dtype)], dim=1)
     with torch.no_grad():
         torch.testing.assert_close(loaded(padded, attention_mask=mask).logits, loaded(ids).logits, rtol=0, atol=1e-6)
+
+
+def test_fastformer_global_value_starts_as_the_mean_value_and_is_distilled(tmp_path):
+    """Converted with `fastformer_global_value`, w_v starts at zero: v_g is the mean of the values
+    over real tokens, the only difference from the same layer without the option. Distillation then
+    trains w_v with the rest of the attention, and the saved model keeps the option and its
+    padding invariance."""
+    from hf_zformer.modeling.attention import FastformerAttention
+
+    folder, _ = make_source(tmp_path, "bert", "classification")
+    model = hf_zformer.convert_pretrained(folder, ["fastformer", "full"], fastformer_global_value=True)
+    attention = model.zformer.encoder.layers[0].attention
+    assert attention.global_value and torch.equal(attention.value_score, torch.zeros_like(attention.value_score))
+    without = FastformerAttention(model.config.__class__.from_dict({**model.config.to_dict(),
+                                                                    "fastformer_global_value": False}))
+    without.load_state_dict({k: v for k, v in attention.state_dict().items() if k != "value_score"})
+    ids, mask = right_padded_batch(0)
+    x = torch.randn(*ids.shape, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        difference = attention.context(x, mask) - without.context(x, mask)
+        values = attention.value(x) * mask[..., None]
+        mean_value = values.sum(1) / mask.sum(1, keepdim=True)  # (B, D): per head, the mean of that head's values
+        expected = (mean_value @ attention.transform.weight.T)[:, None, :].expand_as(difference)
+    torch.testing.assert_close(difference[mask.bool()], expected[mask.bool()], atol=1e-5, rtol=1e-5)
+
+    distillation = hf_zformer.Distillation(_sentences(60), steps=20, model_steps=5, batch_size=8, learning_rate=3e-3,
+                                           eval_texts=8)
+    torch.manual_seed(0)
+    hf_zformer.convert_pretrained(folder, ["fastformer", "full"], tmp_path / "out", distillation=distillation,
+                                  fastformer_global_value=True, task="text-classification")
+    saved = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()
+    assert saved.config.fastformer_global_value
+    assert saved.zformer.encoder.layers[0].attention.value_score.abs().max() > 0
+    padded_ids, padded_mask = torch.cat([ids, torch.zeros_like(ids)], 1), torch.cat([mask, torch.zeros_like(mask)], 1)
+    with torch.no_grad():
+        torch.testing.assert_close(saved(input_ids=padded_ids, attention_mask=padded_mask).logits,
+                                   saved(input_ids=ids, attention_mask=mask).logits, atol=1e-5, rtol=1e-5)
