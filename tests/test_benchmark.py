@@ -269,6 +269,14 @@ def test_classification_flops_follow_the_formulas():
     linear = 8 * b * short * d * (h + 1)
     assert (benchmark.classification_flops("zformer-hedgehog", "forward", short, shape, executed=True)
             - benchmark.classification_flops("zformer-hedgehog", "forward", short, shape)) == 2 * (quadratic - linear)
+    # fastformer with a 5-tap input convolution (2 B N D 5 per layer), then with the global value (16 B N D
+    # instead of 11 B N D nominally; executed, a third score product and pooling, 4 B H N D)
+    assert (benchmark.classification_flops("fastformer-conv5", "forward", n, shape)
+            - benchmark.classification_flops("fastformer", "forward", n, shape)) == 2 * 2 * b * n * d * 5
+    assert (benchmark.classification_flops("fastformer-conv5-gv", "forward", n, shape)
+            - benchmark.classification_flops("fastformer-conv5", "forward", n, shape)) == 2 * 5 * b * n * d
+    assert (benchmark.classification_flops("fastformer-conv5-gv", "forward", n, shape, executed=True)
+            - benchmark.classification_flops("fastformer-conv5", "forward", n, shape, executed=True)) == 2 * 4 * b * 2 * n * d
 
 
 def test_seq2seq_sweep_over_lengths(tmp_path):
@@ -310,8 +318,12 @@ def test_classification_level_compares_with_bert(tmp_path):
     params = {r["model"]: int(r["parameters"]) for r in rows}
     assert params["full"] == params["bert"]
     assert params["zformer-hedgehog"] > params["zformer"]
+    # one layer of width 16: the convolution, 5 taps per channel (no bias); the global value, w_v (d_h per head)
+    assert params["fastformer-conv5"] - params["fastformer"] == 5 * 16
+    assert params["fastformer-conv5-gv"] - params["fastformer-conv5"] == 16
     markdown = Path(f"{prefix}.md").read_text()
-    assert markdown.count("| n | bert | full | zformer | zformer-hedgehog | xformer | fastformer |") == 2  # inference, training
+    header = "| n | bert | full | zformer | zformer-hedgehog | xformer | fastformer | fastformer-conv5 | fastformer-conv5-gv |"
+    assert markdown.count(header) == 2  # inference, training
     assert "BertForSequenceClassification" in markdown
     assert Path(f"{prefix}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -16,8 +16,16 @@ from .cases import DTYPES
 from .flops import model_flops, step_flops
 from .seq2seq import build_runners, optimizer_step, time_alternating
 
-#: "zformer-hedgehog": zformer with `zformer_feature_map="hedgehog"` (the learned feature map)
-CLASSIFICATION_MODELS = ("bert", "full", "zformer", "zformer-hedgehog", "xformer", "fastformer")
+#: Our models that are one attention type with options: name -> (attention type, config fields).
+#: "zformer-hedgehog": the learned feature map; "fastformer-conv5": a 5-tap input convolution per layer;
+#: "fastformer-conv5-gv": that and the pooled global value.
+CLASSIFICATION_VARIANTS = {
+    "zformer-hedgehog": ("zformer", {"zformer_feature_map": "hedgehog"}),
+    "fastformer-conv5": ("fastformer", {"encoder_conv_size": 5}),
+    "fastformer-conv5-gv": ("fastformer", {"encoder_conv_size": 5, "fastformer_global_value": True}),
+}
+CLASSIFICATION_MODELS = ("bert", "full", "zformer", "zformer-hedgehog", "xformer", "fastformer", "fastformer-conv5",
+                         "fastformer-conv5-gv")
 CLASSIFICATION_KINDS = ("forward", "train")
 
 
@@ -59,7 +67,9 @@ class ClassificationResult:
 
 
 def _attention_type(model: str) -> str:
-    return {"bert": "full", "zformer-hedgehog": "zformer"}.get(model, model)
+    if model in CLASSIFICATION_VARIANTS:
+        return CLASSIFICATION_VARIANTS[model][0]
+    return "full" if model == "bert" else model
 
 
 def _zformer_config(model: str, shape: ClassificationShape) -> ZformerConfig:
@@ -73,7 +83,7 @@ def _zformer_config(model: str, shape: ClassificationShape) -> ZformerConfig:
         num_labels=shape.labels, attn_implementation="sdpa", hidden_act="gelu", layer_norm_eps=1e-12,
         layer_norm_position="post", embedding_layer_norm=True, type_vocab_size=2, position_embedding_type="learned",
         scale_embedding=False, classifier_pooling="pooler", pooler_activation="tanh",
-        zformer_feature_map="hedgehog" if model == "zformer-hedgehog" else "identity",
+        **CLASSIFICATION_VARIANTS.get(model, (None, {}))[1],
     )
 
 
@@ -107,11 +117,13 @@ def classification_flops(model: str, kind: str, length: int, shape: Classificati
     (`attention_flops`, or with `executed` the `executed_attention_flops` that hf_zformer runs:
     folded zformer/fastformer forms on long fp32 inputs) + output projection 2 B N D^2 (folded
     into the attention's per-sequence map when folded and N > D: 2 B D^3) + FFN 4 B N D I
-    (`flops.model_flops`); then the pooler 2 B D^2 and the classifier 2 B D labels. Embeddings,
+    (`flops.model_flops`), and an input convolution of k taps 2 B N D k; then the pooler 2 B D^2 and
+    the classifier 2 B D labels. Embeddings,
     LayerNorms, softmax and the loss ignored; train = 3 x forward. BERT counts as `full`."""
     config = config if config is not None else _zformer_config(model, shape)
     b, d = shape.batch, shape.width
     layer = model_flops(_attention_type(model), b, length, d, shape.heads, config, executed=executed, dtype=dtype)
+    layer += 2 * b * length * d * config.encoder_conv_size
     forward = shape.layers * layer + 2 * b * d * d + 2 * b * d * shape.labels
     return step_flops(forward, kind)
 
