@@ -30,7 +30,6 @@ from .distillation import DISTILLATION_SETTINGS, Distillation, _attention_calls,
 from .folders import MODEL_FILES, check_output_dir, replace_atomically
 from .hub import model_card
 from .modeling import ZformerConfig
-from .modeling.configuration_zformer import LAYER_TYPE_OPTIONS
 
 logger = logging.getLogger(__name__)
 
@@ -255,9 +254,8 @@ def _copy_attention(layer, parts):
       init, the identity (W = I, b = 0), and there is no scale.
     - fastformer: W_q, W_k, W_v become the query, key and value projections (the query is pooled into
       the global query, the key mixed with it, the value modulated by the global key); the pooling
-      vectors w_q, w_k (and w_v with `fastformer_global_value`) start at zero, so every pooling starts
-      as the plain mean over real tokens (no token favoured before training says which); W_r (no
-      pretrained counterpart) keeps its fresh init.
+      vectors w_q, w_k start at zero, so both poolings start as the plain mean over real tokens (no
+      token favoured before training says which); W_r (no pretrained counterpart) keeps its fresh init.
     - xformer: keys are projected from the queries and values are the unprojected inputs, so only
       W_q maps (at xformer_alpha=1, full width); W_k and W_v have no place, and the sequence
       projection E keeps its fresh init.
@@ -276,8 +274,6 @@ def _copy_attention(layer, parts):
         with torch.no_grad():
             attention.query_score.zero_()
             attention.key_score.zero_()
-            if attention.global_value:
-                attention.value_score.zero_()
     _copy(layer.attention.output, parts["attention_output"])
 
 
@@ -475,7 +471,7 @@ def _fit_to_source(model, target_class, source, family: str, source_task: str, t
     # then fits every converted layer's output to it. Both compare with an exact full-attention copy.
     if types & {"zformer", "fastformer"} or distillation is not None:
         reference_config = config.to_dict()
-        reference_config.update(attention_type="full", **{field: off for field, (_, off) in LAYER_TYPE_OPTIONS.items()})
+        reference_config.update(attention_type="full", zformer_feature_map="identity")
         reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
         copy_weights(reference, source, family, source_task)
         batch = _calibration_batch(tokenizer, config)

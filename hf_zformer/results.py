@@ -272,7 +272,7 @@ def config_summary(config) -> dict[str, Any]:
     if not seq2seq:
         for key in ("num_decoder_layers", "decoder_attention_type", "cross_attention_type"):
             summary.pop(key, None)
-    for key in ("encoder_conv_size", "fastformer_share_qv", "fastformer_global_value"):  # recorded where set
+    for key in ("encoder_conv_size", "fastformer_share_qv"):  # recorded where set
         value = getattr(config, key, None)
         if value:
             summary[key] = value

@@ -74,8 +74,7 @@ def parse_args(argv=None):
     seq2seq.add_argument("--classification-models", nargs="+", choices=benchmark.CLASSIFICATION_MODELS,
                          default=[m for m in benchmark.CLASSIFICATION_MODELS if m != "xformer"],
                          help="--level classification: BERT and our attention types (zformer-hedgehog: zformer "
-                              'with zformer_feature_map="hedgehog"; fastformer-conv5: encoder_conv_size=5; '
-                              "fastformer-conv5-gv: that and fastformer_global_value=True)")
+                              'with zformer_feature_map="hedgehog"; fastformer-conv5: encoder_conv_size=5)')
     seq2seq.add_argument("--source-length", type=positive_int, default=None, help="default 32")
     seq2seq.add_argument("--target-length", type=positive_int, default=None,
                          help="also the number of tokens generated (default 32)")

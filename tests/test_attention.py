@@ -133,11 +133,10 @@ def _naive_pool(scores, values):
 
 
 @pytest.mark.parametrize("pooling", ["additive", "mean"])
-@pytest.mark.parametrize("share_qv, global_value", [(False, False), (True, False), (False, True), (True, True)])
-def test_fastformer_matches_equation(pooling, share_qv, global_value):
+@pytest.mark.parametrize("share_qv", [False, True])
+def test_fastformer_matches_equation(pooling, share_qv):
     x, mask = _inputs()
-    config = tiny_config(attention_type="fastformer", fastformer_pooling=pooling, fastformer_share_qv=share_qv,
-                         fastformer_global_value=global_value)
+    config = tiny_config(attention_type="fastformer", fastformer_pooling=pooling, fastformer_share_qv=share_qv)
     attention = _randomize(FastformerAttention(config))
     out = attention.context(x, mask)
     attention.is_causal = True
@@ -157,18 +156,13 @@ def test_fastformer_matches_equation(pooling, share_qv, global_value):
             q, k, v = q_all[b, :n, sl], k_all[b, :n, sl], v_all[b, :n, sl]
             w_q = attention.query_score[h] if pooling == "additive" else None
             w_k = attention.key_score[h] if pooling == "additive" else None
-            w_v = attention.value_score[h] if global_value and pooling == "additive" else None
-
-            def global_value_of(prefix):  # v_g over v_1..v_prefix, or nothing without the option
-                return _naive_pool(score(v[:prefix], w_v), v[:prefix]) if global_value else 0.0
-
-            # bidirectional: one global query, key (and value) for the whole sequence
+            # bidirectional: one global query and key for the whole sequence
             p = _naive_pool(score(q, w_q), q) * k
-            u_bidirectional[:, sl] = _naive_pool(score(p, w_k), p) * v + global_value_of(n)
+            u_bidirectional[:, sl] = _naive_pool(score(p, w_k), p) * v
             # causal: position i pools positions j <= i; p_j uses the global query of its own prefix
             p = torch.stack([_naive_pool(score(q[: j + 1], w_q), q[: j + 1]) * k[j] for j in range(n)])
             for i in range(n):
-                u_causal[i, sl] = _naive_pool(score(p[: i + 1], w_k), p[: i + 1]) * v[i] + global_value_of(i + 1)
+                u_causal[i, sl] = _naive_pool(score(p[: i + 1], w_k), p[: i + 1]) * v[i]
         for u, got in ((u_bidirectional, out), (u_causal, causal)):
             expected = attention.transform(u) + q_all[b, :n]
             torch.testing.assert_close(got[b, :n], expected, atol=1e-4, rtol=1e-4)
@@ -205,37 +199,6 @@ def test_a_recurrent_cache_layer_only_stores(attention_type):
         assert torch.equal(layer.state, 2 * state) and layer.tensors() == [layer.state]
     else:
         assert layer.query_pool is pools and layer.key_pool is pools
-
-
-@pytest.mark.parametrize("pooling", ["additive", "mean"])
-def test_fastformer_global_value_keeps_a_third_constant_size_state(monkeypatch, pooling):
-    """With `fastformer_global_value`, the causal forms (the quadratic pooling of short inputs, prefix
-    sums, cache blocks, single decoding steps) compute one function in fp64, with left padding and an
-    all-padding row, and the cache holds three (lse, pooling) pairs whatever the length."""
-    config = tiny_config(attention_type="fastformer", fastformer_global_value=True, fastformer_pooling=pooling)
-    attention = _randomize(FastformerAttention(config, is_causal=True, layer_idx=0)).double()
-    generator = torch.Generator().manual_seed(4)
-    x = torch.randn(3, 9, D, generator=generator, dtype=torch.float64)
-    mask = torch.ones(3, 9, dtype=torch.long)
-    mask[1, :4] = 0
-    mask[2] = 0
-    quadratic, _ = attention(x, mask)
-    monkeypatch.setattr(ops, "FASTFORMER_CAUSAL_QUADRATIC", 2)
-    prefix, _ = attention(x, mask)
-    torch.testing.assert_close(prefix, quadratic, atol=1e-10, rtol=1e-10)
-    for sizes in ((1,) * 9, (5, 1, 3)):
-        cache, outputs, start = ZformerCache(["fastformer"]), [], 0
-        for size in sizes:
-            outputs.append(attention(x[:, start : start + size], mask[:, : start + size], cache=cache)[0])
-            start += size
-        torch.testing.assert_close(torch.cat(outputs, 1), quadratic, atol=1e-10, rtol=1e-10)
-        layer = cache.layers[0]
-        assert [t.shape for t in layer.tensors()] == [(3, H, 1, 1), (3, H, 1, DH)] * 3
-        assert layer.value_pool is not None and cache.get_seq_length() == 9
-    # the global value is a real part of the output: a different w_v / different values change it
-    plain = FastformerAttention(tiny_config(attention_type="fastformer", fastformer_pooling=pooling), is_causal=True)
-    plain.load_state_dict({k: v for k, v in attention.state_dict().items() if k != "value_score"})
-    assert not torch.allclose(plain.double()(x, mask)[0][0], quadratic[0])
 
 
 def test_fastformer_cache_takes_blocks_and_steps_alike():
@@ -330,9 +293,6 @@ def _folding(monkeypatch, enabled):
         dict(attention_type="fastformer"),
         dict(attention_type="fastformer", fastformer_pooling="mean"),
         dict(attention_type="fastformer", fastformer_share_qv=True),
-        dict(attention_type="fastformer", fastformer_global_value=True),
-        dict(attention_type="fastformer", fastformer_global_value=True, fastformer_pooling="mean"),
-        dict(attention_type="fastformer", fastformer_global_value=True, fastformer_share_qv=True),
     ],
 )
 @pytest.mark.parametrize("with_mask", [False, True])

@@ -147,13 +147,6 @@ def test_flop_counts_follow_the_documented_formulas():
     q = d // config.xformer_alpha
     assert benchmark.attention_flops("xformer", b, n, d, h) == 2 * b * n * d * q + 2 * b * k * n * (2 * q + 2 * d)
     assert benchmark.attention_flops("fastformer", b, n, d, h) == 8 * b * n * d * d + 11 * b * n * d
-    global_value = benchmark.make_config("fastformer", n, d, h)
-    global_value.fastformer_global_value = True  # a third pooling and the added v_g
-    assert benchmark.attention_flops("fastformer", b, n, d, h, global_value) == 8 * b * n * d * d + 16 * b * n * d
-    long_value = benchmark.make_config("fastformer", 4 * d, d, h)
-    long_value.fastformer_global_value = True
-    assert (benchmark.executed_attention_flops("fastformer", b, 4 * d, d, h, long_value)
-            - benchmark.executed_attention_flops("fastformer", b, 4 * d, d, h)) == 4 * b * h * 4 * d * d
     assert benchmark.step_flops(10, "train") == 30
     # executed counts: the folded zformer/fastformer forms (fp32, long sequences) do less work
     long = 4 * d
@@ -269,14 +262,10 @@ def test_classification_flops_follow_the_formulas():
     linear = 8 * b * short * d * (h + 1)
     assert (benchmark.classification_flops("zformer-hedgehog", "forward", short, shape, executed=True)
             - benchmark.classification_flops("zformer-hedgehog", "forward", short, shape)) == 2 * (quadratic - linear)
-    # fastformer with a 5-tap input convolution (2 B N D 5 per layer), then with the global value (16 B N D
-    # instead of 11 B N D nominally; executed, a third score product and pooling, 4 B H N D)
-    assert (benchmark.classification_flops("fastformer-conv5", "forward", n, shape)
-            - benchmark.classification_flops("fastformer", "forward", n, shape)) == 2 * 2 * b * n * d * 5
-    assert (benchmark.classification_flops("fastformer-conv5-gv", "forward", n, shape)
-            - benchmark.classification_flops("fastformer-conv5", "forward", n, shape)) == 2 * 5 * b * n * d
-    assert (benchmark.classification_flops("fastformer-conv5-gv", "forward", n, shape, executed=True)
-            - benchmark.classification_flops("fastformer-conv5", "forward", n, shape, executed=True)) == 2 * 4 * b * 2 * n * d
+    # fastformer with a 5-tap input convolution: 2 B N D 5 per layer, nominal and executed
+    for executed in (False, True):
+        assert (benchmark.classification_flops("fastformer-conv5", "forward", n, shape, executed=executed)
+                - benchmark.classification_flops("fastformer", "forward", n, shape, executed=executed)) == 2 * 2 * b * n * d * 5
 
 
 def test_seq2seq_sweep_over_lengths(tmp_path):
@@ -318,11 +307,10 @@ def test_classification_level_compares_with_bert(tmp_path):
     params = {r["model"]: int(r["parameters"]) for r in rows}
     assert params["full"] == params["bert"]
     assert params["zformer-hedgehog"] > params["zformer"]
-    # one layer of width 16: the convolution, 5 taps per channel (no bias); the global value, w_v (d_h per head)
+    # one layer of width 16: the convolution, 5 taps per channel (no bias)
     assert params["fastformer-conv5"] - params["fastformer"] == 5 * 16
-    assert params["fastformer-conv5-gv"] - params["fastformer-conv5"] == 16
     markdown = Path(f"{prefix}.md").read_text()
-    header = "| n | bert | full | zformer | zformer-hedgehog | xformer | fastformer | fastformer-conv5 | fastformer-conv5-gv |"
+    header = "| n | bert | full | zformer | zformer-hedgehog | xformer | fastformer | fastformer-conv5 |"
     assert markdown.count(header) == 2  # inference, training
     assert "BertForSequenceClassification" in markdown
     assert Path(f"{prefix}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

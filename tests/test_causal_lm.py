@@ -11,15 +11,11 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from hf_zformer import FastformerForCausalLM, ZformerCache, ZformerForCausalLM
 
 HYBRID = ["zformer", "full", "fastformer"]
-GLOBAL_VALUE = {"attention_type": "fastformer", "fastformer_global_value": True}  # a type with its options
-TYPES = ["full", "zformer", "fastformer", HYBRID, GLOBAL_VALUE]
-IDS = ["full", "zformer", "fastformer", "hybrid", "fastformer-global-value"]
+TYPES = ["full", "zformer", "fastformer", HYBRID]
+IDS = ["full", "zformer", "fastformer", "hybrid"]
 
 
 def causal_lm(attention_type="zformer", model_type="zformer", **overrides):
-    if isinstance(attention_type, dict):
-        overrides = {**attention_type, **overrides}
-        attention_type = overrides.pop("attention_type")
     layers = len(attention_type) if isinstance(attention_type, list) else TINY["num_hidden_layers"]
     config = AutoConfig.for_model(
         model_type, **{**TINY, "attention_type": attention_type, "num_hidden_layers": layers, **overrides}
@@ -115,8 +111,7 @@ def test_linear_layers_keep_a_constant_state(attention_type):
         cache = out.past_key_values
         assert cache.get_seq_length() == ids.shape[1] + length - 1  # the last token is never fed back
         sizes[length] = [sum(t.numel() for t in _layer_tensors(layer)) for layer in cache.layers]
-    kind = attention_type["attention_type"] if isinstance(attention_type, dict) else attention_type
-    types = kind if isinstance(kind, list) else [kind] * len(sizes[8])
+    types = attention_type if isinstance(attention_type, list) else [attention_type] * len(sizes[8])
     for kind, short, long in zip(types, sizes[8], sizes[120]):
         assert (short == long > 0) if kind != "full" else (long > short > 0), (kind, short, long)
 

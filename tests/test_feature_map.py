@@ -214,13 +214,6 @@ def test_bad_value_is_refused_by_name():
         tiny_config(attention_type=["full", "fastformer"], zformer_feature_map="hedgehog")
     tiny_config(attention_type=["full", "zformer"], zformer_feature_map="hedgehog")  # one zformer layer is enough
     tiny_config(attention_type="full", decoder_attention_type="zformer", zformer_feature_map="hedgehog")
-    # the same rule for every option of one attention type
-    with pytest.raises(ValueError, match="fastformer_global_value=True applies to fastformer layers and this config "
-                                         "has none .attention_type='zformer'"):
-        tiny_config(attention_type="zformer", fastformer_global_value=True)
-    tiny_config(attention_type="full", decoder_attention_type="fastformer", fastformer_global_value=True)
-    with pytest.raises(ValueError, match="fastformer_global_value='yes' must be True or False"):
-        tiny_config(attention_type="fastformer", fastformer_global_value="yes")
 
 
 def test_identity_keeps_its_parameters_and_hedgehog_has_no_scale():

@@ -311,7 +311,6 @@ EMPTY_ROW_CASES = [
     (dict(attention_type="full", classifier_pooling="attention"), "eager"),
     (dict(attention_type="fastformer", fastformer_pooling="mean"), "sdpa"),
     (dict(attention_type="fastformer", fastformer_share_qv=True), "sdpa"),
-    (dict(attention_type="fastformer", fastformer_global_value=True), "sdpa"),
 ]
 
 

@@ -17,15 +17,12 @@ from .flops import model_flops, step_flops
 from .seq2seq import build_runners, optimizer_step, time_alternating
 
 #: Our models that are one attention type with options: name -> (attention type, config fields).
-#: "zformer-hedgehog": the learned feature map; "fastformer-conv5": a 5-tap input convolution per layer;
-#: "fastformer-conv5-gv": that and the pooled global value.
+#: "zformer-hedgehog": the learned feature map; "fastformer-conv5": a 5-tap input convolution per layer.
 CLASSIFICATION_VARIANTS = {
     "zformer-hedgehog": ("zformer", {"zformer_feature_map": "hedgehog"}),
     "fastformer-conv5": ("fastformer", {"encoder_conv_size": 5}),
-    "fastformer-conv5-gv": ("fastformer", {"encoder_conv_size": 5, "fastformer_global_value": True}),
 }
-CLASSIFICATION_MODELS = ("bert", "full", "zformer", "zformer-hedgehog", "xformer", "fastformer", "fastformer-conv5",
-                         "fastformer-conv5-gv")
+CLASSIFICATION_MODELS = ("bert", "full", "zformer", "zformer-hedgehog", "xformer", "fastformer", "fastformer-conv5")
 CLASSIFICATION_KINDS = ("forward", "train")
 
 
@@ -118,8 +115,8 @@ def classification_flops(model: str, kind: str, length: int, shape: Classificati
     folded zformer/fastformer forms on long fp32 inputs) + output projection 2 B N D^2 (folded
     into the attention's per-sequence map when folded and N > D: 2 B D^3) + FFN 4 B N D I
     (`flops.model_flops`), and an input convolution of k taps 2 B N D k; then the pooler 2 B D^2 and
-    the classifier 2 B D labels. Embeddings,
-    LayerNorms, softmax and the loss ignored; train = 3 x forward. BERT counts as `full`."""
+    the classifier 2 B D labels. Embeddings, LayerNorms, softmax and the loss ignored; train = 3 x
+    forward. BERT counts as `full`."""
     config = config if config is not None else _zformer_config(model, shape)
     b, d = shape.batch, shape.width
     layer = model_flops(_attention_type(model), b, length, d, shape.heads, config, executed=executed, dtype=dtype)

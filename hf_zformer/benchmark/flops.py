@@ -25,8 +25,7 @@ def attention_flops(attention_type: str, batch: int, length: int, width: int, he
       compressed keys: 2 B N D^2/alpha + 2 B k N (D/alpha + D + D/alpha + D).
     - fastformer: Q, K, V (unless shared with Q) and W_r projections, 2 B N D^2 each, plus the
       O(B N D) pooling/elementwise work: 2 scores + 2 poolings (2 B N D each) + 3 elementwise
-      (B N D each) = 11 B N D; with `fastformer_global_value` a third score and pooling and the
-      added v_g, 5 B N D more.
+      (B N D each) = 11 B N D.
     """
     config = config if config is not None else make_config(attention_type, length, width, heads)
     b, n, d = batch, length, width
@@ -42,8 +41,7 @@ def attention_flops(attention_type: str, batch: int, length: int, width: int, he
         k = math.ceil(config.max_position_embeddings / config.xformer_beta)
         return 2 * b * n * d * query_width + 2 * b * k * n * (2 * query_width + 2 * d)
     if attention_type == "fastformer":
-        pooling_work = 16 if _global_value(config) else 11
-        return 2 * _fastformer_projections(config) * b * n * d * d + pooling_work * b * n * d
+        return 2 * _fastformer_projections(config) * b * n * d * d + 11 * b * n * d
     raise ValueError(f"unknown attention type {attention_type!r}; choose one of {list(TYPES)}")
 
 
@@ -69,10 +67,6 @@ def token_attention_flops(attention_type: str, context: int, width: int, heads: 
 
 def _fastformer_projections(config) -> int:
     return 3 if config.fastformer_share_qv else 4
-
-
-def _global_value(config) -> bool:
-    return bool(getattr(config, "fastformer_global_value", False))
 
 
 def _hedgehog(config) -> bool:
@@ -107,8 +101,7 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
     - zformer folded (fp32, N > D): Gram matrix 2 B N D^2 + [W_v|b_v] S 2 B D (D+1)^2 + per-head
       products 4 B D (D+1) d_h + x_i A 2 B N D^2.
     - fastformer folded (fp32, (projections - 1) N > D): 2 score products and 2 poolings
-      (2 B H N D each; 3 of each with `fastformer_global_value`) + W_r diag(k_g) W_v 2 B D^3 +
-      x_i A 2 B N D^2.
+      (2 B H N D each) + W_r diag(k_g) W_v 2 B D^3 + x_i A 2 B N D^2.
     - xformer: as nominal, but fused attention scores run on value-wide heads (zero-padded query
       and key channels): scores cost 2 B N k D instead of 2 B N k D/alpha.
     """
@@ -117,8 +110,7 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
     if folded(attention_type, n, d, config, dtype):
         if attention_type == "zformer":
             return 4 * b * n * d * d + 2 * b * d * (d + 1) ** 2 + 4 * b * d * (d + 1) * (d // heads)
-        poolings = 3 if _global_value(config) else 2
-        return 4 * poolings * b * heads * n * d + 2 * b * d**3 + 2 * b * n * d * d
+        return 8 * b * heads * n * d + 2 * b * d**3 + 2 * b * n * d * d
     if attention_type == "xformer":
         query_width = d // config.xformer_alpha
         k = math.ceil(config.max_position_embeddings / config.xformer_beta)

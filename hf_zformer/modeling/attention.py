@@ -580,22 +580,14 @@ class FastformerAttention(_QKVAttention):
         p_i = q_g * k_i;  beta_i = softmax_i(w_k . p_i / sqrt(d_h));  k_g = sum_i beta_i p_i
         u_i = k_g * v_i;  r_i = W_r u_i + q_i
 
-    `fastformer_global_value=True` adds a third pooling, of the values, to every token's mix:
-
-        gamma_i = softmax_i(w_v . v_i / sqrt(d_h));  v_g = sum_i gamma_i v_i;  u_i = k_g * v_i + v_g
-
-    Softmax attention whose weights hardly depend on the query outputs about the same vector for
-    every token, which k_g * v_i cannot form (the upper layers of fine-tuned BERT-family encoders
-    attend like this); v_g can. One more pooling: O(N D), one more constant-size decoding state.
-
     `fastformer_pooling="mean"` replaces both softmax poolings by the plain mean over real tokens
-    (the FastFormer seed; w_q, w_k and w_v then do not exist). `fastformer_share_qv=True` uses the query
+    (the FastFormer seed; w_q and w_k then do not exist). `fastformer_share_qv=True` uses the query
     projection for the values (the official code). Cost O(N D). Self-attention only: the pooled
     global query mixes with each token's own key (no cross form).
 
     Causal form: the poolings become prefix poolings (a log-sum-exp and the pooling so far per head),
     an O(1) state per generated token; with a cache, each pooling starts from its state in the
-    cache layer (`query_pool`, `key_pool`, `value_pool`) and the new states are stored there. Without a cache, up to
+    cache layer (`query_pool`, `key_pool`) and both new states are stored there. Without a cache, up to
     `ops.FASTFORMER_CAUSAL_QUADRATIC` tokens pool through a softmax over the causal pattern instead
     (`ops.causal_softmax_pool`, fewer operations on short inputs).
 
@@ -614,9 +606,6 @@ class FastformerAttention(_QKVAttention):
         if self.additive:
             self.query_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_q per head
             self.key_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_k per head
-        self.global_value = bool(config.fastformer_global_value)
-        if self.global_value and self.additive:
-            self.value_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_v per head
         self.transform = Linear(config.hidden_size, config.hidden_size)  # W_r
 
     def _scores(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
@@ -652,7 +641,6 @@ class FastformerAttention(_QKVAttention):
         value = split_heads(value_proj, self.num_heads)
         w_q = self.query_score if self.additive else None
         w_k = self.key_score if self.additive else None
-        value_pool = None
         with no_autocast(hidden_states.device.type):
             query32, key32 = at_least_fp32(query, key)
             causal = self.is_causal
@@ -669,20 +657,11 @@ class FastformerAttention(_QKVAttention):
                 self._scores(mixed, w_k), mixed, mask, layer.key_pool if keep else None, causal=causal,
                 return_state=keep,
             )
-            if self.global_value:
-                (value32,) = at_least_fp32(value)
-                global_value, value_pool = softmax_pool(  # v_g
-                    self._scores(value32, self.value_score if self.additive else None), value32, mask,
-                    layer.value_pool if keep else None, causal=causal, return_state=keep,
-                )
             if keep:
-                layer.store(query_pool, key_pool, hidden_states.shape[1], value_pool=value_pool)
+                layer.store(query_pool, key_pool, hidden_states.shape[1])
         if global_key.dtype != value.dtype:
             global_key = global_key.to(value.dtype)
-        mixed = global_key * value
-        if self.global_value:
-            mixed = mixed + global_value.to(value.dtype)
-        mixed_value = merge_heads(mixed)  # u_i  (B, N, D)
+        mixed_value = merge_heads(global_key * value)  # u_i  (B, N, D)
         return add_into_fresh(self.transform(mixed_value), query_proj)  # r_i = W_r u_i + q_i
 
     def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
@@ -695,12 +674,10 @@ class FastformerAttention(_QKVAttention):
             k_g = sum_i beta_i (q_g * k_i) = q_g * (W_k (sum_i beta_i x_i) + b_k)
             r_i = W_r (k_g * (W_v x_i + b_v)) + b_r + W_q x_i + b_q = (W_r diag(k_g) W_v + W_q) x_i + c
 
-        (with the 1/sqrt(d_h) score scaling). The global value (`fastformer_global_value`) pools like
-        q_g, v_g = W_v (sum_i gamma_i x_i) + b_v, and joins the constant: c += W_r v_g. The output is
-        one (D, D) matrix per sequence applied to X: 2 N D^2 + 2 D^3 FLOPs, plus 8 N D H for the
-        scores and poolings (12 N D H with v_g), instead of 8 N D^2; Q, K, V and the other (B, N, D)
-        intermediates are never formed, and the output projection joins the per-sequence map
-        (`_apply_folded`).
+        (with the 1/sqrt(d_h) score scaling). The output is one (D, D) matrix per sequence applied
+        to X: 2 N D^2 + 2 D^3 FLOPs, plus 8 N D H for the scores and poolings, instead of 8 N D^2;
+        Q, K, V and the other (B, N, D) intermediates are never formed, and the output projection joins
+        the per-sequence map (`_apply_folded`).
         """
         x = hidden_states  # (B, N, D)
         batch, length, width = x.shape
@@ -722,10 +699,8 @@ class FastformerAttention(_QKVAttention):
         key_mask = None if attention_mask is None else attention_mask.bool()[:, None, :]  # (B, 1, N)
         scale = dim**-0.5
         direction = torch.einsum("hkD,hk->hD", w_q, self.query_score)[None] * scale if self.additive else None
-        b_v = value_layer.bias.view(heads, dim)
         if attention_mask is not None:  # sum_i alpha_i is 0, not 1, in a row without real tokens: q_g = 0
-            any_real = key_mask.any(-1, keepdim=True).to(b_q.dtype)  # (B, 1, 1)
-            b_q, b_v = b_q * any_real, b_v * any_real  # (B, 1, 1) * (H, d)
+            b_q = b_q * key_mask.any(-1, keepdim=True).to(b_q.dtype)  # (B, 1, 1) * (H, d)
         global_query = torch.einsum("hkD,bhD->bhk", w_q, pool(direction)) + b_q  # q_g (B, H, d)
         if self.additive:
             direction = torch.einsum("hkD,bhk->bhD", w_k, self.key_score * global_query * scale)
@@ -734,11 +709,6 @@ class FastformerAttention(_QKVAttention):
         scaled_transform = self.transform.weight * global_key.reshape(batch, 1, width)  # W_r diag(k_g)  (B, D, D)
         matrix = torch.baddbmm(self.query.weight, scaled_transform, value_layer.weight.expand(batch, -1, -1))
         offset = scaled_transform @ value_layer.bias + self.transform.bias + self.query.bias  # c (B, D)
-        if self.global_value:
-            w_v = value_layer.weight.view(heads, dim, width)
-            direction = torch.einsum("hkD,hk->hD", w_v, self.value_score)[None] * scale if self.additive else None
-            global_value = torch.einsum("hkD,bhD->bhk", w_v, pool(direction)) + b_v  # v_g (B, H, d)
-            offset = offset + global_value.reshape(batch, width) @ self.transform.weight.T
         return _apply_folded(x, matrix, offset, self.output)  # (B, N, D)
 
 

@@ -95,35 +95,32 @@ class ZformerStateLayer(RecurrentLayer):
 
 
 class FastformerStateLayer(RecurrentLayer):
-    """Causal Fastformer's state: for each of its prefix poolings, `query_pool`, `key_pool` and, with
-    `fastformer_global_value`, `value_pool`, the log-sum-exp of the scores so far (B, H, 1, 1) and the
-    pooling so far (B, H, 1, d_h) (`prefix_pool`'s state), or None before the first token (and
-    `value_pool` always None without the option). The attention computes them and stores them here."""
-
-    POOLS = ("query_pool", "key_pool", "value_pool")
+    """Causal Fastformer's state: for each of its two prefix poolings, `query_pool` and `key_pool`,
+    the log-sum-exp of the scores so far (B, H, 1, 1) and the pooling so far (B, H, 1, d_h)
+    (`prefix_pool`'s state), or None before the first token. The attention computes them and
+    stores them here."""
 
     def __init__(self):
         super().__init__()
         self.query_pool: tuple[torch.Tensor, torch.Tensor] | None = None
         self.key_pool: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.value_pool: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def store(self, query_pool: tuple[torch.Tensor, torch.Tensor], key_pool: tuple[torch.Tensor, torch.Tensor],
-              new_tokens: int, value_pool: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        """Keep the poolings' states over every token so far, `new_tokens` of them new."""
+              new_tokens: int) -> None:
+        """Keep both poolings' states over every token so far, `new_tokens` of them new."""
         if not self.is_initialized:
             self.lazy_initialization(*query_pool)
-        self.query_pool, self.key_pool, self.value_pool = query_pool, key_pool, value_pool
+        self.query_pool, self.key_pool = query_pool, key_pool
         self.num_tokens += new_tokens
 
     def tensors(self):
-        return [t for name in self.POOLS if (state := getattr(self, name)) is not None for t in state]
+        return [t for state in (self.query_pool, self.key_pool) if state is not None for t in state]
 
     def _map(self, function):
-        for name in self.POOLS:
-            state = getattr(self, name)
-            if state is not None:
-                setattr(self, name, tuple(function(t) for t in state))
+        if self.query_pool is not None:
+            self.query_pool = tuple(function(t) for t in self.query_pool)
+        if self.key_pool is not None:
+            self.key_pool = tuple(function(t) for t in self.key_pool)
 
 
 class MemoryLayer:

@@ -17,13 +17,6 @@ ZFORMER_FEATURE_MAPS = ("identity", "hedgehog")
 CLASSIFIER_POOLINGS = ("mean", "first", "attention", "pooler")
 POOLER_ACTIVATIONS = ("tanh", "relu", "gelu")
 LAYER_NORM_POSITIONS = ("pre", "post")
-# Options that change one attention type: field -> (the type, its default). Set away from its default,
-# the option needs a layer of that type (`_validate`); converting to a reference model with full
-# attention puts it back to the default.
-LAYER_TYPE_OPTIONS = {
-    "zformer_feature_map": ("zformer", "identity"),
-    "fastformer_global_value": ("fastformer", False),
-}
 
 
 def _check_choice(field, value, choices):
@@ -97,11 +90,6 @@ class ZformerConfig(PreTrainedConfig):
             `ceil(max_position_embeddings / beta)` keys (`beta > 1`).
         fastformer_pooling (`"additive"` or `"mean"`): softmax pooling of the paper, or the plain mean.
         fastformer_share_qv (`bool`): use the query projection as value projection (official code).
-        fastformer_global_value (`bool`): add a pooled global value to every token's mix,
-            u_i = k_g * v_i + v_g with v_g = sum_i softmax_i(w_v . v_i / sqrt(d_h)) v_i per head (the
-            mean under `fastformer_pooling="mean"`): what softmax attention outputs when its weights
-            hardly depend on the query. d_h more parameters per head, one more pooling and one more
-            constant-size decoding state. Applies to every fastformer layer, encoder and decoder.
         position_embedding_type (`"sinusoidal"` or `"learned"`): absolute positions.
         position_embedding_merge (`"add"` or `"concat"`): add positions to the token embeddings, or
             concatenate them and project back to `hidden_size`.
@@ -173,7 +161,6 @@ class ZformerConfig(PreTrainedConfig):
     xformer_beta: int = 4
     fastformer_pooling: str = "additive"
     fastformer_share_qv: bool = False
-    fastformer_global_value: bool = False
     position_embedding_type: str = "sinusoidal"
     position_embedding_merge: str = "add"
     scale_embedding: bool = True
@@ -240,17 +227,13 @@ class ZformerConfig(PreTrainedConfig):
         _check_choice("zformer_feature_map", self.zformer_feature_map, ZFORMER_FEATURE_MAPS)
         used = {*encoder_types, *([decoder_value] if isinstance(decoder_value, str) else decoder_value),
                 self.cross_attention_type}
-        for flag in ("fastformer_share_qv", "fastformer_global_value"):
-            if not isinstance(getattr(self, flag), bool):
-                raise ValueError(f"{flag}={getattr(self, flag)!r} must be True or False")
-        for field, (layer_type, default) in LAYER_TYPE_OPTIONS.items():
-            if getattr(self, field) != default and layer_type not in used:
-                raise ValueError(
-                    f"{field}={getattr(self, field)!r} applies to {layer_type} layers and this config has none "
-                    f"(attention_type={self.attention_type!r}, decoder_attention_type={decoder_value!r}, "
-                    f"cross_attention_type={self.cross_attention_type!r}): make some layers {layer_type}, or "
-                    f"leave {field} at {default!r}"
-                )
+        if self.zformer_feature_map != "identity" and "zformer" not in used:
+            raise ValueError(
+                f"zformer_feature_map={self.zformer_feature_map!r} applies to zformer layers and this config has "
+                f"none (attention_type={self.attention_type!r}, decoder_attention_type={decoder_value!r}, "
+                f"cross_attention_type={self.cross_attention_type!r}): make some layers zformer, or leave "
+                "zformer_feature_map at 'identity'"
+            )
         _check_choice("classifier_pooling", self.classifier_pooling, CLASSIFIER_POOLINGS)
         _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
         _check_choice("layer_norm_position", self.layer_norm_position, LAYER_NORM_POSITIONS)

@@ -347,8 +347,6 @@ class ZformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, FastformerAttention) and module.additive:
             init.normal_(module.query_score, mean=0.0, std=std)
             init.normal_(module.key_score, mean=0.0, std=std)
-            if module.global_value:
-                init.normal_(module.value_score, mean=0.0, std=std)
         elif isinstance(module, ZformerEmbeddings) and hasattr(module, "sinusoidal"):
             init.copy_(module.sinusoidal, sinusoidal_table(*module.sinusoidal.shape))
         elif isinstance(module, ZformerLMHead):
