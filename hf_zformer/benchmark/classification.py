@@ -114,13 +114,12 @@ def classification_flops(model: str, kind: str, length: int, shape: Classificati
     (`attention_flops`, or with `executed` the `executed_attention_flops` that hf_zformer runs:
     folded zformer/fastformer forms on long fp32 inputs) + output projection 2 B N D^2 (folded
     into the attention's per-sequence map when folded and N > D: 2 B D^3) + FFN 4 B N D I
-    (`flops.model_flops`), and an input convolution of k taps 2 B N D k; then the pooler 2 B D^2 and
-    the classifier 2 B D labels. Embeddings, LayerNorms, softmax and the loss ignored; train = 3 x
-    forward. BERT counts as `full`."""
+    (`flops.model_flops`, with an input convolution where the config has one); then the pooler
+    2 B D^2 and the classifier 2 B D labels. Embeddings, LayerNorms, softmax and the loss ignored;
+    train = 3 x forward. BERT counts as `full`."""
     config = config if config is not None else _zformer_config(model, shape)
     b, d = shape.batch, shape.width
     layer = model_flops(_attention_type(model), b, length, d, shape.heads, config, executed=executed, dtype=dtype)
-    layer += 2 * b * length * d * config.encoder_conv_size
     forward = shape.layers * layer + 2 * b * d * d + 2 * b * d * shape.labels
     return step_flops(forward, kind)
 

@@ -126,15 +126,17 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
 def model_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config,
                 executed: bool = False, dtype: str = "fp32") -> int:
     """Forward FLOPs of the one-layer model: attention (`attention_flops`, or
-    `executed_attention_flops` when `executed`), the output projection (2 B N D^2) and the shrunk
-    feed-forward (4 B N D I); embeddings and LayerNorms are ignored. Executed, a folded attention
-    form merges the output projection into its per-sequence matrix when N > D, for 2 B D^3."""
+    `executed_attention_flops` when `executed`), the output projection (2 B N D^2), the shrunk
+    feed-forward (4 B N D I) and an input convolution of k taps (`encoder_conv_size`), 2 B N D k;
+    embeddings and LayerNorms are ignored. Executed, a folded attention form merges the output
+    projection into its per-sequence matrix when N > D, for 2 B D^3."""
     b, n, d = batch, length, width
+    convolution = 2 * b * n * d * getattr(config, "encoder_conv_size", 0)
     if not executed:
-        return layer_flops(attention_type, b, n, d, heads, config.intermediate_size, config)
+        return layer_flops(attention_type, b, n, d, heads, config.intermediate_size, config) + convolution
     attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype=dtype)
     folded_projection = 2 * b * n * d * d - 2 * b * d**3 if folded(attention_type, n, d, config, dtype) and n > d else 0
-    return attention + dense_flops(b, n, d, config.intermediate_size) - folded_projection
+    return attention + dense_flops(b, n, d, config.intermediate_size) - folded_projection + convolution
 
 
 def step_flops(forward_flops: int, mode: str) -> int:
