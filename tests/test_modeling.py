@@ -154,6 +154,8 @@ def test_hybrid_layers_use_their_types():
         (dict(zformer_scale_init=0), "zformer_scale_init=0"),
         (dict(pad_token_id=500), "pad_token_id=500"),
         (dict(num_attention_heads=0), "num_attention_heads=0"),
+        (dict(attention_type="fastformer", fastformer_share_qv="false"), "fastformer_share_qv='false' must be True or False"),
+        (dict(scale_embedding=1), "scale_embedding=1 must be True or False"),
     ],
 )
 def test_bad_configs_raise(overrides, message):

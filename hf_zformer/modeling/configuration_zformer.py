@@ -238,8 +238,9 @@ class ZformerConfig(PreTrainedConfig):
         _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
         _check_choice("layer_norm_position", self.layer_norm_position, LAYER_NORM_POSITIONS)
         _check_positive("type_vocab_size", self.type_vocab_size, allow_zero=True)
-        if not isinstance(self.embedding_layer_norm, bool):
-            raise ValueError(f"embedding_layer_norm={self.embedding_layer_norm!r} must be True or False")
+        for switch in ("fastformer_share_qv", "scale_embedding", "embedding_layer_norm"):  # "no" would read as True
+            if not isinstance(getattr(self, switch), bool):
+                raise ValueError(f"{switch}={getattr(self, switch)!r} must be True or False")
         if not (isinstance(self.zformer_scale_init, (int, float)) and self.zformer_scale_init > 0):
             raise ValueError(f"zformer_scale_init={self.zformer_scale_init!r} must be a positive number")
         # Options of earlier versions, measured and removed because they did not win (hf_zformer
