@@ -7,7 +7,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import hf_zformer  # noqa: F401  (registers the Auto classes)
+# Without a GPU the Triton kernels run through triton's interpreter (tests/test_kernels.py): it is
+# chosen when triton is first imported, so before hf_zformer.
+if not torch.cuda.is_available() and "triton" not in sys.modules:
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import hf_zformer  # noqa: E402,F401  (registers the Auto classes)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"

@@ -41,6 +41,7 @@ from .blocks import (  # noqa: F401  (Linear, Dropout, masked_softmax are also t
 )
 from .ops import (
     add_key_value_products,
+    direction_pool,
     hedgehog_features,
     linear_attention,
     normalize,
@@ -641,28 +642,45 @@ class FastformerAttention(_QKVAttention):
         value = split_heads(value_proj, self.num_heads)
         w_q = self.query_score if self.additive else None
         w_k = self.key_score if self.additive else None
-        with no_autocast(hidden_states.device.type):
-            query32, key32 = at_least_fp32(query, key)
-            causal = self.is_causal
-            mask = new_tokens_mask(attention_mask, hidden_states.shape[1]) if causal else attention_mask
-            mask = None if mask is None else mask.bool()  # once for both poolings
-            layer = cache.layers[self.layer_idx] if causal and cache is not None else None
-            keep = layer is not None
-            global_query, query_pool = softmax_pool(  # q_g: (B, H, 1, d), causal (B, H, N, d)
-                self._scores(query32, w_q), query32, mask, layer.query_pool if keep else None, causal=causal,
-                return_state=keep,
-            )
-            mixed = global_query * key32  # p_i  (B, H, N, d)
-            global_key, key_pool = softmax_pool(
-                self._scores(mixed, w_k), mixed, mask, layer.key_pool if keep else None, causal=causal,
-                return_state=keep,
-            )
-            if keep:
-                layer.store(query_pool, key_pool, hidden_states.shape[1])
+        if not self.is_causal:
+            global_key = self._pooled_key(query, key, w_q, w_k, attention_mask)  # (B, H, 1, d)
+        else:
+            global_key = self._causal_pooled_key(query, key, w_q, w_k, attention_mask, cache, hidden_states.shape[1])
         if global_key.dtype != value.dtype:
             global_key = global_key.to(value.dtype)
         mixed_value = merge_heads(global_key * value)  # u_i  (B, N, D)
         return add_into_fresh(self.transform(mixed_value), query_proj)  # r_i = W_r u_i + q_i
+
+    def _pooled_key(self, query, key, w_q, w_k, attention_mask):
+        """k_g (B, H, 1, d) of bidirectional attention, both poolings by `ops.direction_pool`:
+        q_g pools q_i along w_q; w_k . (q_g * k_i) = (w_k * q_g) . k_i, so k_g = q_g * (the pooling of
+        k_i along w_k * q_g): p_i = q_g * k_i is never formed."""
+        scale = self.head_dim**-0.5
+        global_query = direction_pool(query, None if w_q is None else (w_q * scale)[None], attention_mask)
+        direction = None if w_k is None else w_k * scale * global_query[:, :, 0]  # (B, H, d)
+        return global_query * direction_pool(key, direction, attention_mask)
+
+    def _causal_pooled_key(self, query, key, w_q, w_k, attention_mask, cache, length):
+        """k_g (B, H, N, d) of causal attention: prefix poolings (`ops.softmax_pool`), each starting
+        from its state in the cache layer when there is one, and storing the new states there."""
+        with no_autocast(query.device.type):
+            query32, key32 = at_least_fp32(query, key)
+            mask = new_tokens_mask(attention_mask, length)
+            mask = None if mask is None else mask.bool()  # once for both poolings
+            layer = cache.layers[self.layer_idx] if cache is not None else None
+            keep = layer is not None
+            global_query, query_pool = softmax_pool(  # q_g per position (B, H, N, d)
+                self._scores(query32, w_q), query32, mask, layer.query_pool if keep else None, causal=True,
+                return_state=keep,
+            )
+            mixed = global_query * key32  # p_i  (B, H, N, d)
+            global_key, key_pool = softmax_pool(
+                self._scores(mixed, w_k), mixed, mask, layer.key_pool if keep else None, causal=True,
+                return_state=keep,
+            )
+            if keep:
+                layer.store(query_pool, key_pool, length)
+        return global_key
 
     def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Bidirectional Fastformer with every step linear in the tokens x_i, per head:

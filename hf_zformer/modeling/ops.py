@@ -16,8 +16,21 @@ the tests compare every fast form against it in fp64, forward and backward).
   softmax_j(scores) values_j over the real positions j that i sees; `state` is (log-sum-exp of the
   scores so far (B, H, 1, 1), the pooling so far (B, H, 1, d)).
 
+- **Direction pooling** (bidirectional Fastformer): `direction_pool(values, direction, mask)`,
+  reference `direction_pool_reference`: `softmax_pool` with the scores values_j . u, so a fused
+  kernel reads the values once and no (B, H, N, 1) scores are formed.
+
 Softmax attention (full) runs through transformers' attention functions, with
 `attention.einsum_attention_forward` as its reference.
+
+**Backends.** Each operation has a torch form (below; every device and dtype, fp64 included) and,
+where one exists, a fused Triton kernel (`triton_ops.py`: bidirectional linear attention and
+direction pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
+is installed. `HF_ZFORMER_KERNELS` (read at import) or `set_kernel_backend` chooses: `auto` (the
+default: kernels where they apply), `torch` (the torch forms everywhere, to compare) or `triton`
+(kernels where they apply, also on CPU tensors under `TRITON_INTERPRET=1`, as the tests run them).
+A call a kernel does not cover (a state, causal, fp64, an unsupported head width, inside
+`torch.compile`) takes the torch form; the reason is logged once at debug level.
 
 Each function picks its form by a rule stated in its docstring (the cheaper order on short inputs,
 blocks for long causal inputs, a four-operation step while decoding). Sums over the sequence run in
@@ -25,9 +38,15 @@ fp32 with autocast off (fp64 stays fp64). This file ships to the Hugging Face Hu
 checkpoint: torch and siblings only.
 """
 
-import torch
+import os
 
+import torch
+from transformers.utils import logging
+
+from . import triton_ops
 from .blocks import at_least_fp32, masked_softmax, no_autocast, per_head_product
+
+logger = logging.get_logger(__name__)
 
 # Zformer's causal form is computed in blocks of this many tokens: quadratic inside a block,
 # recurrent across blocks, so what autograd keeps is O(N * block) instead of O(N * d_h^2). Inputs up to
@@ -39,6 +58,68 @@ ZFORMER_CAUSAL_BLOCK = 64
 # dispatch in the forward and more in the backward (docs/benchmarks.md). Its 2 N^2 D FLOPs per
 # pooling (all heads) are N / D of one D x D projection's: an eighth at N = 64, D = 512.
 FASTFORMER_CAUSAL_QUADRATIC = 64
+
+
+# ----------------------------------------------------------------------------------------------
+# backends
+# ----------------------------------------------------------------------------------------------
+
+KERNEL_BACKENDS = ("auto", "torch", "triton")
+
+
+def _checked_backend(name: str, source: str) -> str:
+    if name not in KERNEL_BACKENDS:
+        raise ValueError(f"{source}={name!r}: choose one of {', '.join(KERNEL_BACKENDS)}")
+    return name
+
+
+_backend = _checked_backend(os.environ.get("HF_ZFORMER_KERNELS", "auto").strip().lower() or "auto",
+                            "HF_ZFORMER_KERNELS")
+_reported: set[str] = set()
+
+
+def set_kernel_backend(name: str) -> str:
+    """Choose the backend of the sequence operations for this process: 'auto', 'torch' or 'triton'
+    (see the module docstring). Returns the previous choice, to restore it."""
+    global _backend
+    previous, _backend = _backend, _checked_backend(name, "kernel backend")
+    return previous
+
+
+def kernel_backend() -> str:
+    """The backend chosen ('auto', 'torch' or 'triton')."""
+    return _backend
+
+
+def _torch_form(reason: str) -> bool:
+    if reason not in _reported:
+        _reported.add(reason)
+        logger.debug(f"hf_zformer kernels: the torch form runs ({reason})")
+    return False
+
+
+def _kernel_applies(operation: str, *tensors: torch.Tensor) -> bool:
+    """Whether `operation` runs its Triton kernel on these inputs (the backend, the device, the
+    dtypes and head widths); `False` means the torch form, with the reason logged once at debug level."""
+    if _backend == "torch":
+        return False
+    device = tensors[0].device.type
+    if device != "cuda" and _backend == "auto":
+        return False  # the torch forms are the CPU's own
+    if not triton_ops.AVAILABLE:
+        if _backend == "triton":
+            raise RuntimeError("HF_ZFORMER_KERNELS=triton: triton is not installed (pip install triton)")
+        return _torch_form("triton is not installed")
+    if device != "cuda" and not triton_ops.INTERPRETED:
+        raise RuntimeError(f"HF_ZFORMER_KERNELS=triton on a {device} tensor: the kernels need CUDA, or "
+                           "TRITON_INTERPRET=1 set before the first import to run them on the CPU")
+    if torch.compiler.is_compiling():
+        return _torch_form(f"{operation} inside torch.compile")
+    if any(t.dtype not in (torch.float32, torch.bfloat16, torch.float16) for t in tensors):
+        return _torch_form(f"{operation} in {tensors[0].dtype}")
+    if not all(triton_ops.supported_width(t.shape[-1]) for t in tensors):
+        return _torch_form(f"{operation} with head widths {sorted({t.shape[-1] for t in tensors})}")
+    return True
 
 
 # ----------------------------------------------------------------------------------------------
@@ -56,8 +137,8 @@ def linear_attention(query, key, value, mask=None, state=None, *, causal=False, 
     """Zformer's sequence operation (see the module docstring). query (B, H, Nq, d), key (B, H, Nk, d)
     and value (B, H, Nk, e) (Nk = Nq when causal) or both None (no new keys), mask (B, Nk), 1 at real
     keys, or None; state (B, H, d, e) or None (nothing before); scale a tensor of one element, or
-    None for 1. Returns (out (B, H, Nq, e) in fp32 or fp64, the state including these keys
-    (B, H, d, e) when `return_state`, else None).
+    None for 1. Returns (out (B, H, Nq, e) in fp32 or fp64 (from the bidirectional kernel: in the
+    queries' dtype), the state including these keys (B, H, d, e) when `return_state`, else None).
 
     The form, by a rule on the shapes: without a state (and none asked for), `(Q K^T) V` where it
     costs less (`quadratic_order_pays_off`; causal: up to ZFORMER_CAUSAL_BLOCK tokens, with the
@@ -69,6 +150,8 @@ def linear_attention(query, key, value, mask=None, state=None, *, causal=False, 
             query = at_least_fp32(query)[0]
             query = query if scale is None else query * scale.to(query.dtype)
             return per_head_product(query, state), state if return_state else None
+    if state is None and not (causal or return_state) and _kernel_applies("linear_attention", query, key, value):
+        return triton_ops.linear_attention_kernel(query, key, value, mask, scale), None
     if mask is not None:
         key = key * mask.to(key.dtype)[:, None, :, None]  # padding's keys are zero: no k^T v term
     queries, keys, dim = query.shape[2], key.shape[2], query.shape[3]
@@ -247,6 +330,34 @@ def softmax_pool(scores, values, mask=None, state=None, *, causal=False, return_
         scores = scores.masked_fill(~mask.bool()[:, None, :, None], float("-inf"))
     pooled, after = prefix_pool(scores, values, state)
     return pooled, after if return_state else None
+
+
+def direction_pool(values, direction=None, mask=None):
+    """Bidirectional softmax pooling whose scores are a projection of the values themselves:
+    pooled = sum_j softmax_j(values_j . u) values_j over the real positions j. values (B, H, N, d),
+    direction u (B or 1, H, d), or None for zero scores (the plain mean), mask (B, N), 1/True at
+    real tokens, or None. Returns (B, H, 1, d) in fp32 (fp64 stays fp64); zero for a row with no real
+    token. Fastformer's two poolings both take this form (w . q_i, and w . (q_g * k_i) = (w * q_g) . k_i).
+
+    The Triton kernel where it applies (`_kernel_applies`), else `softmax_pool` over the scores."""
+    if _kernel_applies("direction_pool", values):
+        return triton_ops.direction_pool_kernel(values, direction, mask)[:, :, None]
+    with no_autocast(values.device.type):
+        values = at_least_fp32(values)[0]
+        return softmax_pool(_direction_scores(values, direction), values, mask)[0]
+
+
+def _direction_scores(values, direction):
+    """values_j . u (B, H, N, 1) in the values' dtype: a product and a sum over d, on the values'
+    own strided layout (no copy); zeros without a direction."""
+    if direction is None:
+        return values.new_zeros(*values.shape[:-1], 1)
+    return (values * direction.to(values.dtype)[:, :, None, :]).sum(-1, keepdim=True)
+
+
+def direction_pool_reference(values, direction=None, mask=None):
+    """`direction_pool` computed naively, through `softmax_pool_reference` over the scores."""
+    return softmax_pool_reference(_direction_scores(values, direction), values, mask)[0]
 
 
 def causal_softmax_pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -1,0 +1,245 @@
+"""The fused Triton kernels (`hf_zformer/modeling/triton_ops.py`) against the fp64 torch forms and
+the naive references of `ops.py`: outputs and gradients, padded and unpadded, inputs laid out as the
+attention classes hand them over (head views of the projections).
+
+Without a GPU they run through triton's interpreter (tests/conftest.py sets TRITON_INTERPRET=1); on
+a GPU machine the same tests run the compiled kernels on CUDA:
+
+    python -m pytest tests/test_kernels.py
+"""
+
+import pytest
+import torch
+
+from hf_zformer.modeling import ops, triton_ops
+from hf_zformer.modeling.attention import FastformerAttention, ZformerAttention
+from conftest import tiny_config
+
+pytestmark = pytest.mark.skipif(not triton_ops.AVAILABLE, reason="triton is not installed")
+
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+@pytest.fixture
+def kernels():
+    """The kernel backend for the test, the previous choice restored after it."""
+    previous = ops.set_kernel_backend("triton")
+    yield
+    ops.set_kernel_backend(previous)
+
+
+def _heads(batch, length, heads, dim, generator, dtype=torch.float32, offset=0.0):
+    """(B, H, N, d) as the classes pass it: a head view of a (B, N, H * d) projection (strided)."""
+    x = torch.randn(batch, length, heads * dim, generator=generator) + offset
+    return x.to(DEVICE, dtype).view(batch, length, heads, dim).transpose(1, 2).requires_grad_()
+
+
+def _mask(batch, length, real):
+    mask = torch.zeros(batch, length, dtype=torch.long)
+    for row, count in enumerate(real):
+        mask[row, :count] = 1
+    return mask.to(DEVICE)
+
+
+def _fp64(*tensors):
+    return [t.detach().double().requires_grad_() for t in tensors]
+
+
+def _relative(a, b):
+    return ((a.double() - b.double()).norm() / b.double().norm().clamp_min(1e-30)).item()
+
+
+def _grads(outputs, inputs, seed=5):
+    generator = torch.Generator().manual_seed(seed)
+    weight = torch.randn(outputs.shape, generator=generator).to(outputs.device, outputs.dtype)
+    return torch.autograd.grad((outputs * weight).sum(), inputs, allow_unused=True, retain_graph=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# linear attention
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("with_scale", [False, True])
+@pytest.mark.parametrize("queries, keys", [(150, 150), (37, 600)])  # self, and cross with two slices
+def test_linear_attention_kernel_matches_fp64(kernels, with_mask, with_scale, queries, keys):
+    generator = torch.Generator().manual_seed(0)
+    batch, heads, dim = 2, 2, 16
+    query = _heads(batch, queries, heads, dim, generator)
+    key = _heads(batch, keys, heads, dim, generator)
+    value = _heads(batch, keys, heads, 32, generator)
+    mask = _mask(batch, keys, [keys - 11, keys // 3]) if with_mask else None
+    scale = torch.tensor([0.37], device=DEVICE, requires_grad=True) if with_scale else None
+    out, state = ops.linear_attention(query, key, value, mask, scale=scale)
+    assert state is None and out.dtype == torch.float32 and out.shape == (batch, heads, queries, 32)
+
+    ops.set_kernel_backend("torch")
+    inputs64 = _fp64(query, key, value) + (_fp64(scale) if with_scale else [])
+    expected, _ = ops.linear_attention(*inputs64[:3], mask, scale=inputs64[3] if with_scale else None)
+    assert _relative(out, expected) < 1e-6
+    inputs = [query, key, value] + ([scale] if with_scale else [])
+    for got, want in zip(_grads(out, inputs), _grads(expected, inputs64)):
+        assert _relative(got, want) < 1e-6
+    if with_mask:  # padding's keys and values get no gradient
+        grads = _grads(out, [key, value])
+        assert all(g[~mask.bool()[:, None, :, None].expand_as(g)].abs().max() == 0 for g in grads)
+
+
+def test_linear_attention_kernel_matches_the_naive_reference(kernels):
+    generator = torch.Generator().manual_seed(1)
+    query, key, value = (_heads(2, 9, 2, 16, generator) for _ in range(3))
+    mask = _mask(2, 9, [9, 4])
+    scale = torch.tensor([1.7], device=DEVICE)
+    out, _ = ops.linear_attention(query, key, value, mask, scale=scale)
+    expected, _ = ops.linear_attention_reference(*(t.detach().cpu().double() for t in (query, key, value)),
+                                                 mask.cpu(), scale=scale.cpu().double())
+    assert _relative(out.cpu(), expected) < 1e-6
+
+
+def test_linear_attention_kernel_in_bf16_stays_close(kernels):
+    generator = torch.Generator().manual_seed(2)
+    query, key, value = (_heads(2, 700, 4, 64, generator, torch.bfloat16, offset=1.0) for _ in range(3))
+    mask = _mask(2, 700, [700, 333])
+    out, _ = ops.linear_attention(query, key, value, mask)
+    assert out.dtype == torch.bfloat16  # the caller casts to the projections' dtype anyway
+    inputs64 = _fp64(query, key, value)
+    expected, _ = ops.linear_attention(*inputs64, mask)  # fp64: the torch form
+    assert _relative(out, expected) < 1e-2
+    for got, want in zip(_grads(out, [query, key, value]), _grads(expected, inputs64)):
+        assert _relative(got, want) < 2e-2
+
+
+def test_linear_attention_kernel_extra_padding_changes_nothing(kernels):
+    """Appended padding (here across a slice boundary) leaves real positions bit for bit the same."""
+    generator = torch.Generator().manual_seed(3)
+    query, key, value = (_heads(2, 600, 2, 16, generator) for _ in range(3))
+    mask = _mask(2, 600, [600, 450])
+    out, _ = ops.linear_attention(query, key, value, mask)
+    padded = [torch.nn.functional.pad(t.detach(), (0, 0, 0, 500)) for t in (query, key, value)]
+    wide, _ = ops.linear_attention(*padded, torch.nn.functional.pad(mask, (0, 500)))
+    assert torch.equal(wide[:, :, :600], out.detach())
+
+
+# ----------------------------------------------------------------------------------------------
+# direction pooling
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("direction_rows", [None, 1, 3])  # the mean, one direction per head, per sequence
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_direction_pool_kernel_matches_fp64(kernels, direction_rows, with_mask):
+    generator = torch.Generator().manual_seed(4)
+    batch, heads, length, dim = 3, 2, 700, 32
+    values = _heads(batch, length, heads, dim, generator)
+    direction = None
+    if direction_rows is not None:
+        direction = torch.randn(direction_rows, heads, dim, generator=generator).to(DEVICE).requires_grad_()
+    mask = _mask(batch, length, [length, 100, 0]) if with_mask else None  # an all-padding row
+    pooled = ops.direction_pool(values, direction, mask)
+    assert pooled.shape == (batch, heads, 1, dim) and pooled.dtype == torch.float32
+
+    ops.set_kernel_backend("torch")
+    inputs = [values] + ([direction] if direction is not None else [])
+    inputs64 = _fp64(*inputs)
+    expected = ops.direction_pool(inputs64[0], inputs64[1] if direction is not None else None, mask)
+    assert _relative(pooled, expected) < 1e-6
+    if with_mask:
+        assert pooled[2].abs().max() == 0
+    for got, want in zip(_grads(pooled, inputs), _grads(expected, inputs64)):
+        assert torch.isfinite(got).all()
+        assert _relative(got, want) < 1e-5
+
+
+def test_direction_pool_kernel_matches_the_naive_reference(kernels):
+    generator = torch.Generator().manual_seed(6)
+    values = _heads(2, 11, 2, 16, generator)
+    direction = torch.randn(2, 2, 16, generator=generator).to(DEVICE)
+    mask = _mask(2, 11, [11, 5])
+    pooled = ops.direction_pool(values, direction, mask)
+    expected = ops.direction_pool_reference(values.detach().cpu().double(), direction.cpu().double(), mask.cpu())
+    assert _relative(pooled.cpu(), expected) < 1e-6
+
+
+def test_direction_pool_kernel_extra_padding_changes_nothing(kernels):
+    generator = torch.Generator().manual_seed(7)
+    values = _heads(2, 600, 2, 16, generator)
+    direction = torch.randn(1, 2, 16, generator=generator).to(DEVICE)
+    mask = _mask(2, 600, [600, 450])
+    pooled = ops.direction_pool(values, direction, mask)
+    wide = ops.direction_pool(torch.nn.functional.pad(values.detach(), (0, 0, 0, 500)), direction,
+                              torch.nn.functional.pad(mask, (0, 500)))
+    assert torch.equal(wide, pooled.detach())
+
+
+# ----------------------------------------------------------------------------------------------
+# the attention classes through the seam, and the dispatch rules
+# ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("attention, options", [
+    ("zformer", {}),
+    ("fastformer", {}),
+    ("fastformer", {"fastformer_share_qv": True}),
+    ("fastformer", {"fastformer_pooling": "mean"}),
+])
+def test_attention_modules_give_the_torch_forms_results(attention, options):
+    """A module under autocast-free fp32 with padding: the kernel backend's outputs and parameter
+    gradients equal the torch forms' (the plain forms: inputs shorter than the width)."""
+    config = tiny_config(attention_type=attention, hidden_size=64, num_attention_heads=4, **options)
+    torch.manual_seed(0)
+    module = (ZformerAttention if attention == "zformer" else FastformerAttention)(config).to(DEVICE)
+    if attention == "fastformer" and module.additive:
+        torch.nn.init.normal_(module.query_score)
+        torch.nn.init.normal_(module.key_score)
+    x = torch.randn(3, 40, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    mask = _mask(3, 40, [40, 17, 1])
+    results = {}
+    for backend in ("torch", "triton"):
+        previous = ops.set_kernel_backend(backend)
+        try:
+            module.zero_grad()
+            out, _ = module(x, mask)
+            out.backward(torch.ones_like(out))
+            results[backend] = (out.detach(), {n: p.grad.clone() for n, p in module.named_parameters()})
+        finally:
+            ops.set_kernel_backend(previous)
+    (torch_out, torch_grads), (kernel_out, kernel_grads) = results["torch"], results["triton"]
+    real = mask.bool()
+    assert _relative(kernel_out[real], torch_out[real]) < 1e-5
+    for name, grad in torch_grads.items():
+        assert _relative(kernel_grads[name], grad) < 1e-4, name
+
+
+def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypatch):
+    calls = []
+    original = triton_ops.linear_attention_kernel
+    monkeypatch.setattr(triton_ops, "linear_attention_kernel", lambda *a, **k: calls.append(1) or original(*a, **k))
+    generator = torch.Generator().manual_seed(8)
+    query, key, value = (_heads(1, 20, 2, 16, generator) for _ in range(3))
+    ops.linear_attention(query, key, value)
+    assert len(calls) == 1
+    ops.linear_attention(query, key, value, causal=True)  # no causal kernel: the torch form
+    ops.linear_attention(*_fp64(query, key, value))  # fp64: the torch form
+    ops.linear_attention(query, key, value, return_state=True)  # a state for a cache: the torch form
+    narrow = [t[..., :12] for t in (query, key, value)]  # a head width the kernels do not take
+    ops.linear_attention(*narrow)
+    ops.set_kernel_backend("torch")
+    ops.linear_attention(query, key, value)
+    assert len(calls) == 1
+
+
+def test_auto_backend_leaves_the_cpu_to_the_torch_forms(monkeypatch):
+    previous = ops.set_kernel_backend("auto")
+    try:
+        monkeypatch.setattr(triton_ops, "linear_attention_kernel", None)  # calling it would fail
+        query = torch.randn(1, 2, 20, 16)
+        out, _ = ops.linear_attention(query, query, query)
+        assert out.shape == (1, 2, 20, 16)
+    finally:
+        ops.set_kernel_backend(previous)
+
+
+def test_an_unknown_backend_is_refused_by_name():
+    with pytest.raises(ValueError, match="'fast'.*auto, torch, triton"):
+        ops.set_kernel_backend("fast")
