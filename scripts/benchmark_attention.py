@@ -44,9 +44,11 @@ def parse_args(argv=None):
                              "'causal': training and generation tokens/s, cache size and FLOP ratios of our causal LM "
                              "against GPT-2 of identical size; 'classification': inference and training tokens/s and "
                              "FLOP ratios of our sequence classifier against BERT of identical size")
-    parser.add_argument("--types", nargs="+", choices=benchmark.TYPES, default=list(benchmark.TYPES),
+    parser.add_argument("--types", nargs="+", choices=benchmark.TYPES, default=list(benchmark.DEFAULT_TYPES),
                         help="attention types; 'full' is fused SDPA (the baseline of every speedup), "
-                             "'full_eager' our einsum reference")
+                             "'full_eager' our einsum reference, 'zformer_torch' / 'fastformer_torch' the type "
+                             "with the torch forms of its sequence operations instead of the fused kernels "
+                             "(the same code on a CPU)")
     parser.add_argument("--lengths", nargs="+", type=positive_int, default=None,
                         help="sequence lengths (default 128 ... 8192 by powers of 2); --level causal: training "
                              "length and generation prompt + output, half each (default 64 512 2048 8192); "

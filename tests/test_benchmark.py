@@ -31,8 +31,8 @@ def test_script_writes_csv_json_markdown_png(tmp_path):
     load_script().main(TINY + ["--modes", "forward", "train", "--output", str(prefix)])
 
     rows = read_csv(f"{prefix}.csv")
-    assert len(rows) == 2 * 2 * len(benchmark.TYPES)  # modes x lengths x types
-    assert {r["attention_type"] for r in rows} == set(benchmark.TYPES)
+    assert len(rows) == 2 * 2 * len(benchmark.DEFAULT_TYPES)  # modes x lengths x types
+    assert {r["attention_type"] for r in rows} == set(benchmark.DEFAULT_TYPES)
     for row in rows:
         assert row["status"] == "ok", row
         assert float(row["time_ms"]) > 0

@@ -62,17 +62,21 @@ def _grads(outputs, inputs, seed=5):
 
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("with_scale", [False, True])
-@pytest.mark.parametrize("queries, keys", [(150, 150), (37, 600)])  # self, and cross with two slices
-def test_linear_attention_kernel_matches_fp64(kernels, with_mask, with_scale, queries, keys):
+@pytest.mark.parametrize("queries, keys, dim, width", [
+    (150, 150, 16, 32),  # self-attention
+    (37, 600, 16, 32),  # cross-attention, keys in two slices
+    (70, 70, 20, 21),  # widths padded to tiles (a feature map's [v, 1] is d + 1 wide)
+])
+def test_linear_attention_kernel_matches_fp64(kernels, with_mask, with_scale, queries, keys, dim, width):
     generator = torch.Generator().manual_seed(0)
-    batch, heads, dim = 2, 2, 16
+    batch, heads = 2, 2
     query = _heads(batch, queries, heads, dim, generator)
     key = _heads(batch, keys, heads, dim, generator)
-    value = _heads(batch, keys, heads, 32, generator)
+    value = _heads(batch, keys, heads, width, generator)
     mask = _mask(batch, keys, [keys - 11, keys // 3]) if with_mask else None
     scale = torch.tensor([0.37], device=DEVICE, requires_grad=True) if with_scale else None
     out, state = ops.linear_attention(query, key, value, mask, scale=scale)
-    assert state is None and out.dtype == torch.float32 and out.shape == (batch, heads, queries, 32)
+    assert state is None and out.dtype == torch.float32 and out.shape == (batch, heads, queries, width)
 
     ops.set_kernel_backend("torch")
     inputs64 = _fp64(query, key, value) + (_fp64(scale) if with_scale else [])
@@ -128,9 +132,10 @@ def test_linear_attention_kernel_extra_padding_changes_nothing(kernels):
 
 @pytest.mark.parametrize("direction_rows", [None, 1, 3])  # the mean, one direction per head, per sequence
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_direction_pool_kernel_matches_fp64(kernels, direction_rows, with_mask):
+@pytest.mark.parametrize("dim", [32, 24])
+def test_direction_pool_kernel_matches_fp64(kernels, direction_rows, with_mask, dim):
     generator = torch.Generator().manual_seed(4)
-    batch, heads, length, dim = 3, 2, 700, 32
+    batch, heads, length = 3, 2, 700
     values = _heads(batch, length, heads, dim, generator)
     direction = None
     if direction_rows is not None:
@@ -179,6 +184,7 @@ def test_direction_pool_kernel_extra_padding_changes_nothing(kernels):
 
 @pytest.mark.parametrize("attention, options", [
     ("zformer", {}),
+    ("zformer", {"zformer_feature_map": "hedgehog"}),
     ("fastformer", {}),
     ("fastformer", {"fastformer_share_qv": True}),
     ("fastformer", {"fastformer_pooling": "mean"}),
@@ -222,8 +228,8 @@ def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypat
     ops.linear_attention(query, key, value, causal=True)  # no causal kernel: the torch form
     ops.linear_attention(*_fp64(query, key, value))  # fp64: the torch form
     ops.linear_attention(query, key, value, return_state=True)  # a state for a cache: the torch form
-    narrow = [t[..., :12] for t in (query, key, value)]  # a head width the kernels do not take
-    ops.linear_attention(*narrow)
+    wide = [t.repeat(1, 1, 1, 17) for t in (query, key, value)]  # 272: wider than a tile
+    ops.linear_attention(*wide)
     ops.set_kernel_backend("torch")
     ops.linear_attention(query, key, value)
     assert len(calls) == 1

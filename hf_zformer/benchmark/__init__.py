@@ -35,7 +35,7 @@ decoder-only level), `classification` (the sequence-classification level) and `r
 (CSV/JSON/markdown/plots). Every public name is importable from `hf_zformer.benchmark`.
 """
 
-from .cases import BASELINE, DTYPES, LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, make_config
+from .cases import BASELINE, DEFAULT_TYPES, DTYPES, LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, make_config
 from .causal import (
     CAUSAL_KINDS,
     CAUSAL_MODELS,
@@ -105,7 +105,7 @@ from .seq2seq import (SEQ2SEQ_DEFAULT_MODELS, SEQ2SEQ_MODELS, Seq2SeqResult, Seq
 
 __all__ = [
     "BASELINE", "CAUSAL_KINDS", "CAUSAL_MODELS", "CLASSIFICATION_KINDS", "CLASSIFICATION_MODELS", "CSV_FIELDS",
-    "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_DEFAULT_MODELS", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase",
+    "DEFAULT_TYPES", "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_DEFAULT_MODELS", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase",
     "BenchResult",
     "CausalResult", "CausalShape", "ClassificationResult", "ClassificationShape", "Seq2SeqResult", "Seq2SeqShape",
     "add_speedups", "attention_flops", "available_memory_bytes", "build_causal", "build_classifier", "build_module",

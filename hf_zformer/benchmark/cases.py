@@ -10,7 +10,10 @@ import torch
 from ..modeling.attention import ATTENTION_CLASSES
 from ..modeling.configuration_zformer import ZformerConfig
 
-TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer")
+TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer", "zformer_torch", "fastformer_torch")
+# Types measured unless others are named: the `_torch` variants (the torch forms of the sequence
+# operations where the default backend would take a fused kernel) only differ from their type on a GPU.
+DEFAULT_TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer")
 MODES = ("forward", "train")
 LEVELS = ("attention", "model", "seq2seq", "causal", "classification")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -18,16 +21,27 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BASELINE = "full"
 
 
+def attention_of(benchmark_type: str) -> str:
+    """The model's attention type of a benchmark type: `full_eager` is full attention through the
+    einsum reference, `<type>_torch` the type with the torch forms of its sequence operations."""
+    if benchmark_type not in TYPES:
+        raise ValueError(f"unknown attention type {benchmark_type!r}; choose one of {list(TYPES)}")
+    return "full" if benchmark_type.startswith("full") else benchmark_type.removesuffix("_torch")
+
+
+def kernel_backend_of(benchmark_type: str) -> str:
+    """The backend of the sequence operations a benchmark type runs (`ops.use_kernel_backend`)."""
+    return "torch" if benchmark_type.endswith("_torch") else "auto"
+
+
 def make_config(attention_type: str, length: int, width: int, heads: int, **overrides) -> ZformerConfig:
     """A dropout-free config for `attention_type` with max_position_embeddings = `length` (xformer's
     projection E has ceil(max_pos / beta) rows, so k grows with the benchmarked length)."""
-    if attention_type not in TYPES:
-        raise ValueError(f"unknown attention type {attention_type!r}; choose one of {list(TYPES)}")
     kwargs = dict(
         hidden_size=width,
         num_attention_heads=heads,
         num_hidden_layers=1,
-        attention_type="full" if attention_type.startswith("full") else attention_type,
+        attention_type=attention_of(attention_type),
         max_position_embeddings=length,
         hidden_dropout_prob=0.0,
         attention_probs_dropout_prob=0.0,

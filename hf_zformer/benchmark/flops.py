@@ -9,7 +9,7 @@ import math
 import torch
 
 from ..modeling.attention import quadratic_order_pays_off, use_folded_form
-from .cases import TYPES, BenchCase, BenchResult, make_config
+from .cases import TYPES, BenchCase, BenchResult, attention_of, make_config
 
 def attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None) -> int:
     """Nominal forward FLOPs of one self-attention call (a multiply-add counts 2), by the equations
@@ -148,7 +148,9 @@ def step_flops(forward_flops: int, mode: str) -> int:
 def case_flops(case: BenchCase, config=None) -> tuple[int, int]:
     """(nominal, executed) FLOPs of one timed call of `case`."""
     config = config if config is not None else make_config(case.attention_type, case.length, case.width, case.heads)
-    shape = (case.attention_type, case.batch, case.length, case.width, case.heads, config)
+    # the torch forms of a type do its FLOPs
+    kind = "full_eager" if case.attention_type == "full_eager" else attention_of(case.attention_type)
+    shape = (kind, case.batch, case.length, case.width, case.heads, config)
 
     if case.level == "model":
         counts = model_flops(*shape), model_flops(*shape, executed=True, dtype=case.dtype)

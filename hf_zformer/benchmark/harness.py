@@ -15,7 +15,8 @@ from dataclasses import asdict
 
 import torch
 
-from .cases import BASELINE, DTYPES, MODES, TYPES, BenchCase, BenchResult, build_module, make_config
+from ..modeling.ops import use_kernel_backend
+from .cases import BASELINE, DTYPES, MODES, TYPES, BenchCase, BenchResult, build_module, kernel_backend_of, make_config
 from .flops import case_flops, set_flops_fractions
 
 # Environment variables that change CPU timings (THP_MEM_ALLOC_ENABLE=1: transparent huge pages for
@@ -142,6 +143,7 @@ def _make_inputs(case: BenchCase, config, device: torch.device):
 def _make_step(module, inputs: dict, case: BenchCase, device: torch.device) -> Callable[[], None]:
     autocast_dtype = DTYPES[case.dtype]
     use_autocast = autocast_dtype != torch.float32
+    backend = kernel_backend_of(case.attention_type)
 
     def output_of(result):
         if case.level == "model":
@@ -152,7 +154,8 @@ def _make_step(module, inputs: dict, case: BenchCase, device: torch.device) -> C
         module.eval()
 
         def step():
-            with torch.inference_mode(), torch.autocast(device.type, dtype=autocast_dtype, enabled=use_autocast):
+            with torch.inference_mode(), torch.autocast(device.type, dtype=autocast_dtype, enabled=use_autocast), \
+                    use_kernel_backend(backend):
                 output_of(module(**inputs))
 
         return step
@@ -166,11 +169,12 @@ def _make_step(module, inputs: dict, case: BenchCase, device: torch.device) -> C
             p.grad = None
         if "hidden_states" in inputs:
             inputs["hidden_states"].grad = None
-        with torch.autocast(device.type, dtype=autocast_dtype, enabled=use_autocast):
-            output = output_of(module(**inputs))
-        if grad is None or grad.shape != output.shape or grad.dtype != output.dtype:
-            grad = torch.randn(output.shape, generator=torch.Generator().manual_seed(1)).to(device, output.dtype)
-        output.backward(grad)
+        with use_kernel_backend(backend):
+            with torch.autocast(device.type, dtype=autocast_dtype, enabled=use_autocast):
+                output = output_of(module(**inputs))
+            if grad is None or grad.shape != output.shape or grad.dtype != output.dtype:
+                grad = torch.randn(output.shape, generator=torch.Generator().manual_seed(1)).to(device, output.dtype)
+            output.backward(grad)
 
     return step
 

@@ -26,7 +26,8 @@ Softmax attention (full) runs through transformers' attention functions, with
 **Backends.** Each operation has a torch form (below; every device and dtype, fp64 included) and,
 where one exists, a fused Triton kernel (`triton_ops.py`: bidirectional linear attention and
 direction pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
-is installed. `HF_ZFORMER_KERNELS` (read at import) or `set_kernel_backend` chooses: `auto` (the
+is installed. `HF_ZFORMER_KERNELS` (read at import), `set_kernel_backend` or `use_kernel_backend`
+chooses: `auto` (the
 default: kernels where they apply), `torch` (the torch forms everywhere, to compare) or `triton`
 (kernels where they apply, also on CPU tensors under `TRITON_INTERPRET=1`, as the tests run them).
 A call a kernel does not cover (a state, causal, fp64, an unsupported head width, inside
@@ -38,6 +39,7 @@ fp32 with autocast off (fp64 stays fp64). This file ships to the Hugging Face Hu
 checkpoint: torch and siblings only.
 """
 
+import contextlib
 import os
 
 import torch
@@ -84,6 +86,17 @@ def set_kernel_backend(name: str) -> str:
     global _backend
     previous, _backend = _backend, _checked_backend(name, "kernel backend")
     return previous
+
+
+@contextlib.contextmanager
+def use_kernel_backend(name: str):
+    """`set_kernel_backend(name)` for the duration of a `with` block, e.g. to time or check the torch
+    forms against the kernels: `with ops.use_kernel_backend("torch"): model(**batch)`."""
+    previous = set_kernel_backend(name)
+    try:
+        yield
+    finally:
+        set_kernel_backend(previous)
 
 
 def kernel_backend() -> str:
