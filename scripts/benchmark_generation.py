@@ -20,6 +20,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_zformer  # noqa: F401  (registers the model types)
+from hf_zformer import benchmark
 from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
 
 
@@ -37,6 +38,7 @@ def parse_args(argv=None):
     parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 runs under autocast")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (each step is timed to its last kernel)")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's choice; 1 is steadier on a shared machine)")
     parser.add_argument("--seed", type=int, default=0)
@@ -67,29 +69,33 @@ def build_model(args, decoder_type):
         max_position_embeddings=max(args.max_length, args.source_length) + 1,
     )
     torch.manual_seed(args.seed)
-    return AutoModelForSeq2SeqLM.from_config(config).eval()
+    return AutoModelForSeq2SeqLM.from_config(config).eval().to(args.device)
 
 
 @torch.inference_mode()
 def measure(args):
     """Step all decoders in lockstep; returns {decoder: [seconds of step t for t in 1..max_length]}."""
+    device = torch.device(args.device)
     models = {kind: build_model(args, kind) for kind in args.decoders}
     generator = torch.Generator().manual_seed(args.seed)
-    source = torch.randint(5, args.vocab_size, (args.batch_size, args.source_length), generator=generator)
+    source = torch.randint(5, args.vocab_size, (args.batch_size, args.source_length), generator=generator).to(device)
     mask = torch.ones_like(source)
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+    autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
+    synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     steps = {kind: [] for kind in models}
     with autocast:
         encoded = {kind: model.get_encoder()(input_ids=source, attention_mask=mask) for kind, model in models.items()}
-        tokens = {kind: torch.full((args.batch_size, 1), model.config.decoder_start_token_id)
+        tokens = {kind: torch.full((args.batch_size, 1), model.config.decoder_start_token_id, device=device)
                   for kind, model in models.items()}
         states = dict.fromkeys(models)
         for _ in tqdm(range(args.max_length), desc="decoding", unit="token"):
             for kind, model in models.items():
+                synchronize()
                 start = time.perf_counter()
                 out = model(encoder_outputs=encoded[kind], attention_mask=mask, decoder_input_ids=tokens[kind],
                             cache=states[kind], use_cache=True)  # our forwards take `cache` on every version
                 tokens[kind] = out.logits[:, -1:].argmax(-1)  # greedy
+                synchronize()
                 steps[kind].append(time.perf_counter() - start)
                 states[kind] = getattr(out, CACHE_FIELD)
     state_sizes = {kind: state.self_attention_numel() for kind, state in states.items()}
@@ -153,6 +159,7 @@ def main(argv=None):
         args.output.parent.mkdir(parents=True, exist_ok=True)
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         record = {"settings": settings, "torch": torch.__version__, "threads": torch.get_num_threads(),
+                  "machine": benchmark.machine_info(torch.device(args.device)),
                   "rows": rows, "state_numel": state_sizes}
         args.output.with_suffix(".json").write_text(json.dumps(record, indent=2))
         args.output.with_suffix(".md").write_text(table + "\n")

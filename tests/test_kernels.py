@@ -217,6 +217,26 @@ def test_attention_modules_give_the_torch_forms_results(attention, options):
         assert _relative(kernel_grads[name], grad) < 1e-4, name
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-linear-attention's kernels need CUDA")
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 2e-3), (torch.bfloat16, 2e-2)])
+def test_causal_linear_attention_through_fla_matches_fp64(kernels, dtype, tolerance):
+    pytest.importorskip("fla")
+    generator = torch.Generator().manual_seed(9)
+    query, key, value = (_heads(2, 700, 4, 64, generator, dtype) for _ in range(3))
+    mask = _mask(2, 700, [700, 500])
+    scale = torch.tensor([0.05], device=DEVICE, requires_grad=True)
+    state = torch.randn(2, 4, 64, 64, generator=generator).to(DEVICE)
+    out, final = ops.linear_attention(query, key, value, mask, state, causal=True, scale=scale, return_state=True)
+    inputs = [query, key, value, scale]
+    ops.set_kernel_backend("torch")
+    inputs64 = _fp64(*inputs)
+    expected, expected_final = ops.linear_attention(*inputs64[:3], mask, state.double(), causal=True,
+                                                    scale=inputs64[3], return_state=True)
+    assert _relative(out, expected) < tolerance and _relative(final, expected_final) < tolerance
+    for got, want in zip(_grads(out, inputs), _grads(expected, inputs64)):
+        assert _relative(got, want) < tolerance
+
+
 def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypatch):
     calls = []
     original = triton_ops.linear_attention_kernel

@@ -77,8 +77,23 @@ def paired_ratio_interval(base_times: list[float], times: list[float], confidenc
     return statistics.median(ratios), low, high
 
 
+def source_commit() -> str:
+    """The commit of the code that runs: `git rev-parse HEAD` (with "+changes" when files differ from
+    it), or `HF_ZFORMER_COMMIT` where the checkout has no git history (a copied tree); else "unknown"."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    def run(*args):
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True).stdout
+
+    try:
+        commit = run("rev-parse", "HEAD").strip()
+        return commit + ("+changes" if run("status", "--porcelain", "--untracked-files=no").strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return os.environ.get("HF_ZFORMER_COMMIT", "unknown")
+
+
 def machine_info(device: torch.device) -> dict:
     info = {
+        "commit": source_commit(),
         "date": datetime.date.today().isoformat(),
         "python": platform.python_version(),
         "torch": torch.__version__,
@@ -98,6 +113,12 @@ def machine_info(device: torch.device) -> dict:
         pass
     if device.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(device)
+    try:
+        import triton
+
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
     return info
 
 

@@ -26,7 +26,8 @@ Softmax attention (full) runs through transformers' attention functions, with
 **Backends.** Each operation has a torch form (below; every device and dtype, fp64 included) and,
 where one exists, a fused Triton kernel (`triton_ops.py`: bidirectional linear attention and
 direction pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
-is installed. `HF_ZFORMER_KERNELS` (read at import), `set_kernel_backend` or `use_kernel_backend`
+is installed; causal linear attention over more than one token runs flash-linear-attention's
+chunked kernel where `fla` is installed (`pip install hf_zformer[gpu]`). `HF_ZFORMER_KERNELS` (read at import), `set_kernel_backend` or `use_kernel_backend`
 chooses: `auto` (the
 default: kernels where they apply), `torch` (the torch forms everywhere, to compare) or `triton`
 (kernels where they apply, also on CPU tensors under `TRITON_INTERPRET=1`, as the tests run them).
@@ -135,6 +136,38 @@ def _kernel_applies(operation: str, *tensors: torch.Tensor) -> bool:
     return True
 
 
+_fla_chunk = None
+
+
+def _fla_applies(*tensors: torch.Tensor) -> bool:
+    """Whether causal linear attention runs flash-linear-attention's chunked kernel (`fla`, CUDA
+    only, an optional install): the conditions of `_kernel_applies`, and fla importable."""
+    global _fla_chunk
+    if not tensors[0].is_cuda or not _kernel_applies("causal linear_attention", *tensors):
+        return False
+    if _fla_chunk is None:
+        try:
+            from fla.ops.linear_attn import chunk_linear_attn
+        except ImportError:
+            _fla_chunk = False
+        else:
+            _fla_chunk = chunk_linear_attn
+    return bool(_fla_chunk) or _torch_form("causal linear_attention: fla is not installed")
+
+
+def _fla_causal_linear_attention(query, key, value, state, scale, return_state):
+    """`linear_attention(..., causal=True)` through fla's `chunk_linear_attn` without its normaliser:
+    on (B, N, H, d) views of ours, fp32 state in and out; the scale multiplies the output in fp32."""
+    out, final = _fla_chunk(
+        query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2), scale=1.0,
+        initial_state=None if state is None else state.float(), output_final_state=return_state, normalize=False,
+    )
+    out = at_least_fp32(out.transpose(1, 2))[0]
+    if scale is not None:
+        out = out * scale.to(out.dtype)
+    return out, final
+
+
 # ----------------------------------------------------------------------------------------------
 # linear attention (Zformer)
 # ----------------------------------------------------------------------------------------------
@@ -167,6 +200,8 @@ def linear_attention(query, key, value, mask=None, state=None, *, causal=False, 
         return triton_ops.linear_attention_kernel(query, key, value, mask, scale), None
     if mask is not None:
         key = key * mask.to(key.dtype)[:, None, :, None]  # padding's keys are zero: no k^T v term
+    if causal and query.shape[2] > 1 and _fla_applies(query, key, value):
+        return _fla_causal_linear_attention(query, key, value, state, scale, return_state)
     queries, keys, dim = query.shape[2], key.shape[2], query.shape[3]
     if state is None and not return_state:
         short = queries <= ZFORMER_CAUSAL_BLOCK if causal else quadratic_order_pays_off(queries, keys, dim)

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU check: on a machine with one CUDA GPU and no network, from a checkout of this repository,
+# run the kernel tests on CUDA, the attention benchmark (the Zformer reference's grid, bf16 and
+# fp32, and long inputs), the sequence-operation benchmark, the decoding benchmark and the device
+# tests, and write every result into one folder (archived again after each step, so a run cut
+# short still leaves what it measured).
+#
+#     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; about 9 minutes on an H100
+#
+# Steps run most important first, each under its own time limit. Python packages the machine lacks
+# can sit as wheel files in .whl/ (e.g. transformers, fla-core): they are installed into a private
+# folder, nothing else is touched. HF_ZFORMER_COMMIT names the commit where the checkout has no git
+# history; PYTHON the interpreter (default python3); QUICK=1 runs every step at toy sizes (a dry
+# run of the script itself, also on a CPU).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-gpu_check}
+python=${PYTHON:-python3}
+mkdir -p "$out"
+summary="$out/summary.txt"
+: > "$summary"
+if compgen -G ".whl/*.whl" > /dev/null; then
+    "$python" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/hf_zformer_site .whl/*.whl > "$out/wheels.log" 2>&1 \
+        && export PYTHONPATH=/tmp/hf_zformer_site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+
+step() {  # step NAME SECONDS COMMAND...: run and log it, record its exit status and time, archive
+    local name=$1 limit=$2 start=$SECONDS
+    shift 2
+    timeout "$limit" "$@" > "$out/$name.log" 2>&1
+    local status=$?
+    printf '%-14s rc=%-3s %4ss\n' "$name" "$status" "$((SECONDS - start))" | tee -a "$summary"
+    tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
+}
+
+device=cuda
+"$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || device=cpu
+[ "$device" = cpu ] && export TRITON_INTERPRET=1  # the kernels through triton's interpreter
+step environment 60 "$python" -c "
+import torch, transformers, hf_zformer, hf_zformer.benchmark as b
+print(b.machine_info(torch.device('$device')))
+print('transformers', transformers.__version__, 'hf_zformer', hf_zformer.__version__)
+from hf_zformer.modeling import triton_ops; print('triton kernels', triton_ops.AVAILABLE)
+try:
+    import fla; print('fla', fla.__version__)
+except ImportError as error: print('fla missing:', error)
+"
+[ "$device" = cuda ] && nvidia-smi >> "$out/environment.log" 2>&1
+
+if [ "${QUICK:-0}" = 1 ]; then
+    lengths="64 128"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32
+else
+    lengths="128 256 512 1024 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
+    repeats=5; decode=2048
+fi
+bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no-plot --no-progress --no-memory --repeats $repeats"
+types="full zformer zformer_torch fastformer fastformer_torch"
+
+step kernel_tests 150 "$python" -m pytest -q -p no:cacheprovider tests/test_kernels.py
+step grid_bf16 150 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
+    --output "$out/attention_grid_bf16"
+step ops 150 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
+    --lengths $lengths --repeats $repeats --output "$out/ops"
+step grid_wide_bf16 150 $bench --dtype bf16 --batch $batch --widths $wide --lengths $lengths --types $types \
+    --output "$out/attention_grid_wide_bf16"
+step grid_fp32 120 $bench --dtype fp32 --batch $batch --widths $width --lengths $lengths --types $types \
+    --output "$out/attention_grid_fp32"
+step long_bf16 150 $bench --dtype bf16 --batch 4 --widths $width --lengths $long --types $types \
+    --output "$out/attention_long_bf16"
+step long_ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch 4 --width $width --lengths $long \
+    --dtypes bf16 --repeats 3 --output "$out/ops_long"
+step decoding 120 "$python" scripts/benchmark_generation.py --device $device --dtype bf16 --max-length $decode \
+    --batch-size 8 --output "$out/decoding"
+step device_tests 150 env HF_ZFORMER_TEST_DEVICE=$device "$python" -m pytest -q -p no:cacheprovider -x tests/test_device.py
+echo "wrote $out/ and $out.tar.gz"
