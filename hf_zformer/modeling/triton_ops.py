@@ -37,9 +37,11 @@ AVAILABLE = triton is not None
 # The Triton interpreter multiplies 16-bit tiles wrongly (numpy has no bf16 product): it takes the
 # fp32 product of the same tiles, as fp32 inputs do anyway.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
-_FLOOR = -1.0e38  # the running maximum of an online softmax before any real score (finite: no NaN)
 
 if AVAILABLE:
+    # the running maximum of an online softmax before any real score (finite: no NaN); a constexpr,
+    # the only kind of global a compiled kernel may read
+    _FLOOR = tl.constexpr(-1.0e38)
 
     @triton.jit
     def _outer_sum(X, Y, M, P, length, chunk,
