@@ -27,6 +27,7 @@ from hf_zformer import benchmark
 from hf_zformer.modeling import ops
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+OPERATIONS = {"bidirectional": "zformer bidirectional", "pooling": "fastformer pooling", "causal": "zformer causal"}
 
 
 def parse_args(argv=None):
@@ -39,6 +40,10 @@ def parse_args(argv=None):
     parser.add_argument("--modes", nargs="+", choices=["forward", "train"], default=["forward", "train"])
     parser.add_argument("--repeats", type=int, default=7, help="timed batches of calls (median reported)")
     parser.add_argument("--calls", type=int, default=10, help="calls per timed batch")
+    parser.add_argument("--operations", nargs="+", choices=list(OPERATIONS), default=list(OPERATIONS),
+                        help="bidirectional: zformer's linear attention; pooling: fastformer's direction pooling; "
+                             "causal: zformer's causal linear attention, torch form against fla's chunked kernel "
+                             "(fla tunes itself on the first call of every shape: minutes)")
     parser.add_argument("--output", default="bench/kernels", help="prefix of the .json and .md written")
     parser.add_argument("--device", default="cuda",
                         help="cuda; cpu only checks this script (the kernels then run in triton's interpreter "
@@ -143,7 +148,8 @@ def measure(args) -> list[dict]:
         for length in args.lengths:
             cases, scale = operations(args.batch, length, args.heads, dim, dtype, torch.device(args.device))
             fla = fla_causal(scale) if args.device == "cuda" else None
-            for name, function, inputs, traffic, backends in cases:
+            chosen = {OPERATIONS[o] for o in args.operations}
+            for name, function, inputs, traffic, backends in (c for c in cases if c[0] in chosen):
                 reference = None
                 for backend in backends:
                     if backend == "fla" and fla is None:

@@ -10,8 +10,8 @@
 # Steps run most important first, each under its own time limit. Python packages the machine lacks
 # can sit as wheel files in .whl/ (e.g. transformers, fla-core): they are installed into a private
 # folder, nothing else is touched. HF_ZFORMER_COMMIT names the commit where the checkout has no git
-# history; PYTHON the interpreter (default python3); QUICK=1 runs every step at toy sizes (a dry
-# run of the script itself, also on a CPU).
+# history; PYTHON the interpreter (default python3); STEPS="kernel_tests grid_bf16 ..." runs only the
+# steps named; QUICK=1 runs every step at toy sizes (a dry run of the script itself, also on a CPU).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu_check}
@@ -29,6 +29,7 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 step() {  # step NAME SECONDS COMMAND...: run and log it, record its exit status and time, archive
     local name=$1 limit=$2 start=$SECONDS
     shift 2
+    if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     local status=$?
     printf '%-14s rc=%-3s %4ss\n' "$name" "$status" "$((SECONDS - start))" | tee -a "$summary"
@@ -58,11 +59,11 @@ fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no-plot --no-progress --no-memory --repeats $repeats"
 types="full zformer zformer_torch fastformer fastformer_torch"
 
-step kernel_tests 150 "$python" -m pytest -q -p no:cacheprovider tests/test_kernels.py
+step kernel_tests 150 "$python" -m pytest -q -p no:cacheprovider -k "not fla" tests/test_kernels.py
 step grid_bf16 150 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
     --output "$out/attention_grid_bf16"
 step ops 150 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
-    --lengths $lengths --repeats $repeats --output "$out/ops"
+    --lengths $lengths --repeats $repeats --output "$out/ops" --operations bidirectional pooling
 step grid_wide_bf16 150 $bench --dtype bf16 --batch $batch --widths $wide --lengths $lengths --types $types \
     --output "$out/attention_grid_wide_bf16"
 step grid_fp32 120 $bench --dtype fp32 --batch $batch --widths $width --lengths $lengths --types $types \
@@ -70,8 +71,11 @@ step grid_fp32 120 $bench --dtype fp32 --batch $batch --widths $width --lengths 
 step long_bf16 150 $bench --dtype bf16 --batch 4 --widths $width --lengths $long --types $types \
     --output "$out/attention_long_bf16"
 step long_ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch 4 --width $width --lengths $long \
-    --dtypes bf16 --repeats 3 --output "$out/ops_long"
+    --dtypes bf16 --repeats 3 --output "$out/ops_long" --operations bidirectional pooling
 step decoding 120 "$python" scripts/benchmark_generation.py --device $device --dtype bf16 --max-length $decode \
     --batch-size 8 --output "$out/decoding"
+step fla 240 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
+    --lengths $lengths --repeats $repeats --output "$out/ops_causal" --operations causal
+step fla_tests 150 "$python" -m pytest -q -p no:cacheprovider -k fla tests/test_kernels.py
 step device_tests 150 env HF_ZFORMER_TEST_DEVICE=$device "$python" -m pytest -q -p no:cacheprovider -x tests/test_device.py
 echo "wrote $out/ and $out.tar.gz"

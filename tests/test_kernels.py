@@ -20,9 +20,11 @@ pytestmark = pytest.mark.skipif(not triton_ops.AVAILABLE, reason="triton is not 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-@pytest.fixture
-def kernels():
-    """The kernel backend for the test, the previous choice restored after it."""
+@pytest.fixture(params=["fused", "split"])
+def kernels(request, monkeypatch):
+    """The kernel backend for the test (the previous choice restored after it), in both launch
+    plans: one program per (sequence, head), and sums split over slices of the sequence."""
+    monkeypatch.setattr(triton_ops, "FUSED_MIN_PAIRS", 0 if request.param == "fused" else 10**9)
     previous = ops.set_kernel_backend("triton")
     yield
     ops.set_kernel_backend(previous)

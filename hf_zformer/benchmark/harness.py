@@ -78,8 +78,11 @@ def paired_ratio_interval(base_times: list[float], times: list[float], confidenc
 
 
 def source_commit() -> str:
-    """The commit of the code that runs: `git rev-parse HEAD` (with "+changes" when files differ from
-    it), or `HF_ZFORMER_COMMIT` where the checkout has no git history (a copied tree); else "unknown"."""
+    """The commit of the code that runs: `HF_ZFORMER_COMMIT` where set (a copied tree whose git
+    history, if any, is not its own), else `git rev-parse HEAD` (with "+changes" when tracked files
+    differ from it), else "unknown"."""
+    if os.environ.get("HF_ZFORMER_COMMIT"):
+        return os.environ["HF_ZFORMER_COMMIT"]
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     def run(*args):
         return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True).stdout
@@ -88,7 +91,7 @@ def source_commit() -> str:
         commit = run("rev-parse", "HEAD").strip()
         return commit + ("+changes" if run("status", "--porcelain", "--untracked-files=no").strip() else "")
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("HF_ZFORMER_COMMIT", "unknown")
+        return "unknown"
 
 
 def machine_info(device: torch.device) -> dict:

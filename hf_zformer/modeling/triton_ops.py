@@ -1,20 +1,24 @@
 """Fused Triton kernels for the bidirectional sequence operations of `ops.py`, forward and backward.
 
 - `linear_attention_kernel(query, key, value, mask, scale)`: Zformer's bidirectional
-  `out_i = scale * q_i sum_j m_j k_j^T v_j`, as two passes: the per-head state K^T V is summed over
-  the sequence in fp32 (`_outer_sum`, one program per head and slice of 512 tokens, then the slices
-  in order, `_sum_parts`), and applied to every query (`_state_product`). The backward is the same two kernels again:
-  dQ = scale dO (K^T V)^T, G = scale Q^T dO, dK = m V G^T, dV = m K G, d scale = <K^T V, Q^T dO>.
+  `out_i = scale * q_i sum_j m_j k_j^T v_j`. With enough (sequence, head) pairs to fill the GPU
+  (`fused`), one program per pair sums the state K^T V over the keys in fp32 and applies it to every
+  query in the same launch (`_fused_forward`); the backward is one launch too (`_fused_backward`:
+  G = Q^T dO, then dQ = scale dO (K^T V)^T, dK = scale m V G^T, dV = scale m K G, and <K^T V, G>
+  for the scale's gradient). With fewer pairs (long inputs, small batches) the sums are split over
+  slices of the sequence (`_outer_sum`, then the slices in order, `_sum_parts`) and the products
+  over tiles of rows (`_state_product`).
 - `direction_pool_kernel(values, direction, mask)`: Fastformer's bidirectional pooling
-  `sum_j softmax_j(values_j . direction) values_j` over the real positions, with an online softmax
-  per slice of the sequence (`_pool`), the slices merged in order (`_merge_pools`); the backward (`_pool_backward`) reads
-  the values once more: dx_j = w_j g + w_j (g . x_j - g . pooled) u, du = sum_j w_j (g . x_j - g .
-  pooled) x_j.
+  `sum_j softmax_j(values_j . u) values_j` over the real positions by an online softmax (`_pool`:
+  one program per pair over the whole sequence, or per slice with the slices merged in order,
+  `_merge_pools`); the backward (`_pool_backward`) reads the values once more:
+  dx_j = w_j g + w_j (g . x_j - g . pooled) u, du = sum_j w_j (g . x_j - g . pooled) x_j.
 
-Inputs are read where they lie (the head views of the projections, any strides, bf16/fp16/fp32)
-and every sum over the sequence runs in fp32; outputs come back in the inputs' dtype, laid out
-(B, N, H, d) so that merging the heads is a view. Padding's keys and values contribute nothing, so
-outputs at real positions are exactly invariant to extra padding.
+Inputs are read where they lie (the head views of the projections, any strides, bf16/fp16/fp32; a
+mask of any dtype) and every sum over the sequence runs in fp32; outputs come back in the inputs'
+dtype, laid out (B, N, H, d) so that merging the heads is a view. Sums run over fixed tiles and
+slices in sequence order, and padding's rows add exact zeros, so outputs at real positions do not
+change, bit for bit, when padding is appended.
 
 The functions here do no dispatch: `ops.py` decides when they run. This file ships to the Hugging
 Face Hub with every checkpoint and imports where triton is not installed (`AVAILABLE` is then False
@@ -44,143 +48,118 @@ if AVAILABLE:
     _FLOOR = tl.constexpr(-1.0e38)
 
     @triton.jit
-    def _outer_sum(X, Y, M, P, length, chunk,
-                   sxb, sxh, sxn, sxd, syb, syh, syn, syd, smb,
-                   heads: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr,
-                   BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr):
-        """P[bh, s] = sum over rows n of slice s of m_n x_n^T y_n (DX, DY) in fp32, stored padded to
-        (BX, BY) with zeros."""
-        part, bh = tl.program_id(0), tl.program_id(1)
-        b, h = bh // heads, bh % heads
+    def _kept(M, smb, smn, b, rows, length, HAS_MASK: tl.constexpr):
+        """Which of `rows` are real tokens of sequence b (inside the length, mask != 0)."""
+        keep = rows < length
+        if HAS_MASK:
+            keep = keep & (tl.load(M + b * smb + rows * smn, mask=keep, other=0) != 0)
+        return keep
+
+    @triton.jit
+    def _rows(X, rows, keep, columns, width, sxn, sxd):
+        """The tile X[rows, columns] (zero outside `keep` and the width) of one (sequence, head)."""
+        return tl.load(X + rows[:, None] * sxn + columns[None, :] * sxd,
+                       mask=keep[:, None] & (columns[None, :] < width), other=0.0)
+
+    @triton.jit
+    def _outer_rows(acc, X, Y, M, smb, smn, b, start, stop, length, sxn, sxd, syn, syd,
+                    DX: tl.constexpr, DY: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr,
+                    BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr):
+        """acc (BX, BY) + sum over the real rows n in [start, stop) of x_n^T y_n, tile by tile in order."""
         rx, ry = tl.arange(0, BX), tl.arange(0, BY)
-        acc = tl.zeros((BX, BY), dtype=tl.float32)
-        start = part * chunk
-        for offset in range(0, tl.minimum(chunk, length - start), BLOCK_N):
-            rows = start + offset + tl.arange(0, BLOCK_N)
-            keep = rows < length
-            if HAS_MASK:
-                keep = keep & (tl.load(M + b * smb + rows, mask=rows < length, other=0) != 0)
-            x = tl.load(X + b * sxb + h * sxh + rows[:, None] * sxn + rx[None, :] * sxd,
-                        mask=keep[:, None] & (rx[None, :] < DX), other=0.0)
-            y = tl.load(Y + b * syb + h * syh + rows[:, None] * syn + ry[None, :] * syd,
-                        mask=keep[:, None] & (ry[None, :] < DY), other=0.0)
+        for offset in range(start, stop, BLOCK_N):
+            rows = offset + tl.arange(0, BLOCK_N)
+            keep = _kept(M, smb, smn, b, rows, length, HAS_MASK)
+            x = _rows(X, rows, keep, rx, DX, sxn, sxd)
+            y = _rows(Y, rows, keep, ry, DY, syn, syd)
             if DOT_FP32:
                 acc += tl.dot(tl.trans(x.to(tl.float32)), y.to(tl.float32), input_precision="ieee")
             else:
                 acc += tl.dot(tl.trans(x), y)
-        parts = tl.num_programs(0)
-        tl.store(P + (bh * parts + part) * BX * BY + rx[:, None] * BY + ry[None, :], acc)
+        return acc
 
     @triton.jit
-    def _state_product(X, S, O, M, C, length,
-                       sxb, sxh, sxn, sxd, sob, soh, son, sod, smb,
-                       heads: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, BX: tl.constexpr,
-                       BY: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE: tl.constexpr, HAS_MASK: tl.constexpr,
-                       HAS_SCALE: tl.constexpr, DOT_FP32: tl.constexpr):
-        """O rows = c m_n x_n S[bh]: x (DX wide), S fp32 stored padded (BX, BY) (with TRANSPOSE:
-        (BY, BX)), O (DY wide)."""
-        block, bh = tl.program_id(0), tl.program_id(1)
-        b, h = bh // heads, bh % heads
+    def _product_rows(X, O, M, smb, smn, b, state, c, offset, length, sxn, sxd, son, sod,
+                      DX: tl.constexpr, DY: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr,
+                      BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr):
+        """Writes the tile of rows from `offset`: o_n = c m_n x_n state (state (BX, BY) fp32)."""
         rx, ry = tl.arange(0, BX), tl.arange(0, BY)
-        rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
+        rows = offset + tl.arange(0, BLOCK_N)
         inside = rows < length
-        if TRANSPOSE:
-            state = tl.load(S + bh * BX * BY + ry[None, :] * BX + rx[:, None])
-        else:
-            state = tl.load(S + bh * BX * BY + rx[:, None] * BY + ry[None, :])
-        x = tl.load(X + b * sxb + h * sxh + rows[:, None] * sxn + rx[None, :] * sxd,
-                    mask=inside[:, None] & (rx[None, :] < DX), other=0.0)
+        x = _rows(X, rows, inside, rx, DX, sxn, sxd).to(tl.float32)
         if DOT_FP32:
-            out = tl.dot(x.to(tl.float32), state, input_precision="ieee")
+            out = tl.dot(x, state, input_precision="ieee")
         else:  # 16-bit inputs are exact in tf32; the state is rounded to tf32 (2^-11), finer than the output
-            out = tl.dot(x.to(tl.float32), state, input_precision="tf32")
-        if HAS_SCALE:
-            out = out * tl.load(C)
+            out = tl.dot(x, state, input_precision="tf32")
+        out = out * c
         if HAS_MASK:
-            keep = tl.load(M + b * smb + rows, mask=inside, other=0) != 0
-            out = tl.where(keep[:, None], out, 0.0)
-        tl.store(O + b * sob + h * soh + rows[:, None] * son + ry[None, :] * sod, out.to(O.dtype.element_ty),
+            out = tl.where(_kept(M, smb, smn, b, rows, length, True)[:, None], out, 0.0)
+        tl.store(O + rows[:, None] * son + ry[None, :] * sod, out.to(O.dtype.element_ty),
                  mask=inside[:, None] & (ry[None, :] < DY))
 
     @triton.jit
-    def _pool(X, U, M, MAX, SUM, ACC, length, chunk,
-              sxb, sxh, sxn, sxd, sub, suh, smb,
-              heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
-              HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr):
-        """Over slice s of the sequence: the running max of the scores x_n . u, the sum of exp(score -
-        max) and the sum of exp(score - max) x_n (an online softmax), per (b, h); D wide, padded to BD."""
-        part, bh = tl.program_id(0), tl.program_id(1)
+    def _fused_forward(Q, K, V, M, C, O, S, length_q, length_k,
+                       sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod, smb, smn,
+                       heads: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+                       BV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
+                       HAS_SCALE: tl.constexpr, DOT_FP32: tl.constexpr):
+        """One (sequence, head): S = sum_j m_j k_j^T v_j (stored, padded to (BK, BV)), o_i = c q_i S."""
+        bh = tl.program_id(0)
         b, h = bh // heads, bh % heads
-        rd = tl.arange(0, BD)
-        if HAS_DIRECTION:
-            u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32)
-        top = tl.full((1,), _FLOOR, tl.float32)
-        total = tl.zeros((1,), dtype=tl.float32)
-        acc = tl.zeros((BD,), dtype=tl.float32)
-        start = part * chunk
-        for offset in range(0, tl.minimum(chunk, length - start), BLOCK_N):
-            rows = start + offset + tl.arange(0, BLOCK_N)
-            keep = rows < length
-            if HAS_MASK:
-                keep = keep & (tl.load(M + b * smb + rows, mask=rows < length, other=0) != 0)
-            x = tl.load(X + b * sxb + h * sxh + rows[:, None] * sxn + rd[None, :] * sxd, mask=keep[:, None],
-                        other=0.0).to(tl.float32)
-            if HAS_DIRECTION:
-                scores = tl.sum(x * u[None, :], axis=1)
-            else:
-                scores = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            scores = tl.where(keep, scores, float("-inf"))
-            new_top = tl.maximum(top, tl.max(scores, axis=0))
-            rescale = tl.exp(top - new_top)
-            weights = tl.exp(scores - new_top)  # 0 at padding
-            total = total * rescale + tl.sum(weights, axis=0)
-            acc = acc * rescale + tl.sum(weights[:, None] * x, axis=0)
-            top = new_top
-        index = bh * tl.num_programs(0) + part
-        tl.store(MAX + index + tl.arange(0, 1), top)
-        tl.store(SUM + index + tl.arange(0, 1), total)
-        tl.store(ACC + index * BD + rd, acc)
+        state = _outer_rows(tl.zeros((BK, BV), dtype=tl.float32), K + b * skb + h * skh, V + b * svb + h * svh,
+                            M, smb, smn, b, 0, length_k, length_k, skn, skd, svn, svd,
+                            DK, DV, BK, BV, BLOCK_N, HAS_MASK, DOT_FP32)
+        rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+        tl.store(S + bh * BK * BV + rk[:, None] * BV + rv[None, :], state)
+        c = 1.0
+        if HAS_SCALE:
+            c = tl.load(C)
+        for offset in range(0, length_q, BLOCK_N):
+            _product_rows(Q + b * sqb + h * sqh, O + b * sob + h * soh, M, smb, smn, b, state, c, offset, length_q,
+                          sqn, sqd, son, sod, DK, DV, BK, BV, BLOCK_N, False, DOT_FP32)
 
     @triton.jit
-    def _pool_backward(X, U, M, G, LSE, GP, DX, DU, length, chunk,
-                       sxb, sxh, sxn, sxd, sub, suh, smb, sdb, sdh, sdn, sdd,
-                       heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
-                       HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr):
-        """dx_n = w_n g + t_n u and sum_n t_n x_n over slice s, t_n = w_n (g . x_n - g . pooled),
-        w_n = exp(x_n . u - lse) (0 at padding)."""
+    def _fused_backward(Q, K, V, G, M, C, S, GQ, GK, GV, GS, length_q, length_k,
+                        sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sgb, sgh, sgn, sgd,
+                        s1b, s1h, s1n, s1d, s2b, s2h, s2n, s2d, s3b, s3h, s3n, s3d, smb, smn,
+                        heads: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
+                        BV: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
+                        HAS_SCALE: tl.constexpr, DOT_FP32: tl.constexpr):
+        """One (sequence, head) of the backward: P = Q^T dO; <S, P> (the scale's gradient, before
+        the sum over pairs); dQ = c dO S^T; dK = c m V P^T; dV = c m K P."""
+        bh = tl.program_id(0)
+        b, h = bh // heads, bh % heads
+        products = _outer_rows(tl.zeros((BK, BV), dtype=tl.float32), Q + b * sqb + h * sqh, G + b * sgb + h * sgh,
+                               M, smb, smn, b, 0, length_q, length_q, sqn, sqd, sgn, sgd,
+                               DK, DV, BK, BV, BLOCK_N, False, DOT_FP32)
+        rk, rv = tl.arange(0, BK), tl.arange(0, BV)
+        state = tl.load(S + bh * BK * BV + rk[:, None] * BV + rv[None, :])
+        tl.store(GS + bh, tl.sum(tl.sum(products * state, axis=1), axis=0))
+        c = 1.0
+        if HAS_SCALE:
+            c = tl.load(C)
+        for offset in range(0, length_q, BLOCK_N):
+            _product_rows(G + b * sgb + h * sgh, GQ + b * s1b + h * s1h, M, smb, smn, b, tl.trans(state), c, offset,
+                          length_q, sgn, sgd, s1n, s1d, DV, DK, BV, BK, BLOCK_N, False, DOT_FP32)
+        for offset in range(0, length_k, BLOCK_N):
+            _product_rows(V + b * svb + h * svh, GK + b * s2b + h * s2h, M, smb, smn, b, tl.trans(products), c,
+                          offset, length_k, svn, svd, s2n, s2d, DV, DK, BV, BK, BLOCK_N, HAS_MASK, DOT_FP32)
+            _product_rows(K + b * skb + h * skh, GV + b * s3b + h * s3h, M, smb, smn, b, products, c,
+                          offset, length_k, skn, skd, s3n, s3d, DK, DV, BK, BV, BLOCK_N, HAS_MASK, DOT_FP32)
+
+    @triton.jit
+    def _outer_sum(X, Y, M, P, length, chunk, sxb, sxh, sxn, sxd, syb, syh, syn, syd, smb, smn,
+                   heads: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, BX: tl.constexpr, BY: tl.constexpr,
+                   BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, DOT_FP32: tl.constexpr):
+        """P[bh, s] = sum over the real rows of slice s of x_n^T y_n, padded to (BX, BY)."""
         part, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // heads, bh % heads
-        rd = tl.arange(0, BD)
-        g = tl.load(G + bh * D + rd, mask=rd < D, other=0.0)
-        lse = tl.load(LSE + bh)
-        g_pooled = tl.load(GP + bh)
-        if HAS_DIRECTION:
-            u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32)
-        du = tl.zeros((BD,), dtype=tl.float32)
         start = part * chunk
-        for offset in range(0, tl.minimum(chunk, length - start), BLOCK_N):
-            rows = start + offset + tl.arange(0, BLOCK_N)
-            inside = rows < length
-            keep = inside
-            if HAS_MASK:
-                keep = keep & (tl.load(M + b * smb + rows, mask=inside, other=0) != 0)
-            x = tl.load(X + b * sxb + h * sxh + rows[:, None] * sxn + rd[None, :] * sxd, mask=keep[:, None],
-                        other=0.0).to(tl.float32)
-            if HAS_DIRECTION:
-                scores = tl.sum(x * u[None, :], axis=1)
-            else:
-                scores = tl.zeros((BLOCK_N,), dtype=tl.float32)
-            weights = tl.where(keep, tl.exp(scores - lse), 0.0)
-            t = weights * (tl.sum(x * g[None, :], axis=1) - g_pooled)
-            dx = weights[:, None] * g[None, :]
-            if HAS_DIRECTION:
-                dx += t[:, None] * u[None, :]
-                du += tl.sum(t[:, None] * x, axis=0)
-            tl.store(DX + b * sdb + h * sdh + rows[:, None] * sdn + rd[None, :] * sdd, dx.to(DX.dtype.element_ty),
-                     mask=inside[:, None] & (rd[None, :] < D))
-        if HAS_DIRECTION:
-            tl.store(DU + (bh * tl.num_programs(0) + part) * BD + rd, du)
-
+        acc = _outer_rows(tl.zeros((BX, BY), dtype=tl.float32), X + b * sxb + h * sxh, Y + b * syb + h * syh,
+                          M, smb, smn, b, start, tl.minimum(start + chunk, length), length, sxn, sxd, syn, syd,
+                          DX, DY, BX, BY, BLOCK_N, HAS_MASK, DOT_FP32)
+        rx, ry = tl.arange(0, BX), tl.arange(0, BY)
+        tl.store(P + (bh * tl.num_programs(0) + part) * BX * BY + rx[:, None] * BY + ry[None, :], acc)
 
     @triton.jit
     def _sum_parts(P, OUT, parts, SIZE: tl.constexpr):
@@ -192,6 +171,67 @@ if AVAILABLE:
         for part in range(0, parts):
             acc += tl.load(P + (bh * parts + part) * SIZE + r)
         tl.store(OUT + bh * SIZE + r, acc)
+
+    @triton.jit
+    def _state_product(X, S, O, M, C, length, sxb, sxh, sxn, sxd, sob, soh, son, sod, smb, smn,
+                       heads: tl.constexpr, DX: tl.constexpr, DY: tl.constexpr, BX: tl.constexpr,
+                       BY: tl.constexpr, BLOCK_N: tl.constexpr, TRANSPOSE: tl.constexpr, HAS_MASK: tl.constexpr,
+                       HAS_SCALE: tl.constexpr, DOT_FP32: tl.constexpr):
+        """One tile of rows: o_n = c m_n x_n S[bh] (S stored padded (BX, BY); with TRANSPOSE (BY, BX))."""
+        block, bh = tl.program_id(0), tl.program_id(1)
+        b, h = bh // heads, bh % heads
+        rx, ry = tl.arange(0, BX), tl.arange(0, BY)
+        if TRANSPOSE:
+            state = tl.load(S + bh * BX * BY + ry[None, :] * BX + rx[:, None])
+        else:
+            state = tl.load(S + bh * BX * BY + rx[:, None] * BY + ry[None, :])
+        c = 1.0
+        if HAS_SCALE:
+            c = tl.load(C)
+        _product_rows(X + b * sxb + h * sxh, O + b * sob + h * soh, M, smb, smn, b, state, c, block * BLOCK_N, length,
+                      sxn, sxd, son, sod, DX, DY, BX, BY, BLOCK_N, HAS_MASK, DOT_FP32)
+
+    @triton.jit
+    def _pool(X, U, M, MAX, SUM, ACC, POOLED, LSE, length, chunk, sxb, sxh, sxn, sxd, sub, suh, smb, smn,
+              heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr, FINAL: tl.constexpr):
+        """An online softmax over the rows of slice s: the running max of the scores x_n . u, the sum
+        of exp(score - max) and of exp(score - max) x_n. FINAL (one slice: the whole sequence): the
+        pooling and log-sum-exp themselves (+inf where no token is real), else the slice's three sums."""
+        part, bh = tl.program_id(0), tl.program_id(1)
+        b, h = bh // heads, bh % heads
+        rd = tl.arange(0, BD)
+        if HAS_DIRECTION:
+            u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32)
+        top = tl.full((1,), _FLOOR, tl.float32)
+        total = tl.zeros((1,), dtype=tl.float32)
+        acc = tl.zeros((BD,), dtype=tl.float32)
+        start = part * chunk
+        for offset in range(start, tl.minimum(start + chunk, length), BLOCK_N):
+            rows = offset + tl.arange(0, BLOCK_N)
+            keep = _kept(M, smb, smn, b, rows, length, HAS_MASK)
+            x = _rows(X + b * sxb + h * sxh, rows, keep, rd, D, sxn, sxd).to(tl.float32)
+            if HAS_DIRECTION:
+                scores = tl.sum(x * u[None, :], axis=1)
+            else:
+                scores = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            scores = tl.where(keep, scores, float("-inf"))
+            new_top = tl.maximum(top, tl.max(scores, axis=0))
+            rescale = tl.exp(top - new_top)
+            weights = tl.exp(scores - new_top)  # 0 at padding
+            total = total * rescale + tl.sum(weights, axis=0)
+            acc = acc * rescale + tl.sum(weights[:, None] * x, axis=0)
+            top = new_top
+        one = tl.arange(0, 1)
+        if FINAL:
+            empty = total == 0
+            tl.store(POOLED + bh * D + rd, acc / tl.where(empty, 1.0, total), mask=rd < D)
+            tl.store(LSE + bh + one, tl.where(empty, float("inf"), top + tl.log(tl.where(empty, 1.0, total))))
+        else:
+            index = bh * tl.num_programs(0) + part
+            tl.store(MAX + index + one, top)
+            tl.store(SUM + index + one, total)
+            tl.store(ACC + index * BD + rd, acc)
 
     @triton.jit
     def _merge_pools(MAX, SUM, ACC, POOLED, LSE, parts, D: tl.constexpr, BD: tl.constexpr):
@@ -216,12 +256,63 @@ if AVAILABLE:
         tl.store(POOLED + bh * D + rd, acc / tl.where(empty, 1.0, total), mask=rd < D)
         tl.store(LSE + bh + one, tl.where(empty, float("inf"), top + tl.log(tl.where(empty, 1.0, total))))
 
+    @triton.jit
+    def _pool_backward(X, U, M, G, LSE, GP, DX, DU, length, chunk,
+                       sxb, sxh, sxn, sxd, sub, suh, smb, smn, sdb, sdh, sdn, sdd,
+                       heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
+                       HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr):
+        """dx_n = w_n g + t_n u and sum_n t_n x_n over slice s, t_n = w_n (g . x_n - g . pooled),
+        w_n = exp(x_n . u - lse) (0 at padding)."""
+        part, bh = tl.program_id(0), tl.program_id(1)
+        b, h = bh // heads, bh % heads
+        rd = tl.arange(0, BD)
+        g = tl.load(G + bh * D + rd, mask=rd < D, other=0.0)
+        lse = tl.load(LSE + bh)
+        g_pooled = tl.load(GP + bh)
+        if HAS_DIRECTION:
+            u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32)
+        du = tl.zeros((BD,), dtype=tl.float32)
+        start = part * chunk
+        for offset in range(start, tl.minimum(start + chunk, length), BLOCK_N):
+            rows = offset + tl.arange(0, BLOCK_N)
+            inside = rows < length
+            keep = _kept(M, smb, smn, b, rows, length, HAS_MASK)
+            x = _rows(X + b * sxb + h * sxh, rows, keep, rd, D, sxn, sxd).to(tl.float32)
+            if HAS_DIRECTION:
+                scores = tl.sum(x * u[None, :], axis=1)
+            else:
+                scores = tl.zeros((BLOCK_N,), dtype=tl.float32)
+            weights = tl.where(keep, tl.exp(scores - lse), 0.0)
+            t = weights * (tl.sum(x * g[None, :], axis=1) - g_pooled)
+            dx = weights[:, None] * g[None, :]
+            if HAS_DIRECTION:
+                dx += t[:, None] * u[None, :]
+                du += tl.sum(t[:, None] * x, axis=0)
+            tl.store(DX + b * sdb + h * sdh + rows[:, None] * sdn + rd[None, :] * sdd, dx.to(DX.dtype.element_ty),
+                     mask=inside[:, None] & (rd[None, :] < D))
+        if HAS_DIRECTION:
+            tl.store(DU + (bh * tl.num_programs(0) + part) * BD + rd, du)
 
-# Rows per tile, and rows per slice of a sum over the sequence: a fixed slice (whatever the length
-# or batch) keeps every real row in the same tile and slice when padding is appended, so padding
-# adds exact zeros and outputs at real positions do not change.
+
+# Rows per tile, and rows per slice of a split sum over the sequence: a fixed slice (whatever the
+# length) keeps every real row in the same tile and slice when padding is appended.
 _BLOCK_N = 64
 _CHUNK = 512
+# One program per (sequence, head) pair, for the whole sequence, where there are at least this many
+# pairs; None: the GPU's number of multiprocessors (the interpreter: always).
+FUSED_MIN_PAIRS: int | None = None
+_multiprocessors: dict = {}
+
+
+def fused(pairs: int, device: torch.device) -> bool:
+    """Whether `pairs` (sequence, head) pairs fill the device with one program each."""
+    if FUSED_MIN_PAIRS is not None:
+        return pairs >= FUSED_MIN_PAIRS
+    if device.type != "cuda":
+        return True
+    if device not in _multiprocessors:
+        _multiprocessors[device] = torch.cuda.get_device_properties(device).multi_processor_count
+    return pairs >= _multiprocessors[device]
 
 
 def supported_width(width: int) -> bool:
@@ -235,42 +326,41 @@ def _tile(width: int) -> int:
 
 
 def _slices(length: int) -> tuple[int, int]:
-    """(number of slices, rows per slice) of a sum over the sequence."""
+    """(number of slices, rows per slice) of a split sum over the sequence."""
     return max(1, triton.cdiv(length, _CHUNK)), _CHUNK
 
 
-def _strides(x: torch.Tensor) -> tuple[int, int, int, int]:
-    return tuple(x.stride())
-
-
-def _heads_last(batch: int, heads: int, length: int, width: int, like: torch.Tensor, dtype=None) -> torch.Tensor:
+def _heads_last(batch: int, heads: int, length: int, width: int, like: torch.Tensor) -> torch.Tensor:
     """An empty (B, H, N, width) tensor stored as (B, N, H, width): merging its heads is a view."""
-    return torch.empty(batch, length, heads, width, dtype=dtype or like.dtype, device=like.device).transpose(1, 2)
+    return torch.empty(batch, length, heads, width, dtype=like.dtype, device=like.device).transpose(1, 2)
 
 
 def _mask_arguments(mask: torch.Tensor | None, x: torch.Tensor):
-    """(mask pointer, batch stride, HAS_MASK): the mask as int8 (B, N) contiguous, or a dummy."""
+    """(mask pointer, its two strides, HAS_MASK): the (B, N) mask as it is (any dtype), or a dummy."""
     if mask is None:
-        return x, 0, False
-    mask = mask.to(torch.int8).contiguous()
-    return mask, mask.stride(0), True
+        return x, 0, 0, False
+    return mask, mask.stride(0), mask.stride(1), True
 
 
 def _dot_fp32(*tensors: torch.Tensor) -> bool:
     return INTERPRETED or any(t.dtype == torch.float32 for t in tensors)
 
 
+def _scale_pointer(scale: torch.Tensor | None, x: torch.Tensor) -> torch.Tensor:
+    return x if scale is None else scale.detach().float().reshape(1)
+
+
 def outer_sum(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
-    """sum_n m_n x_n^T y_n per head: x (B, H, N, dx), y (B, H, N, dy) -> (B, H, bx, by) in fp32, the
-    (dx, dy) sums padded with zeros to tiles (`_tile`), as `state_product` takes them."""
+    """sum_n m_n x_n^T y_n per head, split over slices: x (B, H, N, dx), y (B, H, N, dy) ->
+    (B, H, bx, by) fp32, the (dx, dy) sums padded with zeros to tiles, as `state_product` takes them."""
     batch, heads, length, dx = x.shape
     dy = y.shape[-1]
     bx, by = _tile(dx), _tile(dy)
     parts, chunk = _slices(length)
     partial = torch.empty(batch * heads, parts, bx, by, dtype=torch.float32, device=x.device)
-    mask_ptr, smb, has_mask = _mask_arguments(mask, x)
+    mask_ptr, smb, smn, has_mask = _mask_arguments(mask, x)
     _outer_sum[(parts, batch * heads)](
-        x, y, mask_ptr, partial, length, chunk, *_strides(x), *_strides(y), smb,
+        x, y, mask_ptr, partial, length, chunk, *x.stride(), *y.stride(), smb, smn,
         heads=heads, DX=dx, DY=dy, BX=bx, BY=by, BLOCK_N=_BLOCK_N, HAS_MASK=has_mask, DOT_FP32=_dot_fp32(x, y),
     )
     if parts == 1:
@@ -282,51 +372,90 @@ def outer_sum(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> to
 
 def state_product(x: torch.Tensor, state: torch.Tensor, width: int, mask: torch.Tensor | None = None,
                   scale: torch.Tensor | None = None, *, transpose: bool = False) -> torch.Tensor:
-    """c m_n x_n S per head (S^T with `transpose`): x (B, H, N, dx), state (B, H, dx, dy) fp32 padded
-    to tiles as `outer_sum` returns it (stored (B, H, dy, dx) with `transpose`), `width` = dy, scale
-    one fp32 element or None. Returns (B, H, N, dy) in x's dtype, stored heads-last."""
+    """c m_n x_n S per head over tiles of rows (S^T with `transpose`): x (B, H, N, dx), state padded
+    as `outer_sum` returns it (stored (B, H, dy, dx) with `transpose`), `width` = dy, scale one
+    element or None. Returns (B, H, N, dy) in x's dtype, stored heads-last."""
     batch, heads, length, dx = x.shape
-    dy = width
-    out = _heads_last(batch, heads, length, dy, x)
-    mask_ptr, smb, has_mask = _mask_arguments(mask, x)
-    scale_ptr = x if scale is None else scale.detach().float().reshape(1)
+    out = _heads_last(batch, heads, length, width, x)
+    mask_ptr, smb, smn, has_mask = _mask_arguments(mask, x)
     _state_product[(triton.cdiv(length, _BLOCK_N), batch * heads)](
-        x, state.contiguous(), out, mask_ptr, scale_ptr, length, *_strides(x), *_strides(out), smb,
-        heads=heads, DX=dx, DY=dy, BX=_tile(dx), BY=_tile(dy), BLOCK_N=_BLOCK_N, TRANSPOSE=transpose,
-        HAS_MASK=has_mask,
-        HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(x),
+        x, state.contiguous(), out, mask_ptr, _scale_pointer(scale, x), length, *x.stride(), *out.stride(), smb, smn,
+        heads=heads, DX=dx, DY=width, BX=_tile(dx), BY=_tile(width), BLOCK_N=_BLOCK_N, TRANSPOSE=transpose,
+        HAS_MASK=has_mask, HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(x),
     )
     return out
+
+
+def _launch_fused_forward(query, key, value, mask, scale):
+    batch, heads, length_q, dk = query.shape
+    length_k, dv = key.shape[2], value.shape[-1]
+    bk, bv = _tile(dk), _tile(dv)
+    out = _heads_last(batch, heads, length_q, dv, query)
+    state = torch.empty(batch, heads, bk, bv, dtype=torch.float32, device=query.device)
+    mask_ptr, smb, smn, has_mask = _mask_arguments(mask, query)
+    _fused_forward[(batch * heads,)](
+        query, key, value, mask_ptr, _scale_pointer(scale, query), out, state, length_q, length_k,
+        *query.stride(), *key.stride(), *value.stride(), *out.stride(), smb, smn,
+        heads=heads, DK=dk, DV=dv, BK=bk, BV=bv, BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
+        HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value),
+    )
+    return out, state
+
+
+def _launch_fused_backward(query, key, value, mask, scale, state, grad):
+    batch, heads, length_q, dk = query.shape
+    length_k, dv = key.shape[2], value.shape[-1]
+    grads = [_heads_last(batch, heads, t.shape[2], t.shape[-1], t) for t in (query, key, value)]
+    scale_products = torch.empty(batch * heads, dtype=torch.float32, device=query.device)
+    mask_ptr, smb, smn, has_mask = _mask_arguments(mask, query)
+    _fused_backward[(batch * heads,)](
+        query, key, value, grad, mask_ptr, _scale_pointer(scale, query), state, *grads, scale_products,
+        length_q, length_k, *query.stride(), *key.stride(), *value.stride(), *grad.stride(),
+        *grads[0].stride(), *grads[1].stride(), *grads[2].stride(), smb, smn,
+        heads=heads, DK=dk, DV=dv, BK=_tile(dk), BV=_tile(dv), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
+        HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value, grad),
+    )
+    return (*grads, scale_products.sum())
 
 
 class _LinearAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, mask, scale):
-        state = outer_sum(key, value, mask)  # K^T V over the real keys, fp32
+        ctx.fused = fused(query.shape[0] * query.shape[1], query.device)
+        if ctx.fused:
+            out, state = _launch_fused_forward(query, key, value, mask, scale)
+        else:
+            state = outer_sum(key, value, mask)  # K^T V over the real keys, fp32
+            out = state_product(query, state, value.shape[-1], scale=scale)
         ctx.save_for_backward(query, key, value, mask, state, scale)
-        return state_product(query, state, value.shape[-1], scale=scale)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
         query, key, value, mask, state, scale = ctx.saved_tensors
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        products = outer_sum(query, grad, None)  # Q^T dO, unscaled
+        if ctx.fused:
+            grad_query, grad_key, grad_value, scale_products = _launch_fused_backward(
+                query, key, value, mask, scale, state, grad)
+        else:
+            products = outer_sum(query, grad, None)  # Q^T dO, unscaled
+            scale_products = (products * state).sum()
+            if scale is not None:
+                products = products * scale.detach().float()
+            grad_query = state_product(grad, state, query.shape[-1], scale=scale, transpose=True)
+            grad_key = state_product(value, products, key.shape[-1], mask, transpose=True)
+            grad_value = state_product(key, products, value.shape[-1], mask)
         grad_scale = None
         if scale is not None and ctx.needs_input_grad[4]:
-            grad_scale = (products * state).sum().reshape(scale.shape).to(scale.dtype)
-        if scale is not None:
-            products = products * scale.detach().float()
-        grad_query = state_product(grad, state, query.shape[-1], scale=scale, transpose=True)
-        grad_key = state_product(value, products, key.shape[-1], mask, transpose=True)
-        grad_value = state_product(key, products, value.shape[-1], mask)
+            grad_scale = scale_products.reshape(scale.shape).to(scale.dtype)
         return grad_query, grad_key, grad_value, None, grad_scale
 
 
 def linear_attention_kernel(query, key, value, mask=None, scale=None) -> torch.Tensor:
     """Bidirectional `ops.linear_attention` without a state: out_i = scale * q_i sum_j m_j k_j^T v_j.
-    query/key (B, H, N, d), value (B, H, N, e) (widths `supported_width`), mask (B, N) or None,
-    scale a one-element tensor or None. Returns (B, H, N, e) in the queries' dtype."""
+    query/key (B, H, Nq/Nk, d), value (B, H, Nk, e) (widths `supported_width`), mask (B, Nk) or None,
+    scale a one-element tensor or None. Returns (B, H, Nq, e) in the queries' dtype."""
     return _LinearAttention.apply(query, key, value, mask, scale)
 
 
@@ -337,23 +466,34 @@ def _direction_strides(direction):
     return (0 if direction.shape[0] == 1 else direction.stride(0)), direction.stride(1)
 
 
+def _pool_slices(values) -> tuple[int, int]:
+    """(slices, rows per slice) of a pooling: the whole sequence in one where the pairs fill the GPU."""
+    batch, heads, length, _ = values.shape
+    if fused(batch * heads, values.device):
+        return 1, max(_BLOCK_N, triton.cdiv(length, _BLOCK_N) * _BLOCK_N)
+    return _slices(length)
+
+
 def _pool_forward(values, direction, mask):
     """(pooled (B, H, d) fp32, log-sum-exp (B, H) fp32, +inf where a row has no real token)."""
     batch, heads, length, dim = values.shape
-    parts, chunk = _slices(length)
-    shape = (batch * heads, parts)
-    top, total = (torch.empty(shape, dtype=torch.float32, device=values.device) for _ in range(2))
-    acc = torch.empty(*shape, _tile(dim), dtype=torch.float32, device=values.device)
-    mask_ptr, smb, has_mask = _mask_arguments(mask, values)
-    sub, suh = _direction_strides(direction)
-    _pool[(parts, batch * heads)](
-        values, values if direction is None else direction, mask_ptr, top, total, acc, length, chunk,
-        *_strides(values), sub, suh, smb, heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N,
-        HAS_MASK=has_mask, HAS_DIRECTION=direction is not None,
-    )
+    parts, chunk = _pool_slices(values)
     pooled = torch.empty(batch, heads, dim, dtype=torch.float32, device=values.device)
     lse = torch.empty(batch, heads, dtype=torch.float32, device=values.device)
-    _merge_pools[(batch * heads,)](top, total, acc, pooled, lse, parts, D=dim, BD=_tile(dim))
+    shape = (batch * heads, parts)
+    if parts == 1:
+        top = total = acc = pooled  # unused: the kernel writes the pooling itself
+    else:
+        top, total = (torch.empty(shape, dtype=torch.float32, device=values.device) for _ in range(2))
+        acc = torch.empty(*shape, _tile(dim), dtype=torch.float32, device=values.device)
+    mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
+    _pool[(parts, batch * heads)](
+        values, values if direction is None else direction, mask_ptr, top, total, acc, pooled, lse, length, chunk,
+        *values.stride(), *_direction_strides(direction), smb, smn, heads=heads, D=dim, BD=_tile(dim),
+        BLOCK_N=_BLOCK_N, HAS_MASK=has_mask, HAS_DIRECTION=direction is not None, FINAL=parts == 1,
+    )
+    if parts > 1:
+        _merge_pools[(batch * heads,)](top, total, acc, pooled, lse, parts, D=dim, BD=_tile(dim))
     return pooled, lse
 
 
@@ -370,20 +510,19 @@ class _DirectionPool(torch.autograd.Function):
         batch, heads, length, dim = values.shape
         grad = grad.float().contiguous()
         grad_pooled = (grad * pooled).sum(-1).contiguous()  # g . pooled (B, H)
-        parts, chunk = _slices(length)
+        parts, chunk = _pool_slices(values)
         grad_values = _heads_last(batch, heads, length, dim, values)
         partial = torch.empty(batch * heads, parts, _tile(dim), dtype=torch.float32, device=values.device)
-        mask_ptr, smb, has_mask = _mask_arguments(mask, values)
-        sub, suh = _direction_strides(direction)
+        mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
         _pool_backward[(parts, batch * heads)](
-            values, values if direction is None else direction, mask_ptr, grad, lse.contiguous(), grad_pooled,
-            grad_values, partial, length, chunk, *_strides(values), sub, suh, smb, *_strides(grad_values),
-            heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
+            values, values if direction is None else direction, mask_ptr, grad, lse, grad_pooled, grad_values,
+            partial, length, chunk, *values.stride(), *_direction_strides(direction), smb, smn,
+            *grad_values.stride(), heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
             HAS_DIRECTION=direction is not None,
         )
         grad_direction = None
         if direction is not None and ctx.needs_input_grad[1]:
-            grad_direction = partial.sum(1)[:, :dim].view(batch, heads, dim)  # a gradient: no exactness asked
+            grad_direction = (partial[:, 0] if parts == 1 else partial.sum(1))[:, :dim].view(batch, heads, dim)
             if direction.shape[0] == 1 and batch > 1:
                 grad_direction = grad_direction.sum(0, keepdim=True)
             grad_direction = grad_direction.to(direction.dtype)
