@@ -409,7 +409,9 @@ def markdown_header(metadata: dict) -> str:
         "",
         f"Machine: {metadata.get('cpu', '?')} ({metadata.get('cpu_count', '?')} CPUs, {metadata.get('threads', '?')} "
         f"torch threads){', ' + metadata['gpu'] if 'gpu' in metadata else ''}; torch {metadata.get('torch', '?')}, "
-        f"transformers {metadata.get('transformers', '?')}; {metadata.get('date', '')}.",
+        f"transformers {metadata.get('transformers', '?')}"
+        f"{', triton ' + metadata['triton'] if metadata.get('triton') else ''}; {metadata.get('date', '')}"
+        f"{'; commit ' + metadata['commit'] if metadata.get('commit') else ''}.",
         f"Environment: {metadata.get('environment') or 'defaults'}"
         f"{'; C allocator retains freed memory (--cpu-allocator retain)' if allocator == 'retain' else ''}; load average at start "
         f"{metadata.get('load_average')}, at end {metadata.get('load_average_end')}.",
