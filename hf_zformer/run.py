@@ -4,8 +4,8 @@
   directory (created, locked against a second run, stale checkpoint folders cleaned);
 * :func:`data_errors`, :func:`subsample` and :func:`load_tokenizer` (given, or trained on the data
   by the main process);
-* :func:`finish_run` -- ``save_pretrained`` + tokenizer + ``all_results.json`` + model card + push,
-  the card recording the :func:`command_line` that made the run.
+* :func:`finish_run` -- ``save_pretrained`` + tokenizer + ``training_args.json`` + ``all_results.json``
+  + model card + push, the card recording the :func:`command_line` that made the run.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 from .checkpoints import TrainingDiverged, clean_stale_checkpoints, require_finite
 from .feedback import setup_logging, show_bars
 from .memory import retain_freed_memory
+from .results import save_training_args
 
 __all__ = [
     "command_line",
@@ -314,6 +315,7 @@ def finish_run(
     )
     if accelerator.is_main_process:
         tokenizer.save_pretrained(args.output_dir)
+        save_training_args(args)  # an evaluation of the folder records how it was trained
         results = _results_to_write(results, Path(args.output_dir) / "all_results.json", logger)
         with open(Path(args.output_dir) / "all_results.json", "w") as f:
             json.dump(results, f, indent=2, allow_nan=False)

@@ -65,7 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output_dir", required=True, help="Where predictions and metrics go.")
     parser.add_argument("--results_file", default=None,
                         help="Append one result record (split, metric, value, samples, bootstrap ci95, the model's "
-                             "config and training) to this JSON list, e.g. docs/results.json (docs/training.md).")
+                             "config, and the recipe of the run that trained the folder: base model, distillation, "
+                             "teacher, precision) to this JSON list, e.g. docs/results.json (docs/training.md).")
     parser.add_argument("--per_device_eval_batch_size", type=int, default=64)
     parser.add_argument("--max_eval_samples", type=int, default=None,
                         help="Evaluate a seeded random subset (the rows training's --max_eval_samples and --split_seed pick).")

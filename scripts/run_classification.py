@@ -284,6 +284,8 @@ def main(argv=None) -> dict:
         tokenizer=tokenizer, best_metric="accuracy", loss_fn=loss_fn,
     )
     results["eval_split"] = eval_split
+    if unlabeled is not None:  # the texts the teacher taught (records of a later evaluation read it)
+        results["unlabeled_examples"] = len(unlabeled)
     if args.save_best and args.results_file:  # hits of the best model (the final one) for the interval
         evaluate()
     if "test" in eval_splits and eval_split != "test":  # once, on the final (with --save_best: best) model
@@ -306,10 +308,7 @@ def main(argv=None) -> dict:
             train_examples=len(raw["train"]),
         )
         if args.teacher_model_name_or_path:
-            common["teacher"] = {"model": args.teacher_model_name_or_path, "alpha": args.distill_alpha,
-                                 "temperature": args.distill_temperature,
-                                 "unlabeled_examples": len(unlabeled) if unlabeled is not None else 0,
-                                 "unlabeled_file": args.unlabeled_file}
+            common["teacher"] = records.teacher_of(args, len(unlabeled) if unlabeled is not None else 0)
         rows = [
             {**common, "split": split, "metric": "accuracy", "beams": None, "samples": len(hits[split]),
              "value": round(100.0 * results[f"{prefix}_accuracy"], 4), "ci95": records.accuracy_ci(hits[split], seed=args.seed)}
