@@ -329,6 +329,7 @@ class ZformerPreTrainedModel(PreTrainedModel):
         # The config validates itself at construction; fields set afterwards are checked here, with the
         # same errors naming field and value (instead of a failure deep inside a layer).
         config._validate()
+        config.resolve_attention_dropout()  # the default now that the layers to build are known
         super().__init__(config, *inputs, **kwargs)
         # Saved checkpoints load with trust_remote_code=True through every Auto class we support.
         config.auto_map = auto_map_for(config.model_type)
