@@ -141,7 +141,6 @@ def is_seq2seq(config) -> bool:
 def main(argv=None) -> dict:
     args = parse_args(argv)
 
-    from accelerate.logging import get_logger
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer
 
     import hf_zformer  # noqa: F401
@@ -153,7 +152,7 @@ def main(argv=None) -> dict:
     args.gradient_accumulation_steps, args.with_tracking = 1, False
     accelerator = run.make_accelerator(args)
     feedback.setup_logging(accelerator)
-    logger = get_logger(__name__)
+    logger = feedback.get_logger(__name__, accelerator)
     try:
         config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     except ValueError as error:

@@ -483,6 +483,42 @@ def test_model_card_license_datasets_and_labels(clf_run):
     assert config["id2label"] == {"0": "negative", "1": "positive"} and config["label2id"] == {"negative": 0, "positive": 1}
 
 
+def test_model_card_names_local_data_as_local(clf_run):
+    """A --data_dir run's card says the data was a local folder, in its text and in model-index,
+    instead of naming a Hub dataset that happens to share the folder's name."""
+    out, _ = clf_run
+    card = (out / "README.md").read_text()
+    meta = _card_metadata(out / "README.md")
+    assert "on the local data `clf`" in card and "the Hub dataset" not in card
+    assert "type: local" in meta and "name: 'local data: clf'" in meta, meta
+
+
+def test_first_run_is_quiet_and_says_what_it_does(tiny_data, tmp_path):
+    """One process, defaults: no warning about a default, no accelerate environment dump or rank
+    prefix; a line for each long phase (reading the data, training the tokenizer, scoring the test
+    split); the last line names the folder written, and no lock file stays in it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = (tiny_data / "clf" / "train.jsonl").read_text().splitlines()
+    (data / "train.jsonl").write_text("\n".join(lines[20:]) + "\n")
+    (data / "test.jsonl").write_text("\n".join(lines[:20]) + "\n")
+    common = ["--data_dir", data, "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
+              "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 8]
+    out = tmp_path / "out"
+    result = run_script("run_classification.py", *common, "--max_train_steps", 2, "--output_dir", out)
+    console = result.stdout + result.stderr
+    for quiet in ("does nothing in", "[RANK", "Distributed environment", "Warning", "warn"):
+        assert quiet not in console, f"{quiet!r} in a default run:\n{console}"
+    for phase in (f"reading {data}", "read 90 train, 10 validation, 20 test texts", "training a 120-token tokenizer",
+                  "scoring the final model on the 20 texts of the test split"):
+        assert phase in console, f"no {phase!r} line:\n{console}"
+    assert console.strip().splitlines()[-1].endswith(f"saved the model, tokenizer, results and model card to {out}")
+    assert not (out / ".lock").exists() and "test_accuracy" in json.loads((out / "all_results.json").read_text())
+    skipped = tmp_path / "skipped"
+    run_script("run_classification.py", *common, "--max_train_steps", 1, "--skip_test", "--output_dir", skipped)
+    assert "test_accuracy" not in json.loads((skipped / "all_results.json").read_text())
+
+
 def test_label_names_default_to_class_label_names():
     import logging
     from types import SimpleNamespace
