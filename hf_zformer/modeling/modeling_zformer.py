@@ -516,10 +516,10 @@ class ZformerModel(ZformerPreTrainedModel):
 
 
 class ZformerPooler(nn.Module):
-    """Sequence pooling for classification: masked mean (the FastFormer seed), the first real token
-    (the first column with right padding), additive attention pooling (the official Fastformer:
-    softmax_i(w . tanh(W h_i))), or BERT's pooler: activation(W h_first + b), with tanh (BERT's
-    pooler, RoBERTa's classification head) or ReLU (DistilBERT's pre_classifier)."""
+    """Sequence pooling for classification: masked mean (as the FastFormer-pytorch reference code
+    pools), the first real token (the first column with right padding), additive attention pooling
+    (the official Fastformer: softmax_i(w . tanh(W h_i))), or BERT's pooler: activation(W h_first +
+    b), with tanh (BERT's pooler, RoBERTa's classification head) or ReLU (DistilBERT's pre_classifier)."""
 
     def __init__(self, config):
         super().__init__()
