@@ -248,6 +248,8 @@ def main(argv=None) -> dict:
         encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": batch["label"]}
 
+    texts = sum(len(raw[split]) for split in ("train", *eval_splits)) + (len(unlabeled) if unlabeled is not None else 0)
+    logger.info(f"tokenizing {texts:,} texts")
     with accelerator.main_process_first():
         processed = {
             split: raw[split].map(

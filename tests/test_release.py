@@ -40,6 +40,8 @@ def test_one_version_everywhere():
     assert released and released[0][0] == version, f"the CHANGELOG's latest release is not {version}"
     datetime.date.fromisoformat(released[0][1])
     assert _cff_field("version") == version and _cff_field("date-released") == released[0][1]
+    wheels = re.findall(r"hf_zformer-(\d+\.\d+\.\d+)-py3", (REPO_ROOT / "README.md").read_text())
+    assert wheels and set(wheels) == {version}, f"README installs wheel versions {wheels}, the package is {version}"
     # every "saved before X" / "since X" names a version that is released
     known = {v for v, _ in released}
     texts = [REPO_ROOT / "README.md", REPO_ROOT / "CHANGELOG.md", *(REPO_ROOT / "docs").glob("*.md"),
