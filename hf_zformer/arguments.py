@@ -35,7 +35,7 @@ __all__ = [
 # how often it is saved, how it is launched and logged; every other argument defines the run (`run_identity`).
 RESUMABLE_ARGS = frozenset({
     "resume_from_checkpoint", "output_dir", "overwrite_output_dir", "checkpointing_steps", "logging_steps",
-    "with_tracking", "report_to", "verbose",
+    "with_tracking", "report_to", "verbose", "skip_test",
     "push_to_hub", "hub_model_id", "hub_token", "preprocessing_num_workers", "per_device_eval_batch_size",
     "cpu_allocator", "results_file", "trust_remote_code", "config_kwargs", "run_args",
 })
