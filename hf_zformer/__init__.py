@@ -32,6 +32,6 @@ from .convert import convert_pretrained  # warm start from BERT / RoBERTa / Dist
 from .distillation import Distillation, distill_attention  # fit converted attention to the source's softmax attention
 from .memory import retain_freed_memory  # CPU training: keep freed memory instead of re-faulting it
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one version string (setup.cfg reads it)
 
 register_auto_classes()  # the Auto classes of both model types (modeling_zformer.AUTO_CLASSES)

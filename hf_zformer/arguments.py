@@ -35,7 +35,7 @@ __all__ = [
 # how often it is saved, how it is launched and logged; every other argument defines the run (`run_identity`).
 RESUMABLE_ARGS = frozenset({
     "resume_from_checkpoint", "output_dir", "overwrite_output_dir", "checkpointing_steps", "logging_steps",
-    "with_tracking", "report_to",
+    "with_tracking", "report_to", "verbose", "skip_test",
     "push_to_hub", "hub_model_id", "hub_token", "preprocessing_num_workers", "per_device_eval_batch_size",
     "cpu_allocator", "results_file", "trust_remote_code", "config_kwargs", "run_args",
 })
@@ -122,6 +122,9 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
         "--report_to", default="tensorboard", help='Trackers for --with_tracking: "tensorboard", "wandb", ..., or "all".'
     )
     group.add_argument("--logging_steps", type=int, default=50, help="Log the training loss every N optimizer steps.")
+    group.add_argument("--verbose", action="store_true",
+                       help="Log accelerate's environment at the start and the process rank in every line (both "
+                       "are on by default only when more than one process runs).")
     group.add_argument(
         "--cpu_allocator",
         default="retain",

@@ -357,7 +357,7 @@ def calibrate_zformer_scales(target, reference, input_ids: torch.Tensor, attenti
 
     Softmax attention returns a convex combination of the values, whatever the length; Zformer's
     `Q (K^T V) / s` is a sum over all N tokens of (q.k/sqrt(d_h)) v, which grows with N and with the
-    typical score. A fixed s (the seed's 700) is thus off by orders of magnitude for a pretrained
+    typical score. A fixed s (Zformer_Pytorch's 700) is thus off by orders of magnitude for a pretrained
     model, and the residual stream after the layer would be far from what the pretrained FFN and
     LayerNorms expect. Matching sizes on real text (`CALIBRATION_TEXT`, ~128 tokens) at each layer's
     input in `reference` (the exact full-attention copy) starts s where the layer's output is of the

@@ -1,7 +1,8 @@
 """What a run shows while it works (library side, never shipped): progress bars on a terminal only
 (:func:`show_bars`), plain log lines in log files (:func:`progress` for evaluation/generation
-loops, :func:`speed_line` for the training loop's line every ``--logging_steps``), and
-:func:`setup_logging` (quiet on non-main processes)."""
+loops, :func:`speed_line` for the training loop's line every ``--logging_steps``),
+:func:`setup_logging` (quiet on non-main processes) and :func:`get_logger` (the process rank in
+each line only when there is more than one process)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import logging
 import sys
 import time
 
-__all__ = ["progress", "setup_logging", "show_bars", "speed_line"]
+__all__ = ["get_logger", "progress", "setup_logging", "show_bars", "speed_line"]
 
 
 def show_bars() -> bool:
@@ -57,6 +58,25 @@ def setup_logging(accelerator) -> None:
         datasets.disable_progress_bars()
         transformers.utils.logging.disable_progress_bar()
         huggingface_hub.utils.disable_progress_bars()
+
+
+class _OneProcessLogger(logging.LoggerAdapter):
+    """accelerate's logger interface (``main_process_only=``, ``in_order=``) for a run of one
+    process, where every process is the main one: lines without accelerate's ``[RANK 0]`` prefix."""
+
+    def log(self, level, msg, *args, main_process_only: bool = True, in_order: bool = False, **kwargs):
+        if self.isEnabledFor(level):
+            self.logger.log(level, msg, *args, **kwargs)
+
+
+def get_logger(name: str, accelerator, verbose: bool = False):
+    """The scripts' logger: accelerate's (each line names its process, ``[RANK i]``) when more
+    than one process runs or with ``verbose``, else the same interface without the prefix."""
+    if accelerator.num_processes > 1 or verbose:
+        from accelerate.logging import get_logger as multi_process_logger
+
+        return multi_process_logger(name)
+    return _OneProcessLogger(logging.getLogger(name), {})
 
 
 def _clock(seconds: float) -> str:

@@ -63,10 +63,18 @@ def _tags(config, task: str, converted: bool) -> list[str]:
             *sorted(f"{t}-attention" for t in attention_types), task]
 
 
+# `model-index` dataset type of data that is no Hub dataset (a --data_dir folder, a --train_file)
+LOCAL_DATASET_TYPE = "local"
+
+
 def _eval_results(results: dict[str, Any], task: str, dataset_name: str, dataset_config: str | None,
-                  metric_name: str | None) -> list[EvalResult]:
+                  metric_name: str | None, hub_dataset: bool = True) -> list[EvalResult]:
     """The ``model-index`` entries: ``metric_name`` on every split found in ``results`` as
-    ``test_<metric_name>`` / ``eval_<metric_name>``."""
+    ``test_<metric_name>`` / ``eval_<metric_name>``. A Hub dataset is named by its id; local data
+    (``hub_dataset=False``) as ``local data: <name>`` of type :data:`LOCAL_DATASET_TYPE`, which no
+    Hub page mistakes for the Hub dataset of the same name."""
+    dataset_type = dataset_name if hub_dataset else LOCAL_DATASET_TYPE
+    dataset_name = dataset_name if hub_dataset else f"local data: {dataset_name}"
     eval_results = []
     for split, key in (("test", f"test_{metric_name}"), ("validation", f"eval_{metric_name}")):
         if metric_name is not None and key in results:
@@ -74,7 +82,7 @@ def _eval_results(results: dict[str, Any], task: str, dataset_name: str, dataset
                 EvalResult(
                     task_type=task,
                     task_name=_TASK_NAMES.get(task, task),
-                    dataset_type=dataset_name,
+                    dataset_type=dataset_type,
                     dataset_name=dataset_name,
                     dataset_config=dataset_config,
                     dataset_split=split,
@@ -86,12 +94,13 @@ def _eval_results(results: dict[str, Any], task: str, dataset_name: str, dataset
     return eval_results
 
 
-def _training_summary(config, task: str, dataset_name: str, base_model: str | None) -> str:
-    """What a trained model is: type, attention, size, task, data and starting checkpoint."""
+def _training_summary(config, task: str, dataset_name: str, base_model: str | None, hub_dataset: bool = True) -> str:
+    """What a trained model is: type, attention, size, task, data (a Hub dataset, or local data
+    named as such) and starting checkpoint."""
     decoder_layers = f", {config.num_decoder_layers} decoder layers" if getattr(config, "is_encoder_decoder", False) else ""
     return f"""A {config.model_type} model ({_attention_summary(config)} attention; hidden size {config.hidden_size},
 {config.num_hidden_layers} {"decoder" if task == "text-generation" else "encoder"} layers{decoder_layers},
-{config.num_attention_heads} heads) trained for {task} on `{dataset_name}` with
+{config.num_attention_heads} heads) trained for {task} on {"the Hub dataset" if hub_dataset else "the local data"} `{dataset_name}` with
 the hf_zformer scripts{f", fine-tuned from `{base_model}`" if base_model else ""}.
 """
 
@@ -149,7 +158,8 @@ def model_card(
     (hf_zformer, the model type, ``warm-start`` for a converted model, the attention types, the
     task), ``base_model``; for a trained model ``model-index`` (task, dataset, metric name and value
     for every split found in ``results`` as ``<split>_<metric_name>``) and ``datasets``
-    (``dataset_name`` when ``hub_dataset``, i.e. it is a Hub id; nothing for local data); for a
+    (``dataset_name`` when ``hub_dataset``, i.e. it is a Hub id; nothing for local data, which the
+    card and ``model-index`` name as local data, never as a Hub id); for a
     distilled model ``distillation`` (its settings, :data:`hf_zformer.distillation.DISTILLATION_SETTINGS`).
     Then a short description (with the distillation's fit, ``distillation`` being the report of
     :func:`hf_zformer.distill_attention` plus its settings), the results table (when ``results``
@@ -172,7 +182,7 @@ def model_card(
         language=languages,
         base_model=base_model,
         eval_results=None if converted else _eval_results(results or {}, task, dataset_name, dataset_config,
-                                                          metric_name) or None,
+                                                          metric_name, hub_dataset) or None,
     )
     if distillation is not None:  # the settings also as metadata, for result records (results.distillation_of)
         data.distillation = {key: distillation.get(key) for key in DISTILLATION_SETTINGS}
@@ -182,7 +192,7 @@ def model_card(
     if converted:
         sections.append(_conversion_summary(base_model, _attention_summary(config), distillation))
     else:
-        sections.append(_training_summary(config, task, dataset_name, base_model))
+        sections.append(_training_summary(config, task, dataset_name, base_model, hub_dataset))
     if results is not None:
         rows = "\n".join(f"| {k} | {v} |" for k, v in results.items())
         sections.append(f"## Results\n\n| metric | value |\n| --- | --- |\n{rows}\n")

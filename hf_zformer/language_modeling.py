@@ -163,5 +163,5 @@ def train_on_blocks(args: argparse.Namespace, accelerator, logger, model, tokeni
         row = {**common, "split": "validation", "metric": record_metric, "beams": None, "samples": len(block_losses),
                "value": results["eval_perplexity"], "ci95": records.perplexity_ci(block_losses, seed=args.seed)}
         records.append_records(args.results_file, [row])
-        logger.info(f"1 result record appended to {args.results_file}")
+        logger.info(f"1 result record appended to {args.results_file}; the model is in {args.output_dir}")
     return results

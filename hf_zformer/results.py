@@ -10,7 +10,9 @@ base model, 95% bootstrap interval, ... (the fields are documented in ``docs/res
 * :func:`bootstrap_ci`, :func:`accuracy_ci`, :func:`bleu_ci`, :func:`perplexity_ci` -- seeded
   percentile bootstrap over examples (BLEU: over sentences, re-computing corpus BLEU from
   per-sentence n-gram statistics; perplexity: over equal-length blocks);
-* :func:`run_fields` -- the fields every record of a run shares.
+* :func:`run_fields` -- the fields every record of a run shares; :func:`save_training_args` stores
+  the arguments in the run's folder, from which :func:`evaluation_fields` gives a later evaluation
+  of that folder the same recipe fields (precision, teacher, distillation, base model).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ __all__ = [
     "DEFAULT_RESAMPLES",
     "accuracy_ci",
     "append_records",
+    "TRAINING_ARGS_FILE",
     "base_model_of",
     "distillation_of",
     "bleu_ci",
@@ -43,8 +46,14 @@ __all__ = [
     "perplexity_ci",
     "read_records",
     "run_fields",
+    "save_training_args",
     "task_name",
+    "teacher_of",
+    "training_run_of",
 ]
+
+#: The file in a training run's output folder that holds the arguments that defined the run.
+TRAINING_ARGS_FILE = "training_args.json"
 
 #: Bootstrap resamples of :func:`accuracy_ci` / :func:`bleu_ci` (1,000 BLEU resamples of 1,000
 #: sentences take well under a second: the n-gram statistics are extracted once).
@@ -263,19 +272,34 @@ def _layer_types(value) -> str | None:
     return "|".join(value) if isinstance(value, (list, tuple)) else str(value)
 
 
+# Config entries that describe the checkpoint's bookkeeping or follow the tokenizer, not the model
+# recipe: never recorded.
+_NOT_RECIPE = frozenset({
+    "_name_or_path", "architectures", "auto_map", "dtype", "torch_dtype", "transformers_version", "id2label",
+    "label2id", "return_dict", "output_attentions", "output_hidden_states", "problem_type", "model_type",
+    "is_encoder_decoder", "pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id",
+})
+_SIZES = ("hidden_size", "num_hidden_layers", "num_decoder_layers", "num_attention_heads", "intermediate_size",
+          "vocab_size", "attention_type", "decoder_attention_type", "cross_attention_type")
+_DECODER_ONLY = ("num_decoder_layers", "decoder_attention_type", "cross_attention_type")
+
+
 def config_summary(config) -> dict[str, Any]:
-    """The sizes and attention types of a model's config, and the architecture options that are set."""
-    seq2seq = bool(getattr(config, "is_encoder_decoder", False))
-    keys = ("hidden_size", "num_hidden_layers", "num_decoder_layers", "num_attention_heads", "intermediate_size",
-            "vocab_size", "attention_type", "decoder_attention_type", "cross_attention_type")
-    summary = {k: getattr(config, k) for k in keys if hasattr(config, k)}
-    if not seq2seq:
-        for key in ("num_decoder_layers", "decoder_attention_type", "cross_attention_type"):
+    """The model's sizes and attention types, then every other config entry whose value differs
+    from the config class's default (``encoder_conv_size``, ``zformer_feature_map``, dropout, ...):
+    the whole model recipe, without the checkpoint's bookkeeping (architectures, labels, versions).
+    Decoder entries only for an encoder-decoder model."""
+    values = config.to_dict()
+    try:
+        defaults = type(config)().to_dict()
+    except Exception:  # a config class that needs arguments: record the sizes only
+        defaults = values
+    summary = {k: values[k] for k in _SIZES if k in values}
+    summary.update({k: v for k, v in values.items()
+                    if k not in summary and k not in _NOT_RECIPE and k in defaults and defaults[k] != v})
+    if not getattr(config, "is_encoder_decoder", False):
+        for key in _DECODER_ONLY:
             summary.pop(key, None)
-    for key in ("encoder_conv_size", "fastformer_share_qv"):  # recorded where set
-        value = getattr(config, key, None)
-        if value:
-            summary[key] = value
     return summary
 
 
@@ -299,15 +323,71 @@ def _model_fields(args, config) -> dict[str, Any]:
     }
 
 
+def teacher_of(args, unlabeled_examples: int | None = None) -> dict[str, Any] | None:
+    """The ``teacher`` field of a run's records: the teacher model, ``alpha``, ``temperature`` and
+    the unlabeled texts added (``unlabeled_examples``, their count; default ``--max_unlabeled_samples``,
+    else 0 without ``--unlabeled_file``). ``args``: the run's arguments, a namespace or the mapping
+    :func:`save_training_args` stored. None for a run without ``--teacher_model_name_or_path``."""
+    get = args.get if isinstance(args, dict) else lambda key: getattr(args, key, None)
+    if not get("teacher_model_name_or_path"):
+        return None
+    if unlabeled_examples is None:
+        unlabeled_examples = get("max_unlabeled_samples") if get("unlabeled_file") else 0
+    return {"model": get("teacher_model_name_or_path"), "alpha": get("distill_alpha"),
+            "temperature": get("distill_temperature"), "unlabeled_examples": unlabeled_examples,
+            "unlabeled_file": get("unlabeled_file")}
+
+
+def save_training_args(args, output_dir: str | os.PathLike | None = None) -> Path:
+    """Store the arguments that define a training run (``arguments.run_identity``: all but where it
+    is written, logged and pushed; never a token) as :data:`TRAINING_ARGS_FILE` in its output folder,
+    so that an evaluation of the folder can record how the model was trained."""
+    from .arguments import run_identity
+
+    path = Path(output_dir if output_dir is not None else args.output_dir) / TRAINING_ARGS_FILE
+    stored = getattr(args, "run_args", None) or run_identity(args)
+    path.write_text(json.dumps(stored, indent=2, sort_keys=True) + "\n")
+    return path
+
+
+def training_run_of(name_or_path: str | None) -> tuple[Path | None, dict[str, Any], dict[str, Any]]:
+    """The training run a saved folder comes from: ``(run folder, stored arguments, all_results)``.
+    The folder itself when it holds :data:`TRAINING_ARGS_FILE` or ``all_results.json``, else for a
+    ``best/`` model its parent run folder; ``(None, {}, {})`` for a Hub id or a folder no run wrote
+    (a converted checkpoint)."""
+    from .evaluation import BEST_DIR
+
+    if not name_or_path:
+        return None, {}, {}
+    folder = Path(name_or_path).expanduser()
+    candidates = [folder] + ([folder.parent] if folder.name == BEST_DIR else [])
+    for candidate in candidates:
+        stored = {}
+        for name in (TRAINING_ARGS_FILE, "all_results.json"):
+            with contextlib.suppress(OSError, ValueError):
+                loaded = json.loads((candidate / name).read_text())
+                stored[name] = loaded if isinstance(loaded, dict) else {}
+        if stored:
+            return candidate, stored.get(TRAINING_ARGS_FILE, {}), stored.get("all_results.json", {})
+    return None, {}, {}
+
+
 def evaluation_fields(args, config) -> dict[str, Any]:
-    """The fields of a record written by ``scripts/evaluate_model.py`` for a saved model:
-    :func:`_model_fields` and, from the folder's ``all_results.json``, the training's epochs, steps
-    and best step."""
-    trained: dict[str, Any] = {}
-    with contextlib.suppress(OSError, ValueError):
-        trained = json.loads((Path(args.model_name_or_path).expanduser() / "all_results.json").read_text())
-    return {**_model_fields(args, config), "epochs": trained.get("epoch"), "train_steps": trained.get("train_steps"),
-            "best_step": trained.get("best_step"), "scored_by": "evaluate_model.py"}
+    """The fields of a record written by ``scripts/evaluate_model.py`` for a saved model: those of
+    :func:`_model_fields` and, from the training run that wrote the folder (:func:`training_run_of`),
+    the recipe a training record of that run carries: base model and distillation of the folder it
+    started from, teacher, mixed precision, seed, learning rate, epochs, steps and best step. A
+    folder no run wrote (a converted checkpoint, a Hub id) names its own base model and distillation."""
+    folder, trained_args, trained = training_run_of(args.model_name_or_path)
+    fields = _model_fields(args, config)
+    if trained_args:  # the folder the run started from (None: from scratch) names them
+        origin = trained_args.get("model_name_or_path")
+        fields.update(base_model=base_model_of(origin), distillation=distillation_of(origin))
+    return {**fields, "epochs": trained.get("epoch"), "train_steps": trained.get("train_steps"),
+            "best_step": trained.get("best_step"), "seed": trained_args.get("seed"),
+            "learning_rate": trained_args.get("learning_rate"), "mixed_precision": trained.get("mixed_precision"),
+            "teacher": teacher_of(trained_args, trained.get("unlabeled_examples")) if trained_args else None,
+            "output_dir": str(folder) if folder is not None else None, "scored_by": "evaluate_model.py"}
 
 
 def run_fields(args, config, results: dict[str, Any], *, max_length: int | None, wall_time_s: float,

@@ -4,28 +4,32 @@
   directory (created, locked against a second run, stale checkpoint folders cleaned);
 * :func:`data_errors`, :func:`subsample` and :func:`load_tokenizer` (given, or trained on the data
   by the main process);
-* :func:`finish_run` -- ``save_pretrained`` + tokenizer + ``all_results.json`` + model card + push,
-  the card recording the :func:`command_line` that made the run.
+* :func:`finish_run` -- ``save_pretrained`` + tokenizer + ``training_args.json`` + ``all_results.json``
+  + model card + push, the card recording the :func:`command_line` that made the run.
 """
 
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import json
+import logging
 import math
 import os
 import shlex
 import shutil
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from .checkpoints import TrainingDiverged, clean_stale_checkpoints, require_finite
-from .feedback import setup_logging, show_bars
+from .feedback import get_logger, setup_logging, show_bars
 from .memory import retain_freed_memory
+from .results import save_training_args
 
 __all__ = [
     "command_line",
@@ -63,13 +67,14 @@ def start_run(args: argparse.Namespace, logger_name: str):
     """What every script does first: the Accelerator, logging (quiet on non-main processes), the
     seed, and the output directory (created by the main process, seen by all). Returns
     ``(accelerator, logger)``."""
-    from accelerate.logging import get_logger
     from accelerate.utils import set_seed
 
     accelerator = make_accelerator(args)
     setup_logging(accelerator)
-    logger = get_logger(logger_name)
-    logger.info(accelerator.state, main_process_only=True)
+    verbose = getattr(args, "verbose", False)
+    logger = get_logger(logger_name, accelerator, verbose)
+    if accelerator.num_processes > 1 or verbose:  # accelerate's environment, worth reading with several processes
+        logger.info(accelerator.state, main_process_only=True)
     if getattr(args, "cpu_allocator", "system") == "retain" and retain_freed_memory():
         logger.info("C allocator: freed memory is kept for reuse (--cpu_allocator retain)", main_process_only=True)
     set_seed(args.seed)
@@ -112,9 +117,10 @@ _LOCKS: dict[str, Any] = {}  # lock file -> its open handle, held (locked) until
 
 def lock_output_dir(output_dir: str | os.PathLike) -> None:
     """Make this process the only run writing ``output_dir``: an exclusive ``flock`` on
-    ``output_dir/.lock`` (which records our pid), held until the process exits; taking it again in
-    the same process is a no-op. Raises ``RuntimeError`` naming the folder and the pid of the run
-    that holds it. (No locking where ``fcntl`` does not exist, i.e. on Windows.)"""
+    ``output_dir/.lock`` (which records our pid), held until the process exits, when the file is
+    removed (:func:`_release_lock`); taking it again in the same process is a no-op. Raises
+    ``RuntimeError`` naming the folder and the pid of the run that holds it. (No locking where
+    ``fcntl`` does not exist, i.e. on Windows.)"""
     try:
         import fcntl
     except ImportError:
@@ -122,23 +128,40 @@ def lock_output_dir(output_dir: str | os.PathLike) -> None:
     path = (Path(output_dir) / LOCK_FILE).resolve()
     if str(path) in _LOCKS:
         return
-    handle = open(path, "a+")
-    try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        handle.seek(0)
-        owner = handle.read().strip() or "unknown"
+    while True:
+        handle = open(path, "a+")
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            owner = handle.read().strip() or "unknown"
+            handle.close()
+            raise RuntimeError(
+                f"--output_dir {output_dir} is in use by another run (pid {owner}, lock file {path}): two runs in one "
+                "folder overwrite each other's checkpoints and results. Wait for it to end or stop it, or pass "
+                "another --output_dir."
+            ) from None
+        with contextlib.suppress(FileNotFoundError):  # a run that ended removes its file: lock the one at path
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
         handle.close()
-        raise RuntimeError(
-            f"--output_dir {output_dir} is in use by another run (pid {owner}, lock file {path}): two runs in one "
-            "folder overwrite each other's checkpoints and results. Wait for it to end or stop it, or pass another "
-            "--output_dir."
-        ) from None
     handle.seek(0)
     handle.truncate()
     handle.write(f"{os.getpid()}\n")
     handle.flush()
+    if not _LOCKS:
+        atexit.register(_release_locks)
     _LOCKS[str(path)] = handle
+
+
+def _release_locks() -> None:
+    """At exit (a finished run, an error, Ctrl-C): remove this process's lock files, then unlock.
+    A run that opened the file meanwhile sees that it was removed and locks a new one."""
+    for path, handle in _LOCKS.items():
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        handle.close()
+    _LOCKS.clear()
 
 
 @contextlib.contextmanager
@@ -170,8 +193,11 @@ def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
     if source:
         return _pretrained_tokenizer(args, source)
     if accelerator.is_main_process:
+        logging.getLogger(__name__).info(f"training a {args.vocab_size}-token tokenizer on the training texts")
+        started = time.perf_counter()
         train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, show_progress=show_bars(),
                         lowercase=getattr(args, "lowercase", False), **train_kwargs)
+        logging.getLogger(__name__).info(f"tokenizer trained in {time.perf_counter() - started:.0f} s")
     accelerator.wait_for_everyone()
     return AutoTokenizer.from_pretrained(args.output_dir)
 
@@ -314,6 +340,7 @@ def finish_run(
     )
     if accelerator.is_main_process:
         tokenizer.save_pretrained(args.output_dir)
+        save_training_args(args)  # an evaluation of the folder records how it was trained
         results = _results_to_write(results, Path(args.output_dir) / "all_results.json", logger)
         with open(Path(args.output_dir) / "all_results.json", "w") as f:
             json.dump(results, f, indent=2, allow_nan=False)
@@ -334,4 +361,5 @@ def finish_run(
         if args.push_to_hub:
             url = hub.push_to_hub(args.output_dir, args.hub_model_id, token=args.hub_token)
             logger.info(f"pushed to {url}")
+        logger.info(f"saved the model, tokenizer, results and model card to {args.output_dir}")
     accelerator.wait_for_everyone()

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Benchmark the attention family against PyTorch's fused attention (SDPA).
 
-The Zformer_Pytorch seed's experiment: the attention module alone on input of shape (n, batch, d),
+The timing experiment of the Zformer_Pytorch reference code: the attention module alone on input of shape (n, batch, d),
 transposed to our (B, N, D) layout before the timed region. Reports the median time per call,
 the speedup against fused SDPA (`full`), the peak extra memory and the achieved FLOP/s as a
 fraction of this machine's measured matmul FLOP/s, as CSV, JSON, a markdown table and a PNG plot.

@@ -65,7 +65,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--output_dir", required=True, help="Where predictions and metrics go.")
     parser.add_argument("--results_file", default=None,
                         help="Append one result record (split, metric, value, samples, bootstrap ci95, the model's "
-                             "config and training) to this JSON list, e.g. docs/results.json (docs/training.md).")
+                             "config, and the recipe of the run that trained the folder: base model, distillation, "
+                             "teacher, precision) to this JSON list, e.g. docs/results.json (docs/training.md).")
     parser.add_argument("--per_device_eval_batch_size", type=int, default=64)
     parser.add_argument("--max_eval_samples", type=int, default=None,
                         help="Evaluate a seeded random subset (the rows training's --max_eval_samples and --split_seed pick).")
@@ -140,7 +141,6 @@ def is_seq2seq(config) -> bool:
 def main(argv=None) -> dict:
     args = parse_args(argv)
 
-    from accelerate.logging import get_logger
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer
 
     import hf_zformer  # noqa: F401
@@ -152,7 +152,7 @@ def main(argv=None) -> dict:
     args.gradient_accumulation_steps, args.with_tracking = 1, False
     accelerator = run.make_accelerator(args)
     feedback.setup_logging(accelerator)
-    logger = get_logger(__name__)
+    logger = feedback.get_logger(__name__, accelerator)
     try:
         config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     except ValueError as error:

@@ -53,6 +53,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         "have them, e.g. neg,pos), else LABEL_0, LABEL_1, ...",
     )
     parser.add_argument(
+        "--skip_test", action="store_true",
+        help="Do not score the test split at the end (by default a labelled test split beside the validation one "
+        "is scored once, on the final model: IMDB's 25,000 reviews take minutes on a CPU).",
+    )
+    parser.add_argument(
         "--group_column", default="movie",
         help='When the data has this column, the validation split carved from train keeps each group (IMDB: each '
         'movie\'s reviews) on one side; "" carves by rows.',
@@ -187,9 +192,12 @@ def main(argv=None) -> dict:
 
     # ---- data
     with run.data_errors():  # bad data: a message naming file and line, before any training
+        logger.info(f"reading {args.data_dir or args.dataset_name}")
         raw, eval_split = load_data(args)
+        logger.info("read " + ", ".join(f"{len(raw[split]):,} {split}" for split in raw) + " texts")
         # a test split next to validation is scored once at the end, if labelled (Hub test splits may hold -1)
-        labelled_test = "test" in raw and eval_split != "test" and min(raw["test"]["label"], default=-1) >= 0
+        labelled_test = ("test" in raw and eval_split != "test" and not args.skip_test
+                         and min(raw["test"]["label"], default=-1) >= 0)
         eval_splits = [eval_split, *(["test"] if labelled_test else [])]
         num_labels, id2label = label_mapping(args, raw, ("train", *eval_splits), args.data_dir or args.dataset_name, logger)
         unlabeled = load_unlabeled(args)
@@ -240,6 +248,8 @@ def main(argv=None) -> dict:
         encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": batch["label"]}
 
+    texts = sum(len(raw[split]) for split in ("train", *eval_splits)) + (len(unlabeled) if unlabeled is not None else 0)
+    logger.info(f"tokenizing {texts:,} texts")
     with accelerator.main_process_first():
         processed = {
             split: raw[split].map(
@@ -284,9 +294,12 @@ def main(argv=None) -> dict:
         tokenizer=tokenizer, best_metric="accuracy", loss_fn=loss_fn,
     )
     results["eval_split"] = eval_split
+    if unlabeled is not None:  # the texts the teacher taught (records of a later evaluation read it)
+        results["unlabeled_examples"] = len(unlabeled)
     if args.save_best and args.results_file:  # hits of the best model (the final one) for the interval
         evaluate()
     if "test" in eval_splits and eval_split != "test":  # once, on the final (with --save_best: best) model
+        logger.info(f"scoring the final model on the {len(raw['test']):,} texts of the test split (--skip_test: don't)")
         results.update({f"test_{k}": v for k, v in evaluate("test").items()})
     run.finish_run(
         args,
@@ -306,17 +319,14 @@ def main(argv=None) -> dict:
             train_examples=len(raw["train"]),
         )
         if args.teacher_model_name_or_path:
-            common["teacher"] = {"model": args.teacher_model_name_or_path, "alpha": args.distill_alpha,
-                                 "temperature": args.distill_temperature,
-                                 "unlabeled_examples": len(unlabeled) if unlabeled is not None else 0,
-                                 "unlabeled_file": args.unlabeled_file}
+            common["teacher"] = records.teacher_of(args, len(unlabeled) if unlabeled is not None else 0)
         rows = [
             {**common, "split": split, "metric": "accuracy", "beams": None, "samples": len(hits[split]),
              "value": round(100.0 * results[f"{prefix}_accuracy"], 4), "ci95": records.accuracy_ci(hits[split], seed=args.seed)}
             for split, prefix in zip(eval_splits, ("eval", "test"))
         ]
         records.append_records(args.results_file, rows)
-        logger.info(f"{len(rows)} result records appended to {args.results_file}")
+        logger.info(f"{len(rows)} result records appended to {args.results_file}; the model is in {args.output_dir}")
     return results
 
 

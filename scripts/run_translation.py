@@ -230,7 +230,7 @@ def main(argv=None) -> dict:
             train_examples=len(train_lengths),
         )
         append_records(args.results_file, records)
-        logger.info(f"{len(records)} result records appended to {args.results_file}")
+        logger.info(f"{len(records)} result records appended to {args.results_file}; the model is in {args.output_dir}")
     return results
 
 

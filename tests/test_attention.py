@@ -62,7 +62,7 @@ def test_einsum_reference_gives_padding_exactly_zero_weight():
     key_mask = torch.ones(B, 1, 1, N, dtype=torch.bool)
     key_mask[1, ..., 7:] = False
     output, weights = einsum_attention_forward(torch.nn.Identity(), q, k, v, key_mask, scaling=DH**-0.5)
-    # the einsum seed filled masked scores with 1e-12, which let padding into the softmax
+    # the transformer-with-einsum reference code filled masked scores with 1e-12, which let padding into the softmax
     assert weights[1, :, :, 7:].abs().max() == 0
     torch.testing.assert_close(weights.sum(-1), torch.ones(B, H, N))
     expected = torch.softmax(q[1] @ k[1, :, :7].transpose(-1, -2) * DH**-0.5, dim=-1) @ v[1, :, :7]

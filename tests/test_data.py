@@ -329,7 +329,7 @@ def test_classification_jsonl_stratified_split(tmp_path: Path) -> None:
         )
         for s in range(6)
     ]
-    assert any(c != {1: 8, 0: 6} for c in unstratified)  # not stratified -> shares vary with the seed
+    assert any(c != {1: 8, 0: 6} for c in unstratified)  # not stratified -> shares vary with the random seed
 
 
 def test_classification_csv_and_column_names(tmp_path: Path) -> None:

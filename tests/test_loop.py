@@ -161,6 +161,22 @@ def test_evaluate_model_carves_the_same_validation_rows(clf_best_run, movie_data
     assert correct / 12 == pytest.approx(metrics["validation_accuracy"])
 
 
+def test_evaluate_model_records_the_recipe_of_the_run_it_scores(clf_best_run, movie_data, tmp_path):
+    """A record of evaluate_model.py for the run's best/ folder carries the recipe fields of the
+    training run's own record (read from the folder's training_args.json and all_results.json)."""
+    out, results_file = clf_best_run
+    assert json.loads((out / "training_args.json").read_text())["seed"] == 42
+    scored = tmp_path / "results.json"
+    run_script("evaluate_model.py", "--model_name_or_path", out / "best", "--data_dir", movie_data, "--split",
+               "validation", "--max_length", 32, "--output_dir", tmp_path / "eval", "--results_file", scored)
+    (record,) = json.loads(scored.read_text())
+    trained = json.loads(results_file.read_text())[0]
+    for key in ("seed", "learning_rate", "mixed_precision", "epochs", "train_steps", "best_step", "base_model",
+                "distillation", "config"):
+        assert record[key] == trained[key], key
+    assert record["output_dir"] == str(out) and record["teacher"] is None and record["value"] == trained["value"]
+
+
 def test_resume_keeps_best_and_history(clf_common, clf_best_run, tmp_path):
     """Resume in the same output folder from a mid-run checkpoint: the history is cut back to the
     checkpoint and extended again without duplicates, the best value/step come from the training

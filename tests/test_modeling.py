@@ -605,6 +605,48 @@ def test_attention_dropout_a_type_cannot_use_is_named_once_when_training(attenti
         assert "attention_probs_dropout_prob=0.1 does nothing" in messages[0] and "silence" in messages[0]
 
 
+@pytest.mark.parametrize("auto, types, expected", [
+    ("AutoModelForSequenceClassification", dict(attention_type="fastformer"), 0.0),
+    ("AutoModelForCausalLM", dict(attention_type="zformer"), 0.0),
+    ("AutoModelForSequenceClassification", dict(attention_type=["zformer", "full"]), 0.1),
+    ("AutoModelForSequenceClassification", dict(attention_type="xformer"), 0.1),
+    ("AutoModelForSeq2SeqLM", dict(attention_type="zformer", decoder_attention_type="zformer"), 0.1),  # full cross
+    ("AutoModelForSeq2SeqLM", dict(attention_type="zformer", decoder_attention_type="zformer",
+                                   cross_attention_type="zformer"), 0.0),
+])
+def test_attention_dropout_default_follows_the_layers_built(auto, types, expected, monkeypatch, tmp_path):
+    """The default rate is BERT's 0.1 where a layer forms attention probabilities and 0 where none
+    does: the model computes what the former default 0.1 computed, a linear model trains without a
+    warning about a value nobody set, and the saved config holds the rate."""
+    import transformers
+
+    from hf_zformer.modeling import attention as attention_module
+
+    messages = []
+    monkeypatch.setattr(attention_module.logger, "warning_once", lambda message: messages.append(message))
+    config = tiny_config(**types, num_decoder_layers=1, attention_probs_dropout_prob=None)
+    assert config.attention_probs_dropout_prob is None
+    model = getattr(transformers, auto).from_config(config).train()
+    assert model.config.attention_probs_dropout_prob == expected
+    ids = torch.randint(5, 97, (2, 6))
+    extra = {"labels": ids} if auto == "AutoModelForSeq2SeqLM" else {}
+    model(input_ids=ids, **extra)
+    if expected == 0.0:
+        assert not messages
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["attention_probs_dropout_prob"] == expected
+    explicit = getattr(transformers, auto).from_config(tiny_config(**types, num_decoder_layers=1,
+                                                                   attention_probs_dropout_prob=0.1))
+    assert explicit.config.attention_probs_dropout_prob == 0.1  # a value that was set stays
+
+
+def test_types_with_attention_dropout_are_those_the_config_names():
+    from hf_zformer.modeling import ATTENTION_CLASSES
+    from hf_zformer.modeling.configuration_zformer import PROBABILITY_ATTENTION_TYPES
+
+    assert {kind for kind, cls in ATTENTION_CLASSES.items() if cls.HAS_ATTENTION_DROPOUT} == set(PROBABILITY_ATTENTION_TYPES)
+
+
 @pytest.mark.parametrize("kind", ["masked", "seq2seq", "causal", "classification"])
 def test_fp64_model_keeps_fp64_losses_and_pooling(kind):
     """Losses and attention-pooling scores go up to fp32 under bf16/fp16 but never down: an fp64 model

@@ -192,7 +192,7 @@ def test_classification_end_to_end(clf_run):
     meta = _card_metadata(out / "README.md")
     for needle in ("library_name: transformers", "model-index", "type: text-classification", "type: accuracy",
                    f"value: {round(results['eval_accuracy'], 4)}", "fastformer-attention", "hf_zformer",
-                   "name: someone/tiny-clf", "name: clf"):  # model named by --hub_model_id, dataset after --data_dir
+                   "name: someone/tiny-clf", "name: 'local data: clf'"):  # model by --hub_model_id, data: the --data_dir folder
         assert needle in meta, needle
     card = (out / "README.md").read_text()
     assert "run_classification.py" in card and "--attention_type fastformer" in card and "--lowercase" in card
@@ -220,7 +220,7 @@ def test_translation_end_to_end(mt_run):
     assert config["decoder_attention_type"] == "fastformer" and config["label_smoothing"] == 0.1
     meta = _card_metadata(mt_run / "README.md")
     for needle in ("type: translation", "type: bleu", "split: test", "split: validation", "zformer-attention",
-                   "fastformer-attention", "- de", "- en", "- name: out", "name: mt"):  # output folder, --data_dir
+                   "fastformer-attention", "- de", "- en", "- name: out", "name: 'local data: mt'"):  # output folder, --data_dir
         assert needle in meta, needle
     assert "run_translation.py" in (mt_run / "README.md").read_text()
 
@@ -338,7 +338,7 @@ def test_stale_checkpoint_folders_cleaned_at_start(tiny_data, tmp_path):
     assert not list(out.glob(".tmp-*")) and not list(out.glob(".old-*"))
     assert json.loads((out / "step_7" / "marker.json").read_text()) == {"name": ".old-step_7"}
     assert json.loads((out / "step_1" / "marker.json").read_text()) == {"name": "step_1"}
-    assert (out / ".lock").read_text().strip().isdigit()  # the pid of the run that held the folder
+    assert not (out / ".lock").exists()  # the run's lock, removed when it ended
 
 
 def test_bad_labels_fail_before_training(tmp_path):
@@ -481,6 +481,42 @@ def test_model_card_license_datasets_and_labels(clf_run):
     assert "datasets:" not in meta  # --data_dir: no Hub dataset id to link
     config = json.loads((out / "config.json").read_text())
     assert config["id2label"] == {"0": "negative", "1": "positive"} and config["label2id"] == {"negative": 0, "positive": 1}
+
+
+def test_model_card_names_local_data_as_local(clf_run):
+    """A --data_dir run's card says the data was a local folder, in its text and in model-index,
+    instead of naming a Hub dataset that happens to share the folder's name."""
+    out, _ = clf_run
+    card = (out / "README.md").read_text()
+    meta = _card_metadata(out / "README.md")
+    assert "on the local data `clf`" in card and "the Hub dataset" not in card
+    assert "type: local" in meta and "name: 'local data: clf'" in meta, meta
+
+
+def test_first_run_is_quiet_and_says_what_it_does(tiny_data, tmp_path):
+    """One process, defaults: no warning about a default, no accelerate environment dump or rank
+    prefix; a line for each long phase (reading the data, training the tokenizer, scoring the test
+    split); the last line names the folder written, and no lock file stays in it."""
+    data = tmp_path / "data"
+    data.mkdir()
+    lines = (tiny_data / "clf" / "train.jsonl").read_text().splitlines()
+    (data / "train.jsonl").write_text("\n".join(lines[20:]) + "\n")
+    (data / "test.jsonl").write_text("\n".join(lines[:20]) + "\n")
+    common = ["--data_dir", data, "--attention_type", "fastformer", "--config_overrides", TINY_CLF,
+              "--vocab_size", 120, "--max_length", 32, "--per_device_train_batch_size", 8]
+    out = tmp_path / "out"
+    result = run_script("run_classification.py", *common, "--max_train_steps", 2, "--output_dir", out)
+    console = result.stdout + result.stderr
+    for quiet in ("does nothing in", "[RANK", "Distributed environment", "Warning", "warn"):
+        assert quiet not in console, f"{quiet!r} in a default run:\n{console}"
+    for phase in (f"reading {data}", "read 90 train, 10 validation, 20 test texts", "training a 120-token tokenizer",
+                  "scoring the final model on the 20 texts of the test split"):
+        assert phase in console, f"no {phase!r} line:\n{console}"
+    assert console.strip().splitlines()[-1].endswith(f"saved the model, tokenizer, results and model card to {out}")
+    assert not (out / ".lock").exists() and "test_accuracy" in json.loads((out / "all_results.json").read_text())
+    skipped = tmp_path / "skipped"
+    run_script("run_classification.py", *common, "--max_train_steps", 1, "--skip_test", "--output_dir", skipped)
+    assert "test_accuracy" not in json.loads((skipped / "all_results.json").read_text())
 
 
 def test_label_names_default_to_class_label_names():

@@ -2,9 +2,10 @@
 
 Library side of `scripts/benchmark_attention.py` (never shipped with a checkpoint). Three levels:
 
-- ``"attention"``: the attention module alone (the Zformer_Pytorch seed's experiment). The seed feeds
-  a tensor of shape (n, batch, d); we create it in that layout and transpose it to our (B, N, D)
-  layout *before* the timed region (`.transpose(0, 1).contiguous()`), so every type pays the same.
+- ``"attention"``: the attention module alone (the timing experiment of the Zformer_Pytorch reference
+  code). That code feeds a tensor of shape (n, batch, d); we create it in that layout and transpose
+  it to our (B, N, D) layout *before* the timed region (`.transpose(0, 1).contiguous()`), so every
+  type pays the same.
 - ``"model"``: a one-layer ``ZformerModel`` with the feed-forward shrunk away
   (``intermediate_size=1``): embeddings, LayerNorms, attention, output projection and residuals.
 - ``"seq2seq"`` (`seq2seq_benchmark`): training tokens/s and greedy-generation sentences/s of our

@@ -158,7 +158,7 @@ def _make_inputs(case: BenchCase, config, device: torch.device):
     if case.level == "model":
         ids = torch.randint(3, config.vocab_size, (case.batch, case.length), generator=generator).to(device)
         return {"input_ids": ids, "attention_mask": mask}
-    seed_layout = torch.randn(case.length, case.batch, case.width, generator=generator)  # (n, B, D) like the seed
+    seed_layout = torch.randn(case.length, case.batch, case.width, generator=generator)  # (n, B, D) like Zformer_Pytorch's timing
     hidden = seed_layout.transpose(0, 1).contiguous().to(device)  # (B, N, D)
     hidden.requires_grad_(case.mode == "train")
     return {"hidden_states": hidden, "attention_mask": mask}

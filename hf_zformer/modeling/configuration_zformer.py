@@ -10,6 +10,10 @@ ATTENTION_TYPES = ("full", "zformer", "xformer", "fastformer")
 # Attention types that have an exact causal form (xformer's sequence projection mixes the future in).
 CAUSAL_ATTENTION_TYPES = ("full", "zformer", "fastformer")
 CROSS_ATTENTION_TYPES = ("full", "zformer")
+# Attention types that form attention probabilities, which `attention_probs_dropout_prob` drops
+# (the attention classes' HAS_ATTENTION_DROPOUT); BERT's rate is their default.
+PROBABILITY_ATTENTION_TYPES = ("full", "xformer")
+DEFAULT_ATTENTION_DROPOUT = 0.1
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 POSITION_EMBEDDING_MERGES = ("add", "concat")
 FASTFORMER_POOLINGS = ("additive", "mean")
@@ -75,9 +79,12 @@ class ZformerConfig(PreTrainedConfig):
         hidden_dropout_prob, attention_probs_dropout_prob, max_position_embeddings, initializer_range,
         layer_norm_eps: as in BERT. `attention_probs_dropout_prob` drops attention probabilities of
             full and Xformer layers; Zformer and Fastformer layers form none and ignore it (with a
-            warning the first time such a model trains with it above 0).
+            warning the first time such a model trains with it set above 0). Default `None`: BERT's
+            0.1 when the model has a layer that forms probabilities, else 0, fixed when a model is
+            built from the config (`resolve_attention_dropout`) and saved with it.
         attention_type (`str` or `list[str]`): encoder self-attention type(s).
-        zformer_scale_init (`float`): initial value of Zformer's learnable output scale `s` (seed: 700).
+        zformer_scale_init (`float`): initial value of Zformer's learnable output scale `s` (700, the
+            value of the Zformer_Pytorch reference code).
         zformer_feature_map (`"identity"` or `"hedgehog"`): what Zformer applies to queries and keys.
             `"identity"`: `Q (K^T V) / s` as above. `"hedgehog"`: a learned map per head,
             phi(x) = [softmax(W x + b), softmax(-(W x + b))] (Hedgehog, Zhang et al. 2024; W starts
@@ -146,7 +153,7 @@ class ZformerConfig(PreTrainedConfig):
     intermediate_size: int = 2048
     hidden_act: str = "gelu"
     hidden_dropout_prob: float = 0.1
-    attention_probs_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float | None = None  # per the model's attention types: resolve_attention_dropout
     max_position_embeddings: int = 512
     initializer_range: float = 0.02
     layer_norm_eps: float = 1e-5
@@ -272,6 +279,21 @@ class ZformerConfig(PreTrainedConfig):
                     f"xformer_alpha={self.xformer_alpha} must divide hidden_size={self.hidden_size} into a width "
                     f"divisible by num_attention_heads={self.num_attention_heads}"
                 )
+
+    def resolve_attention_dropout(self) -> None:
+        """Fix the default `attention_probs_dropout_prob=None` for the model being built: 0.1 when one
+        of its attentions forms probabilities to drop (a full or xformer layer; for an encoder-decoder
+        also the decoder and cross-attention), else 0.0, which the linear types would ignore anyway
+        and warn about. Either way the model computes what it did with the former default of 0.1. An
+        explicit value, and every saved config, is left as it is."""
+        if self.attention_probs_dropout_prob is not None:
+            return
+        used = set(self.layer_attention_types())
+        if self.is_encoder_decoder:
+            used |= {*self.layer_attention_types(decoder=True), self.cross_attention_type}
+        self.attention_probs_dropout_prob = (
+            DEFAULT_ATTENTION_DROPOUT if used & set(PROBABILITY_ATTENTION_TYPES) else 0.0
+        )
 
     def layer_attention_types(self, decoder: bool = False) -> list[str]:
         """The attention type of each encoder (or decoder) layer, the single-string form expanded."""

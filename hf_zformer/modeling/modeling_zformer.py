@@ -329,6 +329,7 @@ class ZformerPreTrainedModel(PreTrainedModel):
         # The config validates itself at construction; fields set afterwards are checked here, with the
         # same errors naming field and value (instead of a failure deep inside a layer).
         config._validate()
+        config.resolve_attention_dropout()  # the default now that the layers to build are known
         super().__init__(config, *inputs, **kwargs)
         # Saved checkpoints load with trust_remote_code=True through every Auto class we support.
         config.auto_map = auto_map_for(config.model_type)
@@ -515,10 +516,10 @@ class ZformerModel(ZformerPreTrainedModel):
 
 
 class ZformerPooler(nn.Module):
-    """Sequence pooling for classification: masked mean (the FastFormer seed), the first real token
-    (the first column with right padding), additive attention pooling (the official Fastformer:
-    softmax_i(w . tanh(W h_i))), or BERT's pooler: activation(W h_first + b), with tanh (BERT's
-    pooler, RoBERTa's classification head) or ReLU (DistilBERT's pre_classifier)."""
+    """Sequence pooling for classification: masked mean (as the FastFormer-pytorch reference code
+    pools), the first real token (the first column with right padding), additive attention pooling
+    (the official Fastformer: softmax_i(w . tanh(W h_i))), or BERT's pooler: activation(W h_first +
+    b), with tanh (BERT's pooler, RoBERTa's classification head) or ReLU (DistilBERT's pre_classifier)."""
 
     def __init__(self, config):
         super().__init__()
