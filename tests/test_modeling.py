@@ -212,11 +212,14 @@ def test_remote_code_round_trip_in_clean_process(tmp_path):
         "AutoModelForSeq2SeqLM", "AutoModelForCausalLM",
     }
     assert sorted(p.name for p in (tmp_path / "full-AutoModel").glob("*.py")) == [
-        "attention.py", "blocks.py", "cache_zformer.py", "configuration_zformer.py", "modeling_zformer.py", "ops.py"
+        "attention.py", "blocks.py", "cache_zformer.py", "configuration_zformer.py", "modeling_zformer.py", "ops.py",
+        "triton_ops.py",
     ]
     torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
     run_isolated(
         """
+        sys.modules["triton"] = None  # as where triton is not installed: the shipped kernels module still imports
+        import importlib
         import torch, transformers
         from transformers import AutoModel, AutoModelForSequenceClassification, AutoModelForMaskedLM
         batch = torch.load("batch.pt")
@@ -226,6 +229,8 @@ def test_remote_code_round_trip_in_clean_process(tmp_path):
             auto_class = getattr(transformers, name.split("-")[-1])
             model = auto_class.from_pretrained(folder, trust_remote_code=True).eval()
             assert model.__module__.startswith("transformers_modules"), model.__module__
+            package = model.__module__.rsplit(".", 1)[0]
+            assert not importlib.import_module(package + ".triton_ops").AVAILABLE
             out = model(input_ids=batch["ids"], attention_mask=batch["mask"])
             results[name] = out.logits if hasattr(out, "logits") else out.last_hidden_state
         torch.save(results, "remote.pt")
@@ -602,7 +607,7 @@ def test_attention_dropout_a_type_cannot_use_is_named_once_when_training(attenti
         model(input_ids=ids)
     assert len(messages) == (2 if warns else 0)  # one per layer of the p = 0.1 training model (2 layers)
     if warns:
-        assert "attention_probs_dropout_prob=0.1 does nothing" in messages[0] and "silence" in messages[0]
+        assert "attention_probs_dropout_prob=0.1 does nothing in this model" in messages[0] and "silence" in messages[0]
 
 
 @pytest.mark.parametrize("auto, types, expected", [
@@ -631,8 +636,7 @@ def test_attention_dropout_default_follows_the_layers_built(auto, types, expecte
     ids = torch.randint(5, 97, (2, 6))
     extra = {"labels": ids} if auto == "AutoModelForSeq2SeqLM" else {}
     model(input_ids=ids, **extra)
-    if expected == 0.0:
-        assert not messages
+    assert not messages  # hybrids too: the rate drops the probabilities of their full layers
     model.save_pretrained(tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["attention_probs_dropout_prob"] == expected
     explicit = getattr(transformers, auto).from_config(tiny_config(**types, num_decoder_layers=1,

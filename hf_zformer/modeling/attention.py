@@ -120,7 +120,10 @@ class Attention(nn.Module):
         self.is_cross = is_cross
         self.layer_idx = layer_idx
         self.output = Linear(config.hidden_size, config.hidden_size)  # W_o
-        self.ignored_dropout = 0.0 if self.HAS_ATTENTION_DROPOUT else float(config.attention_probs_dropout_prob)
+        # A rate the model's every attention ignores (no layer of it forms probabilities) is worth a
+        # warning; in a model with full or Xformer layers it drops theirs.
+        ignored = not self.HAS_ATTENTION_DROPOUT and not config.forms_attention_probabilities()
+        self.ignored_dropout = float(config.attention_probs_dropout_prob or 0.0) if ignored else 0.0
 
     def forward(
         self,
@@ -137,9 +140,9 @@ class Attention(nn.Module):
             raise ValueError(f"output_attentions=True: {type(self).__name__} forms no attention matrix")
         if self.training and self.ignored_dropout and not torch.compiler.is_compiling():
             logger.warning_once(
-                f"attention_probs_dropout_prob={self.ignored_dropout} does nothing in {type(self).__name__}: it "
-                "forms no attention probabilities to drop (hidden_dropout_prob still applies). Set "
-                "attention_probs_dropout_prob=0 to silence this."
+                f"attention_probs_dropout_prob={self.ignored_dropout} does nothing in this model: "
+                f"{type(self).__name__} forms no attention probabilities to drop, nor does any other layer "
+                "(hidden_dropout_prob still applies). Set attention_probs_dropout_prob=0 to silence this."
             )
         if not (self.is_causal or self.is_cross):
             folded = self._folded_output(hidden_states, attention_mask)
@@ -207,7 +210,7 @@ def einsum_attention_forward(
 
     query (B, H, Nq, d), key/value (B, H, Nk, d); `attention_mask` is boolean, broadcastable to
     (B, H, Nq, Nk), True where attending is allowed. Masked positions get exactly zero weight (the
-    einsum seed's 1e-12 fill let padding leak into the softmax); a query with no allowed key gets a
+    transformer-with-einsum reference code's 1e-12 fill let padding leak into the softmax); a query with no allowed key gets a
     zero context (`masked_softmax`), as SDPA gives. Returns (B, Nq, H, d) like transformers'
     attention functions.
     """
@@ -582,7 +585,7 @@ class FastformerAttention(_QKVAttention):
         u_i = k_g * v_i;  r_i = W_r u_i + q_i
 
     `fastformer_pooling="mean"` replaces both softmax poolings by the plain mean over real tokens
-    (the FastFormer seed; w_q and w_k then do not exist). `fastformer_share_qv=True` uses the query
+    (as FastFormer-pytorch does; w_q and w_k then do not exist). `fastformer_share_qv=True` uses the query
     projection for the values (the official code). Cost O(N D). Self-attention only: the pooled
     global query mixes with each token's own key (no cross form).
 

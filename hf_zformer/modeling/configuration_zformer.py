@@ -288,12 +288,16 @@ class ZformerConfig(PreTrainedConfig):
         explicit value, and every saved config, is left as it is."""
         if self.attention_probs_dropout_prob is not None:
             return
+        self.attention_probs_dropout_prob = DEFAULT_ATTENTION_DROPOUT if self.forms_attention_probabilities() else 0.0
+
+    def forms_attention_probabilities(self) -> bool:
+        """Whether a layer of the model forms attention probabilities (a full or Xformer layer; for an
+        encoder-decoder also the decoder and cross-attention), the ones `attention_probs_dropout_prob`
+        drops."""
         used = set(self.layer_attention_types())
         if self.is_encoder_decoder:
             used |= {*self.layer_attention_types(decoder=True), self.cross_attention_type}
-        self.attention_probs_dropout_prob = (
-            DEFAULT_ATTENTION_DROPOUT if used & set(PROBABILITY_ATTENTION_TYPES) else 0.0
-        )
+        return bool(used & set(PROBABILITY_ATTENTION_TYPES))
 
     def layer_attention_types(self, decoder: bool = False) -> list[str]:
         """The attention type of each encoder (or decoder) layer, the single-string form expanded."""

@@ -46,7 +46,9 @@ import os
 import torch
 from transformers.utils import logging
 
-from . import triton_ops
+from .triton_ops import AVAILABLE as TRITON_AVAILABLE
+from .triton_ops import INTERPRETED as TRITON_INTERPRETED
+from .triton_ops import direction_pool_kernel, linear_attention_kernel, supported_width
 from .blocks import at_least_fp32, masked_softmax, no_autocast, per_head_product
 
 logger = logging.get_logger(__name__)
@@ -120,18 +122,18 @@ def _kernel_applies(operation: str, *tensors: torch.Tensor) -> bool:
     device = tensors[0].device.type
     if device != "cuda" and _backend == "auto":
         return False  # the torch forms are the CPU's own
-    if not triton_ops.AVAILABLE:
+    if not TRITON_AVAILABLE:
         if _backend == "triton":
             raise RuntimeError("HF_ZFORMER_KERNELS=triton: triton is not installed (pip install triton)")
         return _torch_form("triton is not installed")
-    if device != "cuda" and not triton_ops.INTERPRETED:
+    if device != "cuda" and not TRITON_INTERPRETED:
         raise RuntimeError(f"HF_ZFORMER_KERNELS=triton on a {device} tensor: the kernels need CUDA, or "
                            "TRITON_INTERPRET=1 set before the first import to run them on the CPU")
     if torch.compiler.is_compiling():
         return _torch_form(f"{operation} inside torch.compile")
     if any(t.dtype not in (torch.float32, torch.bfloat16, torch.float16) for t in tensors):
         return _torch_form(f"{operation} in {tensors[0].dtype}")
-    if not all(triton_ops.supported_width(t.shape[-1]) for t in tensors):
+    if not all(supported_width(t.shape[-1]) for t in tensors):
         return _torch_form(f"{operation} with head widths {sorted({t.shape[-1] for t in tensors})}")
     return True
 
@@ -197,7 +199,7 @@ def linear_attention(query, key, value, mask=None, state=None, *, causal=False, 
             query = query if scale is None else query * scale.to(query.dtype)
             return per_head_product(query, state), state if return_state else None
     if state is None and not (causal or return_state) and _kernel_applies("linear_attention", query, key, value):
-        return triton_ops.linear_attention_kernel(query, key, value, mask, scale), None
+        return linear_attention_kernel(query, key, value, mask, scale), None
     if mask is not None:
         key = key * mask.to(key.dtype)[:, None, :, None]  # padding's keys are zero: no k^T v term
     if causal and query.shape[2] > 1 and _fla_applies(query, key, value):
@@ -389,7 +391,7 @@ def direction_pool(values, direction=None, mask=None):
 
     The Triton kernel where it applies (`_kernel_applies`), else `softmax_pool` over the scores."""
     if _kernel_applies("direction_pool", values):
-        return triton_ops.direction_pool_kernel(values, direction, mask)[:, :, None]
+        return direction_pool_kernel(values, direction, mask)[:, :, None]
     with no_autocast(values.device.type):
         values = at_least_fp32(values)[0]
         return softmax_pool(_direction_scores(values, direction), values, mask)[0]
