@@ -5,10 +5,52 @@ This file ships to the Hugging Face Hub with every checkpoint: torch and stdlib 
 """
 
 import contextlib
+import os
 import platform
 
 import torch
 from torch import nn
+
+# ----------------------------------------------------------------------------------------------
+# the backend of the fast forms (ops.py, "Backends"; kept here, where every module can read it)
+# ----------------------------------------------------------------------------------------------
+
+KERNEL_BACKENDS = ("auto", "torch", "triton")
+
+
+def _checked_backend(name: str, source: str) -> str:
+    if name not in KERNEL_BACKENDS:
+        raise ValueError(f"{source}={name!r}: choose one of {', '.join(KERNEL_BACKENDS)}")
+    return name
+
+
+_backend = _checked_backend(os.environ.get("HF_ZFORMER_KERNELS", "auto").strip().lower() or "auto",
+                            "HF_ZFORMER_KERNELS")
+
+
+def set_kernel_backend(name: str) -> str:
+    """Choose the backend of the fast forms for this process: 'auto', 'torch' or 'triton' (ops.py,
+    "Backends"). Returns the previous choice, to restore it."""
+    global _backend
+    previous, _backend = _backend, _checked_backend(name, "kernel backend")
+    return previous
+
+
+@contextlib.contextmanager
+def use_kernel_backend(name: str):
+    """`set_kernel_backend(name)` for the duration of a `with` block, e.g. to time or check the plain
+    torch forms against the fast ones: `with ops.use_kernel_backend("torch"): model(**batch)`."""
+    previous = set_kernel_backend(name)
+    try:
+        yield
+    finally:
+        set_kernel_backend(previous)
+
+
+def kernel_backend() -> str:
+    """The backend chosen ('auto', 'torch' or 'triton')."""
+    return _backend
+
 
 def at_least_fp32(*tensors):
     """The tensors in at least fp32 (fp64 stays fp64), for sums over the sequence. fp32/fp64
@@ -177,7 +219,8 @@ class Linear(nn.Linear):
     of the benchmark's encoder-decoders at batch 1-4 runs 1.4-2x faster with it on AMD CPUs. On an Intel Xeon the plain
     product is 2-3x faster than the transposed one, so the rule is on for AMD CPUs only
     (`default_few_rows`); set `FEW_ROWS` on this module to choose (0: off;
-    `scripts/benchmark_linear.py --form transposed` checks a machine).
+    `scripts/benchmark_linear.py --form transposed` checks a machine). The backend `torch`
+    (`set_kernel_backend`) turns it off with the other fast forms.
     """
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None) -> torch.Tensor:
@@ -186,6 +229,7 @@ class Linear(nn.Linear):
         weight = self.weight if weight is None else weight
         if (
             x.device.type == "cpu"
+            and _backend != "torch"  # the plain product, to compare (ops.py, "Backends")
             and x.dtype == torch.float32
             and weight.dtype == torch.float32
             and x.dim() > 0

@@ -25,7 +25,16 @@ from transformers.modeling_outputs import (
 )
 
 from .attention import ATTENTION_CLASSES, FastformerAttention, HedgehogFeatureMap, XformerAttention, ZformerAttention
-from .blocks import Dropout, Linear, add_into_fresh, at_least_fp32, drop_full_mask, masked_softmax, zero_padding
+from .blocks import (
+    Dropout,
+    Linear,
+    add_into_fresh,
+    at_least_fp32,
+    drop_full_mask,
+    kernel_backend,
+    masked_softmax,
+    zero_padding,
+)
 from .cache_zformer import ZformerCache
 from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
 
@@ -193,11 +202,12 @@ def tied_lookups(head: nn.Module, *lookups):
     returns (the unscaled token embeddings (B, N, D) of each pair..., the weight to pass to `head`)
     from one `_TiedLookups` call. The gradient is plain autograd's, less one zero-filled (vocab, D)
     buffer and its addition per lookup. Otherwise (no gradient, untied weights, ids missing,
-    sharded weights such as DeepSpeed ZeRO-3's, which are gathered per module) returns None: the
-    modules look up their tokens as usual."""
+    sharded weights such as DeepSpeed ZeRO-3's, which are gathered per module; the backend `torch`,
+    `blocks.set_kernel_backend`) returns None: the modules look up their tokens as usual."""
     weight = getattr(head, "weight", None)
     if not (
-        torch.is_grad_enabled()
+        kernel_backend() != "torch"
+        and torch.is_grad_enabled()
         and isinstance(head, Linear)
         and head.bias is None
         and type(weight) is nn.Parameter

@@ -27,12 +27,15 @@ Softmax attention (full) runs through transformers' attention functions, with
 where one exists, a fused Triton kernel (`triton_ops.py`: bidirectional linear attention and
 direction pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
 is installed; causal linear attention over more than one token runs flash-linear-attention's
-chunked kernel where `fla` is installed (`pip install hf_zformer[gpu]`). `HF_ZFORMER_KERNELS` (read at import), `set_kernel_backend` or `use_kernel_backend`
-chooses: `auto` (the
-default: kernels where they apply), `torch` (the torch forms everywhere, to compare) or `triton`
-(kernels where they apply, also on CPU tensors under `TRITON_INTERPRET=1`, as the tests run them).
-A call a kernel does not cover (a state, causal, fp64, an unsupported head width, inside
-`torch.compile`) takes the torch form; the reason is logged once at debug level.
+chunked kernel where `fla` is installed (`pip install hf_zformer[gpu]`). The same switch governs the
+CPU's own fast forms outside this file: `blocks.Linear`'s transposed product for a few rows (AMD
+CPUs) and the tied-embedding gradient of `modeling_zformer.tied_lookups`. `HF_ZFORMER_KERNELS` (read
+at import), `set_kernel_backend` or `use_kernel_backend` chooses (`blocks.py` keeps the choice):
+`auto` (the default: every fast form where it applies), `torch` (plain torch everywhere: the
+reference to compare with) or `triton` (as `auto`, and the kernels also on CPU tensors under
+`TRITON_INTERPRET=1`, as the tests run them). A call a kernel does not cover (a state, causal,
+fp64, an unsupported head width, inside `torch.compile`) takes the torch form; the reason is logged
+once at debug level.
 
 Each function picks its form by a rule stated in its docstring (the cheaper order on short inputs,
 blocks for long causal inputs, a four-operation step while decoding). Sums over the sequence run in
@@ -49,7 +52,16 @@ from transformers.utils import logging
 from .triton_ops import AVAILABLE as TRITON_AVAILABLE
 from .triton_ops import INTERPRETED as TRITON_INTERPRETED
 from .triton_ops import direction_pool_kernel, linear_attention_kernel, supported_width
-from .blocks import at_least_fp32, masked_softmax, no_autocast, per_head_product
+from .blocks import (  # noqa: F401  (the backend's controls are this module's public names too)
+    KERNEL_BACKENDS,
+    at_least_fp32,
+    kernel_backend,
+    masked_softmax,
+    no_autocast,
+    per_head_product,
+    set_kernel_backend,
+    use_kernel_backend,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -69,42 +81,7 @@ FASTFORMER_CAUSAL_QUADRATIC = 64
 # backends
 # ----------------------------------------------------------------------------------------------
 
-KERNEL_BACKENDS = ("auto", "torch", "triton")
-
-
-def _checked_backend(name: str, source: str) -> str:
-    if name not in KERNEL_BACKENDS:
-        raise ValueError(f"{source}={name!r}: choose one of {', '.join(KERNEL_BACKENDS)}")
-    return name
-
-
-_backend = _checked_backend(os.environ.get("HF_ZFORMER_KERNELS", "auto").strip().lower() or "auto",
-                            "HF_ZFORMER_KERNELS")
 _reported: set[str] = set()
-
-
-def set_kernel_backend(name: str) -> str:
-    """Choose the backend of the sequence operations for this process: 'auto', 'torch' or 'triton'
-    (see the module docstring). Returns the previous choice, to restore it."""
-    global _backend
-    previous, _backend = _backend, _checked_backend(name, "kernel backend")
-    return previous
-
-
-@contextlib.contextmanager
-def use_kernel_backend(name: str):
-    """`set_kernel_backend(name)` for the duration of a `with` block, e.g. to time or check the torch
-    forms against the kernels: `with ops.use_kernel_backend("torch"): model(**batch)`."""
-    previous = set_kernel_backend(name)
-    try:
-        yield
-    finally:
-        set_kernel_backend(previous)
-
-
-def kernel_backend() -> str:
-    """The backend chosen ('auto', 'torch' or 'triton')."""
-    return _backend
 
 
 def _torch_form(reason: str) -> bool:
@@ -117,13 +94,14 @@ def _torch_form(reason: str) -> bool:
 def _kernel_applies(operation: str, *tensors: torch.Tensor) -> bool:
     """Whether `operation` runs its Triton kernel on these inputs (the backend, the device, the
     dtypes and head widths); `False` means the torch form, with the reason logged once at debug level."""
-    if _backend == "torch":
+    backend = kernel_backend()
+    if backend == "torch":
         return False
     device = tensors[0].device.type
-    if device != "cuda" and _backend == "auto":
+    if device != "cuda" and backend == "auto":
         return False  # the torch forms are the CPU's own
     if not TRITON_AVAILABLE:
-        if _backend == "triton":
+        if backend == "triton":
             raise RuntimeError("HF_ZFORMER_KERNELS=triton: triton is not installed (pip install triton)")
         return _torch_form("triton is not installed")
     if device != "cuda" and not TRITON_INTERPRETED:
