@@ -43,15 +43,9 @@ fp32 with autocast off (fp64 stays fp64). This file ships to the Hugging Face Hu
 checkpoint: torch and siblings only.
 """
 
-import contextlib
-import os
-
 import torch
 from transformers.utils import logging
 
-from .triton_ops import AVAILABLE as TRITON_AVAILABLE
-from .triton_ops import INTERPRETED as TRITON_INTERPRETED
-from .triton_ops import direction_pool_kernel, linear_attention_kernel, supported_width
 from .blocks import (  # noqa: F401  (the backend's controls are this module's public names too)
     KERNEL_BACKENDS,
     at_least_fp32,
@@ -62,6 +56,9 @@ from .blocks import (  # noqa: F401  (the backend's controls are this module's p
     set_kernel_backend,
     use_kernel_backend,
 )
+from .triton_ops import AVAILABLE as TRITON_AVAILABLE
+from .triton_ops import INTERPRETED as TRITON_INTERPRETED
+from .triton_ops import direction_pool_kernel, linear_attention_kernel, supported_width
 
 logger = logging.get_logger(__name__)
 
