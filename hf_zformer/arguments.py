@@ -15,6 +15,7 @@ from typing import Any
 
 from .checkpoints import TRAINING_STATE_FILE, latest_checkpoint
 from .evaluation import add_evaluation_args
+from .folders import check_output_dir
 from .modeling.configuration_zformer import ATTENTION_TYPES, CAUSAL_ATTENTION_TYPES, ZformerConfig
 
 __all__ = [
@@ -175,11 +176,12 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
                 parser.error(f'--checkpointing_steps must be a positive integer or "epoch", got {args.checkpointing_steps!r}')
             args.checkpointing_steps = int(args.checkpointing_steps)
     check_finite_floats(parser, args)
-    if not str(args.output_dir).strip():
-        parser.error("--output_dir is empty: pass the folder to write the run to")
-    for part in (Path(args.output_dir), *Path(args.output_dir).parents):
-        if part.exists() and not part.is_dir():
-            parser.error(f"--output_dir {args.output_dir!r}: {str(part)!r} is a file, not a folder")
+    try:  # new, empty or the library's; never an input of the run (folders.check_output_dir)
+        args.output_dir = str(check_output_dir(
+            args.output_dir, overwrite=args.overwrite_output_dir, name="--output_dir", whole=False,
+            resume=bool(args.resume_from_checkpoint), inputs=run_inputs(args)))
+    except ValueError as error:
+        parser.error(str(error))
     if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
         if not (Path(args.resume_from_checkpoint) / TRAINING_STATE_FILE).is_file():
             parser.error(
@@ -213,6 +215,13 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     args.run_args = run_identity(args)
     _check_run_folder(parser, args)
     return args
+
+
+def run_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The folders a run reads (``{"--flag": value}``), which its ``--output_dir`` must not be or hold."""
+    names = ("model_name_or_path", "teacher_model_name_or_path", "tokenizer_name", "data_dir", "train_file",
+             "validation_file", "unlabeled_file")
+    return {f"--{name}": getattr(args, name) for name in names if getattr(args, name, None)}
 
 
 def check_finite_floats(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

@@ -20,14 +20,13 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .distillation import DISTILLATION_SETTINGS, Distillation, _attention_calls, distill_attention
-from .folders import MODEL_FILES, check_output_dir, replace_atomically
+from . import folders
 from .hub import model_card
 from .modeling import ZformerConfig
 
@@ -442,20 +441,34 @@ def _load_tokenizer(model_name_or_path, vocab_size: int):
     return tokenizer
 
 
-def _save(model, tokenizer, card: str, output_dir, overwrite: bool):
-    """Write the folder atomically: into a temporary sibling, moved into place when complete
-    (`folders.replace_atomically`, which refuses to replace anything but a saved model)."""
-    output_dir = check_output_dir(output_dir, overwrite=overwrite)
+def check_conversion_output(output_dir, *, overwrite: bool, model_name_or_path, tokenizer_name=None,
+                            prefix: str = "") -> Path:
+    """Before any work: restore what an interrupted replacement of ``output_dir`` left (a backup
+    whose folder is missing is renamed back: :func:`hf_zformer.folders.recover`), then check that
+    the converted model may be written there (:func:`hf_zformer.folders.check_output_dir`: new,
+    empty, or with ``overwrite`` a folder holding only what the library wrote; never the source
+    or the tokenizer folder). ``prefix`` is put before the argument names in messages (``--``)."""
+    path = Path(str(output_dir)).expanduser() if output_dir is not None and str(output_dir).strip() else None
+    if path is not None and path.parent.is_dir() and not path.is_symlink():
+        folders.recover(path.parent, target=path.name, logger=logger)
+    inputs = {f"{prefix}model_name_or_path": model_name_or_path, f"{prefix}tokenizer_name": tokenizer_name}
+    return folders.check_output_dir(output_dir, overwrite=overwrite, name=f"{prefix}output_dir", inputs=inputs)
+
+
+def _save(model, tokenizer, card: str, output_dir: Path):
+    """Write the folder atomically: into a marked staging sibling, moved into place when complete
+    (:func:`hf_zformer.folders.replace_atomically`, which replaces only a folder the library wrote)."""
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output_dir.name}-", dir=output_dir.parent))
+    staging = folders.staging_dir(output_dir.parent, output_dir.name)
     try:
         model.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(card)
-        replace_atomically(staging, output_dir, expect=MODEL_FILES)
+        folders.replace_atomically(staging, output_dir)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging.is_dir():
+            shutil.rmtree(staging)  # a staging folder holds only what was written into it here
 
 
 def _fit_to_source(model, target_class, source, family: str, source_task: str, tokenizer,
@@ -529,7 +542,8 @@ def convert_pretrained(
     from transformers import AutoConfig
 
     if output_dir is not None:  # before any work: a refusal after a long distillation would throw it away
-        check_output_dir(output_dir, overwrite=overwrite)
+        output_dir = check_conversion_output(output_dir, overwrite=overwrite, model_name_or_path=model_name_or_path,
+                                             tokenizer_name=tokenizer_name)
     requested = config_overrides.get("attention_type", attention_type)
     if distillation is not None and set([requested] if isinstance(requested, str) else requested) == {"full"}:
         raise ValueError("distillation: every layer has full attention, which is the source's exactly; "
@@ -578,5 +592,6 @@ def convert_pretrained(
     if output_dir is not None:
         card = model_card(config=config, task=task, base_model=str(base_model or model_name_or_path),
                           model_id=str(output_dir), distillation=report)
-        _save(model, tokenizer, card, output_dir, overwrite)
+        _save(model, tokenizer, card, check_conversion_output(
+            output_dir, overwrite=overwrite, model_name_or_path=model_name_or_path, tokenizer_name=tokenizer_name))
     return model

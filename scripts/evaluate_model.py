@@ -109,6 +109,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
+    from hf_zformer.folders import check_output_dir
+
+    try:  # new, empty or a folder of this library's; never the model or the data
+        args.output_dir = str(check_output_dir(
+            args.output_dir, name="--output_dir", whole=False,
+            inputs={"--model_name_or_path": args.model_name_or_path, "--tokenizer_name": args.tokenizer_name,
+                    "--data_dir": args.data_dir}))
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -144,7 +153,7 @@ def main(argv=None) -> dict:
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer
 
     import hf_zformer  # noqa: F401
-    from hf_zformer import batching, feedback, run
+    from hf_zformer import batching, feedback, folders, run
     from hf_zformer import results as records
     from hf_zformer.data import load_classification_dataset, load_translation_dataset
     from hf_zformer.scoring import generate_and_score, predict_labels
@@ -242,10 +251,11 @@ def main(argv=None) -> dict:
     if accelerator.is_main_process:
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / f"{split}_predictions.jsonl", "w") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        (out / f"{split}_results.json").write_text(json.dumps(results, indent=2))
+        with folders.recording(out):
+            with open(out / f"{split}_predictions.jsonl", "w") as f:
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            (out / f"{split}_results.json").write_text(json.dumps(results, indent=2))
         logger.info(f"results: {json.dumps(results)}")
         if args.results_file:
             record = result_record(args, accelerator.unwrap_model(model).config, rows, results, split, seq2seq)

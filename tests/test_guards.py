@@ -14,7 +14,7 @@ from test_convert import _bert_tokenizer, make_source
 from test_scripts import TINY_CLF, load_script, run_script, run_script_failing, tiny_data  # noqa: F401  (fixture)
 
 import hf_zformer
-from hf_zformer.folders import check_output_dir, check_replaceable, replace_atomically
+from hf_zformer.folders import check_output_dir, record, replace_atomically, staging_dir
 
 CLF = ["--attention_type", "zformer", "--config_overrides", TINY_CLF, "--vocab_size", 120, "--max_length", 32,
        "--per_device_train_batch_size", 16]
@@ -35,28 +35,34 @@ def test_folder_guard_never_replaces_the_current_home_root_or_foreign_folders(tm
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("mine")
     for folder, why in (("", "is empty"), (".", "current directory"), ("..", "contains the current directory"),
-                        ("/", "root directory"), (str(Path.home()), "home directory")):
+                        ("/", "root directory"), (str(Path.home()), "home directory"), ("~", "home directory")):
         with pytest.raises(ValueError, match=why):
             check_output_dir(folder, overwrite=True)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "table.csv").write_text("a,b")
-    with pytest.raises(ValueError, match="not a saved model"):
-        check_output_dir("data", overwrite=True)
-    with pytest.raises(ValueError, match="exists and is not empty"):
-        check_output_dir("data")
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match="did not write"):
+            check_output_dir("data", overwrite=overwrite)
     with pytest.raises(ValueError, match="is a file"):
         check_output_dir("notes.txt", overwrite=True)
     with pytest.raises(ValueError, match="which is a file"):
         check_output_dir("notes.txt/model", overwrite=True)
-    staged = tmp_path / ".tmp-data"
-    staged.mkdir()
-    with pytest.raises(ValueError, match="not a saved model"):
+    staged = staging_dir(tmp_path, "data")
+    with pytest.raises(ValueError, match="did not write"):
         replace_atomically(staged, tmp_path / "data")
     assert (tmp_path / "data" / "table.csv").read_text() == "a,b" and (tmp_path / "notes.txt").exists()
+    # a config.json proves nothing: only the library's marker makes a folder replaceable
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
-    assert check_output_dir("model", overwrite=True) == Path("model")  # a saved model may be replaced
-    check_replaceable(tmp_path / "new-folder")  # nothing there yet: fine
+    with pytest.raises(ValueError, match="did not write"):
+        check_output_dir("model", overwrite=True)
+    replace_atomically(staging_dir(tmp_path, "ours"), tmp_path / "ours")
+    (tmp_path / "ours" / "config.json").write_text("{}")
+    record(tmp_path / "ours", "config.json")
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        check_output_dir("ours")
+    assert check_output_dir("ours", overwrite=True) == Path("ours")  # the library's own folder may be replaced
+    check_output_dir(tmp_path / "new-folder")  # nothing there yet: fine
 
 
 @pytest.mark.parametrize("output_dir", ["", "."])
@@ -84,7 +90,7 @@ def test_converter_checks_its_output_folder_before_any_work(tmp_path):
     busy.mkdir()
     (busy / "x.txt").write_text("x")
     (tmp_path / "file").write_text("x")
-    for output_dir, message in ((busy, "exists and is not empty"), (tmp_path / "file", "is a file"),
+    for output_dir, message in ((busy, "did not write (x.txt"), (tmp_path / "file", "is a file"),
                                 (tmp_path / "file" / "sub", "which is a file")):
         refused("convert_checkpoint.py", "--model_name_or_path", tmp_path / "missing-source", "--attention_type",
                 "zformer", "--output_dir", output_dir, "--overwrite" if output_dir != busy else "--seed=0",
