@@ -243,13 +243,18 @@ def check_output_dir(
 
 # ---- writing, replacing, recovering ------------------------------------------------------------
 
+def _suffix() -> str:
+    """What makes a staging or backup folder's name unique: ``-`` and 12 random hex digits."""
+    return f"-{uuid.uuid4().hex[:12]}"
+
+
 def staging_dir(parent: str | os.PathLike, target: str) -> Path:
     """A new, uniquely named staging folder in ``parent`` for what becomes ``parent/target``,
     marked as the library's (so an interrupted write is recognised and removed, and nothing else)."""
     parent = Path(parent)
-    staging = parent / f"{STAGING_PREFIX}{target}-{uuid.uuid4().hex[:12]}"
+    staging = parent / f"{STAGING_PREFIX}{target}{_suffix()}"
     staging.mkdir()
-    _write_marker(staging, [], staging_for=target)
+    _write_marker(staging, [])
     return staging
 
 
@@ -269,8 +274,7 @@ def replace_atomically(staging: str | os.PathLike, final: str | os.PathLike) -> 
         if marker is None or foreign:
             why = f"files it did not write ({_names(foreign)})" if foreign else f"no {MARKER}"
             raise ValueError(f"{str(final)!r} holds {why}; refusing to replace it")
-        backup = final.with_name(f"{BACKUP_PREFIX}{final.name}-{uuid.uuid4().hex[:12]}")
-        _write_marker(final, marker["files"], backup_of=final.name)
+        backup = final.with_name(f"{BACKUP_PREFIX}{final.name}{_suffix()}")
         os.replace(final, backup)
     _write_marker(staging, files_under(staging))
     os.replace(staging, final)
@@ -315,7 +319,7 @@ def remove_recorded(folder: str | os.PathLike, *, remove_folder: bool = False, k
             folder.rmdir()
     else:
         _write_marker(folder, [f for f in marker["files"] if f not in removed and (folder / f).exists()],
-                      **{k: v for k, v in marker.items() if k not in ("written_by", "files", "backup_of")})
+                      **{k: v for k, v in marker.items() if k not in ("written_by", "files")})
     return removed
 
 
@@ -330,17 +334,16 @@ def recover(parent: str | os.PathLike, target: str | None = None, logger=None) -
     for entry in sorted(parent.iterdir()):
         if not _ours(entry.name, entry):
             continue
-        marker = read_marker(entry)
-        of = marker.get("staging_for") or marker.get("backup_of")
-        if target is not None and of != target:
+        staging = entry.name.startswith(STAGING_PREFIX)
+        of = entry.name[len(STAGING_PREFIX if staging else BACKUP_PREFIX):-len(_suffix())]  # the folder it was for
+        if not of or (target is not None and of != target):
             continue
-        if entry.name.startswith(STAGING_PREFIX):
+        if staging:
             shutil.rmtree(entry)  # a staging folder: everything in it is ours by construction
             action = "removed"
-        elif entry.name.startswith(BACKUP_PREFIX) and of:
+        else:
             final = parent / of
             if not final.exists() and not final.is_symlink():
-                _write_marker(entry, marker["files"])
                 os.replace(entry, final)
                 action = f"restored as {final}"
             elif read_marker(final) is not None:
@@ -348,7 +351,5 @@ def recover(parent: str | os.PathLike, target: str | None = None, logger=None) -
                 action = "removed (its replacement is in place)"
             else:
                 action = f"kept: {final} is not a folder this library wrote"
-        else:
-            continue
         if logger is not None:
             logger.warning(f"{entry} of an interrupted write: {action}")

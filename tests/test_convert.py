@@ -343,7 +343,7 @@ def test_existing_output_dir_is_kept_unless_overwrite(tmp_path):
         hf_zformer.convert_pretrained(folder, "fastformer", tmp_path / "out")
     hf_zformer.convert_pretrained(folder, "fastformer", tmp_path / "out", overwrite=True)
     assert json.loads((tmp_path / "out" / "config.json").read_text())["attention_type"] == "fastformer"
-    assert not list(tmp_path.glob(".tmp-*"))  # no staging folder left behind
+    assert not list(tmp_path.glob(".hf_zformer-*"))  # no staging or backup folder left behind
 
 
 def _run_converter(*args):

@@ -98,6 +98,203 @@ def test_converter_checks_its_output_folder_before_any_work(tmp_path):
     assert (busy / "x.txt").exists()
 
 
+# ---- nothing a user made is deleted, renamed or overwritten (real script runs, canary files) ----
+
+def plant(root, files):
+    """Write the user's ``files`` ({relative path: text}) under ``root``; returns them."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return files
+
+
+def assert_kept(root, files):
+    """Each planted file is still there, a plain file, with its text (nothing deleted, renamed or overwritten)."""
+    for name, text in files.items():
+        path = root / name
+        assert path.is_file() and not path.is_symlink() and path.read_text() == text, name
+
+
+def tree(root):
+    """Every file under ``root`` with its bytes (links by their target), links not followed."""
+    found = {}
+    for current, dirs, files in os.walk(root):
+        for name in files + [d for d in dirs if (Path(current) / d).is_symlink()]:
+            path = Path(current) / name
+            found[path.relative_to(root).as_posix()] = os.readlink(path) if path.is_symlink() else path.read_bytes()
+    return found
+
+
+def run_in(cwd, name, *args, env=None):
+    """scripts/<name> run from ``cwd`` (the scripts' own helper runs from the repository root)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / name
+    return subprocess.run([sys.executable, str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})},
+                          timeout=600)
+
+
+USER_FOLDERS = {".tmp-cache/a.bin": "cache", ".old-notes/n.txt": "old notes", "notes/n.txt": "notes",
+                ".old-photos/p.jpg": "photo"}
+
+
+def kill_between_renames(monkeypatch, staging, final):
+    """Run ``replace_atomically(staging, final)`` and stop it as a kill would, after the old folder
+    was renamed away and before the new one is in place."""
+    from hf_zformer import folders
+
+    real = os.replace
+
+    def dying(src, dst):
+        if Path(src) == Path(staging):
+            raise KeyboardInterrupt("killed")
+        return real(src, dst)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(folders.os, "replace", dying)
+        with pytest.raises(KeyboardInterrupt):
+            replace_atomically(staging, final)
+
+
+def test_training_start_touches_no_folder_of_the_user(tmp_path, tiny_data, monkeypatch):  # noqa: F811
+    """A folder of the user's is refused as it is; in the library's own run folder the user's
+    .tmp-*/.old-* folders are kept at the start, and a checkpoint whose replacement was killed
+    between the two renames is restored from the marked backup, not deleted."""
+    foreign = tmp_path / "foreign"
+    planted = plant(foreign, USER_FOLDERS)
+    refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--output_dir", foreign,
+            message="holds files this library did not write")
+    assert tree(foreign) == {name: text.encode() for name, text in planted.items()}
+    out = tmp_path / "run"
+    data = ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 2, "--checkpointing_steps", 1,
+            "--output_dir", out]
+    run_script("run_classification.py", *data)
+    before = (out / "step_2" / "training_state.json").read_text()
+    planted = plant(out, USER_FOLDERS)
+    staging = staging_dir(out, "step_2")
+    kill_between_renames(monkeypatch, staging, out / "step_2")
+    assert not (out / "step_2").exists() and len(list(out.glob(".hf_zformer-backup-step_2-*"))) == 1
+    result = run_script("run_classification.py", *data, "--resume_from_checkpoint", "latest")
+    assert "restored as" in result.stderr
+    assert (out / "step_2" / "training_state.json").read_text() == before
+    assert_kept(out, planted)
+    assert not list(out.glob(".hf_zformer-*-*")) and not (out / "photos").exists()
+
+
+def test_training_refuses_the_current_home_and_foreign_folders(tmp_path, tiny_data):  # noqa: F811
+    work, home = tmp_path / "work", tmp_path / "home"
+    planted = plant(work, {"thesis.tex": "chapter 1", "data/table.csv": "a,b"})
+    plant(home, {".bashrc": "alias ll=ls"})
+    common = ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1]
+    for output_dir, message in ((".", "it is the current directory"), ("~", "it is the home directory"),
+                                (home, "it is the home directory"), ("data", "did not write (table.csv")):
+        result = run_in(work, "run_classification.py", *common, "--output_dir", output_dir, env={"HOME": str(home)})
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, \
+            result.stderr[-3000:]
+    assert tree(work) == {name: text.encode() for name, text in planted.items()}
+    assert tree(home) == {".bashrc": b"alias ll=ls"}
+
+
+def test_overwrite_output_dir_deletes_only_what_a_run_recorded(tmp_path, tiny_data):  # noqa: F811
+    out = tmp_path / "run"
+    data = ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 2, "--checkpointing_steps", 1,
+            "--eval_steps", 1, "--save_best", "--output_dir", out]
+    run_script("run_classification.py", *data)
+    plant(out, {"best/photo.jpg": "the user's photo"})
+    before = tree(out)
+    result = refused("run_classification.py", *data, "--overwrite_output_dir", message="best/photo.jpg")
+    assert "did not write" in result.stderr and tree(out) == before  # refused before deleting anything
+    (out / "best" / "photo.jpg").unlink()
+    planted = plant(out, {"photo.jpg": "the user's photo", "mine/training_state.json": "{}", "mine/notes.txt": "x"})
+    run_script("run_classification.py", *data, "--overwrite_output_dir", "--max_train_steps", 1)
+    assert_kept(out, planted)
+    assert not (out / "step_2").exists() and (out / "step_1").is_dir() and (out / "best" / "best_state.json").is_file()
+    history = [json.loads(line) for line in (out / "eval_history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in history] == [1]
+
+
+def test_converter_overwrite_replaces_only_a_folder_it_wrote(tmp_path):
+    source, _ = make_source(tmp_path, "bert", "classification")
+    convert = ["--model_name_or_path", source, "--attention_type", "zformer", "--overwrite"]
+    not_ours = tmp_path / "W"
+    planted = plant(not_ours, {"config.json": "{}", "notes.txt": "mine"})
+    refused("convert_checkpoint.py", *convert, "--output_dir", not_ours, message="did not write (config.json, notes.txt")
+    assert tree(not_ours) == {name: text.encode() for name, text in planted.items()}
+    # a folder the converter wrote, next to the user's .old-<name> and .tmp-<name> folders
+    out = tmp_path / "out"
+    run_script("convert_checkpoint.py", *convert[:-1], "--output_dir", out)
+    siblings = plant(tmp_path, {".old-out/keep.txt": "old", ".tmp-out/keep.txt": "tmp", "out.bak/keep.txt": "bak"})
+    (out / "notes.txt").write_text("added by the user")
+    refused("convert_checkpoint.py", *convert, "--output_dir", out, message="did not write (notes.txt")
+    (out / "notes.txt").unlink()
+    run_script("convert_checkpoint.py", *convert[:2], "--attention_type", "fastformer", "--overwrite", "--output_dir", out)
+    assert json.loads((out / "config.json").read_text())["attention_type"] == "fastformer"
+    assert_kept(tmp_path, siblings)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert not list(tmp_path.glob(".hf_zformer-*")) and out.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_converter_never_writes_over_its_source(tmp_path):
+    source, _ = make_source(tmp_path, "bert", "classification")
+    before = tree(source)
+    for output_dir, message in ((source, "is --model_name_or_path"), (tmp_path, "contains --model_name_or_path")):
+        refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer", "--overwrite",
+                "--output_dir", output_dir, message=message)
+    assert tree(source) == before
+    # a folder the converter wrote, converted again into itself
+    run_script("convert_checkpoint.py", "--model_name_or_path", source, "--output_dir", tmp_path / "full")
+    converted = tree(tmp_path / "full")
+    refused("convert_checkpoint.py", "--model_name_or_path", tmp_path / "full", "--attention_type", "fastformer",
+            "--overwrite", "--output_dir", tmp_path / "full", message="is --model_name_or_path")
+    assert tree(tmp_path / "full") == converted
+
+
+def test_training_and_evaluation_never_write_over_their_model_or_teacher(tmp_path, tiny_data,  # noqa: F811
+                                                                       trained_classifier):
+    model = tmp_path / "model"
+    import shutil
+
+    shutil.copytree(trained_classifier, model)
+    before = tree(model)
+    common = ["--data_dir", tiny_data / "clf", "--max_train_steps", 1, "--overwrite_output_dir"]
+    refused("run_classification.py", "--model_name_or_path", model, *common, "--output_dir", model,
+            message="is --model_name_or_path")
+    refused("run_classification.py", "--model_name_or_path", trained_classifier, *common, "--teacher_model_name_or_path",
+            model, "--output_dir", model, message="is --teacher_model_name_or_path")
+    refused("evaluate_model.py", "--model_name_or_path", model, "--data_dir", tiny_data / "clf", "--output_dir", model,
+            message="is --model_name_or_path")
+    assert tree(model) == before
+
+
+def test_converter_killed_between_renames_keeps_the_previous_model(tmp_path, monkeypatch):
+    source, _ = make_source(tmp_path, "bert", "classification")
+    out = tmp_path / "out"
+    hf_zformer.convert_pretrained(source, "zformer", out)
+    before = tree(out)
+    kill_between_renames(monkeypatch, staging_dir(tmp_path, "out"), out)
+    assert not out.exists()
+    # the next run restores it first: without --overwrite it is refused as an existing folder, intact
+    refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "fastformer",
+            "--output_dir", out, message="exists and is not empty")
+    assert tree(out) == before and not list(tmp_path.glob(".hf_zformer-*"))
+    run_script("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "fastformer",
+               "--output_dir", out, "--overwrite")
+    assert json.loads((out / "config.json").read_text())["attention_type"] == "fastformer"
+
+
+def test_converter_refuses_a_symlinked_output_folder(tmp_path):
+    source, _ = make_source(tmp_path, "bert", "classification")
+    hf_zformer.convert_pretrained(source, "zformer", tmp_path / "model")
+    (tmp_path / "link").symlink_to(tmp_path / "model")
+    before = tree(tmp_path)
+    refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "fastformer", "--overwrite",
+            "--output_dir", tmp_path / "link", message="is a symbolic link")
+    assert tree(tmp_path) == before and os.readlink(tmp_path / "link") == str(tmp_path / "model")
+
+
 # ---- the converter's source ----------------------------------------------------------------
 
 def test_converter_refuses_bad_sources_by_name(tmp_path):
