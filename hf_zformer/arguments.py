@@ -170,6 +170,9 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
         parser.error(f"--num_warmup_steps must be >= 0, got {args.num_warmup_steps}")
     if args.learning_rate <= 0:
         parser.error(f"--learning_rate must be > 0, got {args.learning_rate}")
+    for name in ("weight_decay", "max_grad_norm"):  # a negative decay grows the weights; a negative norm means nothing
+        if getattr(args, name) < 0:
+            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
     if args.checkpointing_steps is not None:
         if args.checkpointing_steps != "epoch":
             if not args.checkpointing_steps.isdigit() or int(args.checkpointing_steps) < 1:

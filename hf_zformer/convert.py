@@ -79,6 +79,10 @@ def _auto_class(task: str):
 # config fields the source's weight shapes decide: an override would make the copy fail (or mean nothing)
 WEIGHT_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
                        "max_position_embeddings", "type_vocab_size")
+# config fields that decide what the source's weights compute outside the attention: another value would make
+# the converted model (with attention_type="full", the "exact" copy) a different function of the same weights
+COMPUTATION_FIELDS = ("hidden_act", "layer_norm_eps", "position_embedding_type", "position_offset", "scale_embedding",
+                      "layer_norm_position", "embedding_layer_norm", "pooler_activation", "tie_word_embeddings")
 
 
 def zformer_config(source_config, attention_type, task: str, has_pooler: bool, classifier_pooling=None,
@@ -119,16 +123,17 @@ def zformer_config(source_config, attention_type, task: str, has_pooler: bool, c
         fields.update(attention_type=attention_type, xformer_alpha=1)
     else:
         fields.update(_bert_family_fields(source_config, attention_type, has_pooler, classifier_pooling))
-    fixed = {key: (value, fields.get(key, 0)) for key, value in overrides.items() if key in WEIGHT_SHAPE_FIELDS}
-    for key, (value, source_value) in fixed.items():
-        if value != source_value:
-            raise ValueError(f"{key}={value!r} cannot be set when converting: the pretrained weights fix it "
-                             f"({key}={source_value!r} in the source)")
-    fields.update(overrides)
-    model_type = "fastformer" if fields["attention_type"] == "fastformer" else "zformer"
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(model_type, **fields)
+    model_type = "fastformer" if overrides.get("attention_type", fields["attention_type"]) == "fastformer" else "zformer"
+    source = AutoConfig.for_model(model_type, **fields)  # the source's values, defaults filled in
+    for key, value in overrides.items():
+        if key in WEIGHT_SHAPE_FIELDS + COMPUTATION_FIELDS and value != getattr(source, key):
+            why = "the pretrained weights fix it" if key in WEIGHT_SHAPE_FIELDS else \
+                "it changes what the pretrained weights compute"
+            raise ValueError(f"{key}={value!r} cannot be set when converting: {why} ({key}={getattr(source, key)!r} "
+                             "in the source)")
+    return AutoConfig.for_model(model_type, **{**fields, **overrides})
 
 
 def _bert_family_fields(source_config, attention_type, has_pooler: bool, classifier_pooling) -> dict:
@@ -299,15 +304,17 @@ def _copy_outside_attention(target, source):
         logger.warning(f"no counterpart in the source, left at their fresh init: {fresh}")
 
 
-def copy_weights(target, source, family: str, source_task: str):
-    """Copy the encoder and the task head of `source` into `target` (built from `zformer_config`)."""
+def copy_weights(target, source, family: str, source_task: str) -> dict[str, str]:
+    """Copy the encoder and the task head of `source` into `target` (built from `zformer_config`).
+    Returns the head parts of `target` the source has no weights for (they keep their random
+    initial values), each with the reason."""
     base = target.base_model
     parts, source_layers = _encoder_parts(source.base_model, family)
     if family == "zformer":
         _copy_outside_attention(target, source)
         for layer, layer_parts in zip(base.encoder.layers, source_layers):
             _copy_attention(layer, layer_parts)
-        return
+        return {}
     for name, module in parts.items():
         if module is not None:
             _copy(getattr(base.embeddings, name), module)
@@ -319,15 +326,23 @@ def copy_weights(target, source, family: str, source_task: str):
         _copy(layer.feed_forward.output, layer_parts["output"])
 
     head = _head_parts(source, family, source_task)
+    fresh = {}
     pooler = getattr(target, "pooler", None)
-    if pooler is not None and pooler.mode == "pooler" and head["pooler"] is not None:
-        _copy(pooler.dense, head["pooler"])
-    if "classifier" in head and hasattr(target, "classifier"):
-        if target.classifier.weight.shape == head["classifier"].weight.shape:
+    if pooler is not None and pooler.mode == "pooler":
+        if head["pooler"] is not None:
+            _copy(pooler.dense, head["pooler"])
+        else:
+            fresh["pooler"] = "the source has no trained pooler (classifier_pooling=\"pooler\")"
+    if hasattr(target, "classifier"):
+        if "classifier" not in head:
+            fresh["classifier"] = f"the source is a {source_task} model, without a classifier"
+        elif target.classifier.weight.shape == head["classifier"].weight.shape:
             _copy(target.classifier, head["classifier"])
         else:  # another number of labels: a new classifier (the pooler still carries over)
-            logger.warning(f"the source classifier has {head['classifier'].out_features} labels, the converted "
-                           f"model {target.classifier.out_features}: new classifier")
+            fresh["classifier"] = (f"the source classifier has {head['classifier'].out_features} labels, the "
+                                   f"converted model {target.classifier.out_features}")
+    if hasattr(target, "lm_head") and "lm_dense" not in head:
+        fresh["lm_head"] = f"the source is a {source_task} model, without a masked-LM head"
     if "lm_dense" in head and hasattr(target, "lm_head"):
         lm_head = target.lm_head
         _copy(lm_head.dense, head["lm_dense"])
@@ -336,6 +351,7 @@ def copy_weights(target, source, family: str, source_task: str):
             lm_head.bias.copy_(head["lm_bias"])
             if not target.config.tie_word_embeddings:
                 lm_head.decoder.weight.copy_(head["lm_decoder"].weight)
+    return fresh
 
 
 def _rms(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -457,7 +473,12 @@ def check_conversion_output(output_dir, *, overwrite: bool, model_name_or_path, 
 
 def _save(model, tokenizer, card: str, output_dir: Path):
     """Write the folder atomically: into a marked staging sibling, moved into place when complete
-    (:func:`hf_zformer.folders.replace_atomically`, which replaces only a folder the library wrote)."""
+    (:func:`hf_zformer.folders.replace_atomically`, which replaces only a folder the library wrote).
+    A model with a NaN or infinite weight is never written."""
+    for name, param in model.named_parameters():
+        if not bool(torch.isfinite(param.detach()).all()):
+            raise ValueError(f"not writing {output_dir}: parameter {name} holds NaN or infinite values (a source "
+                             "with non-finite weights, or a diverged distillation: lower distill_learning_rate)")
     output_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = folders.staging_dir(output_dir.parent, output_dir.name)
     try:
@@ -584,7 +605,10 @@ def convert_pretrained(
                             **config_overrides)
     target_class = _auto_class(task)
     model = target_class.from_config(config).eval()
-    copy_weights(model, source, family, source_task)
+    fresh = copy_weights(model, source, family, source_task)
+    if fresh:
+        logger.warning(f"{model_name_or_path}: the converted {type(model).__name__} starts with random "
+                       f"{', '.join(fresh)} ({'; '.join(fresh.values())}); train it before use")
     if tokenizer is None and output_dir is not None:
         logger.warning(f"{model_name_or_path} has no tokenizer of this model: {output_dir} gets none; pass "
                        "tokenizer_name (--tokenizer_name) to include one")

@@ -295,6 +295,91 @@ def test_converter_refuses_a_symlinked_output_folder(tmp_path):
     assert tree(tmp_path) == before and os.readlink(tmp_path / "link") == str(tmp_path / "model")
 
 
+# ---- refused: what makes a model silently wrong ----------------------------------------------
+
+def test_non_finite_values_never_reach_a_saved_model(tmp_path, caplog):
+    from transformers import AutoConfig
+
+    with pytest.raises(ValueError, match="initializer_range=inf must be a finite number"):
+        hf_zformer.ZformerConfig(attention_type="zformer", initializer_range=float("inf"))
+    folder = tmp_path / "nan-config"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "zformer", "attention_type": "full", "layer_norm_eps": NaN}')
+    with pytest.raises(ValueError, match="layer_norm_eps=nan must be a finite number"):
+        AutoConfig.from_pretrained(folder)
+    source, _ = make_source(tmp_path, "bert", "base")
+    refused("convert_checkpoint.py", "--model_name_or_path", source, "--task", "text-classification",
+            "--config_overrides", "initializer_range=inf", "--output_dir", tmp_path / "out",
+            message="initializer_range=inf must be a finite number")
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(source / "model.safetensors")
+    name = next(key for key in weights if key.endswith("query.weight"))
+    weights[name][0, 0] = float("inf")
+    save_file(weights, source / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="holds NaN or infinite values"):
+        hf_zformer.convert_pretrained(source, "full", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".hf_zformer-*"))
+
+
+@pytest.mark.parametrize("override", ["scale_embedding=yes", "hidden_act=relu", "layer_norm_eps=1e-5",
+                                      "layer_norm_position=pre", "position_embedding_type=sinusoidal"])
+def test_converter_refuses_overrides_that_change_what_the_weights_compute(tmp_path, override):
+    from hf_zformer.arguments import parse_config_overrides
+
+    source, _ = make_source(tmp_path, "bert", "classification")
+    with pytest.raises(ValueError, match=f"{override.split('=')[0]}=.* cannot be set when converting: it changes "
+                                         "what the pretrained weights compute"):
+        hf_zformer.convert_pretrained(source, "full", **parse_config_overrides(override))
+    hf_zformer.convert_pretrained(source, "full", **parse_config_overrides("hidden_act=gelu"))  # the source's own value
+
+
+def test_converter_names_the_heads_it_starts_fresh(tmp_path, caplog):
+    classifier, _ = make_source(tmp_path, "bert", "classification")
+    masked_lm, _ = make_source(tmp_path, "bert", "masked-lm")
+    for source, kwargs, part in ((classifier, dict(task="fill-mask"), "random lm_head"),
+                                 (masked_lm, dict(task="text-classification", classifier_pooling="pooler"),
+                                  "random pooler, classifier")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hf_zformer.convert"):
+            hf_zformer.convert_pretrained(source, "full", **kwargs)
+        assert part in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hf_zformer.convert"):
+        hf_zformer.convert_pretrained(classifier, "full")  # every head carries over: nothing to say
+    assert "random" not in caplog.text
+
+
+def test_training_refuses_meaningless_optimiser_values_and_distillation_without_teacher(tmp_path, tiny_data,  # noqa: F811
+                                                                                        capsys):
+    clf = load_script("run_classification.py")
+    base = ["--data_dir", str(tiny_data / "clf"), "--attention_type", "zformer", "--output_dir", str(tmp_path / "o")]
+    for extra, message in ((["--weight_decay", "-1"], "--weight_decay must be >= 0, got -1.0"),
+                           (["--max_grad_norm", "-1"], "--max_grad_norm must be >= 0, got -1.0"),
+                           (["--distill_alpha", "0.9"], "--distill_alpha 0.9 weighs a teacher's predictions, but no "
+                                                        "--teacher_model_name_or_path"),
+                           (["--distill_temperature", "4"], "--distill_temperature 4.0 weighs")):
+        with pytest.raises(SystemExit) as stop:
+            clf.parse_args([*base, *extra])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+    args = clf.parse_args(base)
+    assert (args.distill_alpha, args.distill_temperature) == (0.5, 2.0)  # recorded in the run's arguments as before
+
+
+def test_a_config_with_an_option_of_an_earlier_version_is_refused_by_name(tmp_path):
+    from transformers import AutoConfig
+
+    config = hf_zformer.ZformerConfig(attention_type="fastformer", vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, intermediate_size=32)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "fastformer_global_value": True}))
+    with pytest.raises(ValueError, match="fastformer_global_value=True: this option .* was measured and removed"):
+        AutoConfig.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "fastformer_global_value": False}))
+    assert AutoConfig.from_pretrained(tmp_path).attention_type == "fastformer"  # off: the same function
+
+
 # ---- the converter's source ----------------------------------------------------------------
 
 def test_converter_refuses_bad_sources_by_name(tmp_path):
