@@ -166,6 +166,15 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     for name in ("max_train_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name in ("seed", "split_seed"):  # numpy's generators take 0 .. 2**32 - 1
+        if not 0 <= getattr(args, name) < 2**32:
+            parser.error(f"--{name} must be in 0..{2**32 - 1}, got {getattr(args, name)}")
+    if not (args.tokenizer_name or args.model_name_or_path):  # a tokenizer is trained on the data
+        from .tokenization import SPECIAL_TOKENS
+
+        if args.vocab_size <= len(SPECIAL_TOKENS):
+            parser.error(f"--vocab_size must be > {len(SPECIAL_TOKENS)} (the special tokens) for the tokenizer trained "
+                         f"on the data, got {args.vocab_size}")
     if args.num_warmup_steps < 0:
         parser.error(f"--num_warmup_steps must be >= 0, got {args.num_warmup_steps}")
     if args.learning_rate <= 0:
@@ -185,6 +194,13 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
             resume=bool(args.resume_from_checkpoint), inputs=run_inputs(args)))
     except ValueError as error:
         parser.error(str(error))
+    if getattr(args, "results_file", None):  # found at the end of a long run otherwise
+        from .results import check_results_file
+
+        try:
+            check_results_file(args.results_file)
+        except ValueError as error:
+            parser.error(f"--results_file: {error}")
     if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
         if not (Path(args.resume_from_checkpoint) / TRAINING_STATE_FILE).is_file():
             parser.error(
@@ -221,9 +237,9 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
 
 
 def run_inputs(args: argparse.Namespace) -> dict[str, Any]:
-    """The folders a run reads (``{"--flag": value}``), which its ``--output_dir`` must not be or hold."""
-    names = ("model_name_or_path", "teacher_model_name_or_path", "tokenizer_name", "data_dir", "train_file",
-             "validation_file", "unlabeled_file")
+    """The model folders a run reads (``{"--flag": value}``), which its ``--output_dir`` must not be
+    or hold (the data needs no entry: a data folder is never empty, and has no marker)."""
+    names = ("model_name_or_path", "teacher_model_name_or_path", "tokenizer_name")
     return {f"--{name}": getattr(args, name) for name in names if getattr(args, name, None)}
 
 

@@ -110,14 +110,19 @@ def parse_args(argv=None) -> argparse.Namespace:
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
     from hf_zformer.folders import check_output_dir
+    from hf_zformer.results import check_results_file
 
-    try:  # new, empty or a folder of this library's; never the model or the data
+    try:  # new, empty or a folder of this library's; never the model
         args.output_dir = str(check_output_dir(
             args.output_dir, name="--output_dir", whole=False,
-            inputs={"--model_name_or_path": args.model_name_or_path, "--tokenizer_name": args.tokenizer_name,
-                    "--data_dir": args.data_dir}))
+            inputs={"--model_name_or_path": args.model_name_or_path, "--tokenizer_name": args.tokenizer_name}))
     except ValueError as error:
         parser.error(str(error))
+    try:  # found after the whole evaluation otherwise
+        if args.results_file:
+            check_results_file(args.results_file)
+    except ValueError as error:
+        parser.error(f"--results_file: {error}")
     return args
 
 

@@ -380,6 +380,34 @@ def test_a_config_with_an_option_of_an_earlier_version_is_refused_by_name(tmp_pa
     assert AutoConfig.from_pretrained(tmp_path).attention_type == "fastformer"  # off: the same function
 
 
+# ---- an `error:` line naming the input, exit code 2, before the work ----------------------------
+
+def test_bad_results_file_seed_and_vocabulary_are_refused_at_the_start(tmp_path, tiny_data, capsys):  # noqa: F811
+    """Found only after the whole run (or as a traceback) before: checked while parsing."""
+    clf, evaluate = load_script("run_classification.py"), load_script("evaluate_model.py")
+    (tmp_path / "object.json").write_text('{"value": 1}')
+    (tmp_path / "results-dir").mkdir()
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    base = ["--data_dir", str(tiny_data / "clf"), "--attention_type", "zformer", "--output_dir", str(tmp_path / "o")]
+    evaluation = ["--model_name_or_path", str(tmp_path / "m"), "--data_dir", str(tiny_data / "clf"),
+                  "--output_dir", str(tmp_path / "e")]
+    bad_files = ((tmp_path / "object.json", "must hold a JSON list of objects"),
+                 (tmp_path / "results-dir", "is a directory"),
+                 (tmp_path / "object.json" / "r.json", "is a file, not a folder"),
+                 (tmp_path / "binary.json", "is not UTF-8 text"))
+    cases = [(clf, [*base, "--results_file", str(path)], f"--results_file: results file {path}") for path, _ in bad_files]
+    cases += [(evaluate, [*evaluation, "--results_file", str(path)], message) for path, message in bad_files]
+    cases += [(clf, [*base, "--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+              (clf, [*base, "--split_seed", str(2**32)], "--split_seed must be in 0..4294967295"),
+              (clf, [*base, "--vocab_size", "3"], "--vocab_size must be > 5 (the special tokens)")]
+    for script, argv, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            script.parse_args(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err, (argv, err)
+    assert (tmp_path / "object.json").read_text() == '{"value": 1}'
+
+
 # ---- the converter's source ----------------------------------------------------------------
 
 def test_converter_refuses_bad_sources_by_name(tmp_path):
