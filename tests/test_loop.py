@@ -359,7 +359,7 @@ def test_bootstrap_intervals(tmp_path):
 
 def test_translation_test_split_name(tiny_data, tmp_path):  # noqa: F811
     script = load_script("run_translation.py")
-    base = ["--attention_type", "full", "--output_dir", str(tmp_path)]
+    base = ["--attention_type", "full", "--output_dir", str(tmp_path / "out")]  # a new folder beside the data
     assert script.test_split_name(script.parse_args(["--data_dir", str(tiny_data / "mt"), *base])) == "test"
     multi30k = tmp_path / "multi30k"
     multi30k.mkdir()
