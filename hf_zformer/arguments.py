@@ -217,6 +217,9 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     if getattr(args, "lowercase", False) and brought:
         flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"
         parser.error(f"--lowercase trains an uncased tokenizer, but {flag} {brought!r} brings its own tokenizer: drop one")
+    for flag, folder in run_inputs(args).items():  # a saved config that fails validation: named, before any work
+        if flag != "--tokenizer_name" and Path(folder).expanduser().is_dir():
+            _check_saved_config(parser, flag, folder, args.trust_remote_code)
     if args.model_name_or_path:
         if args.attention_type or args.config_overrides or (seq2seq and args.decoder_attention_type != "full"):
             parser.error(
@@ -241,6 +244,20 @@ def run_inputs(args: argparse.Namespace) -> dict[str, Any]:
     or hold (the data needs no entry: a data folder is never empty, and has no marker)."""
     names = ("model_name_or_path", "teacher_model_name_or_path", "tokenizer_name")
     return {f"--{name}": getattr(args, name) for name in names if getattr(args, name, None)}
+
+
+def _check_saved_config(parser: argparse.ArgumentParser, flag: str, folder: str, trust_remote_code: bool) -> None:
+    """``parser.error`` naming ``flag`` and the field when the ``config.json`` of the model folder
+    ``folder`` does not load (an invalid or non-finite value, an option of an earlier version)."""
+    from transformers import AutoConfig
+
+    if not (Path(folder).expanduser() / "config.json").is_file():
+        return  # named later, where the folder is loaded (no model there)
+    try:
+        AutoConfig.from_pretrained(Path(folder).expanduser(), trust_remote_code=trust_remote_code)
+    except (ValueError, OSError) as error:
+        if "trust_remote_code" not in str(error):
+            parser.error(f"{flag} {folder!r}: its config.json does not load: {str(error).splitlines()[0]}")
 
 
 def check_finite_floats(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

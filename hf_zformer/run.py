@@ -35,6 +35,7 @@ __all__ = [
     "load_tokenizer",
     "lock_output_dir",
     "make_accelerator",
+    "pretrained_tokenizer",
     "start_run",
     "subsample",
 ]
@@ -177,7 +178,7 @@ def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
 
     source = args.tokenizer_name or args.model_name_or_path
     if source:
-        return _pretrained_tokenizer(args, source)
+        return pretrained_tokenizer(args, source)
     if accelerator.is_main_process:
         with folders.recording(args.output_dir):
             train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, show_progress=show_bars(),
@@ -197,7 +198,7 @@ def usage_error(message: str):
     raise SystemExit(2)
 
 
-def _pretrained_tokenizer(args: argparse.Namespace, source: str):
+def pretrained_tokenizer(args: argparse.Namespace, source: str):
     """The tokenizer of ``source`` (``--tokenizer_name`` or ``--model_name_or_path``), refused with
     a clear error when the folder has none (a folder written by ``model.save_pretrained`` alone)
     or when it cannot be the model's (far fewer tokens than the model's vocabulary)."""

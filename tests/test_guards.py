@@ -408,6 +408,32 @@ def test_bad_results_file_seed_and_vocabulary_are_refused_at_the_start(tmp_path,
     assert (tmp_path / "object.json").read_text() == '{"value": 1}'
 
 
+def test_model_folders_that_do_not_load_are_named_with_exit_code_2(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    import shutil
+
+    old = tmp_path / "old-version"
+    shutil.copytree(trained_classifier, old)
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**config, "attention_type": "fastformer",
+                                                 "fastformer_global_value": True}))
+    refused("run_classification.py", "--model_name_or_path", old, "--data_dir", tiny_data / "clf", "--output_dir",
+            tmp_path / "run", message="--model_name_or_path '" + str(old) + "': its config.json does not load: "
+            "fastformer_global_value=True")
+    evaluation = ["--data_dir", tiny_data / "clf", "--output_dir", tmp_path / "eval"]
+    refused("evaluate_model.py", "--model_name_or_path", old, *evaluation, message="fastformer_global_value=True")
+    notes = tmp_path / "notes"
+    plant(notes, {"a.txt": "not a model"})
+    refused("evaluate_model.py", "--model_name_or_path", notes, *evaluation, message="is not a saved model")
+    refused("evaluate_model.py", "--model_name_or_path", trained_classifier, *evaluation, "--split", "bogus",
+            message="--split 'bogus' is not a split of")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(trained_classifier / name, bare / name)
+    result = refused("evaluate_model.py", "--model_name_or_path", bare, *evaluation, message="has no tokenizer files")
+    assert "sentencepiece" not in result.stderr
+
+
 # ---- the converter's source ----------------------------------------------------------------
 
 def test_converter_refuses_bad_sources_by_name(tmp_path):
