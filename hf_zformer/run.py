@@ -79,6 +79,8 @@ def start_run(args: argparse.Namespace, logger_name: str):
     if accelerator.is_main_process:
         try:
             Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            if not folders.files_under(args.output_dir):  # marked before the lock file makes it non-empty,
+                folders.record(args.output_dir)  # so the other processes' check never sees a foreign folder
             lock_output_dir(args.output_dir)
             folders.recover(args.output_dir, logger=logger)
             if args.resume_from_checkpoint and folders.read_marker(args.output_dir) is None:
