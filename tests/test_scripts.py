@@ -310,8 +310,11 @@ def test_output_dir_lock(tiny_data, tmp_path):
     """A second run on a folder in use fails at once, naming the folder and the other run's pid."""
     import fcntl
 
+    from hf_zformer import folders
+
     out = tmp_path / "out"
     out.mkdir()
+    folders.record(out)  # the other run marked its new folder as the library's before locking it
     with open(out / ".lock", "w") as held:  # this test process plays the other run
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
         held.write(f"{os.getpid()}\n")
