@@ -15,6 +15,7 @@ from typing import Any
 
 from .checkpoints import TRAINING_STATE_FILE, latest_checkpoint
 from .evaluation import add_evaluation_args
+from .folders import check_output_dir
 from .modeling.configuration_zformer import ATTENTION_TYPES, CAUSAL_ATTENTION_TYPES, ZformerConfig
 
 __all__ = [
@@ -168,21 +169,41 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     for name in ("max_train_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    for name in ("seed", "split_seed"):  # numpy's generators take 0 .. 2**32 - 1
+        if not 0 <= getattr(args, name) < 2**32:
+            parser.error(f"--{name} must be in 0..{2**32 - 1}, got {getattr(args, name)}")
+    if not (args.tokenizer_name or args.model_name_or_path):  # a tokenizer is trained on the data
+        from .tokenization import SPECIAL_TOKENS
+
+        if args.vocab_size <= len(SPECIAL_TOKENS):
+            parser.error(f"--vocab_size must be > {len(SPECIAL_TOKENS)} (the special tokens) for the tokenizer trained "
+                         f"on the data, got {args.vocab_size}")
     if args.num_warmup_steps < 0:
         parser.error(f"--num_warmup_steps must be >= 0, got {args.num_warmup_steps}")
     if args.learning_rate <= 0:
         parser.error(f"--learning_rate must be > 0, got {args.learning_rate}")
+    for name in ("weight_decay", "max_grad_norm"):  # a negative decay grows the weights; a negative norm means nothing
+        if getattr(args, name) < 0:
+            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
     if args.checkpointing_steps is not None:
         if args.checkpointing_steps != "epoch":
             if not args.checkpointing_steps.isdigit() or int(args.checkpointing_steps) < 1:
                 parser.error(f'--checkpointing_steps must be a positive integer or "epoch", got {args.checkpointing_steps!r}')
             args.checkpointing_steps = int(args.checkpointing_steps)
     check_finite_floats(parser, args)
-    if not str(args.output_dir).strip():
-        parser.error("--output_dir is empty: pass the folder to write the run to")
-    for part in (Path(args.output_dir), *Path(args.output_dir).parents):
-        if part.exists() and not part.is_dir():
-            parser.error(f"--output_dir {args.output_dir!r}: {str(part)!r} is a file, not a folder")
+    try:  # new, empty or the library's; never an input of the run (folders.check_output_dir)
+        args.output_dir = str(check_output_dir(
+            args.output_dir, overwrite=args.overwrite_output_dir, name="--output_dir", whole=False,
+            resume=bool(args.resume_from_checkpoint), inputs=run_inputs(args)))
+    except ValueError as error:
+        parser.error(str(error))
+    if getattr(args, "results_file", None):  # found at the end of a long run otherwise
+        from .results import check_results_file
+
+        try:
+            check_results_file(args.results_file)
+        except ValueError as error:
+            parser.error(f"--results_file: {error}")
     if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
         if not (Path(args.resume_from_checkpoint) / TRAINING_STATE_FILE).is_file():
             parser.error(
@@ -199,6 +220,9 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     if getattr(args, "lowercase", False) and brought:
         flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"
         parser.error(f"--lowercase trains an uncased tokenizer, but {flag} {brought!r} brings its own tokenizer: drop one")
+    for flag, folder in run_inputs(args).items():  # a saved config that fails validation: named, before any work
+        if flag != "--tokenizer_name" and Path(folder).expanduser().is_dir():
+            _check_saved_config(parser, flag, folder, args.trust_remote_code)
     if args.model_name_or_path:
         if args.attention_type or args.config_overrides or (seq2seq and args.decoder_attention_type != "full"):
             parser.error(
@@ -216,6 +240,27 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     args.run_args = run_identity(args)
     _check_run_folder(parser, args)
     return args
+
+
+def run_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """The model folders a run reads (``{"--flag": value}``), which its ``--output_dir`` must not be
+    or hold (the data needs no entry: a data folder is never empty, and has no marker)."""
+    names = ("model_name_or_path", "teacher_model_name_or_path", "tokenizer_name")
+    return {f"--{name}": getattr(args, name) for name in names if getattr(args, name, None)}
+
+
+def _check_saved_config(parser: argparse.ArgumentParser, flag: str, folder: str, trust_remote_code: bool) -> None:
+    """``parser.error`` naming ``flag`` and the field when the ``config.json`` of the model folder
+    ``folder`` does not load (an invalid or non-finite value, an option of an earlier version)."""
+    from transformers import AutoConfig
+
+    if not (Path(folder).expanduser() / "config.json").is_file():
+        return  # named later, where the folder is loaded (no model there)
+    try:
+        AutoConfig.from_pretrained(Path(folder).expanduser(), trust_remote_code=trust_remote_code)
+    except (ValueError, OSError) as error:
+        if "trust_remote_code" not in str(error):
+            parser.error(f"{flag} {folder!r}: its config.json does not load: {str(error).splitlines()[0]}")
 
 
 def check_finite_floats(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:

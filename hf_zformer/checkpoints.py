@@ -1,5 +1,5 @@
 """Resumable checkpoints of the training loop (library side, never shipped): :func:`save_checkpoint`
-(``accelerator.save_state`` into a temporary folder, then an atomic rename), :func:`load_checkpoint`,
+(``accelerator.save_state`` into a marked staging folder, then an atomic rename), :func:`load_checkpoint`,
 :func:`latest_checkpoint` and :func:`clean_stale_checkpoints` (what an interrupted save left behind)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .folders import replace_atomically
+from . import folders
 
 __all__ = [
     "TRAINING_STATE_FILE",
@@ -24,6 +24,7 @@ __all__ = [
     "load_checkpoint",
     "require_finite",
     "save_checkpoint",
+    "shared_staging_dir",
 ]
 
 TRAINING_STATE_FILE = "training_state.json"
@@ -43,25 +44,34 @@ def require_finite(model, what: str) -> None:
                                    "diverged; lower --learning_rate or keep --max_grad_norm > 0)")
 
 
+def shared_staging_dir(accelerator, parent: str | os.PathLike, target: str) -> Path:
+    """A staging folder for ``parent/target`` (:func:`hf_zformer.folders.staging_dir`: unique name,
+    the library's marker), made by the main process; every process gets its path."""
+    from accelerate.utils import broadcast_object_list
+
+    made = [str(folders.staging_dir(parent, target)) if accelerator.is_main_process else None]
+    return Path(broadcast_object_list(made)[0])
+
+
 def save_checkpoint(accelerator, output_dir: str | os.PathLike, name: str, state: dict[str, Any]) -> Path:
     """Save a resumable checkpoint ``output_dir/name`` atomically.
 
-    Every process calls this (``save_state`` writes one RNG file per process). Everything goes to
-    ``output_dir/.tmp-name`` first; the main process adds ``training_state.json`` (step counter,
-    epoch, batches done in the epoch) and renames the folder into place, so a crash never leaves a
-    half-written ``name`` behind.
+    Every process calls this (``save_state`` writes one RNG file per process). Everything goes to a
+    marked staging folder first (:func:`shared_staging_dir`); the main process adds
+    ``training_state.json`` (step counter, epoch, batches done in the epoch), renames the folder
+    into place and records it in the run folder's marker, so a crash never leaves a half-written
+    ``name`` behind, and only what the library wrote is ever cleaned.
     """
     final = Path(output_dir) / name
-    tmp = Path(output_dir) / f".tmp-{name}"
-    if accelerator.is_main_process and tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = shared_staging_dir(accelerator, output_dir, name)
     accelerator.wait_for_everyone()
     with _explain_disk_full(output_dir, f"checkpoint {name}", cleanup=tmp if accelerator.is_main_process else None):
         accelerator.save_state(str(tmp))
         accelerator.wait_for_everyone()
         if accelerator.is_main_process:
             (tmp / TRAINING_STATE_FILE).write_text(json.dumps(state, indent=2))
-            replace_atomically(tmp, final)
+            folders.replace_atomically(tmp, final)
+            folders.record(output_dir, name)
     accelerator.wait_for_everyone()
     return final
 
@@ -85,22 +95,10 @@ def _explain_disk_full(folder: str | os.PathLike, what: str, cleanup: Path | Non
 
 
 def clean_stale_checkpoints(output_dir: str | os.PathLike, logger=None) -> None:
-    """Undo what an interrupted :func:`save_checkpoint` left in ``output_dir``: remove
-    ``.tmp-NAME`` folders (partial saves) and ``.old-NAME`` folders (a replaced checkpoint), or
-    rename ``.old-NAME`` back to ``NAME`` when the run died between the two renames and it is the
-    only copy."""
-    for stale in sorted(Path(output_dir).glob(".tmp-*")) + sorted(Path(output_dir).glob(".old-*")):
-        if not stale.is_dir():
-            continue
-        final = stale.with_name(stale.name.removeprefix(".old-"))
-        if stale.name.startswith(".old-") and not final.exists():
-            os.replace(stale, final)
-            action = f"restored as {final}"
-        else:
-            shutil.rmtree(stale)
-            action = "removed"
-        if logger is not None:
-            logger.warning(f"stale checkpoint folder {stale} of an interrupted run: {action}")
+    """Undo what an interrupted :func:`save_checkpoint` left in ``output_dir``
+    (:func:`hf_zformer.folders.recover`): marked staging folders are removed, a marked backup is
+    renamed back when its checkpoint is missing. Folders without the library's marker are kept."""
+    folders.recover(output_dir, logger=logger)
 
 
 def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:

@@ -20,14 +20,13 @@ import logging
 import math
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .distillation import DISTILLATION_SETTINGS, Distillation, _attention_calls, distill_attention
-from .folders import MODEL_FILES, check_output_dir, replace_atomically
+from . import folders
 from .hub import model_card
 from .modeling import ZformerConfig
 
@@ -80,6 +79,10 @@ def _auto_class(task: str):
 # config fields the source's weight shapes decide: an override would make the copy fail (or mean nothing)
 WEIGHT_SHAPE_FIELDS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size",
                        "max_position_embeddings", "type_vocab_size")
+# config fields that decide what the source's weights compute outside the attention: another value would make
+# the converted model (with attention_type="full", the "exact" copy) a different function of the same weights
+COMPUTATION_FIELDS = ("hidden_act", "layer_norm_eps", "position_embedding_type", "position_offset", "scale_embedding",
+                      "layer_norm_position", "embedding_layer_norm", "pooler_activation", "tie_word_embeddings")
 
 
 def zformer_config(source_config, attention_type, task: str, has_pooler: bool, classifier_pooling=None,
@@ -120,16 +123,17 @@ def zformer_config(source_config, attention_type, task: str, has_pooler: bool, c
         fields.update(attention_type=attention_type, xformer_alpha=1)
     else:
         fields.update(_bert_family_fields(source_config, attention_type, has_pooler, classifier_pooling))
-    fixed = {key: (value, fields.get(key, 0)) for key, value in overrides.items() if key in WEIGHT_SHAPE_FIELDS}
-    for key, (value, source_value) in fixed.items():
-        if value != source_value:
-            raise ValueError(f"{key}={value!r} cannot be set when converting: the pretrained weights fix it "
-                             f"({key}={source_value!r} in the source)")
-    fields.update(overrides)
-    model_type = "fastformer" if fields["attention_type"] == "fastformer" else "zformer"
     from transformers import AutoConfig
 
-    return AutoConfig.for_model(model_type, **fields)
+    model_type = "fastformer" if overrides.get("attention_type", fields["attention_type"]) == "fastformer" else "zformer"
+    source = AutoConfig.for_model(model_type, **fields)  # the source's values, defaults filled in
+    for key, value in overrides.items():
+        if key in WEIGHT_SHAPE_FIELDS + COMPUTATION_FIELDS and value != getattr(source, key):
+            why = "the pretrained weights fix it" if key in WEIGHT_SHAPE_FIELDS else \
+                "it changes what the pretrained weights compute"
+            raise ValueError(f"{key}={value!r} cannot be set when converting: {why} ({key}={getattr(source, key)!r} "
+                             "in the source)")
+    return AutoConfig.for_model(model_type, **{**fields, **overrides})
 
 
 def _bert_family_fields(source_config, attention_type, has_pooler: bool, classifier_pooling) -> dict:
@@ -300,15 +304,17 @@ def _copy_outside_attention(target, source):
         logger.warning(f"no counterpart in the source, left at their fresh init: {fresh}")
 
 
-def copy_weights(target, source, family: str, source_task: str):
-    """Copy the encoder and the task head of `source` into `target` (built from `zformer_config`)."""
+def copy_weights(target, source, family: str, source_task: str) -> dict[str, str]:
+    """Copy the encoder and the task head of `source` into `target` (built from `zformer_config`).
+    Returns the head parts of `target` the source has no weights for (they keep their random
+    initial values), each with the reason."""
     base = target.base_model
     parts, source_layers = _encoder_parts(source.base_model, family)
     if family == "zformer":
         _copy_outside_attention(target, source)
         for layer, layer_parts in zip(base.encoder.layers, source_layers):
             _copy_attention(layer, layer_parts)
-        return
+        return {}
     for name, module in parts.items():
         if module is not None:
             _copy(getattr(base.embeddings, name), module)
@@ -320,15 +326,23 @@ def copy_weights(target, source, family: str, source_task: str):
         _copy(layer.feed_forward.output, layer_parts["output"])
 
     head = _head_parts(source, family, source_task)
+    fresh = {}
     pooler = getattr(target, "pooler", None)
-    if pooler is not None and pooler.mode == "pooler" and head["pooler"] is not None:
-        _copy(pooler.dense, head["pooler"])
-    if "classifier" in head and hasattr(target, "classifier"):
-        if target.classifier.weight.shape == head["classifier"].weight.shape:
+    if pooler is not None and pooler.mode == "pooler":
+        if head["pooler"] is not None:
+            _copy(pooler.dense, head["pooler"])
+        else:
+            fresh["pooler"] = "the source has no trained pooler (classifier_pooling=\"pooler\")"
+    if hasattr(target, "classifier"):
+        if "classifier" not in head:
+            fresh["classifier"] = f"the source is a {source_task} model, without a classifier"
+        elif target.classifier.weight.shape == head["classifier"].weight.shape:
             _copy(target.classifier, head["classifier"])
         else:  # another number of labels: a new classifier (the pooler still carries over)
-            logger.warning(f"the source classifier has {head['classifier'].out_features} labels, the converted "
-                           f"model {target.classifier.out_features}: new classifier")
+            fresh["classifier"] = (f"the source classifier has {head['classifier'].out_features} labels, the "
+                                   f"converted model {target.classifier.out_features}")
+    if hasattr(target, "lm_head") and "lm_dense" not in head:
+        fresh["lm_head"] = f"the source is a {source_task} model, without a masked-LM head"
     if "lm_dense" in head and hasattr(target, "lm_head"):
         lm_head = target.lm_head
         _copy(lm_head.dense, head["lm_dense"])
@@ -337,6 +351,7 @@ def copy_weights(target, source, family: str, source_task: str):
             lm_head.bias.copy_(head["lm_bias"])
             if not target.config.tie_word_embeddings:
                 lm_head.decoder.weight.copy_(head["lm_decoder"].weight)
+    return fresh
 
 
 def _rms(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -442,20 +457,39 @@ def _load_tokenizer(model_name_or_path, vocab_size: int):
     return tokenizer
 
 
-def _save(model, tokenizer, card: str, output_dir, overwrite: bool):
-    """Write the folder atomically: into a temporary sibling, moved into place when complete
-    (`folders.replace_atomically`, which refuses to replace anything but a saved model)."""
-    output_dir = check_output_dir(output_dir, overwrite=overwrite)
+def check_conversion_output(output_dir, *, overwrite: bool, model_name_or_path, tokenizer_name=None,
+                            prefix: str = "") -> Path:
+    """Before any work: restore what an interrupted replacement of ``output_dir`` left (a backup
+    whose folder is missing is renamed back: :func:`hf_zformer.folders.recover`), then check that
+    the converted model may be written there (:func:`hf_zformer.folders.check_output_dir`: new,
+    empty, or with ``overwrite`` a folder holding only what the library wrote; never the source
+    or the tokenizer folder). ``prefix`` is put before the argument names in messages (``--``)."""
+    path = Path(str(output_dir)).expanduser() if output_dir is not None and str(output_dir).strip() else None
+    if path is not None and path.parent.is_dir() and not path.is_symlink():
+        folders.recover(path.parent, target=path.name, logger=logger)
+    inputs = {f"{prefix}model_name_or_path": model_name_or_path, f"{prefix}tokenizer_name": tokenizer_name}
+    return folders.check_output_dir(output_dir, overwrite=overwrite, name=f"{prefix}output_dir", inputs=inputs)
+
+
+def _save(model, tokenizer, card: str, output_dir: Path):
+    """Write the folder atomically: into a marked staging sibling, moved into place when complete
+    (:func:`hf_zformer.folders.replace_atomically`, which replaces only a folder the library wrote).
+    A model with a NaN or infinite weight is never written."""
+    for name, param in model.named_parameters():
+        if not bool(torch.isfinite(param.detach()).all()):
+            raise ValueError(f"not writing {output_dir}: parameter {name} holds NaN or infinite values (a source "
+                             "with non-finite weights, or a diverged distillation: lower distill_learning_rate)")
     output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".tmp-{output_dir.name}-", dir=output_dir.parent))
+    staging = folders.staging_dir(output_dir.parent, output_dir.name)
     try:
         model.save_pretrained(staging)
         if tokenizer is not None:
             tokenizer.save_pretrained(staging)
         (staging / "README.md").write_text(card)
-        replace_atomically(staging, output_dir, expect=MODEL_FILES)
+        folders.replace_atomically(staging, output_dir)
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging.is_dir():
+            shutil.rmtree(staging)  # a staging folder holds only what was written into it here
 
 
 def _fit_to_source(model, target_class, source, family: str, source_task: str, tokenizer,
@@ -529,7 +563,8 @@ def convert_pretrained(
     from transformers import AutoConfig
 
     if output_dir is not None:  # before any work: a refusal after a long distillation would throw it away
-        check_output_dir(output_dir, overwrite=overwrite)
+        output_dir = check_conversion_output(output_dir, overwrite=overwrite, model_name_or_path=model_name_or_path,
+                                             tokenizer_name=tokenizer_name)
     requested = config_overrides.get("attention_type", attention_type)
     if distillation is not None and set([requested] if isinstance(requested, str) else requested) == {"full"}:
         raise ValueError("distillation: every layer has full attention, which is the source's exactly; "
@@ -570,7 +605,10 @@ def convert_pretrained(
                             **config_overrides)
     target_class = _auto_class(task)
     model = target_class.from_config(config).eval()
-    copy_weights(model, source, family, source_task)
+    fresh = copy_weights(model, source, family, source_task)
+    if fresh:
+        logger.warning(f"{model_name_or_path}: the converted {type(model).__name__} starts with random "
+                       f"{', '.join(fresh)} ({'; '.join(fresh.values())}); train it before use")
     if tokenizer is None and output_dir is not None:
         logger.warning(f"{model_name_or_path} has no tokenizer of this model: {output_dir} gets none; pass "
                        "tokenizer_name (--tokenizer_name) to include one")
@@ -578,5 +616,6 @@ def convert_pretrained(
     if output_dir is not None:
         card = model_card(config=config, task=task, base_model=str(base_model or model_name_or_path),
                           model_id=str(output_dir), distillation=report)
-        _save(model, tokenizer, card, output_dir, overwrite)
+        _save(model, tokenizer, card, check_conversion_output(
+            output_dir, overwrite=overwrite, model_name_or_path=model_name_or_path, tokenizer_name=tokenizer_name))
     return model

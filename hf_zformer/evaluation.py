@@ -24,8 +24,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import require_finite
-from .folders import replace_atomically
+from . import folders
+from .checkpoints import require_finite, shared_staging_dir
 
 __all__ = ["BEST_DIR", "HISTORY_FILE", "EvalTracker", "add_evaluation_args", "read_history"]
 
@@ -118,12 +118,13 @@ class EvalTracker:
             copy_best = self.save_best and self._saved_best_step(source) == self.best_step
             if copy_best and not (self.output_dir / BEST_DIR).exists():
                 shutil.copytree(source / BEST_DIR, self.output_dir / BEST_DIR)
+            folders.record(self.output_dir, HISTORY_FILE, BEST_DIR)
         self.accelerator.wait_for_everyone()
         kept = [r for r in read_history(self.output_dir) if r["step"] <= completed_steps]
         if kept:
             self.last_step = kept[-1]["step"]
         if self.accelerator.is_main_process and (self.output_dir / HISTORY_FILE).is_file():
-            tmp = self.output_dir / f".tmp-{HISTORY_FILE}"
+            tmp = self.output_dir / f"{folders.STAGING_PREFIX}{HISTORY_FILE}"
             tmp.write_text("".join(json.dumps(r) + "\n" for r in kept))
             os.replace(tmp, self.output_dir / HISTORY_FILE)
         self.accelerator.wait_for_everyone()
@@ -149,6 +150,7 @@ class EvalTracker:
         if self.accelerator.is_main_process and not repeated:
             with open(self.output_dir / HISTORY_FILE, "a") as f:
                 f.write(json.dumps(record) + "\n")
+            folders.record(self.output_dir, HISTORY_FILE)
         prefixed = {f"eval_{k}": v for k, v in metrics.items()}
         if self.logger is not None:
             where = f"epoch {epoch} (step {completed_steps})" if epoch is not None else f"step {completed_steps} evaluation"
@@ -168,11 +170,9 @@ class EvalTracker:
     # ---- best checkpoint
     def _save_best(self) -> None:
         accelerator = self.accelerator
-        final, tmp = self.output_dir / BEST_DIR, self.output_dir / f".tmp-{BEST_DIR}"
+        final = self.output_dir / BEST_DIR
         require_finite(self.model, "the best model")
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process and tmp.exists():
-            shutil.rmtree(tmp)
+        tmp = shared_staging_dir(accelerator, self.output_dir, BEST_DIR)
         accelerator.wait_for_everyone()
         accelerator.unwrap_model(self.model).save_pretrained(
             tmp,
@@ -186,7 +186,8 @@ class EvalTracker:
             state = {"best_metric": self.best_value, "best_step": self.best_step, "metric": self.metric,
                      "greater_is_better": self.greater_is_better, "metrics": self.best_metrics}
             (tmp / BEST_STATE_FILE).write_text(json.dumps(state, indent=2))
-            replace_atomically(tmp, final)
+            folders.replace_atomically(tmp, final)
+            folders.record(self.output_dir, BEST_DIR)
         accelerator.wait_for_everyone()
         if self.logger is not None:
             self.logger.info(f"new best {self.metric} {self.best_value:.4f} at step {self.best_step}: saved {final}")

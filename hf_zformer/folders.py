@@ -1,31 +1,157 @@
-"""Folders the library writes and replaces (library side, never shipped).
+"""The output-folder guard: which folders the library may write, replace and clean (library side,
+never shipped). Every script that writes (the training scripts, the converter, ``evaluate_model.py``)
+and every place that deletes or replaces a folder goes through this module.
 
-Every place that deletes or replaces a folder goes through this module:
+A folder the library wrote carries a marker file, :data:`MARKER`, listing every file the library
+put there (relative paths). Only that list is ever deleted, and only folders carrying the marker are
+ever replaced; ``config.json`` or a weight file proves nothing (anybody's folder may hold one).
 
-* :func:`check_output_dir` -- before any work, whether ``output_dir`` may receive a model: never the
-  current directory, one of its parents, the home or root directory, an empty path, a file or a path
-  under a file; a non-empty folder only with ``overwrite=True`` and only when it holds what we write
-  (a model folder), never somebody's other files.
-* :func:`replace_atomically` -- move a finished temporary folder into place; at no moment is there
-  a half-written folder, and the folder replaced must pass the same guard.
+* :func:`check_output_dir` -- before any work: an output folder is new, empty, or one this library
+  wrote; never an empty path, a file, a symbolic link, the current directory or one above it, the
+  home or root directory, nor one of the run's inputs (the source model, the teacher) or a folder
+  holding one. With ``overwrite`` every file it would delete must be on the marker's list.
+* :func:`staging_dir` / :func:`replace_atomically` -- a folder is written into a uniquely named,
+  marked staging sibling and renamed into place; the folder it replaces is renamed to a uniquely
+  named, marked backup first and deleted file by file once the new one is in place.
+* :func:`recover` -- what an interrupted write left: a staging folder is deleted, a backup whose
+  folder is missing (killed between the two renames) is renamed back. Nothing without the marker
+  is touched (a user's ``.tmp-cache`` or ``.old-notes`` stays).
+* :func:`record` / :func:`recording` -- add files the library wrote to the marker's list;
+  :func:`remove_recorded` -- ``--overwrite_output_dir``: delete what the list names, file by file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
+import uuid
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
-__all__ = ["MODEL_FILES", "check_output_dir", "check_replaceable", "replace_atomically"]
+__all__ = [
+    "MARKER",
+    "adopt",
+    "check_output_dir",
+    "files_under",
+    "foreign_files",
+    "read_marker",
+    "record",
+    "recording",
+    "recover",
+    "remove_recorded",
+    "replace_atomically",
+    "staging_dir",
+]
 
-# a folder holding one of these was written by save_pretrained (ours or another library's model folder)
-MODEL_FILES = ("config.json", "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
-# what a folder we replace inside a run directory holds (checkpoints and best models)
-RUN_FILES = MODEL_FILES + ("training_state.json", "best_state.json", "optimizer.bin")
+#: The marker file of a folder the library wrote: ``{"written_by": "hf_zformer", "files": [...]}``.
+MARKER = ".hf_zformer-output.json"
+STAGING_PREFIX = ".hf_zformer-staging-"
+BACKUP_PREFIX = ".hf_zformer-backup-"
 
+
+# ---- the marker ------------------------------------------------------------------------------
+
+def read_marker(folder: str | os.PathLike) -> dict | None:
+    """The marker of ``folder``, or None when it has none (or one that is not ours)."""
+    path = Path(folder) / MARKER
+    if path.is_symlink() or not path.is_file():
+        return None
+    try:
+        marker = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(marker, dict) or marker.get("written_by") != "hf_zformer" or not isinstance(marker.get("files"), list):
+        return None
+    return marker
+
+
+def _write_marker(folder: Path, files, **extra) -> None:
+    marker = {"written_by": "hf_zformer", **extra, "files": sorted(set(files))}
+    tmp = folder / f"{MARKER}.tmp"
+    tmp.write_text(json.dumps(marker, indent=1) + "\n")
+    os.replace(tmp, folder / MARKER)
+
+
+def _ours(name: str, path: Path) -> bool:
+    """Whether ``path`` (named ``name``) is a staging or backup folder of this library."""
+    return name.startswith((STAGING_PREFIX, BACKUP_PREFIX)) and not path.is_symlink() and read_marker(path) is not None
+
+
+def files_under(folder: str | os.PathLike) -> set[str]:
+    """Relative paths of the files (and links) under ``folder``, without its own marker and the
+    library's staging and backup folders; links to folders are not followed."""
+    root = Path(folder)
+    found = set()
+    for current, dirs, files in os.walk(root):
+        here = Path(current)
+        for name in list(dirs):
+            if (here / name).is_symlink():
+                dirs.remove(name)
+                files.append(name)
+            elif here == root and _ours(name, here / name):
+                dirs.remove(name)
+        found.update((here / name).relative_to(root).as_posix() for name in files)
+    found.discard(MARKER)
+    return found
+
+
+def record(folder: str | os.PathLike, *names: str) -> None:
+    """Add ``names`` (paths relative to ``folder``; a folder stands for every file under it) to the
+    marker's list of ``folder`` (created when missing)."""
+    folder = Path(folder)
+    marker = read_marker(folder) or {}
+    files = set(marker.get("files", []))
+    for name in names:
+        path = folder / name
+        if path.is_dir() and not path.is_symlink():
+            inside = files_under(path) | ({MARKER} if (path / MARKER).is_file() else set())
+            files.update(f"{Path(name).as_posix()}/{f}" for f in inside)
+        elif path.exists() or path.is_symlink():
+            files.add(Path(name).as_posix())
+    files = {f for f in files if (folder / f).exists() or (folder / f).is_symlink()}  # gone with a replacement
+    _write_marker(folder, files, **{k: v for k, v in marker.items() if k not in ("written_by", "files")})
+
+
+def adopt(folder: str | os.PathLike, names) -> None:
+    """Mark the subfolders ``names`` of ``folder`` (and the files among ``names``) as the library's:
+    a run folder written by a version whose folders carried no marker, which the user resumes."""
+    folder = Path(folder)
+    for name in names:
+        sub = folder / name
+        if sub.is_dir() and not sub.is_symlink() and read_marker(sub) is None:
+            _write_marker(sub, files_under(sub))
+    record(folder, *names)
+
+
+def _stamps(folder: Path) -> dict[str, tuple]:
+    result = {}
+    for name in files_under(folder):
+        with contextlib.suppress(OSError):
+            stat = (folder / name).lstat()
+            result[name] = (stat.st_mtime_ns, stat.st_size, stat.st_ino)
+    return result
+
+
+@contextlib.contextmanager
+def recording(folder: str | os.PathLike) -> Iterator[None]:
+    """Record every file of ``folder`` that the block creates or rewrites (e.g. ``save_pretrained``
+    into a run folder), also when the block fails part-way."""
+    folder = Path(folder)
+    before = _stamps(folder) if folder.is_dir() else {}
+    try:
+        yield
+    finally:
+        if folder.is_dir():
+            after = _stamps(folder)
+            record(folder, *(name for name, stamp in after.items() if before.get(name) != stamp))
+
+
+# ---- the guard -------------------------------------------------------------------------------
 
 def _protected(path: Path) -> str | None:
-    """Why ``path`` (resolved) must never be deleted, or None."""
+    """Why ``path`` (resolved) must never be an output folder, or None."""
     if path == Path(path.anchor):
         return "it is the root directory"
     home = Path.home().resolve()
@@ -39,55 +165,194 @@ def _protected(path: Path) -> str | None:
     return None
 
 
-def check_replaceable(folder: str | os.PathLike, *, name: str = "output_dir", expect: tuple[str, ...] = MODEL_FILES) -> None:
-    """Raise ``ValueError`` (naming ``name`` and the value) unless ``folder`` may be deleted and
-    written anew: not a protected directory (:func:`_protected`), and, when it exists and is not
-    empty, a folder holding one of the files in ``expect`` (something we or ``save_pretrained`` wrote)."""
-    path = Path(folder).resolve()
-    why = _protected(path)
-    if why is not None:
-        raise ValueError(f"{name}={str(folder)!r} cannot be replaced: {why}; pass a new folder")
-    if path.is_dir() and any(path.iterdir()) and not any((path / f).exists() for f in expect):
-        raise ValueError(
-            f"{name}={str(folder)!r} holds files that are not a saved model (none of {', '.join(expect)}); "
-            "refusing to delete them: pass a new or empty folder"
-        )
+def _names(paths, limit: int = 4) -> str:
+    paths = sorted(paths)
+    return ", ".join(paths[:limit]) + (f", ... ({len(paths)} in all)" if len(paths) > limit else "")
 
 
-def check_output_dir(output_dir: str | os.PathLike | None, *, overwrite: bool = False, name: str = "output_dir") -> Path:
-    """Check, before any work, that a model can later be written to ``output_dir`` (what the
-    converter and the scripts call first). Returns the path. ``ValueError`` names the problem:
-    an empty path, a file, a path under a file, a protected directory, or a non-empty folder without
-    ``overwrite`` (or with it, a folder that does not hold a saved model)."""
+def foreign_files(folder: str | os.PathLike) -> set[str]:
+    """Files under ``folder`` that are not on its marker's list (all of them without a marker)."""
+    marker = read_marker(folder)
+    return files_under(folder) - set(marker["files"] if marker else [])
+
+
+def check_output_dir(
+    output_dir: str | os.PathLike | None,
+    *,
+    overwrite: bool = False,
+    name: str = "output_dir",
+    inputs: Mapping[str, str | os.PathLike | None] | None = None,
+    whole: bool = True,
+    resume: bool = False,
+) -> Path:
+    """Check, before any work, that the library may write to ``output_dir``; returns the path
+    (``~`` expanded). Raises ``ValueError`` naming ``name``, the value and the reason.
+
+    Refused: an empty path; a file or a path under a file; a symbolic link; the root, home or
+    current directory or a folder above one of them; one of ``inputs`` (``{"--flag": path}``: the
+    source model, the teacher, ...) or a folder holding one; a non-empty folder without the
+    library's marker (somebody's files, whatever they are). ``whole`` (the converter): the folder is
+    replaced as a whole, so a non-empty one needs ``overwrite`` and must hold only files the library
+    wrote. Otherwise (a training run, an evaluation) files are written into it; with ``overwrite``
+    every subfolder whose recorded files would be deleted must hold nothing else; ``resume`` (a run
+    resumed in its own folder, which deletes nothing) also accepts a run folder of a version whose
+    folders carried no marker."""
     if output_dir is None or str(output_dir).strip() == "":
         raise ValueError(f"{name} is empty ({output_dir!r}): pass the folder to write to")
-    path = Path(output_dir)
+    shown = str(output_dir)
+    path = Path(output_dir).expanduser()
     for part in (path, *path.parents):
+        if part.is_symlink() and part == path:
+            raise ValueError(f"{name}={shown!r} is a symbolic link (to {os.readlink(path)!r}); pass the folder itself")
         if part.exists() and not part.is_dir():
             what = "is a file" if part == path else f"is under {str(part)!r}, which is a file"
-            raise ValueError(f"{name}={str(output_dir)!r} {what}; pass a folder")
-    why = _protected(path.resolve())
+            raise ValueError(f"{name}={shown!r} {what}; pass a folder")
+    resolved = path.resolve()
+    why = _protected(resolved)
     if why is not None:
-        raise ValueError(f"{name}={str(output_dir)!r} cannot be replaced: {why}; pass a new folder")
-    if path.is_dir() and any(path.iterdir()) and not overwrite:
-        raise ValueError(f"{name}={str(output_dir)!r} exists and is not empty; pass overwrite=True "
-                         "(--overwrite) to replace it, or another folder")
-    check_replaceable(path, name=name)  # a non-empty folder must hold a saved model
+        raise ValueError(f"{name}={shown!r} cannot be written to: {why}; pass a new folder")
+    for flag, value in (inputs or {}).items():
+        if not value or not Path(value).expanduser().exists():
+            continue  # a Hub id, or nothing given
+        source = Path(value).expanduser().resolve()
+        if source == resolved or resolved in source.parents:
+            what = "is" if source == resolved else "contains"
+            raise ValueError(f"{name}={shown!r} {what} {flag} {str(value)!r}: the run would write over what it reads; "
+                             "pass another folder")
+    if not path.is_dir() or not files_under(path):
+        return path
+    marker = read_marker(path)
+    if marker is None and resume and not whole and not overwrite:
+        return path
+    if marker is None:
+        raise ValueError(f"{name}={shown!r} holds files this library did not write ({_names(files_under(path))}; "
+                         f"no {MARKER}); refusing to write into it: pass a new or empty folder")
+    foreign = foreign_files(path)
+    if whole:
+        if not overwrite:
+            raise ValueError(f"{name}={shown!r} exists and is not empty; pass overwrite=True (--overwrite) to "
+                             "replace it, or another folder")
+        if foreign:
+            raise ValueError(f"{name}={shown!r} holds files this library did not write ({_names(foreign)}); "
+                             "replacing the folder would delete them: move them out, or pass another folder")
+    elif overwrite:
+        cleared = {str(Path(f).parent) for f in marker["files"] if "/" in f}
+        blocking = {f for f in foreign if any(f.startswith(d + "/") for d in cleared)}
+        if blocking:
+            raise ValueError(f"{name}={shown!r} holds files this library did not write in folders an overwrite "
+                             f"clears ({_names(blocking)}); move them out, or pass another folder")
     return path
 
 
-def replace_atomically(tmp: Path, final: Path, *, expect: tuple[str, ...] = RUN_FILES) -> None:
-    """Move the finished folder ``tmp`` to ``final``, replacing an older ``final``; at no moment is
-    there a half-written ``final`` (the old one is renamed away first, then deleted). An existing
-    ``final`` must pass :func:`check_replaceable` with ``expect``."""
-    tmp, final = Path(tmp), Path(final)
-    old = None
-    if final.exists():
-        check_replaceable(final, name="folder", expect=expect)
-        old = final.with_name(f".old-{final.name}")
-        if old.exists():
-            shutil.rmtree(old)
-        os.replace(final, old)
-    os.replace(tmp, final)
-    if old is not None:
-        shutil.rmtree(old)
+# ---- writing, replacing, recovering ------------------------------------------------------------
+
+def _suffix() -> str:
+    """What makes a staging or backup folder's name unique: ``-`` and 12 random hex digits."""
+    return f"-{uuid.uuid4().hex[:12]}"
+
+
+def staging_dir(parent: str | os.PathLike, target: str) -> Path:
+    """A new, uniquely named staging folder in ``parent`` for what becomes ``parent/target``,
+    marked as the library's (so an interrupted write is recognised and removed, and nothing else)."""
+    parent = Path(parent)
+    staging = parent / f"{STAGING_PREFIX}{target}{_suffix()}"
+    staging.mkdir()
+    _write_marker(staging, [])
+    return staging
+
+
+def replace_atomically(staging: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Move the finished ``staging`` folder (from :func:`staging_dir`) to ``final``; at no moment is
+    there a half-written ``final``. An existing ``final`` must be the library's, holding only files
+    it recorded (``ValueError`` otherwise); it is renamed to a marked backup first and deleted after
+    the new one is in place (a run killed in between leaves the backup, which :func:`recover`
+    renames back)."""
+    staging, final = Path(staging), Path(final)
+    backup = None
+    if final.is_symlink() or final.exists():
+        if final.is_symlink() or not final.is_dir():
+            raise ValueError(f"{str(final)!r} is not a folder the library wrote (a link or a file); not replacing it")
+        marker = read_marker(final)
+        foreign = foreign_files(final) if marker is not None else files_under(final)
+        if marker is None or foreign:
+            why = f"files it did not write ({_names(foreign)})" if foreign else f"no {MARKER}"
+            raise ValueError(f"{str(final)!r} holds {why}; refusing to replace it")
+        backup = final.with_name(f"{BACKUP_PREFIX}{final.name}{_suffix()}")
+        os.replace(final, backup)
+    _write_marker(staging, files_under(staging))
+    os.replace(staging, final)
+    if backup is not None:
+        remove_recorded(backup, remove_folder=True)
+
+
+def _inside(folder: Path, name: str) -> bool:
+    """Whether the recorded ``name`` lies in ``folder`` (no absolute path, no ``..``, no link
+    leading out): a damaged or edited marker never makes a file elsewhere deletable."""
+    relative = Path(name)
+    if relative.is_absolute() or ".." in relative.parts:
+        return False
+    top, where = folder.resolve(), (folder / relative).parent.resolve()
+    return where == top or top in where.parents
+
+
+def remove_recorded(folder: str | os.PathLike, *, remove_folder: bool = False, keep=(), logger=None) -> list[str]:
+    """Delete the files on ``folder``'s marker list, one by one (but those in ``keep``), then the
+    folders this leaves empty (and, with ``remove_folder``, ``folder`` itself with its marker when
+    nothing else is left). A file not on the list is never deleted. Returns the paths deleted."""
+    folder = Path(folder)
+    marker = read_marker(folder)
+    if marker is None:
+        return []
+    removed = []
+    for name in sorted(marker["files"], key=lambda n: (-n.count("/"), n)):
+        path = folder / name
+        if name not in keep and _inside(folder, name) and (path.is_symlink() or path.is_file()):
+            path.unlink()
+            removed.append(name)
+    for sub in sorted({Path(n).parent for n in removed if "/" in n}, key=lambda p: -len(p.parts)):
+        for level in (sub, *sub.parents):
+            with contextlib.suppress(OSError):
+                if level != Path("."):
+                    (folder / level).rmdir()  # only an empty folder goes
+    if logger is not None and removed:
+        logger.warning(f"deleted {len(removed)} files an earlier run wrote in {folder} ({_names(removed)})")
+    if remove_folder and not files_under(folder):
+        with contextlib.suppress(OSError):
+            (folder / MARKER).unlink()
+            folder.rmdir()
+    else:
+        _write_marker(folder, [f for f in marker["files"] if f not in removed and (folder / f).exists()],
+                      **{k: v for k, v in marker.items() if k not in ("written_by", "files")})
+    return removed
+
+
+def recover(parent: str | os.PathLike, target: str | None = None, logger=None) -> None:
+    """Undo what an interrupted write left in ``parent`` (only for ``target`` when given): a marked
+    staging folder is deleted; a marked backup is renamed back when its folder is missing (the
+    write was killed between its two renames), and deleted when the library's new folder is in
+    place. Folders without the marker are never touched."""
+    parent = Path(parent)
+    if not parent.is_dir():
+        return
+    for entry in sorted(parent.iterdir()):
+        if not _ours(entry.name, entry):
+            continue
+        staging = entry.name.startswith(STAGING_PREFIX)
+        of = entry.name[len(STAGING_PREFIX if staging else BACKUP_PREFIX):-len(_suffix())]  # the folder it was for
+        if not of or (target is not None and of != target):
+            continue
+        if staging:
+            shutil.rmtree(entry)  # a staging folder: everything in it is ours by construction
+            action = "removed"
+        else:
+            final = parent / of
+            if not final.exists() and not final.is_symlink():
+                os.replace(entry, final)
+                action = f"restored as {final}"
+            elif read_marker(final) is not None:
+                remove_recorded(entry, remove_folder=True)
+                action = "removed (its replacement is in place)"
+            else:
+                action = f"kept: {final} is not a folder this library wrote"
+        if logger is not None:
+            logger.warning(f"{entry} of an interrupted write: {action}")

@@ -23,7 +23,8 @@ __all__ = ["LICENSE", "check_push_access", "model_card", "push_to_hub", "UPLOAD_
 
 #: Files of an output folder that are not part of the model (resumable checkpoints, the --save_best copy of the
 #: final model, temp folders, logs).
-UPLOAD_IGNORE = ["step_*/**", "epoch_*/**", "best/**", ".tmp-*/**", ".old-*/**", "runs/**", "hf_modules/**", "*.pkl", ".lock"]
+UPLOAD_IGNORE = ["step_*/**", "epoch_*/**", "best/**", ".hf_zformer-staging-*/**", ".hf_zformer-backup-*/**", "runs/**",
+                 "hf_modules/**", "*.pkl", ".lock", ".hf_zformer-output.json"]
 
 #: License of the cards' ``license:`` metadata: the checkpoints ship hf_zformer's model code, which is
 #: under the project's license (``setup.cfg``).

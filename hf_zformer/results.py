@@ -87,6 +87,22 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
+def check_results_file(path: str | os.PathLike) -> None:
+    """Before a run: ``ValueError`` naming ``path`` unless :func:`append_records` can extend it at
+    the end (a new file whose folder can be made, or a JSON list of objects)."""
+    path = Path(path).expanduser()
+    for part in path.parents:
+        if part.exists() and not part.is_dir():
+            raise ValueError(f"results file {path}: {part} is a file, not a folder")
+    if path.is_dir():
+        raise ValueError(f"results file {path} is a directory; pass the path of a .json file")
+    try:
+        read_records(path)
+    except UnicodeDecodeError:
+        raise ValueError(f"results file {path} is not UTF-8 text (not a JSON list of records); it was left "
+                         "unchanged") from None
+
+
 @contextlib.contextmanager
 def _locked(path: Path):
     """Exclusive advisory lock on ``path.lock`` (POSIX ``flock``; no lock where unavailable)."""

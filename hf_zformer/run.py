@@ -1,7 +1,8 @@
 """Setting up and finishing a training script's run (library side, never shipped).
 
 * :func:`start_run` -- accelerator (:func:`make_accelerator`), logging, seed, and the output
-  directory (created, locked against a second run, stale checkpoint folders cleaned);
+  directory (created, locked against a second run, what an interrupted save left recovered, with
+  ``--overwrite_output_dir`` the files an earlier run recorded deleted: :mod:`hf_zformer.folders`);
 * :func:`data_errors`, :func:`subsample` and :func:`load_tokenizer` (given, or trained on the data
   by the main process);
 * :func:`finish_run` -- ``save_pretrained`` + tokenizer + ``training_args.json`` + ``all_results.json``
@@ -18,7 +19,6 @@ import logging
 import math
 import os
 import shlex
-import shutil
 import sys
 import time
 from pathlib import Path
@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from .checkpoints import TrainingDiverged, clean_stale_checkpoints, require_finite
+from . import folders
+from .checkpoints import TrainingDiverged, require_finite
 from .feedback import get_logger, setup_logging, show_bars
 from .memory import retain_freed_memory
 from .results import save_training_args
@@ -38,6 +39,7 @@ __all__ = [
     "load_tokenizer",
     "lock_output_dir",
     "make_accelerator",
+    "pretrained_tokenizer",
     "start_run",
     "subsample",
 ]
@@ -82,10 +84,15 @@ def start_run(args: argparse.Namespace, logger_name: str):
     if accelerator.is_main_process:
         try:
             Path(args.output_dir).mkdir(parents=True, exist_ok=True)
+            if not folders.files_under(args.output_dir):  # marked before the lock file makes it non-empty,
+                folders.record(args.output_dir)  # so the other processes' check never sees a foreign folder
             lock_output_dir(args.output_dir)
-            clean_stale_checkpoints(args.output_dir, logger)
+            folders.recover(args.output_dir, logger=logger)
+            if args.resume_from_checkpoint and folders.read_marker(args.output_dir) is None:
+                adopt_earlier_run(args.output_dir)
             if getattr(args, "overwrite_output_dir", False) and not args.resume_from_checkpoint:
                 clear_earlier_run(args.output_dir, logger)
+            folders.record(args.output_dir, LOCK_FILE)
             if args.push_to_hub:
                 from .hub import check_push_access
 
@@ -102,14 +109,19 @@ def start_run(args: argparse.Namespace, logger_name: str):
 
 
 def clear_earlier_run(output_dir: str | os.PathLike, logger=None) -> None:
-    """Delete what an earlier run left in ``output_dir`` (``arguments.earlier_run_files``:
-    checkpoints, best model, evaluation history), so a new run neither resumes nor extends it."""
+    """``--overwrite_output_dir``: delete, file by file, what earlier runs recorded in the marker of
+    ``output_dir`` (:func:`hf_zformer.folders.remove_recorded`), so a new run neither resumes nor
+    extends them; anything else in the folder stays."""
+    folders.remove_recorded(output_dir, keep=(LOCK_FILE,), logger=logger)
+
+
+def adopt_earlier_run(output_dir: str | os.PathLike) -> None:
+    """Resuming a run folder written before folders carried the library's marker: mark its
+    checkpoints, ``best/`` and evaluation history (``arguments.earlier_run_files``) as the library's,
+    so they can be replaced as the run goes on. Nothing else in the folder is claimed."""
     from .arguments import earlier_run_files
 
-    for path in earlier_run_files(output_dir):
-        shutil.rmtree(path) if path.is_dir() else path.unlink()
-        if logger is not None:
-            logger.warning(f"--overwrite_output_dir: deleted {path} of an earlier run")
+    folders.adopt(output_dir, [path.name for path in earlier_run_files(output_dir)])
 
 
 _LOCKS: dict[str, Any] = {}  # lock file -> its open handle, held (locked) until the process exits
@@ -191,12 +203,13 @@ def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
 
     source = args.tokenizer_name or args.model_name_or_path
     if source:
-        return _pretrained_tokenizer(args, source)
+        return pretrained_tokenizer(args, source)
     if accelerator.is_main_process:
         logging.getLogger(__name__).info(f"training a {args.vocab_size}-token tokenizer on the training texts")
         started = time.perf_counter()
-        train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, show_progress=show_bars(),
-                        lowercase=getattr(args, "lowercase", False), **train_kwargs)
+        with folders.recording(args.output_dir):
+            train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, show_progress=show_bars(),
+                            lowercase=getattr(args, "lowercase", False), **train_kwargs)
         logging.getLogger(__name__).info(f"tokenizer trained in {time.perf_counter() - started:.0f} s")
     accelerator.wait_for_everyone()
     return AutoTokenizer.from_pretrained(args.output_dir)
@@ -213,7 +226,7 @@ def usage_error(message: str):
     raise SystemExit(2)
 
 
-def _pretrained_tokenizer(args: argparse.Namespace, source: str):
+def pretrained_tokenizer(args: argparse.Namespace, source: str):
     """The tokenizer of ``source`` (``--tokenizer_name`` or ``--model_name_or_path``), refused with
     a clear error when the folder has none (a folder written by ``model.save_pretrained`` alone)
     or when it cannot be the model's (far fewer tokens than the model's vocabulary)."""
@@ -332,6 +345,20 @@ def finish_run(
         require_finite(model, "the final model")
     except TrainingDiverged as error:
         raise SystemExit(f"error: {error}") from None
+    with folders.recording(args.output_dir) if accelerator.is_main_process else contextlib.nullcontext():
+        _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_kwargs, logger)
+    if accelerator.is_main_process and args.push_to_hub:
+        url = hub.push_to_hub(args.output_dir, args.hub_model_id, token=args.hub_token)
+        logger.info(f"pushed to {url}")
+    if accelerator.is_main_process:
+        logger.info(f"saved the model, tokenizer, results and model card to {args.output_dir}")
+    accelerator.wait_for_everyone()
+
+
+def _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_kwargs, logger) -> None:
+    """The writing part of :func:`finish_run`: model, tokenizer, ``all_results.json``, model card."""
+    from . import hub
+
     unwrapped.save_pretrained(
         args.output_dir,
         is_main_process=accelerator.is_main_process,
@@ -358,8 +385,3 @@ def finish_run(
         )
         (Path(args.output_dir) / "README.md").write_text(card)
         logger.info(f"results: {json.dumps(results)}")
-        if args.push_to_hub:
-            url = hub.push_to_hub(args.output_dir, args.hub_model_id, token=args.hub_token)
-            logger.info(f"pushed to {url}")
-        logger.info(f"saved the model, tokenizer, results and model card to {args.output_dir}")
-    accelerator.wait_for_everyone()

@@ -22,8 +22,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hf_zformer.convert import TASKS, convert_pretrained  # noqa: E402
-from hf_zformer.folders import check_output_dir  # noqa: E402
+from hf_zformer.convert import TASKS, check_conversion_output, convert_pretrained  # noqa: E402
 from hf_zformer.modeling.configuration_zformer import ATTENTION_TYPES, CLASSIFIER_POOLINGS  # noqa: E402
 
 
@@ -45,7 +44,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="Tokenizer saved with the model (folder or Hub id); default the source's own.")
     parser.add_argument("--base_model", default=None, help="Hub id named as base_model in the model card.")
     parser.add_argument("--config_overrides", default=None, help='Further config fields, "k=v,k2=v2".')
-    parser.add_argument("--overwrite", action="store_true", help="Replace a non-empty --output_dir.")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="Replace an --output_dir this library wrote (one holding files of others is refused).")
     distill = parser.add_argument_group(
         "attention distillation",
         "Fit the converted attention layers to the source's softmax attention on unlabeled text before "
@@ -94,7 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         except ValueError as error:
             parser.error(f"--distill_device: {error}")
     try:  # before any work: the conversion and distillation must not be thrown away at the end
-        check_output_dir(args.output_dir, overwrite=args.overwrite, name="--output_dir")
+        check_conversion_output(args.output_dir, overwrite=args.overwrite, model_name_or_path=args.model_name_or_path,
+                                tokenizer_name=args.tokenizer_name, prefix="--")
     except ValueError as error:
         parser.error(str(error))
     return args

@@ -110,6 +110,20 @@ def parse_args(argv=None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
+    from hf_zformer.folders import check_output_dir
+    from hf_zformer.results import check_results_file
+
+    try:  # new, empty or a folder of this library's; never the model
+        args.output_dir = str(check_output_dir(
+            args.output_dir, name="--output_dir", whole=False,
+            inputs={"--model_name_or_path": args.model_name_or_path, "--tokenizer_name": args.tokenizer_name}))
+    except ValueError as error:
+        parser.error(str(error))
+    try:  # found after the whole evaluation otherwise
+        if args.results_file:
+            check_results_file(args.results_file)
+    except ValueError as error:
+        parser.error(f"--results_file: {error}")
     return args
 
 
@@ -141,10 +155,10 @@ def is_seq2seq(config) -> bool:
 def main(argv=None) -> dict:
     args = parse_args(argv)
 
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
     import hf_zformer  # noqa: F401
-    from hf_zformer import batching, feedback, run
+    from hf_zformer import batching, feedback, folders, run
     from hf_zformer import results as records
     from hf_zformer.data import load_classification_dataset, load_translation_dataset
     from hf_zformer.scoring import generate_and_score, predict_labels
@@ -153,16 +167,23 @@ def main(argv=None) -> dict:
     accelerator = run.make_accelerator(args)
     feedback.setup_logging(accelerator)
     logger = feedback.get_logger(__name__, accelerator)
+    folder = Path(args.model_name_or_path).expanduser()
+    if folder.is_dir() and not (folder / "config.json").is_file():
+        run.usage_error(f"--model_name_or_path {args.model_name_or_path!r} is not a saved model (no config.json); "
+                        "pass a folder a training script or the converter wrote")
     try:
         config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     except ValueError as error:
-        if "trust_remote_code" not in str(error):
-            raise
+        if "trust_remote_code" not in str(error):  # a config.json that fails validation: named, with its field
+            run.usage_error(f"--model_name_or_path {args.model_name_or_path!r}: {str(error).splitlines()[0]}")
         raise SystemExit(
             f"error: {args.model_name_or_path} ships its own model code (auto_map in config.json) for a model type "
             "hf_zformer does not provide; it was not run. Inspect that code, then pass --trust_remote_code to run it."
         ) from None
-    tokenizer = AutoTokenizer.from_pretrained(args.tokenizer_name or args.model_name_or_path)
+    except OSError as error:  # a Hub id that is not cached (offline) or does not exist
+        run.usage_error(f"--model_name_or_path {args.model_name_or_path!r}: no model config found "
+                        f"({str(error).splitlines()[0]})")
+    tokenizer = run.pretrained_tokenizer(args, args.tokenizer_name or args.model_name_or_path)
     if args.truncation_side:
         tokenizer.truncation_side = args.truncation_side
     seq2seq = is_seq2seq(config)
@@ -177,7 +198,7 @@ def main(argv=None) -> dict:
         )
     split = args.split or ("test" if "test" in raw else "validation")
     if split not in raw:
-        raise SystemExit(f"error: split {split!r} not in the dataset (splits: {list(raw)})")
+        run.usage_error(f"--split {split!r} is not a split of {source} (splits: {list(raw)})")
     run.subsample(raw, {split: args.max_eval_samples}, args.split_seed)  # the rows training evaluated on
     data = raw[split]
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
@@ -242,10 +263,11 @@ def main(argv=None) -> dict:
     if accelerator.is_main_process:
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        with open(out / f"{split}_predictions.jsonl", "w") as f:
-            for row in rows:
-                f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        (out / f"{split}_results.json").write_text(json.dumps(results, indent=2))
+        with folders.recording(out):
+            with open(out / f"{split}_predictions.jsonl", "w") as f:
+                for row in rows:
+                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            (out / f"{split}_results.json").write_text(json.dumps(results, indent=2))
         logger.info(f"results: {json.dumps(results)}")
         if args.results_file:
             record = result_record(args, accelerator.unwrap_model(model).config, rows, results, split, seq2seq)

@@ -72,8 +72,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     teach.add_argument("--teacher_model_name_or_path", default=None,
                        help="A fine-tuned classifier with the model's tokenizer and classes, e.g. a full-attention "
                             "run's --output_dir. Without it: labels only.")
-    teach.add_argument("--distill_alpha", type=float, default=0.5, help="Weight of the teacher term, in [0, 1].")
-    teach.add_argument("--distill_temperature", type=float, default=2.0, help="Softmax temperature T, > 0.")
+    teach.add_argument("--distill_alpha", type=float, default=None,
+                       help="Weight of the teacher term, in [0, 1] (default 0.5); only with a teacher.")
+    teach.add_argument("--distill_temperature", type=float, default=None,
+                       help="Softmax temperature T, > 0 (default 2.0); only with a teacher.")
     teach.add_argument("--unlabeled_file", default=None,
                        help="Texts without labels (.jsonl[.gz] / .csv[.gz] with --text_column, or .txt[.gz], one "
                             "per line; e.g. ../shared/data/imdb/unsup.jsonl.gz) added to the training set: they "
@@ -82,6 +84,12 @@ def parse_args(argv=None) -> argparse.Namespace:
                        help="Use a seeded random N texts of --unlabeled_file (--seed).")
     args = parser.parse_args(argv)
     arguments.check_finite_floats(parser, args)
+    for name, default in (("distill_alpha", 0.5), ("distill_temperature", 2.0)):
+        if getattr(args, name) is not None and not args.teacher_model_name_or_path:
+            parser.error(f"--{name} {getattr(args, name)} weighs a teacher's predictions, but no "
+                         "--teacher_model_name_or_path is given: pass the teacher, or drop the flag")
+        if getattr(args, name) is None:
+            setattr(args, name, default)
     if not 0.0 <= args.distill_alpha <= 1.0:
         parser.error(f"--distill_alpha must be in [0, 1], got {args.distill_alpha}")
     if not args.distill_temperature > 0:

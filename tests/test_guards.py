@@ -14,7 +14,7 @@ from test_convert import _bert_tokenizer, make_source
 from test_scripts import TINY_CLF, load_script, run_script, run_script_failing, tiny_data  # noqa: F401  (fixture)
 
 import hf_zformer
-from hf_zformer.folders import check_output_dir, check_replaceable, replace_atomically
+from hf_zformer.folders import check_output_dir, record, replace_atomically, staging_dir
 
 CLF = ["--attention_type", "zformer", "--config_overrides", TINY_CLF, "--vocab_size", 120, "--max_length", 32,
        "--per_device_train_batch_size", 16]
@@ -35,28 +35,34 @@ def test_folder_guard_never_replaces_the_current_home_root_or_foreign_folders(tm
     monkeypatch.chdir(tmp_path)
     (tmp_path / "notes.txt").write_text("mine")
     for folder, why in (("", "is empty"), (".", "current directory"), ("..", "contains the current directory"),
-                        ("/", "root directory"), (str(Path.home()), "home directory")):
+                        ("/", "root directory"), (str(Path.home()), "home directory"), ("~", "home directory")):
         with pytest.raises(ValueError, match=why):
             check_output_dir(folder, overwrite=True)
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "table.csv").write_text("a,b")
-    with pytest.raises(ValueError, match="not a saved model"):
-        check_output_dir("data", overwrite=True)
-    with pytest.raises(ValueError, match="exists and is not empty"):
-        check_output_dir("data")
+    for overwrite in (False, True):
+        with pytest.raises(ValueError, match="did not write"):
+            check_output_dir("data", overwrite=overwrite)
     with pytest.raises(ValueError, match="is a file"):
         check_output_dir("notes.txt", overwrite=True)
     with pytest.raises(ValueError, match="which is a file"):
         check_output_dir("notes.txt/model", overwrite=True)
-    staged = tmp_path / ".tmp-data"
-    staged.mkdir()
-    with pytest.raises(ValueError, match="not a saved model"):
+    staged = staging_dir(tmp_path, "data")
+    with pytest.raises(ValueError, match="did not write"):
         replace_atomically(staged, tmp_path / "data")
     assert (tmp_path / "data" / "table.csv").read_text() == "a,b" and (tmp_path / "notes.txt").exists()
+    # a config.json proves nothing: only the library's marker makes a folder replaceable
     (tmp_path / "model").mkdir()
     (tmp_path / "model" / "config.json").write_text("{}")
-    assert check_output_dir("model", overwrite=True) == Path("model")  # a saved model may be replaced
-    check_replaceable(tmp_path / "new-folder")  # nothing there yet: fine
+    with pytest.raises(ValueError, match="did not write"):
+        check_output_dir("model", overwrite=True)
+    replace_atomically(staging_dir(tmp_path, "ours"), tmp_path / "ours")
+    (tmp_path / "ours" / "config.json").write_text("{}")
+    record(tmp_path / "ours", "config.json")
+    with pytest.raises(ValueError, match="exists and is not empty"):
+        check_output_dir("ours")
+    assert check_output_dir("ours", overwrite=True) == Path("ours")  # the library's own folder may be replaced
+    check_output_dir(tmp_path / "new-folder")  # nothing there yet: fine
 
 
 @pytest.mark.parametrize("output_dir", ["", "."])
@@ -84,12 +90,348 @@ def test_converter_checks_its_output_folder_before_any_work(tmp_path):
     busy.mkdir()
     (busy / "x.txt").write_text("x")
     (tmp_path / "file").write_text("x")
-    for output_dir, message in ((busy, "exists and is not empty"), (tmp_path / "file", "is a file"),
+    for output_dir, message in ((busy, "did not write (x.txt"), (tmp_path / "file", "is a file"),
                                 (tmp_path / "file" / "sub", "which is a file")):
         refused("convert_checkpoint.py", "--model_name_or_path", tmp_path / "missing-source", "--attention_type",
                 "zformer", "--output_dir", output_dir, "--overwrite" if output_dir != busy else "--seed=0",
                 message=message)
     assert (busy / "x.txt").exists()
+
+
+# ---- nothing a user made is deleted, renamed or overwritten (real script runs, canary files) ----
+
+def plant(root, files):
+    """Write the user's ``files`` ({relative path: text}) under ``root``; returns them."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return files
+
+
+def assert_kept(root, files):
+    """Each planted file is still there, a plain file, with its text (nothing deleted, renamed or overwritten)."""
+    for name, text in files.items():
+        path = root / name
+        assert path.is_file() and not path.is_symlink() and path.read_text() == text, name
+
+
+def tree(root):
+    """Every file under ``root`` with its bytes (links by their target), links not followed."""
+    found = {}
+    for current, dirs, files in os.walk(root):
+        for name in files + [d for d in dirs if (Path(current) / d).is_symlink()]:
+            path = Path(current) / name
+            found[path.relative_to(root).as_posix()] = os.readlink(path) if path.is_symlink() else path.read_bytes()
+    return found
+
+
+def run_in(cwd, name, *args, env=None):
+    """scripts/<name> run from ``cwd`` (the scripts' own helper runs from the repository root)."""
+    import subprocess
+    import sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / name
+    return subprocess.run([sys.executable, str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})},
+                          timeout=600)
+
+
+USER_FOLDERS = {".tmp-cache/a.bin": "cache", ".old-notes/n.txt": "old notes", "notes/n.txt": "notes",
+                ".old-photos/p.jpg": "photo"}
+
+
+def kill_between_renames(monkeypatch, staging, final):
+    """Run ``replace_atomically(staging, final)`` and stop it as a kill would, after the old folder
+    was renamed away and before the new one is in place."""
+    from hf_zformer import folders
+
+    real = os.replace
+
+    def dying(src, dst):
+        if Path(src) == Path(staging):
+            raise KeyboardInterrupt("killed")
+        return real(src, dst)
+
+    with monkeypatch.context() as patch:
+        patch.setattr(folders.os, "replace", dying)
+        with pytest.raises(KeyboardInterrupt):
+            replace_atomically(staging, final)
+
+
+def test_training_start_touches_no_folder_of_the_user(tmp_path, tiny_data, monkeypatch):  # noqa: F811
+    """A folder of the user's is refused as it is; in the library's own run folder the user's
+    .tmp-*/.old-* folders are kept at the start, and a checkpoint whose replacement was killed
+    between the two renames is restored from the marked backup, not deleted."""
+    foreign = tmp_path / "foreign"
+    planted = plant(foreign, USER_FOLDERS)
+    refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--output_dir", foreign,
+            message="holds files this library did not write")
+    assert tree(foreign) == {name: text.encode() for name, text in planted.items()}
+    out = tmp_path / "run"
+    data = ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 2, "--checkpointing_steps", 1,
+            "--output_dir", out]
+    run_script("run_classification.py", *data)
+    before = (out / "step_2" / "training_state.json").read_text()
+    planted = plant(out, USER_FOLDERS)
+    staging = staging_dir(out, "step_2")
+    kill_between_renames(monkeypatch, staging, out / "step_2")
+    assert not (out / "step_2").exists() and len(list(out.glob(".hf_zformer-backup-step_2-*"))) == 1
+    result = run_script("run_classification.py", *data, "--resume_from_checkpoint", "latest")
+    assert "restored as" in result.stderr
+    assert (out / "step_2" / "training_state.json").read_text() == before
+    assert_kept(out, planted)
+    assert not list(out.glob(".hf_zformer-*-*")) and not (out / "photos").exists()
+
+
+def test_training_refuses_the_current_home_and_foreign_folders(tmp_path, tiny_data):  # noqa: F811
+    work, home = tmp_path / "work", tmp_path / "home"
+    planted = plant(work, {"thesis.tex": "chapter 1", "data/table.csv": "a,b"})
+    plant(home, {".bashrc": "alias ll=ls"})
+    common = ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1]
+    for output_dir, message in ((".", "it is the current directory"), ("~", "it is the home directory"),
+                                (home, "it is the home directory"), ("data", "did not write (table.csv")):
+        result = run_in(work, "run_classification.py", *common, "--output_dir", output_dir, env={"HOME": str(home)})
+        assert result.returncode == 2 and message in result.stderr and "Traceback" not in result.stderr, \
+            result.stderr[-3000:]
+    assert tree(work) == {name: text.encode() for name, text in planted.items()}
+    assert tree(home) == {".bashrc": b"alias ll=ls"}
+
+
+def test_overwrite_output_dir_deletes_only_what_a_run_recorded(tmp_path, tiny_data):  # noqa: F811
+    out = tmp_path / "run"
+    data = ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 2, "--checkpointing_steps", 1,
+            "--eval_steps", 1, "--save_best", "--output_dir", out]
+    run_script("run_classification.py", *data)
+    plant(out, {"best/photo.jpg": "the user's photo"})
+    before = tree(out)
+    result = refused("run_classification.py", *data, "--overwrite_output_dir", message="best/photo.jpg")
+    assert "did not write" in result.stderr and tree(out) == before  # refused before deleting anything
+    (out / "best" / "photo.jpg").unlink()
+    planted = plant(out, {"photo.jpg": "the user's photo", "mine/training_state.json": "{}", "mine/notes.txt": "x"})
+    run_script("run_classification.py", *data, "--overwrite_output_dir", "--max_train_steps", 1)
+    assert_kept(out, planted)
+    assert not (out / "step_2").exists() and (out / "step_1").is_dir() and (out / "best" / "best_state.json").is_file()
+    history = [json.loads(line) for line in (out / "eval_history.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in history] == [1]
+
+
+def test_converter_overwrite_replaces_only_a_folder_it_wrote(tmp_path):
+    source, _ = make_source(tmp_path, "bert", "classification")
+    convert = ["--model_name_or_path", source, "--attention_type", "zformer", "--overwrite"]
+    not_ours = tmp_path / "W"
+    planted = plant(not_ours, {"config.json": "{}", "notes.txt": "mine"})
+    refused("convert_checkpoint.py", *convert, "--output_dir", not_ours, message="did not write (config.json, notes.txt")
+    assert tree(not_ours) == {name: text.encode() for name, text in planted.items()}
+    # a folder the converter wrote, next to the user's .old-<name> and .tmp-<name> folders
+    out = tmp_path / "out"
+    run_script("convert_checkpoint.py", *convert[:-1], "--output_dir", out)
+    siblings = plant(tmp_path, {".old-out/keep.txt": "old", ".tmp-out/keep.txt": "tmp", "out.bak/keep.txt": "bak"})
+    (out / "notes.txt").write_text("added by the user")
+    refused("convert_checkpoint.py", *convert, "--output_dir", out, message="did not write (notes.txt")
+    (out / "notes.txt").unlink()
+    run_script("convert_checkpoint.py", *convert[:2], "--attention_type", "fastformer", "--overwrite", "--output_dir", out)
+    assert json.loads((out / "config.json").read_text())["attention_type"] == "fastformer"
+    assert_kept(tmp_path, siblings)
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert not list(tmp_path.glob(".hf_zformer-*")) and out.stat().st_mode & 0o777 == 0o777 & ~umask
+
+
+def test_converter_never_writes_over_its_source(tmp_path):
+    source, _ = make_source(tmp_path, "bert", "classification")
+    before = tree(source)
+    for output_dir, message in ((source, "is --model_name_or_path"), (tmp_path, "contains --model_name_or_path")):
+        refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer", "--overwrite",
+                "--output_dir", output_dir, message=message)
+    assert tree(source) == before
+    # a folder the converter wrote, converted again into itself
+    run_script("convert_checkpoint.py", "--model_name_or_path", source, "--output_dir", tmp_path / "full")
+    converted = tree(tmp_path / "full")
+    refused("convert_checkpoint.py", "--model_name_or_path", tmp_path / "full", "--attention_type", "fastformer",
+            "--overwrite", "--output_dir", tmp_path / "full", message="is --model_name_or_path")
+    assert tree(tmp_path / "full") == converted
+
+
+def test_training_and_evaluation_never_write_over_their_model_or_teacher(tmp_path, tiny_data,  # noqa: F811
+                                                                       trained_classifier):
+    model = tmp_path / "model"
+    import shutil
+
+    shutil.copytree(trained_classifier, model)
+    before = tree(model)
+    common = ["--data_dir", tiny_data / "clf", "--max_train_steps", 1, "--overwrite_output_dir"]
+    refused("run_classification.py", "--model_name_or_path", model, *common, "--output_dir", model,
+            message="is --model_name_or_path")
+    refused("run_classification.py", "--model_name_or_path", trained_classifier, *common, "--teacher_model_name_or_path",
+            model, "--output_dir", model, message="is --teacher_model_name_or_path")
+    refused("evaluate_model.py", "--model_name_or_path", model, "--data_dir", tiny_data / "clf", "--output_dir", model,
+            message="is --model_name_or_path")
+    assert tree(model) == before
+
+
+def test_converter_killed_between_renames_keeps_the_previous_model(tmp_path, monkeypatch):
+    source, _ = make_source(tmp_path, "bert", "classification")
+    out = tmp_path / "out"
+    hf_zformer.convert_pretrained(source, "zformer", out)
+    before = tree(out)
+    kill_between_renames(monkeypatch, staging_dir(tmp_path, "out"), out)
+    assert not out.exists()
+    # the next run restores it first: without --overwrite it is refused as an existing folder, intact
+    refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "fastformer",
+            "--output_dir", out, message="exists and is not empty")
+    assert tree(out) == before and not list(tmp_path.glob(".hf_zformer-*"))
+    run_script("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "fastformer",
+               "--output_dir", out, "--overwrite")
+    assert json.loads((out / "config.json").read_text())["attention_type"] == "fastformer"
+
+
+def test_converter_refuses_a_symlinked_output_folder(tmp_path):
+    source, _ = make_source(tmp_path, "bert", "classification")
+    hf_zformer.convert_pretrained(source, "zformer", tmp_path / "model")
+    (tmp_path / "link").symlink_to(tmp_path / "model")
+    before = tree(tmp_path)
+    refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "fastformer", "--overwrite",
+            "--output_dir", tmp_path / "link", message="is a symbolic link")
+    assert tree(tmp_path) == before and os.readlink(tmp_path / "link") == str(tmp_path / "model")
+
+
+# ---- refused: what makes a model silently wrong ----------------------------------------------
+
+def test_non_finite_values_never_reach_a_saved_model(tmp_path, caplog):
+    from transformers import AutoConfig
+
+    with pytest.raises(ValueError, match="initializer_range=inf must be a finite number"):
+        hf_zformer.ZformerConfig(attention_type="zformer", initializer_range=float("inf"))
+    folder = tmp_path / "nan-config"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "zformer", "attention_type": "full", "layer_norm_eps": NaN}')
+    with pytest.raises(ValueError, match="layer_norm_eps=nan must be a finite number"):
+        AutoConfig.from_pretrained(folder)
+    source, _ = make_source(tmp_path, "bert", "base")
+    refused("convert_checkpoint.py", "--model_name_or_path", source, "--task", "text-classification",
+            "--config_overrides", "initializer_range=inf", "--output_dir", tmp_path / "out",
+            message="initializer_range=inf must be a finite number")
+    from safetensors.torch import load_file, save_file
+
+    weights = load_file(source / "model.safetensors")
+    name = next(key for key in weights if key.endswith("query.weight"))
+    weights[name][0, 0] = float("inf")
+    save_file(weights, source / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="holds NaN or infinite values"):
+        hf_zformer.convert_pretrained(source, "full", tmp_path / "out")
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".hf_zformer-*"))
+
+
+@pytest.mark.parametrize("override", ["scale_embedding=yes", "hidden_act=relu", "layer_norm_eps=1e-5",
+                                      "layer_norm_position=pre", "position_embedding_type=sinusoidal"])
+def test_converter_refuses_overrides_that_change_what_the_weights_compute(tmp_path, override):
+    from hf_zformer.arguments import parse_config_overrides
+
+    source, _ = make_source(tmp_path, "bert", "classification")
+    with pytest.raises(ValueError, match=f"{override.split('=')[0]}=.* cannot be set when converting: it changes "
+                                         "what the pretrained weights compute"):
+        hf_zformer.convert_pretrained(source, "full", **parse_config_overrides(override))
+    hf_zformer.convert_pretrained(source, "full", **parse_config_overrides("hidden_act=gelu"))  # the source's own value
+
+
+def test_converter_names_the_heads_it_starts_fresh(tmp_path, caplog):
+    classifier, _ = make_source(tmp_path, "bert", "classification")
+    masked_lm, _ = make_source(tmp_path, "bert", "masked-lm")
+    for source, kwargs, part in ((classifier, dict(task="fill-mask"), "random lm_head"),
+                                 (masked_lm, dict(task="text-classification", classifier_pooling="pooler"),
+                                  "random pooler, classifier")):
+        caplog.clear()
+        with caplog.at_level("WARNING", logger="hf_zformer.convert"):
+            hf_zformer.convert_pretrained(source, "full", **kwargs)
+        assert part in caplog.text, caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="hf_zformer.convert"):
+        hf_zformer.convert_pretrained(classifier, "full")  # every head carries over: nothing to say
+    assert "random" not in caplog.text
+
+
+def test_training_refuses_meaningless_optimiser_values_and_distillation_without_teacher(tmp_path, tiny_data,  # noqa: F811
+                                                                                        capsys):
+    clf = load_script("run_classification.py")
+    base = ["--data_dir", str(tiny_data / "clf"), "--attention_type", "zformer", "--output_dir", str(tmp_path / "o")]
+    for extra, message in ((["--weight_decay", "-1"], "--weight_decay must be >= 0, got -1.0"),
+                           (["--max_grad_norm", "-1"], "--max_grad_norm must be >= 0, got -1.0"),
+                           (["--distill_alpha", "0.9"], "--distill_alpha 0.9 weighs a teacher's predictions, but no "
+                                                        "--teacher_model_name_or_path"),
+                           (["--distill_temperature", "4"], "--distill_temperature 4.0 weighs")):
+        with pytest.raises(SystemExit) as stop:
+            clf.parse_args([*base, *extra])
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+    args = clf.parse_args(base)
+    assert (args.distill_alpha, args.distill_temperature) == (0.5, 2.0)  # recorded in the run's arguments as before
+
+
+def test_a_config_with_an_option_of_an_earlier_version_is_refused_by_name(tmp_path):
+    from transformers import AutoConfig
+
+    config = hf_zformer.ZformerConfig(attention_type="fastformer", vocab_size=50, hidden_size=16, num_hidden_layers=1,
+                                      num_attention_heads=2, intermediate_size=32)
+    config.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "fastformer_global_value": True}))
+    with pytest.raises(ValueError, match="fastformer_global_value=True: this option .* was measured and removed"):
+        AutoConfig.from_pretrained(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "fastformer_global_value": False}))
+    assert AutoConfig.from_pretrained(tmp_path).attention_type == "fastformer"  # off: the same function
+
+
+# ---- an `error:` line naming the input, exit code 2, before the work ----------------------------
+
+def test_bad_results_file_seed_and_vocabulary_are_refused_at_the_start(tmp_path, tiny_data, capsys):  # noqa: F811
+    """Found only after the whole run (or as a traceback) before: checked while parsing."""
+    clf, evaluate = load_script("run_classification.py"), load_script("evaluate_model.py")
+    (tmp_path / "object.json").write_text('{"value": 1}')
+    (tmp_path / "results-dir").mkdir()
+    (tmp_path / "binary.json").write_bytes(b"\xff\xfe\x00")
+    base = ["--data_dir", str(tiny_data / "clf"), "--attention_type", "zformer", "--output_dir", str(tmp_path / "o")]
+    evaluation = ["--model_name_or_path", str(tmp_path / "m"), "--data_dir", str(tiny_data / "clf"),
+                  "--output_dir", str(tmp_path / "e")]
+    bad_files = ((tmp_path / "object.json", "must hold a JSON list of objects"),
+                 (tmp_path / "results-dir", "is a directory"),
+                 (tmp_path / "object.json" / "r.json", "is a file, not a folder"),
+                 (tmp_path / "binary.json", "is not UTF-8 text"))
+    cases = [(clf, [*base, "--results_file", str(path)], f"--results_file: results file {path}") for path, _ in bad_files]
+    cases += [(evaluate, [*evaluation, "--results_file", str(path)], message) for path, message in bad_files]
+    cases += [(clf, [*base, "--seed", "-1"], "--seed must be in 0..4294967295, got -1"),
+              (clf, [*base, "--split_seed", str(2**32)], "--split_seed must be in 0..4294967295"),
+              (clf, [*base, "--vocab_size", "3"], "--vocab_size must be > 5 (the special tokens)")]
+    for script, argv, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            script.parse_args(argv)
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and message in err, (argv, err)
+    assert (tmp_path / "object.json").read_text() == '{"value": 1}'
+
+
+def test_model_folders_that_do_not_load_are_named_with_exit_code_2(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    import shutil
+
+    old = tmp_path / "old-version"
+    shutil.copytree(trained_classifier, old)
+    config = json.loads((old / "config.json").read_text())
+    (old / "config.json").write_text(json.dumps({**config, "attention_type": "fastformer",
+                                                 "fastformer_global_value": True}))
+    refused("run_classification.py", "--model_name_or_path", old, "--data_dir", tiny_data / "clf", "--output_dir",
+            tmp_path / "run", message="--model_name_or_path '" + str(old) + "': its config.json does not load: "
+            "fastformer_global_value=True")
+    evaluation = ["--data_dir", tiny_data / "clf", "--output_dir", tmp_path / "eval"]
+    refused("evaluate_model.py", "--model_name_or_path", old, *evaluation, message="fastformer_global_value=True")
+    notes = tmp_path / "notes"
+    plant(notes, {"a.txt": "not a model"})
+    refused("evaluate_model.py", "--model_name_or_path", notes, *evaluation, message="is not a saved model")
+    refused("evaluate_model.py", "--model_name_or_path", trained_classifier, *evaluation, "--split", "bogus",
+            message="--split 'bogus' is not a split of")
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    for name in ("config.json", "model.safetensors"):
+        shutil.copy(trained_classifier / name, bare / name)
+    result = refused("evaluate_model.py", "--model_name_or_path", bare, *evaluation, message="has no tokenizer files")
+    assert "sentencepiece" not in result.stderr
 
 
 # ---- the converter's source ----------------------------------------------------------------

@@ -103,7 +103,7 @@ def test_translation_eval_steps_history_and_best(mt_best_run):
     assert _same_weights(out, out / "best")  # the final model is the best one
     assert (out / "best" / "tokenizer.json").is_file() and (out / "best" / "generation_config.json").is_file()
     assert json.loads((out / "best" / "generation_config.json").read_text())["num_beams"] == 2
-    assert not list(out.glob(".tmp-*")) and not list(out.glob(".old-*"))
+    assert not list(out.glob(".hf_zformer-*-*"))  # no staging or backup folder left behind
     training_state = json.loads((out / "step_8" / "training_state.json").read_text())
     assert training_state["best_step"] == results["best_step"] and "best_metric" in training_state
 
@@ -375,7 +375,7 @@ def test_bootstrap_intervals(tmp_path):
 
 def test_translation_test_split_name(tiny_data, tmp_path):  # noqa: F811
     script = load_script("run_translation.py")
-    base = ["--attention_type", "full", "--output_dir", str(tmp_path)]
+    base = ["--attention_type", "full", "--output_dir", str(tmp_path / "out")]  # a new folder beside the data
     assert script.test_split_name(script.parse_args(["--data_dir", str(tiny_data / "mt"), *base])) == "test"
     multi30k = tmp_path / "multi30k"
     multi30k.mkdir()

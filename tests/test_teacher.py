@@ -132,8 +132,8 @@ def test_distillation_arguments_fail_before_training(tiny_data, tmp_path, capsys
     for extra, message in (
         (["--unlabeled_file", str(tiny_data / "clf" / "train.jsonl")], "pass --teacher_model_name_or_path too"),
         (["--teacher_model_name_or_path", "x", "--unlabeled_file", str(tmp_path / "missing.jsonl")], "is not a file"),
-        (["--distill_alpha", "1.5"], "--distill_alpha must be in [0, 1], got 1.5"),
-        (["--distill_temperature", "0"], "--distill_temperature must be > 0"),
+        (["--teacher_model_name_or_path", "x", "--distill_alpha", "1.5"], "--distill_alpha must be in [0, 1], got 1.5"),
+        (["--teacher_model_name_or_path", "x", "--distill_temperature", "0"], "--distill_temperature must be > 0"),
         (["--max_unlabeled_samples", "0"], "--max_unlabeled_samples must be >= 1"),
     ):
         with pytest.raises(SystemExit):

@@ -4,6 +4,8 @@ This file ships to the Hugging Face Hub with every saved checkpoint: it imports 
 standard library and transformers.
 """
 
+import math
+
 from transformers import PreTrainedConfig
 
 ATTENTION_TYPES = ("full", "zformer", "xformer", "fastformer")
@@ -32,6 +34,7 @@ def _check_choice(field, value, choices):
 REMOVED_OPTIONS = (
     ("zformer_normalization", "none", "each output row divided by its token count"),
     ("decoder_conv_size", 0, "a causal depthwise convolution ahead of every decoder self-attention"),
+    ("fastformer_global_value", False, "a pooled global value added to every fastformer token's mix"),
 )
 
 
@@ -194,6 +197,9 @@ class ZformerConfig(PreTrainedConfig):
     def _validate(self):
         """Raise a ValueError naming the field and value of the first invalid setting. Runs at
         construction and again when a model is built from this config."""
+        for field, value in vars(self).items():  # NaN passes every comparison; infinity most
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{field}={value!r} must be a finite number")
         for field in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size"):
             _check_positive(field, getattr(self, field))
         _check_positive("num_decoder_layers", self.num_decoder_layers, allow_zero=True)
