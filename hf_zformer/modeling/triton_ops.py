@@ -428,15 +428,18 @@ def _launch_fused_backward(query, key, value, mask, scale, state, grad):
     return (*grads, scale_products.sum())
 
 
+def _linear_attention_forward(query, key, value, mask, scale):
+    """(out, the state K^T V padded to tiles, whether the fused plan ran)."""
+    if fused(query.shape[0] * query.shape[1], query.device):
+        return (*_launch_fused_forward(query, key, value, mask, scale), True)
+    state = outer_sum(key, value, mask)  # K^T V over the real keys, fp32
+    return state_product(query, state, value.shape[-1], scale=scale), state, False
+
+
 class _LinearAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, mask, scale):
-        ctx.fused = fused(query.shape[0] * query.shape[1], query.device)
-        if ctx.fused:
-            out, state = _launch_fused_forward(query, key, value, mask, scale)
-        else:
-            state = outer_sum(key, value, mask)  # K^T V over the real keys, fp32
-            out = state_product(query, state, value.shape[-1], scale=scale)
+        out, state, ctx.fused = _linear_attention_forward(query, key, value, mask, scale)
         ctx.save_for_backward(query, key, value, mask, state, scale)
         return out
 
@@ -466,7 +469,15 @@ def linear_attention_kernel(query, key, value, mask=None, scale=None) -> torch.T
     """Bidirectional `ops.linear_attention` without a state: out_i = scale * q_i sum_j m_j k_j^T v_j.
     query/key (B, H, Nq/Nk, d), value (B, H, Nk, e) (widths `supported_width`), mask (B, Nk) or None,
     scale a one-element tensor or None. Returns (B, H, Nq, e) in the queries' dtype."""
-    return _LinearAttention.apply(query, key, value, mask, scale)
+    if _needs_graph(query, key, value, scale):
+        return _LinearAttention.apply(query, key, value, mask, scale)
+    return _linear_attention_forward(query, key, value, mask, scale)[0]  # inference: no autograd node
+
+
+def _needs_graph(*tensors) -> bool:
+    """Whether a call must record its backward (the host time of an autograd node is worth saving
+    where launches, not the GPU, bound the time: inference on short inputs)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
 def _direction_strides(direction):
@@ -543,4 +554,7 @@ def direction_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     """Bidirectional `ops.direction_pool`: sum_j softmax_j(values_j . u) values_j over the real
     positions. values (B, H, N, d), direction u (B or 1, H, d) or None (the plain mean), mask (B, N)
     or None. Returns (B, H, d) in fp32; zero for a row with no real token."""
-    return _DirectionPool.apply(values, None if direction is None else direction.contiguous(), mask)
+    direction = None if direction is None else direction.contiguous()
+    if _needs_graph(values, direction):
+        return _DirectionPool.apply(values, direction, mask)
+    return _pool_forward(values, direction, mask)[0]  # inference: no autograd node
