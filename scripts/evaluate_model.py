@@ -189,13 +189,14 @@ def main(argv=None) -> dict:
     seq2seq = is_seq2seq(config)
     source = args.data_dir or args.dataset_name
     loading = {"seed": args.split_seed, "config_name": args.dataset_config_name}
-    if seq2seq:
-        raw = load_translation_dataset(source, args.source_lang, args.target_lang, **loading)
-    else:
-        raw = load_classification_dataset(
-            source, text_column=args.text_column, label_column=args.label_column,
-            group_column=args.group_column or None, **loading
-        )
+    with run.data_errors():  # bad data, an unreachable Hub dataset: one line naming it, exit code 2
+        if seq2seq:
+            raw = load_translation_dataset(source, args.source_lang, args.target_lang, **loading)
+        else:
+            raw = load_classification_dataset(
+                source, text_column=args.text_column, label_column=args.label_column,
+                group_column=args.group_column or None, **loading
+            )
     split = args.split or ("test" if "test" in raw else "validation")
     if split not in raw:
         run.usage_error(f"--split {split!r} is not a split of {source} (splits: {list(raw)})")

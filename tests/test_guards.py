@@ -434,6 +434,26 @@ def test_model_folders_that_do_not_load_are_named_with_exit_code_2(tmp_path, tin
     assert "sentencepiece" not in result.stderr
 
 
+def test_unreadable_data_and_an_unreachable_hub_dataset_are_named_with_exit_code_2(tmp_path):
+    """A train.jsonl.gz that is not gzip and bytes that are not UTF-8 (read first for the default
+    --group_column) were tracebacks; a --dataset_name without network a ConnectionError traceback,
+    exit code 1. Each is one error line naming the input, exit code 2, and no lock file stays."""
+    run = ["--attention_type", "zformer", "--config_overrides", TINY_CLF, "--vocab_size", 120]
+    not_gzip = tmp_path / "not-gzip"
+    plant(not_gzip, {"train.jsonl.gz": '{"text": "plain text", "label": 0}\n'})
+    refused("run_classification.py", "--data_dir", not_gzip, *run, "--output_dir", tmp_path / "o1",
+            message=f"error: {not_gzip / 'train.jsonl.gz'}: not a gzip file")
+    latin = tmp_path / "latin-1"
+    latin.mkdir()
+    (latin / "train.jsonl").write_bytes(b'{"text": "fine", "label": 0}\n{"text": "caf\xe9", "label": 1}\n')
+    refused("run_classification.py", "--data_dir", latin, *run, "--output_dir", tmp_path / "o2",
+            message=f"error: {latin / 'train.jsonl'} line 2: not valid UTF-8")
+    result = refused("run_classification.py", "--dataset_name", "someone/not-cached", *run, "--output_dir",
+                     tmp_path / "o4", message="Without network, pass a local copy of the data with --data_dir DIR")
+    assert "'someone/not-cached' is not an existing local path" in result.stderr
+    assert not list(tmp_path.glob("o*/.lock"))
+
+
 # ---- the converter's source ----------------------------------------------------------------
 
 def test_converter_refuses_bad_sources_by_name(tmp_path):
