@@ -544,6 +544,57 @@ def test_a_run_never_resumes_or_extends_another_run(tmp_path, tiny_data):  # noq
     assert state["run_args"]["learning_rate"] == 5e-4 and state["run_args"]["max_train_steps"] == 2
 
 
+def test_a_damaged_checkpoint_is_named_before_any_work(tmp_path, tiny_data, capsys):  # noqa: F811
+    """Resuming a checkpoint whose training state is not JSON or lacks a field, or whose weights or
+    optimizer state are missing or truncated, was a traceback (after loading the data and the
+    model); now one error line naming the file, exit code 2, while parsing."""
+    import shutil
+
+    data = ["--data_dir", str(tiny_data / "clf"), *map(str, CLF), "--max_train_steps", "2", "--checkpointing_steps", "2"]
+    run_script("run_classification.py", *data, "--output_dir", tmp_path / "run")
+    good = tmp_path / "run" / "step_2"
+    state = json.loads((good / "training_state.json").read_text())
+
+    def damaged(name, change):
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        change(folder)
+        return folder
+
+    def cut(file):
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+    cases = [
+        (damaged("not-json", lambda f: (f / "training_state.json").write_text('{"completed_steps": 2,\n')),
+         "training_state.json line 2: not valid JSON"),
+        (damaged("no-steps", lambda f: (f / "training_state.json").write_text(json.dumps(
+            {k: v for k, v in state.items() if k != "completed_steps"}))),
+         "training_state.json: the field 'completed_steps' is missing"),
+        (damaged("bad-epoch", lambda f: (f / "training_state.json").write_text(json.dumps({**state, "epoch": "one"}))),
+         "training_state.json: 'epoch' is 'one', expected a count"),
+        (damaged("no-weights", lambda f: (f / "model.safetensors").unlink()),
+         "holds no model.safetensors (the model's weights)"),
+        (damaged("no-scheduler", lambda f: (f / "scheduler.bin").unlink()), "holds no scheduler.bin"),
+        (damaged("cut-optimizer", lambda f: cut(f / "optimizer.bin")),
+         "optimizer.bin: truncated or damaged"),
+        (damaged("cut-weights", lambda f: cut(f / "model.safetensors")), "model.safetensors: truncated or damaged"),
+    ]
+    clf = load_script("run_classification.py")
+    for folder, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            clf.parse_args([*data, "--output_dir", str(tmp_path / f"resumed-{folder.name}"),
+                            "--resume_from_checkpoint", str(folder)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and f"--resume_from_checkpoint {str(folder)!r} cannot be resumed" in err, err
+        assert message in err and str(folder) in err, (folder.name, err)
+    clf.parse_args([*data, "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", str(good)])
+    # the newest checkpoint, damaged: named as a script run sees it, nothing trained
+    cut(good / "optimizer.bin")
+    refused("run_classification.py", *data, "--output_dir", tmp_path / "run", "--resume_from_checkpoint", "latest",
+            message=f"{good / 'optimizer.bin'}: truncated or damaged")
+    assert not (tmp_path / "run" / ".lock").exists() and (tmp_path / "run" / "model.safetensors").exists()
+
+
 def test_resume_latest_without_a_checkpoint_is_refused(tmp_path, tiny_data):  # noqa: F811
     refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--output_dir", tmp_path / "empty",
             "--resume_from_checkpoint", "latest", message="holds no checkpoint yet")
