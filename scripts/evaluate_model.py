@@ -87,7 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--split_seed", type=int, default=42,
                         help="Seed of the validation split carved from train and of --max_eval_samples: the "
                         "training run's --split_seed gives the rows it validated on.")
-    parser.add_argument("--group_column", default="movie",
+    from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # the loaders' and the training scripts' default
+
+    parser.add_argument("--group_column", default=DEFAULT_GROUP_COLUMN,
                         help='Classification: carve validation by whole groups of this column when present (as '
                         'run_classification.py does); "" carves by rows.')
     parser.add_argument("--length_buckets", type=int, nargs="+", default=None,

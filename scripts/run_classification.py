@@ -57,8 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Do not score the test split at the end (by default a labelled test split beside the validation one "
         "is scored once, on the final model: IMDB's 25,000 reviews take minutes on a CPU).",
     )
+    from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # the loader's default too
+
     parser.add_argument(
-        "--group_column", default="movie",
+        "--group_column", default=DEFAULT_GROUP_COLUMN,
         help='When the data has this column, the validation split carved from train keeps each group (IMDB: each '
         'movie\'s reviews) on one side; "" carves by rows.',
     )
