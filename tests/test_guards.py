@@ -506,6 +506,20 @@ def test_source_without_tokenizer_gets_none_and_training_refuses_it(tmp_path, ti
     assert len(AutoTokenizer.from_pretrained(tmp_path / "with-tokenizer")) == 99
 
 
+def test_a_bad_tokenizer_name_is_named_without_blaming_distillation(tmp_path):
+    """--tokenizer_name naming a folder without this model's tokenizer, no distillation asked for:
+    the message said distillation needs the tokenizer."""
+    source, _ = make_source(tmp_path, "bert", "classification")
+    notes = tmp_path / "notes"
+    plant(notes, {"a.txt": "not a tokenizer"})
+    result = refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer",
+                     "--tokenizer_name", notes, "--output_dir", tmp_path / "out",
+                     message=f"tokenizer_name={str(notes)!r} (--tokenizer_name) is no tokenizer of this model: ")
+    assert "distillation" not in result.stderr and "pass the tokenizer the source model was trained with" in \
+        result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_model_folder_without_tokenizer_is_named(tmp_path, tiny_data):  # noqa: F811
     """The README's save_pretrained("my-model") folder given to a training script."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
