@@ -723,6 +723,11 @@ def test_generation_refuses_empty_prompts_and_lengths_past_the_positions():
         model.generate(torch.ones(1, 5, dtype=torch.long), max_new_tokens=16)
     with pytest.raises(ValueError, match="max_length=50"):
         model.generate(torch.ones(1, 5, dtype=torch.long), max_length=50)
+    for prompt in (20, 25):  # no room left: the prompt is named, not "at most 0 new tokens"
+        for asked in ({}, {"max_new_tokens": 3}):
+            with pytest.raises(ValueError, match=f"a prompt of {prompt} tokens, but the model holds 20 positions "
+                                                 r"\(max_position_embeddings=20\): shorten the prompt to at most 19"):
+                model.generate(torch.ones(1, prompt, dtype=torch.long), **asked)
     assert model.generate(torch.ones(1, 5, dtype=torch.long), max_new_tokens=15, eos_token_id=None).shape == (1, 20)
     model.generation_config.max_length = None  # the library default (20 tokens), cut to the positions
     assert model.generate(torch.ones(1, 5, dtype=torch.long), eos_token_id=None).shape[1] <= 20
