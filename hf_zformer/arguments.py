@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import TRAINING_STATE_FILE, latest_checkpoint
+from .checkpoints import TRAINING_STATE_FILE, check_checkpoint, latest_checkpoint
 from .evaluation import add_evaluation_args
 from .folders import check_output_dir
 from .modeling.configuration_zformer import ATTENTION_TYPES, CAUSAL_ATTENTION_TYPES, ZformerConfig
@@ -307,7 +307,10 @@ def _check_run_folder(parser: argparse.ArgumentParser, args: argparse.Namespace)
             if path is None:
                 parser.error(f"--resume_from_checkpoint latest: --output_dir {args.output_dir!r} holds no checkpoint "
                              "yet (they are written every --checkpointing_steps); start the run without it")
-        saved = json.loads((path / TRAINING_STATE_FILE).read_text()).get("run_args")
+        try:  # a damaged checkpoint (its state, a missing or truncated file) is named before any work
+            saved = check_checkpoint(path).get("run_args")
+        except ValueError as error:
+            parser.error(f"--resume_from_checkpoint {str(path)!r} cannot be resumed: {error}")
         if saved is None:  # written before checkpoints carried their run's arguments
             return
         keys = sorted((set(saved) | set(args.run_args)) - RESUMABLE_ARGS)

@@ -1,6 +1,7 @@
 """Resumable checkpoints of the training loop (library side, never shipped): :func:`save_checkpoint`
 (``accelerator.save_state`` into a marked staging folder, then an atomic rename), :func:`load_checkpoint`,
-:func:`latest_checkpoint` and :func:`clean_stale_checkpoints` (what an interrupted save left behind)."""
+:func:`check_checkpoint` (a damaged one named before any work), :func:`latest_checkpoint` and
+:func:`clean_stale_checkpoints` (what an interrupted save left behind)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import contextlib
 import errno
 import json
 import os
+import numbers
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +22,7 @@ from . import folders
 __all__ = [
     "TRAINING_STATE_FILE",
     "TrainingDiverged",
+    "check_checkpoint",
     "clean_stale_checkpoints",
     "latest_checkpoint",
     "load_checkpoint",
@@ -105,6 +109,86 @@ def latest_checkpoint(output_dir: str | os.PathLike) -> Path | None:
     """The most recent complete checkpoint folder in ``output_dir`` (by modification time)."""
     candidates = [p for p in Path(output_dir).glob("*") if (p / TRAINING_STATE_FILE).is_file() and not p.name.startswith(".")]
     return max(candidates, key=lambda p: p.stat().st_mtime) if candidates else None
+
+
+#: The fields of ``training_state.json`` and the kind of value each holds (``*``: always present).
+_STATE_FIELDS = {
+    "completed_steps*": "count", "epoch*": "count", "batches_done*": "count", "loss_count": "count",
+    "loss_sum": "number", "train_runtime_s": "number", "best_metric": "number or null",
+    "best_step": "count or null", "best_metrics": "object", "run_args": "object",
+}
+
+
+def _is_kind(value: Any, kind: str) -> bool:
+    if value is None:
+        return kind.endswith("or null")
+    if kind.startswith("count"):
+        return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+    if kind.startswith("number"):
+        return isinstance(value, numbers.Real) and not isinstance(value, bool)
+    return isinstance(value, dict)
+
+
+def _incomplete(file: Path) -> str | None:
+    """Why ``file``, a weight or state file of a checkpoint, cannot be loaded whole (None when it
+    can): ``.safetensors`` files must cover what their header declares, the ``.bin`` / ``.pt`` /
+    ``.pkl`` files ``torch.save`` writes are zip archives, whose directory is at their very end."""
+    if file.stat().st_size == 0:
+        return "it is empty"
+    if file.suffix == ".safetensors":
+        from safetensors import safe_open
+
+        try:
+            with safe_open(str(file), "pt"):
+                return None
+        except Exception as error:  # noqa: BLE001  (SafetensorError is not importable by name everywhere)
+            return f"truncated or damaged ({str(error).splitlines()[0]})"
+    if file.suffix in (".bin", ".pt", ".pkl") and not zipfile.is_zipfile(file):
+        return "truncated or damaged (not a complete archive written by torch.save)"
+    return None
+
+
+def check_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    """The training state of the checkpoint folder ``path``, after checking that resuming it can
+    work: ``training_state.json`` is a JSON object with the fields a resume reads, the folder holds
+    the model's weights, the optimizer's and the schedule's states (as ``accelerator.save_state``
+    writes them: ``model.safetensors``, ``optimizer.bin``, ``scheduler.bin``; FSDP's and
+    DeepSpeed's own files count), and no weight or state file is truncated. Raises ``ValueError``
+    naming the file and what is wrong, so a damaged checkpoint stops a script before any work."""
+    folder = Path(path)
+    state_file = folder / TRAINING_STATE_FILE
+    try:
+        state = json.loads(state_file.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError) as error:
+        raise ValueError(f"{state_file} cannot be read ({error})") from None
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{state_file} line {error.lineno}: not valid JSON ({error.msg})") from None
+    if not isinstance(state, dict):
+        raise ValueError(f"{state_file}: expected a JSON object, got {type(state).__name__}")
+    for field, kind in _STATE_FIELDS.items():
+        name = field.rstrip("*")
+        if name not in state:
+            if field.endswith("*"):
+                raise ValueError(f"{state_file}: the field {name!r} is missing")
+        elif not _is_kind(state[name], kind):
+            expected = {"count": "a count (an integer >= 0)", "number": "a number", "object": "a JSON object"}[
+                kind.split()[0]]
+            raise ValueError(f"{state_file}: {name!r} is {state[name]!r}, expected {expected}"
+                             + (" or null" if kind.endswith("or null") else ""))
+    names = {entry.name for entry in folder.iterdir()}
+    needed = {"model.safetensors": ("the model's weights", ("model.safetensors", "model-", "pytorch_model")),
+              "optimizer.bin": ("the optimizer's state", ("optimizer",)),
+              "scheduler.bin": ("the learning-rate schedule's state", ("scheduler",))}
+    if any((folder / name).is_dir() and name.startswith("pytorch_model") for name in names):
+        needed = {"model.safetensors": needed["model.safetensors"]}  # DeepSpeed's folder holds the rest
+    for usual, (what, prefixes) in needed.items():
+        if not any(name.startswith(prefixes) for name in names):
+            raise ValueError(f"{folder} holds no {usual} ({what}): the checkpoint is incomplete")
+    for file in sorted(folder.rglob("*")):
+        problem = _incomplete(file) if file.is_file() and not file.name.startswith(".") else None
+        if problem:
+            raise ValueError(f"{file}: {problem}")
+    return state
 
 
 def load_checkpoint(accelerator, path: str | os.PathLike) -> dict[str, Any]:

@@ -438,23 +438,21 @@ def _calibration_batch(tokenizer, config):
 
 
 def _load_tokenizer(model_name_or_path, vocab_size: int):
-    """The tokenizer at ``model_name_or_path``, or None when there is none to use: a folder without
-    tokenizer files gives a nearly empty tokenizer in transformers 5 (5 special tokens), which would
-    turn every word into [UNK]; one with more tokens than the model's vocabulary does not fit it."""
+    """``(tokenizer, None)`` for the tokenizer at ``model_name_or_path``, or ``(None, why)`` when
+    there is none to use: a folder without tokenizer files gives a nearly empty tokenizer in
+    transformers 5 (5 special tokens), which would turn every word into [UNK]; one with more tokens
+    than the model's vocabulary does not fit it."""
     from transformers import AutoTokenizer
 
     try:
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
     except (OSError, ValueError, TypeError) as error:
-        logger.warning(f"{model_name_or_path} has no loadable tokenizer ({error})")
-        return None
+        return None, f"no tokenizer loads from it ({str(error).splitlines()[0]})"
     from .tokenization import fits_vocabulary
 
     if not fits_vocabulary(tokenizer, vocab_size):
-        logger.warning(f"{model_name_or_path}: its tokenizer has {len(tokenizer)} tokens for a vocabulary of "
-                       f"{vocab_size}; not a tokenizer of this model")
-        return None
-    return tokenizer
+        return None, f"its tokenizer has {len(tokenizer)} tokens for the model's vocabulary of {vocab_size}"
+    return tokenizer, None
 
 
 def check_conversion_output(output_dir, *, overwrite: bool, model_name_or_path, tokenizer_name=None,
@@ -580,11 +578,13 @@ def convert_pretrained(
     task = task or source_task
     if task not in TASKS:
         raise ValueError(f"task={task!r} is not supported; choose one of {list(TASKS)}")
-    tokenizer = _load_tokenizer(tokenizer_name or model_name_or_path, source_config.vocab_size)
-    if tokenizer is None and (distillation is not None or tokenizer_name is not None):
-        where = f"tokenizer_name={str(tokenizer_name)!r}" if tokenizer_name else str(model_name_or_path)
-        raise ValueError(f"{where} has no tokenizer of this model (vocabulary {source_config.vocab_size}); "
-                         "distillation tokenizes its texts with it: add the tokenizer files to the folder or pass "
+    tokenizer, no_tokenizer = _load_tokenizer(tokenizer_name or model_name_or_path, source_config.vocab_size)
+    if tokenizer is None and tokenizer_name is not None:  # asked for by name: its own problem, whatever runs
+        raise ValueError(f"tokenizer_name={str(tokenizer_name)!r} (--tokenizer_name) is no tokenizer of this model: "
+                         f"{no_tokenizer}; pass the tokenizer the source model was trained with")
+    if tokenizer is None and distillation is not None:
+        raise ValueError(f"{model_name_or_path} has no tokenizer of this model ({no_tokenizer}); distillation "
+                         "tokenizes its texts with it: add the tokenizer files to the folder or pass "
                          "tokenizer_name (--tokenizer_name)")
     try:
         source, loading = _auto_class(source_task).from_pretrained(
@@ -610,8 +610,8 @@ def convert_pretrained(
         logger.warning(f"{model_name_or_path}: the converted {type(model).__name__} starts with random "
                        f"{', '.join(fresh)} ({'; '.join(fresh.values())}); train it before use")
     if tokenizer is None and output_dir is not None:
-        logger.warning(f"{model_name_or_path} has no tokenizer of this model: {output_dir} gets none; pass "
-                       "tokenizer_name (--tokenizer_name) to include one")
+        logger.warning(f"{model_name_or_path} has no tokenizer of this model ({no_tokenizer}): {output_dir} gets "
+                       "none; pass tokenizer_name (--tokenizer_name) to include one")
     report = _fit_to_source(model, target_class, source, family, source_task, tokenizer, distillation)
     if output_dir is not None:
         card = model_card(config=config, task=task, base_model=str(base_model or model_name_or_path),

@@ -24,8 +24,10 @@ def add_document_args(parser: argparse.ArgumentParser) -> None:
         "--validation_split_percentage", type=int, default=5,
         help="Without a validation split, hold out this percentage of the training documents (seeded by --split_seed).",
     )
+    from .data.splits import DEFAULT_GROUP_COLUMN  # the loaders' default too
+
     parser.add_argument(
-        "--group_column", default="movie",
+        "--group_column", default=DEFAULT_GROUP_COLUMN,
         help='When the data has this column, the held-out validation documents keep each group (IMDB: each movie\'s '
         'reviews) on one side; "" carves by documents.',
     )

@@ -178,12 +178,14 @@ def _release_locks() -> None:
 
 @contextlib.contextmanager
 def data_errors():
-    """Stop the script with the message of a data problem (the loaders' ``ValueError`` /
-    ``FileNotFoundError`` name the file, line and value) instead of a traceback."""
+    """Stop the script as for a bad argument (:func:`usage_error`: one ``error:`` line, exit code 2)
+    with the message of a data problem instead of a traceback: the loaders' ``ValueError`` /
+    ``FileNotFoundError`` name the file, line and value, their ``ConnectionError`` the Hub dataset
+    that could not be reached and ``--data_dir`` as the way to local data."""
     try:
         yield
-    except (ValueError, FileNotFoundError) as error:
-        raise SystemExit(f"error: {error}") from None
+    except (ValueError, FileNotFoundError, ConnectionError) as error:
+        usage_error(str(error).strip())
 
 
 def subsample(raw, limits: dict[str, int | None], seed: int) -> None:

@@ -77,6 +77,20 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
     return loss
 
 
+#: The highest distillation temperature accepted. Distillation uses 1-20 (Hinton et al., 2015); far
+#: above, both softened distributions are uniform to float32's precision (nothing is taught) and the
+#: T^2 factor overflows (at T=1e30 the loss is NaN, which reads as a divergence).
+MAX_TEMPERATURE = 100.0
+
+
+def temperature_problem(temperature: float) -> str | None:
+    """Why ``temperature`` cannot be a distillation temperature (a phrase), or None."""
+    if not 0 < temperature <= MAX_TEMPERATURE:
+        return (f"must be in (0, {MAX_TEMPERATURE:g}], got {temperature:g} (distillation uses 1-20; far above, "
+                "the softened distributions are uniform to float precision and T^2 overflows the loss)")
+    return None
+
+
 class TeacherLoss:
     """``loss_fn(model, batch)`` for :func:`hf_zformer.training.train`: the student's forward on
     ``batch`` (input_ids, attention_mask, labels) and the teacher's, combined by
@@ -86,8 +100,8 @@ class TeacherLoss:
                  autocast: Callable[[], ContextManager] = contextlib.nullcontext):
         if not 0.0 <= alpha <= 1.0:
             raise ValueError(f"distillation alpha must be in [0, 1], got {alpha}")
-        if not temperature > 0:
-            raise ValueError(f"distillation temperature must be > 0, got {temperature}")
+        if temperature_problem(temperature):
+            raise ValueError(f"distillation temperature {temperature_problem(temperature)}")
         self.teacher, self.alpha, self.temperature, self.autocast = teacher, alpha, temperature, autocast
 
     def __call__(self, model, batch) -> torch.Tensor:

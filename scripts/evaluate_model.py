@@ -87,7 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--split_seed", type=int, default=42,
                         help="Seed of the validation split carved from train and of --max_eval_samples: the "
                         "training run's --split_seed gives the rows it validated on.")
-    parser.add_argument("--group_column", default="movie",
+    from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # the loaders' and the training scripts' default
+
+    parser.add_argument("--group_column", default=DEFAULT_GROUP_COLUMN,
                         help='Classification: carve validation by whole groups of this column when present (as '
                         'run_classification.py does); "" carves by rows.')
     parser.add_argument("--length_buckets", type=int, nargs="+", default=None,
@@ -189,13 +191,14 @@ def main(argv=None) -> dict:
     seq2seq = is_seq2seq(config)
     source = args.data_dir or args.dataset_name
     loading = {"seed": args.split_seed, "config_name": args.dataset_config_name}
-    if seq2seq:
-        raw = load_translation_dataset(source, args.source_lang, args.target_lang, **loading)
-    else:
-        raw = load_classification_dataset(
-            source, text_column=args.text_column, label_column=args.label_column,
-            group_column=args.group_column or None, **loading
-        )
+    with run.data_errors():  # bad data, an unreachable Hub dataset: one line naming it, exit code 2
+        if seq2seq:
+            raw = load_translation_dataset(source, args.source_lang, args.target_lang, **loading)
+        else:
+            raw = load_classification_dataset(
+                source, text_column=args.text_column, label_column=args.label_column,
+                group_column=args.group_column or None, **loading
+            )
     split = args.split or ("test" if "test" in raw else "validation")
     if split not in raw:
         run.usage_error(f"--split {split!r} is not a split of {source} (splits: {list(raw)})")

@@ -57,8 +57,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         help="Do not score the test split at the end (by default a labelled test split beside the validation one "
         "is scored once, on the final model: IMDB's 25,000 reviews take minutes on a CPU).",
     )
+    from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # the loader's default too
+
     parser.add_argument(
-        "--group_column", default="movie",
+        "--group_column", default=DEFAULT_GROUP_COLUMN,
         help='When the data has this column, the validation split carved from train keeps each group (IMDB: each '
         'movie\'s reviews) on one side; "" carves by rows.',
     )
@@ -75,7 +77,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     teach.add_argument("--distill_alpha", type=float, default=None,
                        help="Weight of the teacher term, in [0, 1] (default 0.5); only with a teacher.")
     teach.add_argument("--distill_temperature", type=float, default=None,
-                       help="Softmax temperature T, > 0 (default 2.0); only with a teacher.")
+                       help="Softmax temperature T, in (0, 100] (default 2.0); only with a teacher.")
     teach.add_argument("--unlabeled_file", default=None,
                        help="Texts without labels (.jsonl[.gz] / .csv[.gz] with --text_column, or .txt[.gz], one "
                             "per line; e.g. ../shared/data/imdb/unsup.jsonl.gz) added to the training set: they "
@@ -92,8 +94,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, name, default)
     if not 0.0 <= args.distill_alpha <= 1.0:
         parser.error(f"--distill_alpha must be in [0, 1], got {args.distill_alpha}")
-    if not args.distill_temperature > 0:
-        parser.error(f"--distill_temperature must be > 0, got {args.distill_temperature}")
+    from hf_zformer.teacher import temperature_problem
+
+    if temperature_problem(args.distill_temperature):
+        parser.error(f"--distill_temperature {temperature_problem(args.distill_temperature)}")
     if args.unlabeled_file is not None:
         if not args.teacher_model_name_or_path:
             parser.error("--unlabeled_file texts learn from the teacher only: pass --teacher_model_name_or_path too")

@@ -133,11 +133,13 @@ def test_clm_bad_arguments_fail_before_training(extra, message, lm_data, tmp_pat
     assert not (tmp_path / "out").exists()
 
 
-def test_clm_too_little_text_fails_before_training(lm_data, tmp_path):
-    with pytest.raises(SystemExit, match="fewer tokens than one --block_size block"):
+def test_clm_too_little_text_fails_before_training(lm_data, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:  # a data problem: one error line, exit code 2 (as a bad argument)
         load_script("run_clm.py").main([str(a) for a in _common(lm_data, "--block_size", 4096, "--config_overrides",
                                                                  f"{TINY_LM},max_position_embeddings=4096")]
                                        + ["--output_dir", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "error: " in err and "fewer tokens than one --block_size block" in err, err
     assert not (tmp_path / "out" / "model.safetensors").exists()
 
 

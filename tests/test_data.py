@@ -298,7 +298,16 @@ def test_hub_errors(monkeypatch: pytest.MonkeyPatch) -> None:
         raise ConnectionError("Couldn't reach the Hub")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(ConnectionError) as info:
+    with pytest.raises(ConnectionError, match=r"'stanfordnlp/imdb' is not an existing local path.* could not be "
+                       r"loaded \(Couldn't reach the Hub\)\. Without network, pass a local copy of the data with "
+                       r"--data_dir DIR"):
+        load_classification_dataset("stanfordnlp/imdb")
+
+    def missing(path, name=None, **kwargs):
+        raise FileNotFoundError("no such dataset")
+
+    monkeypatch.setattr(datasets, "load_dataset", missing)
+    with pytest.raises(FileNotFoundError) as info:
         load_classification_dataset("stanfordnlp/imdb")
     if sys.version_info >= (3, 11):  # exception notes
         assert any("not an existing local path" in note for note in info.value.__notes__)
@@ -425,6 +434,27 @@ def test_unreadable_files_name_file_and_line(tmp_path: Path) -> None:
     (mt / "train.de.gz").write_bytes(gzip.compress("ein satz\n".encode() * 5))  # 5 lines against 2000
     with pytest.raises(ValueError, match=r"train\.de\.gz has 5 lines but .*train\.en\.gz has 2000"):
         load_translation_dataset(mt)
+
+
+def test_unreadable_files_are_named_whatever_reads_them_first(tmp_path: Path) -> None:
+    """The scripts' grouped loading reads the first record for its group column before the rows:
+    a .gz file that is not gzip and bytes that are not UTF-8 were a raw BadGzipFile /
+    UnicodeDecodeError there, without the file."""
+    clf = tmp_path / "clf"
+    clf.mkdir()
+    (clf / "train.jsonl.gz").write_text('{"text": "plain text", "label": 0}\n')  # named .gz, never compressed
+    for group in (None, "movie"):
+        with pytest.raises(ValueError, match=r"train\.jsonl\.gz: not a gzip file \(it starts with b'\{\"text"):
+            load_classification_dataset(clf, group_column=group)
+    (clf / "train.jsonl.gz").unlink()
+    (clf / "train.jsonl").write_bytes(b'{"text": "ok", "label": 0, "movie": 1}\n{"text": "caf\xe9", "label": 1}\n')
+    for group in (None, "movie"):
+        with pytest.raises(ValueError, match=r"train\.jsonl line 2: not valid UTF-8 \(byte b'\\xe9' at column 14\)"):
+            load_classification_dataset(clf, group_column=group)
+    from hf_zformer.data import load_text_dataset
+
+    with pytest.raises(ValueError, match=r"train\.jsonl line 2: not valid UTF-8"):
+        load_text_dataset(clf / "train.jsonl", group_column="movie")
 
 
 @pytest.mark.parametrize("bad_label", ["pos", 0.5, True, None, [1]])

@@ -434,6 +434,26 @@ def test_model_folders_that_do_not_load_are_named_with_exit_code_2(tmp_path, tin
     assert "sentencepiece" not in result.stderr
 
 
+def test_unreadable_data_and_an_unreachable_hub_dataset_are_named_with_exit_code_2(tmp_path):
+    """A train.jsonl.gz that is not gzip and bytes that are not UTF-8 (read first for the default
+    --group_column) were tracebacks; a --dataset_name without network a ConnectionError traceback,
+    exit code 1. Each is one error line naming the input, exit code 2, and no lock file stays."""
+    run = ["--attention_type", "zformer", "--config_overrides", TINY_CLF, "--vocab_size", 120]
+    not_gzip = tmp_path / "not-gzip"
+    plant(not_gzip, {"train.jsonl.gz": '{"text": "plain text", "label": 0}\n'})
+    refused("run_classification.py", "--data_dir", not_gzip, *run, "--output_dir", tmp_path / "o1",
+            message=f"error: {not_gzip / 'train.jsonl.gz'}: not a gzip file")
+    latin = tmp_path / "latin-1"
+    latin.mkdir()
+    (latin / "train.jsonl").write_bytes(b'{"text": "fine", "label": 0}\n{"text": "caf\xe9", "label": 1}\n')
+    refused("run_classification.py", "--data_dir", latin, *run, "--output_dir", tmp_path / "o2",
+            message=f"error: {latin / 'train.jsonl'} line 2: not valid UTF-8")
+    result = refused("run_classification.py", "--dataset_name", "someone/not-cached", *run, "--output_dir",
+                     tmp_path / "o4", message="Without network, pass a local copy of the data with --data_dir DIR")
+    assert "'someone/not-cached' is not an existing local path" in result.stderr
+    assert not list(tmp_path.glob("o*/.lock"))
+
+
 # ---- the converter's source ----------------------------------------------------------------
 
 def test_converter_refuses_bad_sources_by_name(tmp_path):
@@ -486,6 +506,20 @@ def test_source_without_tokenizer_gets_none_and_training_refuses_it(tmp_path, ti
     assert len(AutoTokenizer.from_pretrained(tmp_path / "with-tokenizer")) == 99
 
 
+def test_a_bad_tokenizer_name_is_named_without_blaming_distillation(tmp_path):
+    """--tokenizer_name naming a folder without this model's tokenizer, no distillation asked for:
+    the message said distillation needs the tokenizer."""
+    source, _ = make_source(tmp_path, "bert", "classification")
+    notes = tmp_path / "notes"
+    plant(notes, {"a.txt": "not a tokenizer"})
+    result = refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer",
+                     "--tokenizer_name", notes, "--output_dir", tmp_path / "out",
+                     message=f"tokenizer_name={str(notes)!r} (--tokenizer_name) is no tokenizer of this model: ")
+    assert "distillation" not in result.stderr and "pass the tokenizer the source model was trained with" in \
+        result.stderr
+    assert not (tmp_path / "out").exists()
+
+
 def test_model_folder_without_tokenizer_is_named(tmp_path, tiny_data):  # noqa: F811
     """The README's save_pretrained("my-model") folder given to a training script."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
@@ -522,6 +556,57 @@ def test_a_run_never_resumes_or_extends_another_run(tmp_path, tiny_data):  # noq
     assert [r["step"] for r in history] == [2] and not (out / "step_4").exists()
     state = json.loads((out / "step_2" / "training_state.json").read_text())
     assert state["run_args"]["learning_rate"] == 5e-4 and state["run_args"]["max_train_steps"] == 2
+
+
+def test_a_damaged_checkpoint_is_named_before_any_work(tmp_path, tiny_data, capsys):  # noqa: F811
+    """Resuming a checkpoint whose training state is not JSON or lacks a field, or whose weights or
+    optimizer state are missing or truncated, was a traceback (after loading the data and the
+    model); now one error line naming the file, exit code 2, while parsing."""
+    import shutil
+
+    data = ["--data_dir", str(tiny_data / "clf"), *map(str, CLF), "--max_train_steps", "2", "--checkpointing_steps", "2"]
+    run_script("run_classification.py", *data, "--output_dir", tmp_path / "run")
+    good = tmp_path / "run" / "step_2"
+    state = json.loads((good / "training_state.json").read_text())
+
+    def damaged(name, change):
+        folder = tmp_path / name
+        shutil.copytree(good, folder)
+        change(folder)
+        return folder
+
+    def cut(file):
+        file.write_bytes(file.read_bytes()[: file.stat().st_size // 2])
+
+    cases = [
+        (damaged("not-json", lambda f: (f / "training_state.json").write_text('{"completed_steps": 2,\n')),
+         "training_state.json line 2: not valid JSON"),
+        (damaged("no-steps", lambda f: (f / "training_state.json").write_text(json.dumps(
+            {k: v for k, v in state.items() if k != "completed_steps"}))),
+         "training_state.json: the field 'completed_steps' is missing"),
+        (damaged("bad-epoch", lambda f: (f / "training_state.json").write_text(json.dumps({**state, "epoch": "one"}))),
+         "training_state.json: 'epoch' is 'one', expected a count"),
+        (damaged("no-weights", lambda f: (f / "model.safetensors").unlink()),
+         "holds no model.safetensors (the model's weights)"),
+        (damaged("no-scheduler", lambda f: (f / "scheduler.bin").unlink()), "holds no scheduler.bin"),
+        (damaged("cut-optimizer", lambda f: cut(f / "optimizer.bin")),
+         "optimizer.bin: truncated or damaged"),
+        (damaged("cut-weights", lambda f: cut(f / "model.safetensors")), "model.safetensors: truncated or damaged"),
+    ]
+    clf = load_script("run_classification.py")
+    for folder, message in cases:
+        with pytest.raises(SystemExit) as stop:
+            clf.parse_args([*data, "--output_dir", str(tmp_path / f"resumed-{folder.name}"),
+                            "--resume_from_checkpoint", str(folder)])
+        err = capsys.readouterr().err
+        assert stop.value.code == 2 and f"--resume_from_checkpoint {str(folder)!r} cannot be resumed" in err, err
+        assert message in err and str(folder) in err, (folder.name, err)
+    clf.parse_args([*data, "--output_dir", str(tmp_path / "resumed"), "--resume_from_checkpoint", str(good)])
+    # the newest checkpoint, damaged: named as a script run sees it, nothing trained
+    cut(good / "optimizer.bin")
+    refused("run_classification.py", *data, "--output_dir", tmp_path / "run", "--resume_from_checkpoint", "latest",
+            message=f"{good / 'optimizer.bin'}: truncated or damaged")
+    assert not (tmp_path / "run" / ".lock").exists() and (tmp_path / "run" / "model.safetensors").exists()
 
 
 def test_resume_latest_without_a_checkpoint_is_refused(tmp_path, tiny_data):  # noqa: F811
@@ -638,6 +723,11 @@ def test_generation_refuses_empty_prompts_and_lengths_past_the_positions():
         model.generate(torch.ones(1, 5, dtype=torch.long), max_new_tokens=16)
     with pytest.raises(ValueError, match="max_length=50"):
         model.generate(torch.ones(1, 5, dtype=torch.long), max_length=50)
+    for prompt in (20, 25):  # no room left: the prompt is named, not "at most 0 new tokens"
+        for asked in ({}, {"max_new_tokens": 3}):
+            with pytest.raises(ValueError, match=f"a prompt of {prompt} tokens, but the model holds 20 positions "
+                                                 r"\(max_position_embeddings=20\): shorten the prompt to at most 19"):
+                model.generate(torch.ones(1, prompt, dtype=torch.long), **asked)
     assert model.generate(torch.ones(1, 5, dtype=torch.long), max_new_tokens=15, eos_token_id=None).shape == (1, 20)
     model.generation_config.max_length = None  # the library default (20 tokens), cut to the positions
     assert model.generate(torch.ones(1, 5, dtype=torch.long), eos_token_id=None).shape[1] <= 20

@@ -228,14 +228,23 @@ def _validation(ds, column="id"):
 
 
 def test_grouped_carve_keeps_movies_on_one_side(movie_data):
-    from hf_zformer.data import load_classification_dataset
+    from hf_zformer.data import load_classification_dataset, load_text_dataset
 
     for seed in range(5):
         ds = load_classification_dataset(movie_data, group_column="movie", extra_columns=("id", "movie"), seed=seed)
         assert not set(ds["train"]["movie"]) & set(ds["validation"]["movie"]), seed
         assert len(ds["validation"]) == 12 and collections.Counter(ds["validation"]["label"]) == {0: 6, 1: 6}
-    plain = load_classification_dataset(movie_data, extra_columns=("id", "movie"), seed=0)
+    plain = load_classification_dataset(movie_data, group_column=None, extra_columns=("id", "movie"), seed=0)
     assert set(plain["train"]["movie"]) & set(plain["validation"]["movie"])  # a row carve splits movies
+    # the library's default groups as the scripts' --group_column does (it carved by rows before)
+    for seed in range(5):
+        default = load_classification_dataset(movie_data, extra_columns=("id", "movie"), seed=seed)
+        assert not set(default["train"]["movie"]) & set(default["validation"]["movie"]), seed
+        grouped = load_classification_dataset(movie_data, group_column="movie", extra_columns=("id",), seed=seed)
+        assert _validation(default) == _validation(grouped)
+        text = load_text_dataset(movie_data / "train.jsonl", validation_size=12, seed=seed)
+        assert set(text["validation"]["text"]) == set(load_text_dataset(
+            movie_data / "train.jsonl", validation_size=12, seed=seed, group_column="movie")["validation"]["text"])
     # the group column is used, not returned, unless asked for; data without it is carved by rows
     assert load_classification_dataset(movie_data, group_column="movie")["train"].column_names == ["text", "label"]
     assert len(load_classification_dataset(movie_data, group_column="no_such_column")["validation"]) == 12

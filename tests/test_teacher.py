@@ -66,7 +66,7 @@ def test_teacher_loss_pulls_the_student_towards_the_teacher():
         optimizer.step()
     assert first > 0.05 and loss_fn(student, batch).item() < 0.2 * first
     assert all(p.grad is None for p in teacher.parameters())  # the teacher never trains
-    for alpha, temperature in ((1.5, 1.0), (-0.1, 1.0), (0.5, 0.0)):
+    for alpha, temperature in ((1.5, 1.0), (-0.1, 1.0), (0.5, 0.0), (0.5, 1e30)):
         with pytest.raises(ValueError, match="alpha|temperature"):
             TeacherLoss(teacher, alpha=alpha, temperature=temperature)
 
@@ -133,7 +133,10 @@ def test_distillation_arguments_fail_before_training(tiny_data, tmp_path, capsys
         (["--unlabeled_file", str(tiny_data / "clf" / "train.jsonl")], "pass --teacher_model_name_or_path too"),
         (["--teacher_model_name_or_path", "x", "--unlabeled_file", str(tmp_path / "missing.jsonl")], "is not a file"),
         (["--teacher_model_name_or_path", "x", "--distill_alpha", "1.5"], "--distill_alpha must be in [0, 1], got 1.5"),
-        (["--teacher_model_name_or_path", "x", "--distill_temperature", "0"], "--distill_temperature must be > 0"),
+        (["--teacher_model_name_or_path", "x", "--distill_temperature", "0"], "--distill_temperature must be in (0, 100]"),
+        # was a NaN loss, stopped as a divergence with advice to lower --learning_rate
+        (["--teacher_model_name_or_path", "x", "--distill_temperature", "1e30"],
+         "--distill_temperature must be in (0, 100], got 1e+30 (distillation uses 1-20"),
         (["--max_unlabeled_samples", "0"], "--max_unlabeled_samples must be >= 1"),
     ):
         with pytest.raises(SystemExit):

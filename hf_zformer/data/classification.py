@@ -19,7 +19,7 @@ import pyarrow as pa
 from .files import _file_identity, _fingerprint, _in_memory_dataset
 from .records import LabelRange, _as_int_label, _discover_classification_files, _has_column, _read_records
 from .sources import _load_hub, dataset_source
-from .splits import _finish
+from .splits import DEFAULT_GROUP_COLUMN, _finish
 
 
 def _classification_features(extra: Mapping[str, datasets.features.features.FeatureType]) -> datasets.Features:
@@ -125,7 +125,7 @@ def load_classification_dataset(
     seed: int = 42,
     max_samples: int | Mapping[str, int | None] | None = None,
     extra_columns: Sequence[str] = (),
-    group_column: str | None = None,
+    group_column: str | None = DEFAULT_GROUP_COLUMN,
     config_name: str | None = None,
     num_labels: int | None = None,
     allow_negative_labels: bool = True,
@@ -155,11 +155,13 @@ def load_classification_dataset(
         max_samples: keep at most this many rows per split (an int, or ``{split: n or None}``), a
             seeded random subset kept in its original order, taken after the validation split.
         extra_columns: further input columns to keep unchanged (e.g. ``("id",)``).
-        group_column: when the train split has this column (e.g. ``"movie"`` in the IMDB files of
-            ``../shared/data``), the carved validation split takes whole groups: every row with the
-            same value lands on the same side (still stratified by label, within a few rows of
-            ``validation_size``). Data without the column is carved by rows. The column is only
-            kept in the output when it is also in ``extra_columns``.
+        group_column: when the train split has this column (default ``"movie"``, as in the IMDB
+            files of ``../shared/data`` and as the scripts' ``--group_column``), the carved
+            validation split takes whole groups: every row with the same value lands on the same
+            side (still stratified by label, within a few rows of ``validation_size``), so no movie
+            is scored that training saw. Data without the column, or ``group_column=None``, is
+            carved by rows. The column is only kept in the output when it is also in
+            ``extra_columns``.
         config_name, **hub_kwargs: passed to :func:`datasets.load_dataset` for Hub datasets.
         num_labels: when given, every label of every split must be a class id ``0..num_labels-1``.
         allow_negative_labels: ``False``: a negative label is an error (``True`` keeps e.g. the

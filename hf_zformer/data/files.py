@@ -7,10 +7,12 @@ fingerprints and in-memory :class:`datasets.Dataset` objects built from Arrow ta
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import hashlib
 import io
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,26 @@ def _open_text(path: Path) -> io.TextIOBase:
 _UNREADABLE = (UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error)
 
 
+@contextlib.contextmanager
+def _reading(path: Path) -> Iterator[io.TextIOBase]:
+    """``path`` open for reading text (:func:`_open_text`); what its bytes cannot give (not UTF-8,
+    not gzip, a truncated ``.gz``) raises the ``ValueError`` of :func:`_unreadable`, naming the
+    file and the line, wherever in the ``with`` block the reading happens."""
+    try:
+        with _open_text(path) as handle:
+            yield handle
+    except _UNREADABLE as error:
+        raise _unreadable(path, error) from None
+
+
 def _unreadable(path: Path, error: Exception) -> ValueError:
     """A ``ValueError`` for an :data:`_UNREADABLE` ``error`` that names ``path`` and the line."""
     raw = path.read_bytes()
+    if path.suffix == ".gz" and not raw.startswith(b"\x1f\x8b"):  # gzip's magic number
+        return ValueError(
+            f"{path}: not a gzip file (it starts with {raw[:8]!r}), though its name ends in .gz; compress it "
+            f"with gzip, or name it without .gz if it is plain text"
+        )
     if isinstance(error, UnicodeDecodeError):  # the compression is fine, the text is not UTF-8
         text = gzip.decompress(raw) if path.suffix == ".gz" else raw
         for number, line in enumerate(text.split(b"\n"), start=1):
@@ -57,11 +76,8 @@ def _unreadable(path: Path, error: Exception) -> ValueError:
 
 def _read_lines(path: Path) -> list[str]:
     """One sentence per line; only ``\\n`` (and a ``\\r`` before it) ends a line."""
-    try:
-        with _open_text(path) as handle:
-            content = handle.read()
-    except _UNREADABLE as error:
-        raise _unreadable(path, error) from None
+    with _reading(path) as handle:
+        content = handle.read()
     if content.startswith("\ufeff"):
         content = content[1:]
     lines = content.split("\n")

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .files import _ambiguous_split, _open_text, _require_train, _unreadable, _UNREADABLE
+from .files import _ambiguous_split, _reading, _require_train
 from .splits import SPLIT_ALIASES
 
 
@@ -62,15 +62,6 @@ def _read_records(
 ) -> dict[str, list]:
     """Read a ``.jsonl[.gz]`` / ``.csv[.gz]`` file into columns, checking every row (no label
     column when ``label_column`` is None)."""
-    try:
-        return _read_record_rows(path, text_column, label_column, extra_columns, label_range)
-    except _UNREADABLE as error:
-        raise _unreadable(path, error) from None
-
-
-def _read_record_rows(
-    path: Path, text_column: str, label_column: str | None, extra_columns: Sequence[str], label_range: LabelRange
-) -> dict[str, list]:
     suffix = _classification_suffix(path)
     wanted = [text_column, *([label_column] if label_column is not None else []), *extra_columns]
     columns: dict[str, list] = {name: [] for name in wanted}
@@ -88,7 +79,7 @@ def _read_record_rows(
         for name in extra_columns:
             columns[name].append(row[name])
 
-    with _open_text(path) as handle:
+    with _reading(path) as handle:
         if suffix.startswith(".csv"):
             reader = csv.DictReader(handle)
             if reader.fieldnames is None:
@@ -137,7 +128,7 @@ def _has_column(path: Path | None, column: str) -> bool:
     """Whether the first record (JSON lines) or the header (CSV) of ``path`` has ``column``."""
     if path is None:
         return False
-    with _open_text(path) as handle:
+    with _reading(path) as handle:
         if _classification_suffix(path).startswith(".csv"):
             return column in (csv.DictReader(handle).fieldnames or [])
         for line in handle:

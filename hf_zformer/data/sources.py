@@ -79,15 +79,18 @@ def hub_unreachable(timeout: float = 5.0) -> str | None:
 
 def _load_hub(path: str, config_name: str | None, hub_kwargs: dict[str, Any]) -> datasets.DatasetDict:
     not_here = f"{path!r} is not an existing local path, so it was taken for a Hugging Face Hub dataset id"
+    local_copy = ("Without network, pass a local copy of the data with --data_dir DIR (the layout is in "
+                  "docs/data.md)")
     reason = hub_unreachable()
     if reason is not None:
         raise ConnectionError(
-            f"{not_here}, but the Hub cannot be reached ({reason}). Without network, pass a local copy "
-            "of the data with --data_dir DIR (the layout is in docs/data.md); to use a copy already in "
+            f"{not_here}, but the Hub cannot be reached ({reason}). {local_copy}; to use a copy already in "
             "the datasets cache, set HF_DATASETS_OFFLINE=1."
         )
     try:
         loaded = datasets.load_dataset(path, config_name, **hub_kwargs)
+    except ConnectionError as err:  # offline mode without a cached copy, or the Hub failing mid-way
+        raise ConnectionError(f"{not_here}, but it could not be loaded ({err}). {local_copy}.") from err
     except Exception as err:  # add context, keep the original error type and traceback
         if hasattr(err, "add_note"):  # Python >= 3.11
             err.add_note(f"hf_zformer.data: {not_here}; pass a local directory (--data_dir DIR) to read files instead.")

@@ -31,6 +31,11 @@ SPLIT_ALIASES: dict[str, str] = {
 
 _CANONICAL_SPLITS = ("train", "validation", "test")
 
+#: The column whose groups a carved validation split keeps whole unless the caller names another
+#: (or ``None``: carve by rows): ``movie`` in the IMDB files of ``../shared/data``, as the scripts'
+#: ``--group_column`` default. Data without the column is carved by rows.
+DEFAULT_GROUP_COLUMN = "movie"
+
 
 def _validation_count(n_rows: int, validation_size: float | int) -> int:
     if isinstance(validation_size, bool) or not isinstance(validation_size, (int, float)):

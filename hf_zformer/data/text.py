@@ -17,7 +17,7 @@ import pyarrow as pa
 from .files import _file_identity, _fingerprint, _in_memory_dataset, _read_lines
 from .records import _CLASSIFICATION_SUFFIXES, _discover_classification_files, _has_column, _read_records
 from .sources import _load_hub, dataset_source
-from .splits import _finish
+from .splits import DEFAULT_GROUP_COLUMN, _finish
 
 
 _TEXT_SUFFIXES = (*_CLASSIFICATION_SUFFIXES, ".txt", ".txt.gz")
@@ -47,7 +47,7 @@ def load_text_dataset(
     validation_file: str | os.PathLike | None = None,
     validation_size: float | int | None = 0.05,
     seed: int = 42,
-    group_column: str | None = None,
+    group_column: str | None = DEFAULT_GROUP_COLUMN,
     config_name: str | None = None,
     **hub_kwargs: Any,
 ) -> datasets.DatasetDict:
@@ -62,8 +62,9 @@ def load_text_dataset(
         validation_file: local only: a file of validation documents (instead of carving them).
         validation_size: without a validation split, hold out this fraction (float in (0, 1)) or
             number (int) of training documents, chosen with ``seed``.
-        group_column: when the training data has this column (``movie`` in the IMDB files), the
-            held-out validation documents are whole groups, so no group is on both sides.
+        group_column: when the training data has this column (default ``"movie"``, as in the IMDB
+            files and as the scripts' ``--group_column``), the held-out validation documents are
+            whole groups, so no group is on both sides; ``None`` carves by documents.
         config_name, **hub_kwargs: passed to :func:`datasets.load_dataset` for Hub datasets.
 
     Empty and whitespace-only documents are dropped (Hub text datasets such as wikitext have many).

@@ -855,6 +855,12 @@ class ZformerGenerationMixin(GenerationMixin):
             raise ValueError("generate() got an empty prompt (input_ids of length 0): give at least one token, e.g. "
                              f"the BOS token (bos_token_id={self.config.bos_token_id})")
         limit = self.config.max_position_embeddings - self.config.position_offset
+        if input_ids_length >= limit:  # no room for a new token, whatever length was asked for
+            raise ValueError(
+                f"generate() got a prompt of {input_ids_length} tokens, but the model holds {limit} positions "
+                f"(max_position_embeddings={self.config.max_position_embeddings}): shorten the prompt to at most "
+                f"{limit - 1} tokens to generate any"
+            )
         if generation_config.max_length > limit:
             if has_default_max_length and generation_config.max_new_tokens is None:
                 generation_config.max_length = limit  # the default length, not asked for: cut to what fits
@@ -864,7 +870,7 @@ class ZformerGenerationMixin(GenerationMixin):
                 raise ValueError(
                     f"generate() would reach {generation_config.max_length} tokens ({asked}), past the {limit} "
                     f"positions of the model (max_position_embeddings={self.config.max_position_embeddings}): ask for "
-                    f"at most {max(limit - input_ids_length, 0)} new tokens"
+                    f"at most {limit - input_ids_length} new tokens"
                 )
         super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
 
