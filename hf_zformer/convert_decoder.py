@@ -174,7 +174,9 @@ def convert_causal_lm(model_name_or_path, attention_type="full", output_dir=None
         except Exception as error:  # no folder, no weights, a corrupt file: name the folder and the cause
             raise ValueError(f"model_name_or_path={str(model_name_or_path)!r}: its causal LM cannot be loaded "
                              f"({type(error).__name__}: {str(error).splitlines()[0]})") from error
-    source = source.float().eval()
+    if any(p.dtype != torch.float32 for p in source.parameters()):  # a GGUF-loaded model is fp32 and refuses .float()
+        source = source.float()
+    source.eval()
     config = zformer_llama_config(source.config, attention_type, **config_overrides)
     model = ZformerLlamaForCausalLM(config).eval()
     new = copy_decoder_weights(model, source)
