@@ -161,7 +161,7 @@ def _check_source(config, model_name_or_path):
         raise ValueError(
             f"{model_name_or_path} is a {config.model_type!r} model; convert_pretrained reads "
             f"{list(SOURCE_MODEL_TYPES)} checkpoints (BertModel, RobertaModel, DistilBertModel and their heads, "
-            f"or a full-attention {list(ZFORMER_SOURCE_ARCHITECTURES)})"
+            f"or a full-attention {list(ZFORMER_SOURCE_ARCHITECTURES)}) and {list(DECODER_SOURCE_TYPES)} causal LMs"
         )
     if config.model_type == "zformer":
         architecture = (config.architectures or ["ZformerModel"])[0]

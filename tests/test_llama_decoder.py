@@ -77,8 +77,12 @@ def test_full_conversion_is_the_source(tie):
     assert model.config.num_key_value_heads < model.config.num_attention_heads
     ids, mask, _ = left_padded()
     with torch.no_grad():
-        expected = source(input_ids=ids).logits
-        torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+        expected = source(input_ids=ids, output_hidden_states=True)
+        got = model(input_ids=ids, output_hidden_states=True)
+        torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
+        assert len(got.hidden_states) == len(expected.hidden_states) == 4  # embeddings, then each layer
+        for mine, theirs in zip(got.hidden_states, expected.hidden_states):
+            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
         # padded: the source with its mask and positions counted from it, at the real tokens
         expected = source(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
         got = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
