@@ -15,6 +15,7 @@ the source by attention transfer (`hf_zformer.decoder_transfer`). docs/decoders.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import os
@@ -180,6 +181,8 @@ def convert_causal_lm(model_name_or_path, attention_type="full", output_dir=None
     config = zformer_llama_config(source.config, attention_type, **config_overrides)
     model = ZformerLlamaForCausalLM(config).eval()
     new = copy_decoder_weights(model, source)
+    if getattr(source, "generation_config", None) is not None:  # the source's decoding defaults (EOS ids, ...)
+        model.generation_config = copy.deepcopy(source.generation_config)
     if new:
         logger.info(f"new attention parameters at their init: {len(new)} tensors")
     where = tokenizer_name or (None if given else model_name_or_path)  # a given source names no folder

@@ -87,6 +87,8 @@ def test_full_conversion_is_the_source(tie):
         expected = source(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
         got = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
     torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=1e-5, rtol=1e-5)
+    source.generation_config.eos_token_id = [2, 3]
+    assert convert_causal_lm("tiny", source=source).generation_config.eos_token_id == [2, 3]
     # the same greedy continuation, each model with its own cache
     assert torch.equal(generate(model, ids, mask), generate(source, ids, mask))
 
