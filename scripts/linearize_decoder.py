@@ -64,9 +64,6 @@ def parse_args(argv=None):
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
         parser.error(f"--learning_rate must be a finite number > 0, got {args.learning_rate}")
-    for name in ("train_file", "eval_file"):
-        if not Path(getattr(args, name)).is_file():
-            parser.error(f"--{name} {getattr(args, name)} is not a file")
     return args
 
 
@@ -118,6 +115,9 @@ def write_results(path: Path, results: dict) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
+    for name in ("train_file", "eval_file"):  # before the source is loaded
+        if not Path(getattr(args, name)).is_file():
+            sys.exit(f"linearize_decoder.py: error: --{name} {getattr(args, name)} is not a file")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
