@@ -43,7 +43,8 @@ class ZformerLlamaConfig(LlamaConfig):
             exactly), `"zformer"` (linear attention over the rotated queries and keys, with the
             feature map `zformer_feature_map`) or `"fastformer"` (causal additive attention over the
             unrotated projections: prefix softmax poolings, a constant-size state).
-        zformer_feature_map (`"identity"` or `"hedgehog"`): `"identity"`: `Q (K^T V) / (sqrt(d_h) s)`,
+        zformer_feature_map (`"identity"` or `"hedgehog"`, default `"hedgehog"`, the map that linearizes a
+            pretrained model; `ZformerConfig`'s default is `"identity"`): `"identity"`: `Q (K^T V) / (sqrt(d_h) s)`,
             a learnable scale `s` per layer; `"hedgehog"`: normalised attention over the learned maps
             phi(x) = [softmax(W x + b), softmax(-(W x + b))] per head (identity at init).
         attention_window (`int` or `list[int]`): per layer, 0 or the number W of most recent tokens
