@@ -1,6 +1,6 @@
 """hf_zformer: Zformer, Xformer and Fastformer attention as Hugging Face Transformers models.
 
-Importing the package registers the model types ``"zformer"`` and ``"fastformer"`` with the
+Importing the package registers the model types ``"zformer"``, ``"fastformer"`` and ``"zformer_llama"`` with the
 transformers Auto classes, so ``AutoConfig.for_model("zformer", ...)`` and
 ``AutoModel*.from_pretrained(...)`` work without ``trust_remote_code``.
 """
@@ -23,10 +23,15 @@ from .modeling import (
     ZformerForConditionalGeneration,
     ZformerForMaskedLM,
     ZformerForSequenceClassification,
+    ZformerLlamaCache,
+    ZformerLlamaConfig,
+    ZformerLlamaForCausalLM,
+    ZformerLlamaModel,
     ZformerModel,
     ZformerPreTrainedModel,
     position_ids_from_mask,
     register_auto_classes,
+    register_llama_auto_classes,
 )
 from .convert import convert_pretrained  # warm start from BERT / RoBERTa / DistilBERT checkpoints
 from .distillation import Distillation, distill_attention  # fit converted attention to the source's softmax attention
@@ -35,3 +40,4 @@ from .memory import retain_freed_memory  # CPU training: keep freed memory inste
 __version__ = "0.2.0"  # the one version string (setup.cfg reads it)
 
 register_auto_classes()  # the Auto classes of both model types (modeling_zformer.AUTO_CLASSES)
+register_llama_auto_classes()  # "zformer_llama": Llama-family decoders (modeling_zformer_llama)

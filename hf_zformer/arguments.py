@@ -346,12 +346,12 @@ def _tracker_problem(report_to: str) -> str | None:
     return None
 
 
-def _config_fields() -> dict[str, Any]:
-    """``{field: default}`` of every dataclass field of :class:`ZformerConfig`."""
+def _config_fields(config_class=ZformerConfig) -> dict[str, Any]:
+    """``{field: default}`` of every dataclass field of ``config_class``."""
     import dataclasses
 
     fields = {}
-    for field in dataclasses.fields(ZformerConfig):
+    for field in dataclasses.fields(config_class):
         if field.name.startswith("_") or not field.init:
             continue
         if field.default is not dataclasses.MISSING:
@@ -367,8 +367,8 @@ def _convert(key: str, raw: str, default: Any) -> Any:
     text = raw.strip()
     if text.lower() in ("none", "null") and not isinstance(default, str):
         return None  # a string field keeps the word: hidden_act=none is the string "none"
-    if "|" in text:  # per-layer list, e.g. attention_type=fastformer|full
-        return [part.strip() for part in text.split("|")]
+    if "|" in text:  # per-layer list, e.g. attention_type=fastformer|full, attention_window=64|0
+        return [_convert(key, part, default) for part in text.split("|")]
     try:
         if isinstance(default, bool):
             if text.lower() in ("true", "1", "yes"):
@@ -391,17 +391,18 @@ def _convert(key: str, raw: str, default: Any) -> Any:
     return text
 
 
-def parse_config_overrides(overrides: str | None) -> dict[str, Any]:
-    """Parse ``"k=v,k2=v2"`` into typed config kwargs.
+def parse_config_overrides(overrides: str | None, config_class=ZformerConfig) -> dict[str, Any]:
+    """Parse ``"k=v,k2=v2"`` into typed config kwargs of ``config_class`` (default :class:`ZformerConfig`;
+    :class:`ZformerLlamaConfig` for Llama-family decoders).
 
-    Each value is converted to the type of the :class:`ZformerConfig` field's default (int, float,
+    Each value is converted to the type of the config field's default (int, float,
     bool as true/false, str); ``none`` for optional fields (a string field keeps the word:
     ``hidden_act=none`` is the string); ``a|b|c`` for per-layer lists (e.g.
     ``attention_type=fastformer|full``). Unknown keys raise ``ValueError`` listing the valid ones.
     """
     if not overrides:
         return {}
-    fields = _config_fields()
+    fields = _config_fields(config_class)
     result: dict[str, Any] = {}
     for item in overrides.split(","):
         if not item.strip():

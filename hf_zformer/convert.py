@@ -33,13 +33,15 @@ from .modeling import ZformerConfig
 logger = logging.getLogger(__name__)
 
 SOURCE_MODEL_TYPES = ("bert", "roberta", "distilbert", "zformer")
+# causal LMs of these types go to the decoder converter (hf_zformer.convert_decoder)
+DECODER_SOURCE_TYPES = ("llama", "mistral", "qwen2")
 # a Zformer-family source must be one of these, with full attention in every layer (the softmax reference)
 ZFORMER_SOURCE_ARCHITECTURES = ("ZformerModel", "ZformerForSequenceClassification", "ZformerForMaskedLM")
 # config fields of a Zformer-family source that do not carry over: they describe the saved folder, or
 # (attention_type) are what the conversion sets anew
 _FOLDER_FIELDS = ("architectures", "model_type", "transformers_version", "auto_map", "_name_or_path", "dtype",
                   "torch_dtype", "attention_type")
-TASKS = ("feature-extraction", "text-classification", "fill-mask")
+TASKS = ("feature-extraction", "text-classification", "fill-mask", "text-generation")
 
 # Zformer's scale s is chosen on this text (see `calibrate_zformer_scales`): plain English prose,
 # about 128 tokens for BERT's WordPiece vocabulary, the length s is matched at.
@@ -163,7 +165,7 @@ def _check_source(config, model_name_or_path):
         raise ValueError(
             f"{model_name_or_path} is a {config.model_type!r} model; convert_pretrained reads "
             f"{list(SOURCE_MODEL_TYPES)} checkpoints (BertModel, RobertaModel, DistilBertModel and their heads, "
-            f"or a full-attention {list(ZFORMER_SOURCE_ARCHITECTURES)})"
+            f"or a full-attention {list(ZFORMER_SOURCE_ARCHITECTURES)}) and {list(DECODER_SOURCE_TYPES)} causal LMs"
         )
     if config.model_type == "zformer":
         architecture = (config.architectures or ["ZformerModel"])[0]
@@ -536,6 +538,9 @@ def convert_pretrained(
 ):
     """Convert a BERT, RoBERTa or DistilBERT checkpoint (folder or Hub id) into a Zformer-family
     model with `attention_type` (one type or a list with one per layer), and return it (eval mode).
+    A Llama, Mistral or Qwen2 causal LM (or `task="text-generation"`) becomes a
+    `ZformerLlamaForCausalLM` instead (`hf_zformer.convert_decoder.convert_causal_lm`, which takes
+    the same `output_dir`, `base_model`, `overwrite`, `tokenizer_name` and config overrides).
 
     Args:
         task: "feature-extraction" (`ZformerModel`), "text-classification"
@@ -573,6 +578,20 @@ def convert_pretrained(
         raise ValueError(f"model_name_or_path={str(model_name_or_path)!r}: no model config found there "
                          f"({str(error).splitlines()[0]}); pass a folder written by save_pretrained or a Hub id "
                          "(the Hub needs network access)") from None
+    if task == "text-generation" or source_config.model_type in DECODER_SOURCE_TYPES:
+        # a Llama-family causal LM: the decoder converter (hf_zformer.convert_decoder)
+        if task not in (None, "text-generation"):
+            raise ValueError(f"task={task!r}: {model_name_or_path} is a causal language model "
+                             f"({source_config.model_type!r}); its task is 'text-generation'")
+        refused = {"distillation": distillation, "classifier_pooling": classifier_pooling, "num_labels": num_labels}
+        refused = [name for name, value in refused.items() if value is not None]
+        if refused:
+            raise ValueError(f"{refused} apply to encoders; a causal LM converts without them (attention transfer "
+                             "for decoders: hf_zformer.decoder_transfer)")
+        from .convert_decoder import convert_causal_lm
+
+        return convert_causal_lm(model_name_or_path, attention_type, output_dir, base_model=base_model,
+                                 overwrite=overwrite, tokenizer_name=tokenizer_name, **config_overrides)
     _check_source(source_config, model_name_or_path)
     source_task = task_of_architecture(source_config.architectures)
     task = task or source_task

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Convert a BERT / RoBERTa / DistilBERT checkpoint or a full-attention Zformer model into a Zformer-family model.
+"""Convert a BERT / RoBERTa / DistilBERT checkpoint, a full-attention Zformer model or a Llama-family causal LM into a Zformer-family model.
 
     python scripts/convert_checkpoint.py --model_name_or_path sentence-transformers/all-MiniLM-L6-v2 \
         --attention_type fastformer --task text-classification --classifier_pooling mean \
@@ -8,9 +8,17 @@
 Add ``--distill_file ../shared/data/imdb/unsup.jsonl.gz`` to fit the new attention layers to the
 source's softmax attention on unlabeled text first (``--distill_steps``, ``--distill_batch_size``, ...).
 
+A Llama, SmolLM, Mistral or Qwen2 causal LM converts with ``--task text-generation`` into a
+``ZformerLlamaForCausalLM``; ``--config_overrides`` sets its ``zformer_feature_map`` and
+``attention_window`` (docs/decoders.md):
+
+    python scripts/convert_checkpoint.py --model_name_or_path HuggingFaceTB/SmolLM2-135M \
+        --attention_type zformer --task text-generation \
+        --config_overrides zformer_feature_map=hedgehog,attention_window=64 --output_dir runs/smollm2-hedgehog
+
 The folder (config, safetensors weights, model code, tokenizer, README.md with ``base_model``) is
-ready for ``scripts/run_classification.py --model_name_or_path`` and loads elsewhere with
-``trust_remote_code=True``. What maps onto what: docs/warm_start.md.
+ready for ``scripts/run_classification.py --model_name_or_path`` (encoders) and loads elsewhere with
+``trust_remote_code=True``. What maps onto what: docs/warm_start.md and docs/decoders.md.
 """
 
 from __future__ import annotations
@@ -29,8 +37,9 @@ from hf_zformer.modeling.configuration_zformer import ATTENTION_TYPES, CLASSIFIE
 def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model_name_or_path", required=True,
-                        help="BERT / RoBERTa / DistilBERT folder or Hub id, or a full-attention Zformer-family "
-                             "encoder (e.g. one already fine-tuned on the task).")
+                        help="BERT / RoBERTa / DistilBERT folder or Hub id, a full-attention Zformer-family "
+                             "encoder (e.g. one already fine-tuned on the task), or a Llama / Mistral / Qwen2 "
+                             "causal LM.")
     parser.add_argument(
         "--attention_type", nargs="+", default=["full"], choices=ATTENTION_TYPES,
         help="One attention type for every layer, or one per layer (e.g. fastformer fastformer full ...).",
@@ -43,7 +52,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--tokenizer_name", default=None,
                         help="Tokenizer saved with the model (folder or Hub id); default the source's own.")
     parser.add_argument("--base_model", default=None, help="Hub id named as base_model in the model card.")
-    parser.add_argument("--config_overrides", default=None, help='Further config fields, "k=v,k2=v2".')
+    parser.add_argument("--config_overrides", default=None,
+                        help='Further config fields, "k=v,k2=v2" (of ZformerLlamaConfig with --task text-generation).')
     parser.add_argument("--overwrite", action="store_true",
                         help="Replace an --output_dir this library wrote (one holding files of others is refused).")
     distill = parser.add_argument_group(
@@ -134,14 +144,17 @@ def main(argv=None):
     # the calibration factors and the distillation's fit per layer are logged at INFO
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
     from hf_zformer.arguments import parse_config_overrides
+    from hf_zformer.modeling import ZformerConfig, ZformerLlamaConfig
 
     attention_type = args.attention_type[0] if len(args.attention_type) == 1 else args.attention_type
+    decoder = args.task == "text-generation"  # the fields of a Llama-family decoder's config
     try:
+        overrides = parse_config_overrides(args.config_overrides, ZformerLlamaConfig if decoder else ZformerConfig)
         model = convert_pretrained(
             args.model_name_or_path, attention_type, args.output_dir, task=args.task,
             classifier_pooling=args.classifier_pooling, num_labels=args.num_labels, base_model=args.base_model,
             overwrite=args.overwrite, distillation=distillation_of(args), tokenizer_name=args.tokenizer_name,
-            **parse_config_overrides(args.config_overrides),
+            **overrides,
         )
     except (ValueError, OSError) as error:  # a bad source, field, folder or file: the message names it
         print(f"convert_checkpoint.py: error: {error}", file=sys.stderr)

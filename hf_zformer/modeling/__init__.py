@@ -9,6 +9,7 @@ from .attention import (
 )
 from .cache_zformer import ZformerCache
 from .configuration_zformer import FastformerConfig, ZformerConfig
+from .configuration_zformer_llama import ZformerLlamaConfig
 from .modeling_zformer import (
     FastformerForCausalLM,
     FastformerForConditionalGeneration,
@@ -23,4 +24,10 @@ from .modeling_zformer import (
     ZformerPreTrainedModel,
     position_ids_from_mask,
     register_auto_classes,
+)
+from .modeling_zformer_llama import (
+    ZformerLlamaCache,
+    ZformerLlamaForCausalLM,
+    ZformerLlamaModel,
+    register_llama_auto_classes,
 )

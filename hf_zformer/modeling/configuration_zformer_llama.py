@@ -1,0 +1,101 @@
+"""Configuration of Llama-family decoders with Zformer-family attention (model type `"zformer_llama"`).
+
+This file ships to the Hugging Face Hub with every saved checkpoint: it imports only the
+standard library and transformers.
+"""
+
+from transformers import LlamaConfig
+
+LLAMA_ATTENTION_TYPES = ("full", "zformer", "fastformer")
+LLAMA_FEATURE_MAPS = ("identity", "hedgehog")
+
+
+def _per_layer_list(field, value, num_layers, check):
+    """`value` (one entry, or a list with one entry per layer) as a list of `num_layers` entries,
+    each passed through `check(name, entry)`."""
+    entries = list(value) if isinstance(value, (list, tuple)) else [value] * num_layers
+    if len(entries) != num_layers:
+        raise ValueError(f"{field} has {len(entries)} entries ({entries}) but the model has {num_layers} layers")
+    for i, entry in enumerate(entries):
+        check(f"{field}[{i}]" if isinstance(value, (list, tuple)) else field, entry)
+    return entries
+
+
+def _check_type(name, entry):
+    if entry not in LLAMA_ATTENTION_TYPES:
+        raise ValueError(f"{name}={entry!r} is not supported; choose one of {list(LLAMA_ATTENTION_TYPES)}")
+
+
+def _check_window(name, entry):
+    if not (isinstance(entry, int) and not isinstance(entry, bool) and entry >= 0):
+        raise ValueError(f"{name}={entry!r} must be a non-negative integer (0: no softmax window)")
+
+
+class ZformerLlamaConfig(LlamaConfig):
+    r"""
+    A Llama-family decoder (rotary positions, grouped key/value heads, RMSNorm, gated MLP: Llama,
+    SmolLM, Mistral and, with `attention_bias=True`, Qwen2) whose self-attention is chosen per
+    layer. Every field of [`LlamaConfig`] keeps its meaning; the weights carry Llama's names, so
+    a Llama checkpoint loads as it is and the new attention parameters start at their init.
+
+    Args:
+        attention_type (`str` or `list[str]`): per layer, `"full"` (the source's softmax attention,
+            exactly), `"zformer"` (linear attention over the rotated queries and keys, with the
+            feature map `zformer_feature_map`) or `"fastformer"` (causal additive attention over the
+            unrotated projections: prefix softmax poolings, a constant-size state).
+        zformer_feature_map (`"identity"` or `"hedgehog"`, default `"hedgehog"`, the map that linearizes a
+            pretrained model; `ZformerConfig`'s default is `"identity"`): `"identity"`: `Q (K^T V) / (sqrt(d_h) s)`,
+            a learnable scale `s` per layer; `"hedgehog"`: normalised attention over the learned maps
+            phi(x) = [softmax(W x + b), softmax(-(W x + b))] per head (identity at init).
+        attention_window (`int` or `list[int]`): per layer, 0 or the number W of most recent tokens
+            (the query's own included) that a hedgehog zformer layer attends to with softmax
+            weights; older tokens enter through the feature map, and both kinds of weight share one
+            normalisation (LoLCATs-style). The decoding state is then the last W keys and values plus
+            the linear state: still constant in the generated length. Only zformer layers with the
+            hedgehog map take a window.
+        zformer_scale_init (`float`): initial `s` of identity-map zformer layers (the converter
+            calibrates each layer's own).
+    """
+
+    model_type = "zformer_llama"
+
+    attention_type: str | list[str] = "full"
+    zformer_feature_map: str = "hedgehog"
+    attention_window: int | list[int] = 0
+    zformer_scale_init: float = 1.0
+
+    def __post_init__(self, **kwargs):
+        super().__post_init__(**kwargs)
+        self._validate()
+
+    def _validate(self):
+        """Raise a ValueError naming the field and value of the first invalid setting of the fields
+        added to Llama's. Runs at construction and when a model is built from this config."""
+        types = self.layer_attention_types()
+        windows = self.layer_windows()
+        if self.zformer_feature_map not in LLAMA_FEATURE_MAPS:
+            raise ValueError(f"zformer_feature_map={self.zformer_feature_map!r} is not supported; choose one of "
+                             f"{list(LLAMA_FEATURE_MAPS)}")
+        for i, (kind, window) in enumerate(zip(types, windows)):
+            if window and not (kind == "zformer" and self.zformer_feature_map == "hedgehog"):
+                raise ValueError(
+                    f"attention_window={self.attention_window!r}: layer {i} ({kind!r}, zformer_feature_map="
+                    f"{self.zformer_feature_map!r}) has window {window}; only zformer layers with the hedgehog map "
+                    "take a softmax window (its weights and the feature map's share one normalisation)"
+                )
+        if not (isinstance(self.zformer_scale_init, (int, float)) and self.zformer_scale_init > 0):
+            raise ValueError(f"zformer_scale_init={self.zformer_scale_init!r} must be a positive number")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                             f"num_key_value_heads={self.num_key_value_heads}")
+
+    def layer_attention_types(self) -> list[str]:
+        """The attention type of each layer."""
+        return _per_layer_list("attention_type", self.attention_type, self.num_hidden_layers, _check_type)
+
+    def layer_windows(self) -> list[int]:
+        """The softmax window of each layer (0: none)."""
+        return _per_layer_list("attention_window", self.attention_window, self.num_hidden_layers, _check_window)
+
+
+__all__ = ["ZformerLlamaConfig"]

@@ -1,0 +1,309 @@
+"""Llama-family decoders with Zformer-family attention (`ZformerLlamaForCausalLM`) and their
+conversion from a tiny random `LlamaForCausalLM` (grouped key/value heads): the full conversion is
+the source's function; every converted attention decodes with a cache that gives what the whole
+sequence gives, constant in size, causal, with padding; save/load and remote code."""
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import REPO_ROOT, assert_same_generations_in_clean_process
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from hf_zformer import ZformerLlamaCache, ZformerLlamaConfig, ZformerLlamaForCausalLM, convert_pretrained
+from hf_zformer.convert_decoder import convert_causal_lm, full_attention_copy
+from hf_zformer.modeling.attention_llama import windowed_linear_attention
+
+LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
+             num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
+             rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+# every converted attention: the identity and Hedgehog maps, Hedgehog with a softmax window, fastformer, a hybrid
+KINDS = {
+    "full": dict(attention_type="full"),
+    "zformer-identity": dict(attention_type="zformer", zformer_feature_map="identity"),
+    "zformer-hedgehog": dict(attention_type="zformer", zformer_feature_map="hedgehog"),
+    "zformer-window": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3),
+    "fastformer": dict(attention_type="fastformer"),
+    "hybrid": dict(attention_type=["zformer", "full", "fastformer"], attention_window=[4, 0, 0]),
+}
+
+
+def tiny_llama(tie_word_embeddings=False, seed=0):
+    torch.manual_seed(seed)
+    source = LlamaForCausalLM(LlamaConfig(**LLAMA, tie_word_embeddings=tie_word_embeddings)).eval()
+    with torch.no_grad():  # wider weights than the init: outputs depend on every earlier token
+        for parameter in source.parameters():
+            if parameter.dim() == 2:
+                parameter.normal_(std=0.3)
+    return source
+
+
+def converted(kind, source=None):
+    """The tiny Llama converted to `kind`, new attention parameters moved off their init."""
+    model = convert_causal_lm("tiny", source=source or tiny_llama(), **KINDS[kind])
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if any(part in name for part in ("query_map", "key_map", "window_gate", "query_score", "key_score")):
+                parameter.add_(0.3 * torch.randn_like(parameter))
+    return model
+
+
+def left_padded(seed=1):
+    """(ids, mask, lengths): three rows of 9, 5 and 7 real tokens, left-padded with id 0."""
+    generator = torch.Generator().manual_seed(seed)
+    lengths = [9, 5, 7]
+    ids = torch.zeros(3, 9, dtype=torch.long)
+    mask = torch.zeros(3, 9, dtype=torch.long)
+    for row, length in enumerate(lengths):
+        ids[row, 9 - length :] = torch.randint(5, 97, (length,), generator=generator)
+        mask[row, 9 - length :] = 1
+    return ids, mask, lengths
+
+
+def positions(mask):
+    return (mask.cumsum(-1) - 1).clamp_min(0)
+
+
+def generate(model, ids, mask, **kwargs):
+    return model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=8, min_new_tokens=8, do_sample=False,
+                          suppress_tokens=[0, 1, 2], **kwargs)
+
+
+@pytest.mark.parametrize("tie", [False, True], ids=["untied", "tied"])
+def test_full_conversion_is_the_source(tie):
+    source = tiny_llama(tie_word_embeddings=tie)
+    model = convert_causal_lm("tiny", source=source)
+    assert model.config.num_key_value_heads < model.config.num_attention_heads
+    ids, mask, _ = left_padded()
+    with torch.no_grad():
+        expected = source(input_ids=ids, output_hidden_states=True)
+        got = model(input_ids=ids, output_hidden_states=True)
+        torch.testing.assert_close(got.logits, expected.logits, atol=1e-5, rtol=1e-5)
+        assert len(got.hidden_states) == len(expected.hidden_states) == 4  # embeddings, then each layer
+        for mine, theirs in zip(got.hidden_states, expected.hidden_states):
+            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+        # padded: the source with its mask and positions counted from it, at the real tokens
+        expected = source(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
+        got = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
+    torch.testing.assert_close(got[mask.bool()], expected[mask.bool()], atol=1e-5, rtol=1e-5)
+    source.generation_config.eos_token_id = [2, 3]
+    assert convert_causal_lm("tiny", source=source).generation_config.eos_token_id == [2, 3]
+    # the same greedy continuation, each model with its own cache
+    assert torch.equal(generate(model, ids, mask), generate(source, ids, mask))
+
+
+def test_full_conversion_of_qwen2_and_mistral_layouts():
+    from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    for config_class, model_class in ((Qwen2Config, Qwen2ForCausalLM), (MistralConfig, MistralForCausalLM)):
+        torch.manual_seed(0)
+        extra = dict(sliding_window=None) if config_class is MistralConfig else {}
+        source = model_class(config_class(**LLAMA, **extra)).eval()
+        model = convert_causal_lm("tiny", source=source)
+        assert (model.model.layers[0].self_attn.q_proj.bias is not None) == (config_class is Qwen2Config)
+        ids = torch.randint(5, 97, (2, 11))
+        with torch.no_grad():
+            torch.testing.assert_close(model(input_ids=ids).logits, source(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_window_covering_every_token_is_softmax_attention():
+    """With a window no shorter than the text, the windowed layer's weights are all softmax: the
+    source's function, whatever the feature maps."""
+    source = tiny_llama()
+    model = converted("zformer-window", source)
+    model.config.attention_window = 64
+    for layer in model.model.layers:
+        layer.self_attn.window = 64
+    ids = torch.randint(5, 97, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(model(input_ids=ids).logits, source(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_windowed_attention_against_its_weights_written_out():
+    torch.manual_seed(0)
+    batch, heads, length, dim, window = 2, 3, 11, 4, 4
+    query, key, value = (torch.randn(batch, heads, length, dim, dtype=torch.float64) for _ in range(3))
+    query_features, key_features = (torch.rand(batch, heads, length, 6, dtype=torch.float64) for _ in range(2))
+    mask = torch.ones(batch, length, dtype=torch.long)
+    mask[1, :3] = 0
+    key_features = key_features * mask[:, None, :, None]
+    share = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
+    out, _ = windowed_linear_attention(query, key, value, query_features, key_features, mask, None, window, share, 0.5)
+    expected = torch.zeros_like(out)
+    for i in range(length):
+        scores = (query[:, :, i : i + 1] @ key.transpose(-1, -2))[:, :, 0] * 0.5  # (B, H, N)
+        inside = [j for j in range(length) if i - window < j <= i]
+        real = mask.bool()[:, None, :]
+        top = scores[:, :, inside].masked_fill(~real[:, :, inside], float("-inf")).amax(-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, 0.0)
+        weights = torch.zeros_like(scores)
+        for j in range(i + 1):
+            if j in inside:
+                weights[:, :, j] = share * torch.exp(scores[:, :, j] - top[..., 0])
+            else:
+                weights[:, :, j] = (1 - share) * (query_features[:, :, i] * key_features[:, :, j]).sum(-1)
+        weights = weights * real
+        total = weights.sum(-1, keepdim=True)
+        expected[:, :, i] = torch.einsum("bhj,bhjd->bhd", weights, value) / torch.where(total > 0, total, 1.0)
+    torch.testing.assert_close(out, expected)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.usefixtures("few_row_form")
+def test_cache_equals_no_cache(kind):
+    """A prompt, then a chunk of 3 tokens, then one token at a time through the cache: the logits of
+    one pass over the left-padded batch; and the same tokens generated with and without the cache,
+    greedy and beam search."""
+    model = converted(kind)
+    ids, mask, _ = left_padded()
+    with torch.no_grad():
+        full = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False).logits
+        cache = model.model.new_cache()
+        steps = []
+        for start, stop in [(0, 4), (4, 7)] + [(i, i + 1) for i in range(7, 9)]:
+            out = model(input_ids=ids[:, start:stop], attention_mask=mask[:, :stop],
+                        position_ids=positions(mask)[:, start:stop], cache=cache)
+            steps.append(out.logits)
+    assert isinstance(cache, ZformerLlamaCache) and cache.get_seq_length() == 9
+    real = mask.bool()
+    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-4, rtol=1e-4)
+    for options in (dict(num_beams=1), dict(num_beams=3)):
+        cached = generate(model, ids, mask, use_cache=True, **options)
+        assert torch.equal(cached, generate(model, ids, mask, use_cache=False, **options)), options
+        assert len(set(cached[0, 9:].tolist())) > 1  # a real, varied continuation
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_no_peeking(kind):
+    model = converted(kind)
+    ids = torch.randint(5, 97, (2, 12))
+    changed = ids.clone()
+    changed[:, 7:] = torch.randint(5, 97, (2, 5))
+    with torch.no_grad():
+        base, logits = model(input_ids=ids).logits, model(input_ids=changed).logits
+    torch.testing.assert_close(logits[:, :7], base[:, :7], atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(logits[:, 7:], base[:, 7:])
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_left_padded_batch_is_each_row_alone(kind):
+    model = converted(kind)
+    ids, mask, lengths = left_padded()
+    with torch.no_grad():
+        batch = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask)).logits
+        for row, length in enumerate(lengths):
+            alone = model(input_ids=ids[row : row + 1, 9 - length :]).logits[0]
+            torch.testing.assert_close(batch[row, 9 - length :], alone, atol=1e-4, rtol=1e-4)
+    generated = generate(model, ids, mask, num_beams=2)
+    for row, length in enumerate(lengths):
+        alone = generate(model, ids[row : row + 1, 9 - length :], mask[row : row + 1, 9 - length :], num_beams=2)
+        assert torch.equal(generated[row, 9:], alone[0, length:]), row
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_cache_size_is_constant_for_linear_layers(kind):
+    model = converted(kind)
+    ids, mask, _ = left_padded()
+    sizes = {}
+    for new in (6, 60):
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new,
+                             return_dict_in_generate=True, do_sample=False)
+        cache = out.cache if hasattr(out, "cache") else out.past_key_values
+        assert cache.get_seq_length() == ids.shape[1] + new - 1
+        sizes[new] = [sum(t.numel() for t in (layer.tensors() if hasattr(layer, "tensors") else
+                                              [layer.keys, layer.values])) for layer in cache.layers]
+    for kind_of_layer, short, long in zip(model.config.layer_attention_types(), sizes[6], sizes[60]):
+        assert (long > short > 0) if kind_of_layer == "full" else (short == long > 0), (kind_of_layer, short, long)
+
+
+def test_save_load_and_auto_class(tmp_path):
+    model = converted("hybrid")
+    model.save_pretrained(tmp_path / "saved")
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved").eval()
+    assert type(loaded) is ZformerLlamaForCausalLM
+    ids = torch.randint(5, 97, (2, 10))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+    reference = full_attention_copy(model)
+    assert reference.config.layer_attention_types() == ["full"] * 3
+    assert reference.model.layers[0].self_attn.q_proj.weight.data_ptr() != model.model.layers[0].self_attn.q_proj.weight.data_ptr()
+    torch.testing.assert_close(reference.model.layers[0].self_attn.q_proj.weight, model.model.layers[0].self_attn.q_proj.weight)
+
+
+def test_remote_code_generations_in_clean_process(tmp_path):
+    ids, mask, _ = left_padded()
+    models = {kind: converted(kind) for kind in ("full", "zformer-window", "fastformer", "zformer-identity")}
+    assert_same_generations_in_clean_process(
+        tmp_path, "AutoModelForCausalLM", models, dict(input_ids=ids, attention_mask=mask), num_beams=2,
+        max_new_tokens=8, min_new_tokens=8, suppress_tokens=[0, 1, 2],
+    )
+
+
+def test_training_step_moves_the_new_attention_parameters():
+    model = converted("hybrid").train()
+    ids = torch.randint(5, 97, (2, 10))
+    loss = model(input_ids=ids, labels=ids).loss
+    loss.backward()
+    gates = model.model.layers[0].self_attn
+    assert gates.window_gate.grad is not None and gates.query_map.weight.grad.abs().sum() > 0
+    assert model.model.layers[2].self_attn.transform.weight.grad.abs().sum() > 0
+
+
+def test_identity_and_fastformer_layers_are_calibrated_to_the_softmax_size():
+    from hf_zformer.convert_decoder import attention_calls
+
+    source = tiny_llama()
+    reference = convert_causal_lm("tiny", source=source)
+    for kind in ("zformer-identity", "fastformer"):
+        model = convert_causal_lm("tiny", source=source, **KINDS[kind])
+        ids = torch.randint(0, 97, (1, 128), generator=torch.Generator().manual_seed(0))
+        calls, expected = attention_calls(model, ids, None), attention_calls(reference, ids, None)
+        with torch.no_grad():
+            for i in calls:
+                size = calls[i][1].square().mean().sqrt()
+                target = expected[i][1].square().mean().sqrt()
+                if i == 0:  # same input in both models at the first layer: the sizes match
+                    torch.testing.assert_close(size, target, rtol=1e-3, atol=0)
+
+
+@pytest.mark.parametrize("fields, message", [
+    (dict(attention_type="xformer"), "attention_type='xformer' is not supported"),
+    (dict(attention_type=["full", "zformer"]), "attention_type has 2 entries"),
+    (dict(attention_type="zformer", zformer_feature_map="identity", attention_window=8), "only zformer layers with"),
+    (dict(attention_type="fastformer", attention_window=8), "only zformer layers with"),
+    (dict(attention_type="zformer", attention_window=-1), "attention_window=-1 must be a non-negative"),
+    (dict(zformer_feature_map="cosine"), "zformer_feature_map='cosine' is not supported"),
+])
+def test_bad_configs_are_refused_by_name(fields, message):
+    with pytest.raises(ValueError, match=message):
+        ZformerLlamaConfig(**LLAMA, **fields)
+
+
+def test_convert_pretrained_and_script_from_a_folder(tmp_path):
+    source = tiny_llama(tie_word_embeddings=True)
+    source.save_pretrained(tmp_path / "llama")
+    model = convert_pretrained(tmp_path / "llama", "zformer", tmp_path / "out", attention_window=4)
+    assert type(model) is ZformerLlamaForCausalLM and model.config.layer_windows() == [4, 4, 4]
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    ids = torch.randint(5, 97, (1, 12))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(input_ids=ids).logits, model(input_ids=ids).logits)
+    assert "text-generation" in (tmp_path / "out" / "README.md").read_text()
+    with pytest.raises(ValueError, match="task='fill-mask'.*causal language model"):
+        convert_pretrained(tmp_path / "llama", "zformer", task="fill-mask")
+    with pytest.raises(ValueError, match="num_hidden_layers=2 cannot be set"):
+        convert_pretrained(tmp_path / "llama", "zformer", num_hidden_layers=2)
+    result = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "convert_checkpoint.py"), "--model_name_or_path",
+         str(tmp_path / "llama"), "--attention_type", "zformer", "--task", "text-generation", "--config_overrides",
+         "zformer_feature_map=hedgehog,attention_window=64|64|32", "--output_dir", str(tmp_path / "script")],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    script_model = AutoModelForCausalLM.from_pretrained(tmp_path / "script").eval()
+    assert script_model.config.layer_windows() == [64, 64, 32]
+    # windows longer than the text: softmax weights only, the source's function
+    with torch.no_grad():
+        torch.testing.assert_close(script_model(input_ids=ids).logits, source(input_ids=ids).logits, atol=1e-5,
+                                   rtol=1e-5)
