@@ -22,8 +22,12 @@ import os
 
 import torch
 
-from .convert import CALIBRATION_TEXT, DECODER_SOURCE_TYPES, _save  # the identity map's scale and fastformer's size are matched on it
-from .folders import check_output_dir
+from .convert import (  # CALIBRATION_TEXT: the identity map's scale and fastformer's size are matched on it
+    CALIBRATION_TEXT,
+    DECODER_SOURCE_TYPES,
+    _save,
+    check_conversion_output,
+)
 from .modeling import ZformerLlamaConfig, ZformerLlamaForCausalLM
 
 logger = logging.getLogger(__name__)
@@ -166,8 +170,9 @@ def convert_causal_lm(model_name_or_path, attention_type="full", output_dir=None
 
     from .hub import model_card
 
-    if output_dir is not None:
-        check_output_dir(output_dir, overwrite=overwrite)
+    if output_dir is not None:  # before any work: never the source or tokenizer folder, never a folder of others
+        output_dir = check_conversion_output(output_dir, overwrite=overwrite, model_name_or_path=model_name_or_path,
+                                             tokenizer_name=tokenizer_name)
     given = source is not None
     if source is None:
         try:
@@ -203,7 +208,7 @@ def convert_causal_lm(model_name_or_path, attention_type="full", output_dir=None
     if output_dir is not None:
         card = model_card(config=config, task="text-generation", base_model=str(base_model or model_name_or_path),
                           model_id=str(output_dir))
-        _save(model, tokenizer, card, output_dir, overwrite)
+        _save(model, tokenizer, card, output_dir)
     return model
 
 

@@ -102,15 +102,21 @@ def training_blocks(tokenizer, documents: list[str], count: int, block_size: int
 def save_atomically(obj, path: Path) -> None:
     import torch
 
+    from hf_zformer import folders
+
     staging = path.with_name(path.name + ".tmp")
     torch.save(obj, staging)
     os.replace(staging, path)
+    folders.record(path.parent, path.name)  # the output folder's marker lists what the run wrote
 
 
 def write_results(path: Path, results: dict) -> None:
+    from hf_zformer import folders
+
     staging = path.with_name(path.name + ".tmp")
     staging.write_text(json.dumps(results, indent=1) + "\n")
     os.replace(staging, path)
+    folders.record(path.parent, path.name)
 
 
 def main(argv=None):
@@ -127,15 +133,24 @@ def main(argv=None):
     from hf_zformer.modeling import ZformerLlamaConfig
     from hf_zformer.results import git_commit, machine, perplexity_ci
 
+    from hf_zformer import folders
+
+    try:  # new, empty, or a folder this library wrote (a run to resume); never a folder of other files
+        output_dir = folders.check_output_dir(args.output_dir, name="--output_dir", whole=False, inputs={
+            "--model_name_or_path": args.model_name_or_path, "--train_file": args.train_file,
+            "--eval_file": args.eval_file})
+    except ValueError as error:
+        sys.exit(f"linearize_decoder.py: error: {error}")
     torch.manual_seed(args.seed)
-    output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    folders.record(output_dir)
     identity = {k: v for k, v in vars(args).items() if k not in RESUMABLE}
     identity_file = output_dir / "run_args.json"
     if identity_file.exists() and json.loads(identity_file.read_text()) != identity:
         sys.exit(f"linearize_decoder.py: error: {output_dir} holds a run with other arguments "
                  f"({identity_file}); choose another --output_dir")
     identity_file.write_text(json.dumps(identity, indent=1) + "\n")
+    folders.record(output_dir, identity_file.name)
     results_file = output_dir / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {
         "source": args.model_name_or_path + (f" ({args.gguf_file})" if args.gguf_file else ""),
@@ -214,8 +229,9 @@ def main(argv=None):
     results["transfer_seconds"] = results.get("transfer_seconds", 0) + round(time.time() - begin, 1)
     results["last_step_layer_errors"] = [round(e, 4) for e in errors] if transfer.completed > first else None
     write_results(results_file, results)
-    model.save_pretrained(output_dir / "model")
-    tokenizer.save_pretrained(output_dir / "model")
+    with folders.recording(output_dir):
+        model.save_pretrained(output_dir / "model")
+        tokenizer.save_pretrained(output_dir / "model")
     score("transferred", model)
 
     samples = {}

@@ -143,3 +143,11 @@ def test_linearize_script_end_to_end_and_resume(tmp_path):
     changed = [part if part != "4" else "5" for part in command]  # --steps 5: another run
     refused = subprocess.run(changed, capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0 and "holds a run with other arguments" in refused.stderr
+    # a folder of the user's files is refused before any work and left as it was
+    users = tmp_path / "notes"
+    users.mkdir()
+    (users / "todo.txt").write_text("mine")
+    foreign = [part if part != str(tmp_path / "run") else str(users) for part in command]
+    refused = subprocess.run(foreign, capture_output=True, text=True, timeout=300)
+    assert refused.returncode != 0 and "did not write" in refused.stderr
+    assert sorted(p.name for p in users.iterdir()) == ["todo.txt"]
