@@ -210,9 +210,9 @@ def einsum_attention_forward(
 
     query (B, H, Nq, d), key/value (B, H, Nk, d); `attention_mask` is boolean, broadcastable to
     (B, H, Nq, Nk), True where attending is allowed. Masked positions get exactly zero weight (the
-    transformer-with-einsum reference code's 1e-12 fill let padding leak into the softmax); a query with no allowed key gets a
-    zero context (`masked_softmax`), as SDPA gives. Returns (B, Nq, H, d) like transformers'
-    attention functions.
+    transformer-with-einsum reference code's 1e-12 fill let padding leak into the softmax); a query
+    with no allowed key gets a zero context (`masked_softmax`), as SDPA gives. Returns (B, Nq, H, d)
+    like transformers' attention functions.
     """
     scores = torch.einsum("bhid,bhjd->bhij", query, key) * scaling
     probs = masked_softmax(scores, attention_mask, dtype=torch.float32).to(value.dtype)  # no key: zero weights
@@ -585,8 +585,8 @@ class FastformerAttention(_QKVAttention):
         u_i = k_g * v_i;  r_i = W_r u_i + q_i
 
     `fastformer_pooling="mean"` replaces both softmax poolings by the plain mean over real tokens
-    (as FastFormer-pytorch does; w_q and w_k then do not exist). `fastformer_share_qv=True` uses the query
-    projection for the values (the official code). Cost O(N D). Self-attention only: the pooled
+    (as FastFormer-pytorch does; w_q and w_k then do not exist). `fastformer_share_qv=True` uses the
+    query projection for the values (the official code). Cost O(N D). Self-attention only: the pooled
     global query mixes with each token's own key (no cross form).
 
     Causal form: the poolings become prefix poolings (a log-sum-exp and the pooling so far per head),
