@@ -731,3 +731,26 @@ def test_generation_refuses_empty_prompts_and_lengths_past_the_positions():
     assert model.generate(torch.ones(1, 5, dtype=torch.long), max_new_tokens=15, eos_token_id=None).shape == (1, 20)
     model.generation_config.max_length = None  # the library default (20 tokens), cut to the positions
     assert model.generate(torch.ones(1, 5, dtype=torch.long), eos_token_id=None).shape[1] <= 20
+
+
+def test_the_pipelines_default_length_is_named_as_the_pipelines():
+    """transformers' text-generation pipeline asks for 256 new tokens when its call names no length:
+    the refusal says where the 256 comes from and how to ask for fewer."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast, pipeline
+
+    words = "<pad> <s> </s> <unk> good bad movie plot".split()
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", unk_token="<unk>")
+    config = hf_zformer.ZformerConfig(attention_type="zformer", vocab_size=len(words), hidden_size=16,
+                                      num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                                      max_position_embeddings=64, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    generator = pipeline("text-generation", model=AutoModelForCausalLM.from_config(config).eval(), tokenizer=tokenizer)
+    with pytest.raises(ValueError, match=r"max_new_tokens=256\).*text-generation pipeline asks for when its call "
+                                         r"names no length: pass max_new_tokens"):
+        generator("good movie")
+    assert generator("good movie", max_new_tokens=5, do_sample=False)[0]["generated_text"].startswith("good movie")
+    with pytest.raises(ValueError) as refused:  # a length the user asked for is not blamed on the pipeline
+        AutoModelForCausalLM.from_config(config).generate(torch.ones(1, 5, dtype=torch.long), max_new_tokens=100)
+    assert "pipeline" not in str(refused.value)

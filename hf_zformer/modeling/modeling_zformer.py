@@ -844,6 +844,11 @@ def _decoding_state(past_key_values, cache):
     return cache if cache is not None else past_key_values
 
 
+# What transformers' text-generation pipeline asks for when its call names no length; a refusal of
+# this many new tokens says so, since the user may not have asked for it.
+PIPELINE_NEW_TOKENS = 256
+
+
 class ZformerGenerationMixin(GenerationMixin):
     """`generate()` for models with a `ZformerDecoder` (`self.decoder`): it decodes with the
     decoder's `ZformerCache`, which knows the kind of every layer (no DynamicCache). A request the
@@ -867,10 +872,14 @@ class ZformerGenerationMixin(GenerationMixin):
             else:
                 asked = (f"max_length={generation_config.max_length}" if generation_config.max_new_tokens is None else
                          f"{input_ids_length} prompt tokens + max_new_tokens={generation_config.max_new_tokens}")
+                pipeline_default = generation_config.max_new_tokens == PIPELINE_NEW_TOKENS
                 raise ValueError(
                     f"generate() would reach {generation_config.max_length} tokens ({asked}), past the {limit} "
                     f"positions of the model (max_position_embeddings={self.config.max_position_embeddings}): ask for "
                     f"at most {limit - input_ids_length} new tokens"
+                    + (f" ({PIPELINE_NEW_TOKENS} new tokens is also what transformers' text-generation pipeline asks "
+                       "for when its call names no length: pass max_new_tokens=... to the call)" if pipeline_default
+                       else "")
                 )
         super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
 
