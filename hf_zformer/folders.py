@@ -1,6 +1,7 @@
 """The output-folder guard: which folders the library may write, replace and clean (library side,
-never shipped). Every script that writes (the training scripts, the converter, ``evaluate_model.py``)
-and every place that deletes or replaces a folder goes through this module.
+never shipped). Every script that writes (the training scripts, the converter, ``evaluate_model.py``,
+the benchmark and report scripts) and every place that deletes or replaces a folder goes through
+this module.
 
 A folder the library wrote carries a marker file, :data:`MARKER`, listing every file the library
 put there (relative paths). Only that list is ever deleted, and only folders carrying the marker are
@@ -16,6 +17,8 @@ ever replaced; ``config.json`` or a weight file proves nothing (anybody's folder
 * :func:`recover` -- what an interrupted write left: a staging folder is deleted, a backup whose
   folder is missing (killed between the two renames) is renamed back. Nothing without the marker
   is touched (a user's ``.tmp-cache`` or ``.old-notes`` stays).
+* :func:`check_output_files` / :func:`record_files` -- a report's files (``<output>.json``, ...):
+  no existing file is overwritten that the folder's marker does not list;
 * :func:`record` / :func:`recording` -- add files the library wrote to the marker's list;
   :func:`remove_recorded` -- ``--overwrite_output_dir``: delete what the list names, file by file.
 """
@@ -34,10 +37,12 @@ __all__ = [
     "MARKER",
     "adopt",
     "check_output_dir",
+    "check_output_files",
     "files_under",
     "foreign_files",
     "read_marker",
     "record",
+    "record_files",
     "recording",
     "recover",
     "remove_recorded",
@@ -242,6 +247,32 @@ def check_output_dir(
             raise ValueError(f"{name}={shown!r} holds files this library did not write in folders an overwrite "
                              f"clears ({_names(blocking)}); move them out, or pass another folder")
     return path
+
+
+def check_output_files(paths, *, name: str = "--output") -> list[Path]:
+    """Check, before any work, that the library may write the report files ``paths`` (a benchmark's
+    ``<output>.json``, ``.md``, ...; one folder, which the user named with them): each file that
+    exists is one the folder's marker lists, so a file of somebody else's is never overwritten,
+    while a report written before is replaced. Returns the paths (``~`` expanded);
+    :func:`record_files` lists them in the marker once written."""
+    paths = [Path(p).expanduser() for p in paths]
+    folder = paths[0].parent
+    shown = f"{name} {str(paths[0].with_suffix(''))!r}"
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(f"{shown}: {str(folder)!r} is a file, not a folder")
+    listed = set((read_marker(folder) or {}).get("files", [])) if folder.is_dir() else set()
+    theirs = [p.name for p in paths if (p.exists() or p.is_symlink()) and p.name not in listed]
+    if theirs:
+        raise ValueError(f"{shown} would overwrite {_names(theirs)} in {str(folder) or '.'!r}, which this library "
+                         f"did not write (not on the list of its {MARKER}); pass another {name}")
+    return paths
+
+
+def record_files(paths) -> None:
+    """Mark report files just written (:func:`check_output_files`) as the library's."""
+    paths = [Path(p) for p in paths if Path(p).exists()]
+    if paths:
+        record(paths[0].parent, *(p.name for p in paths))
 
 
 # ---- writing, replacing, recovering ------------------------------------------------------------

@@ -31,7 +31,7 @@ import sys
 
 import torch
 
-from hf_zformer import benchmark
+from hf_zformer import benchmark, folders
 from hf_zformer.memory import retain_freed_memory
 
 
@@ -130,6 +130,12 @@ def parse_args(argv=None):
         parser.error(f"the width ({args.widths[0]}) must be a multiple of the number of heads ({args.heads[0]})")
     if args.level == "causal" and min(args.lengths) < 2:
         parser.error(f"--level causal: every length must be >= 2 (a prompt and a generated token), got {args.lengths}")
+    try:  # before any work: no file of somebody else's is overwritten
+        folders.check_output_files([args.output + suffix for suffix in (".csv", ".json", ".md", ".png")])
+        if args.plot and not args.no_plot:
+            folders.check_output_files([args.plot], name="--plot")
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -212,6 +218,8 @@ def main(argv=None):
     if not args.no_plot:
         paths["png"] = args.plot or args.output + ".png"
         benchmark.plot(results, paths["png"])
+    for path in paths.values():
+        folders.record_files([path])
     print(benchmark.markdown_table(results))
     print("wrote " + ", ".join(os.path.relpath(p) for p in paths.values()), file=sys.stderr)
 
@@ -250,6 +258,7 @@ def report(args, metadata, results, write_reports, markdown):
     """The side-by-side levels' ending: load average, CSV/JSON/markdown files, the table on stdout."""
     metadata["load_average_end"] = benchmark.load_average()
     paths = write_reports(results, args.output, metadata)
+    folders.record_files(list(paths.values()))
     print(markdown(results))
     print("wrote " + ", ".join(os.path.relpath(p) for p in paths.values()), file=sys.stderr)
 

@@ -20,7 +20,7 @@ from tqdm.auto import tqdm
 from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_zformer  # noqa: F401  (registers the model types)
-from hf_zformer import benchmark
+from hf_zformer import benchmark, folders
 from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
 
 
@@ -52,6 +52,11 @@ def parse_args(argv=None):
     bad = [c for c in args.checkpoints if not args.window <= c <= args.max_length]
     if bad:
         raise SystemExit(f"--checkpoints {bad} must lie in [--window={args.window}, --max-length={args.max_length}]")
+    if args.output:
+        try:  # before any work: no file of somebody else's is overwritten
+            folders.check_output_files([args.output.with_suffix(s) for s in (".json", ".md", ".png")])
+        except ValueError as error:
+            parser.error(str(error))
     return args
 
 
@@ -164,6 +169,7 @@ def main(argv=None):
         args.output.with_suffix(".json").write_text(json.dumps(record, indent=2))
         args.output.with_suffix(".md").write_text(table + "\n")
         plot(args, rows, args.output.with_suffix(".png"))
+        folders.record_files([args.output.with_suffix(s) for s in (".json", ".md", ".png")])
     return rows
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import torch
 
-from hf_zformer import benchmark
+from hf_zformer import benchmark, folders
 from hf_zformer.modeling import ops
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
@@ -51,6 +51,10 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     if args.width % args.heads:
         parser.error(f"--width {args.width} is not a multiple of --heads {args.heads}")
+    try:  # before any work: no file of somebody else's is overwritten
+        folders.check_output_files([args.output + ".json", args.output + ".md"])
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -236,6 +240,7 @@ def main(argv=None):
               f"{metadata.get('gpu')}; copy rate {peak / 1e9:.0f} GB/s; commit {metadata['commit']}, "
               f"{metadata['date']}.\n\n`{metadata['command']}`\n\n")
     output.with_suffix(".md").write_text(header + table + "\n")
+    folders.record_files([output.with_suffix(".json"), output.with_suffix(".md")])
     print(f"wrote {output.with_suffix('.json')}, {output.with_suffix('.md')}", file=sys.stderr)
 
 

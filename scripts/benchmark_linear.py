@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from hf_zformer import folders  # noqa: E402
 from hf_zformer.modeling.blocks import FEW_ROWS, Linear, takes_transposed_form, transposed_linear  # noqa: E402
 
 
@@ -62,6 +63,11 @@ def parse_args(argv=None):
         parser.error(f"--rows must all be >= 1, got {args.rows}")
     if args.weights_mb <= 0:
         parser.error(f"--weights-mb must be > 0, got {args.weights_mb}")
+    if args.output:
+        try:  # before any work: no file of somebody else's is overwritten
+            folders.check_output_files([args.output])
+        except ValueError as error:
+            parser.error(str(error))
     return args
 
 
@@ -115,6 +121,7 @@ def main(argv=None):
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         args.output.write_text(table + "\n")
+        folders.record_files([args.output])
         print(f"wrote {args.output}")
 
 

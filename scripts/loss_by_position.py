@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import language_modeling  # noqa: E402
+from hf_zformer import folders, language_modeling  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -59,6 +59,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if len(labels) != len(args.model_name_or_path):
         parser.error(f"--labels names {len(labels)} models, --model_name_or_path gives {len(args.model_name_or_path)}")
     args.labels = labels
+    if args.output:
+        try:  # before any work: no file of somebody else's is overwritten
+            folders.check_output_files([Path(args.output).with_suffix(s) for s in (".json", ".md")])
+        except ValueError as error:
+            parser.error(str(error))
     return args
 
 
@@ -132,6 +137,7 @@ def main(argv=None) -> dict:
         output.parent.mkdir(parents=True, exist_ok=True)
         output.with_suffix(".json").write_text(json.dumps(table, indent=2) + "\n")
         output.with_suffix(".md").write_text(markdown + "\n")
+        folders.record_files([output.with_suffix(".json"), output.with_suffix(".md")])
     return table
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from hf_zformer import folders  # noqa: E402
 from hf_zformer.evaluation import HISTORY_FILE, read_history  # noqa: E402
 
 KNOWN_METRICS = ("bleu", "accuracy")
@@ -36,6 +37,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"{run}: no {HISTORY_FILE} (train with run_translation.py/run_classification.py into it first)")
     if args.labels is not None and len(args.labels.split(",")) != len(args.runs):
         parser.error(f"--labels has {len(args.labels.split(','))} labels for {len(args.runs)} runs")
+    try:  # before any work: no file of somebody else's is overwritten
+        folders.check_output_files([args.output])
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 
@@ -72,6 +77,7 @@ def main(argv=None) -> Path:
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(output, dpi=120)
+    folders.record_files([output])
     plt.close(figure)
     print(f"wrote {output}")
     return output

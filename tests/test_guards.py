@@ -754,3 +754,49 @@ def test_the_pipelines_default_length_is_named_as_the_pipelines():
     with pytest.raises(ValueError) as refused:  # a length the user asked for is not blamed on the pipeline
         AutoModelForCausalLM.from_config(config).generate(torch.ones(1, 5, dtype=torch.long), max_new_tokens=100)
     assert "pipeline" not in str(refused.value)
+
+
+# ---- report files of the benchmark and report scripts ------------------------------------------
+
+def test_benchmark_reports_never_overwrite_a_users_file(tmp_path):
+    """A benchmark writes <output>.csv/.json/.md/.png: into a folder of the user's files it adds its
+    own and lists them in the marker, a re-run replaces them, and a file of the user's with one of
+    those names stops the run before any work, untouched."""
+    folder = tmp_path / "notes"
+    folder.mkdir()
+    (folder / "todo.txt").write_text("mine")
+    (folder / "speed.md").write_text("my own table")
+    small = ["--lengths", 8, "--widths", 16, "--heads", 2, "--batch", 1, "--types", "full", "zformer", "--repeats", 1,
+             "--warmup", 0, "--no-memory", "--no-plot", "--no-progress", "--matmul-size", 64]
+    refused("benchmark_attention.py", *small, "--output", folder / "speed", message="would overwrite speed.md")
+    assert (folder / "speed.md").read_text() == "my own table" and not (folder / "speed.json").exists()
+    for _ in range(2):  # the second run replaces the reports the first wrote
+        run_script("benchmark_attention.py", *small, "--output", folder / "bench")
+    assert {"bench.csv", "bench.json", "bench.md"} <= set(json.loads((folder / ".hf_zformer-output.json").read_text())["files"])
+    assert (folder / "todo.txt").read_text() == "mine" and (folder / "speed.md").read_text() == "my own table"
+
+
+@pytest.mark.parametrize("script, argv", [
+    ("benchmark_kernels.py", ["--device", "cpu"]),
+    ("benchmark_generation.py", []),
+    ("benchmark_linear.py", []),
+    ("plot_curves.py", None),
+    ("loss_by_position.py", None),
+])
+def test_every_report_script_refuses_to_overwrite_a_users_file(script, argv, tmp_path):
+    (tmp_path / "mine.md").write_text("mine")
+    (tmp_path / "mine.png").write_text("mine")
+    module = load_script(script)
+    if script == "plot_curves.py":
+        run = tmp_path / "run"
+        run.mkdir()
+        (run / "eval_history.jsonl").write_text("")
+        argv = [str(run), "--output", str(tmp_path / "mine.png")]
+    elif script == "loss_by_position.py":
+        argv = ["--model_name_or_path", str(tmp_path), "--data_dir", str(tmp_path), "--output", str(tmp_path / "mine.json")]
+    else:
+        argv = argv + ["--output", str(tmp_path / ("mine.md" if script == "benchmark_linear.py" else "mine"))]
+    with pytest.raises(SystemExit) as stopped:
+        module.parse_args(argv)
+    assert stopped.value.code == 2
+    assert (tmp_path / "mine.md").read_text() == "mine" and (tmp_path / "mine.png").read_text() == "mine"
