@@ -34,8 +34,12 @@ def install_block() -> str:
 
 
 def quickstart_blocks() -> list[str]:
-    """The Quickstart's two runs: from the Hub, then from the local data folder."""
-    return section_blocks("Quickstart")[:2]
+    """The Quickstart's run from the local data folder, and the same run from the Hub: the block
+    with the flags the text names swapped (`--dataset_name stanfordnlp/imdb` for `--data_dir` and
+    `--label_names`)."""
+    local = section_blocks("Quickstart")[0]
+    hub = re.sub(r"--data_dir \S+", "--dataset_name stanfordnlp/imdb", local)
+    return [re.sub(r" --label_names \S+", "", hub), local]
 
 
 def test_install_then_quickstart_then_tests():
@@ -43,6 +47,9 @@ def test_install_then_quickstart_then_tests():
     assert "python3 -m venv" in install and "pip install torch==" in install
     assert install.index("pip install torch==") < install.index("pip install -e .")  # torch pinned first
     hub, local = quickstart_blocks()
+    readme = (REPO_ROOT / "README.md").read_text()
+    quickstart = readme[readme.index("\n## Quickstart\n") :]
+    assert "`--dataset_name stanfordnlp/imdb` instead of\n`--data_dir` and `--label_names`" in quickstart
     assert "--dataset_name stanfordnlp/imdb" in hub and "--data_dir" not in hub  # works without our data folder
     assert "--data_dir ../shared/data/imdb" in local and "--dataset_name" not in local
     # the same run apart from the data source
@@ -51,7 +58,6 @@ def test_install_then_quickstart_then_tests():
 
     assert words(hub, "--dataset_name stanfordnlp/imdb") == words(
         local, "--data_dir ../shared/data/imdb", extra=("--label_names", "negative,positive"))
-    readme = (REPO_ROOT / "README.md").read_text()
     ci_command = re.search(r"<!-- test-command -->\n```bash\n(.*)\n", readme).group(1)
     assert "pytest" in ci_command and ".[dev]" in ci_command  # .ci/run reads the line two after the marker
     assert ci_command in section_blocks("Development")[0]
