@@ -42,6 +42,7 @@ from .blocks import (  # noqa: F401  (Linear, Dropout, masked_softmax are also t
 from .ops import (
     add_key_value_products,
     direction_pool,
+    direction_scores,
     hedgehog_features,
     linear_attention,
     normalize,
@@ -613,19 +614,9 @@ class FastformerAttention(_QKVAttention):
         self.transform = Linear(config.hidden_size, config.hidden_size)  # W_r
 
     def _scores(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
-        """(B, H, N, d) -> pooling scores (B, H, N, 1), w_h . x_i / sqrt(d_h) per head; zero scores give
-        the plain mean. A product and a sum over d, on x's own strided layout (no copy). Each score is
-        a d_h-term dot product, too small for BLAS: a `bmm` over the heads (a matrix-vector product
-        per head) or one product with a block-diagonal (D, H) matrix took 1.6-1.8x as long, forward
-        and backward, at B x N = 128 tokens, d_h = 64 on the CPU (docs/benchmarks.md, "Short
-        inputs")."""
-        batch, heads, length, _ = x.shape
-        if weight is None:
-            return x.new_zeros(batch, heads, length, 1)
-        scaled = weight * self.head_dim**-0.5  # (H, d)
-        if scaled.dtype != x.dtype:
-            scaled = scaled.to(x.dtype)
-        return (x * scaled[:, None, :]).sum(-1, keepdim=True)
+        """(B, H, N, d) -> pooling scores (B, H, N, 1), w_h . x_i / sqrt(d_h) per head
+        (`ops.direction_scores`); zero scores (no weight) give the plain mean."""
+        return direction_scores(x, None if weight is None else (weight * self.head_dim**-0.5)[None])
 
     def _folded_output(self, hidden_states, attention_mask):
         projections = 3 if self.value is None else 4

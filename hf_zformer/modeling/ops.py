@@ -369,12 +369,15 @@ def direction_pool(values, direction=None, mask=None):
         return direction_pool_kernel(values, direction, mask)[:, :, None]
     with no_autocast(values.device.type):
         values = at_least_fp32(values)[0]
-        return softmax_pool(_direction_scores(values, direction), values, mask)[0]
+        return softmax_pool(direction_scores(values, direction), values, mask)[0]
 
 
-def _direction_scores(values, direction):
-    """values_j . u (B, H, N, 1) in the values' dtype: a product and a sum over d, on the values'
-    own strided layout (no copy); zeros without a direction."""
+def direction_scores(values, direction):
+    """values_j . u (B, H, N, 1) in the values' dtype, u (B or 1, H, d): a product and a sum over d,
+    on the values' own strided layout (no copy); zeros without a direction (the plain mean). Each
+    score is a d_h-term dot product, too small for BLAS: a `bmm` over the heads or one product with a
+    block-diagonal (D, H) matrix took 1.6-1.8x as long, forward and backward, at B x N = 128 tokens,
+    d_h = 64 on the CPU (docs/benchmarks.md, "Short inputs")."""
     if direction is None:
         return values.new_zeros(*values.shape[:-1], 1)
     return (values * direction.to(values.dtype)[:, :, None, :]).sum(-1, keepdim=True)
@@ -382,7 +385,7 @@ def _direction_scores(values, direction):
 
 def direction_pool_reference(values, direction=None, mask=None):
     """`direction_pool` computed naively, through `softmax_pool_reference` over the scores."""
-    return softmax_pool_reference(_direction_scores(values, direction), values, mask)[0]
+    return softmax_pool_reference(direction_scores(values, direction), values, mask)[0]
 
 
 def causal_softmax_pool(scores: torch.Tensor, values: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

@@ -98,6 +98,22 @@ if AVAILABLE:
                  mask=inside[:, None] & (ry[None, :] < DY))
 
     @triton.jit
+    def _scale_factor(C, HAS_SCALE: tl.constexpr):
+        """The one-element scale at C, or 1."""
+        c = 1.0
+        if HAS_SCALE:
+            c = tl.load(C)
+        return c
+
+    @triton.jit
+    def _state_tile(S, bh, BX: tl.constexpr, BY: tl.constexpr, TRANSPOSE: tl.constexpr):
+        """The (BX, BY) fp32 state of pair bh (stored (BY, BX) with TRANSPOSE, read transposed)."""
+        rx, ry = tl.arange(0, BX), tl.arange(0, BY)
+        if TRANSPOSE:
+            return tl.load(S + bh * BX * BY + ry[None, :] * BX + rx[:, None])
+        return tl.load(S + bh * BX * BY + rx[:, None] * BY + ry[None, :])
+
+    @triton.jit
     def _fused_forward(Q, K, V, M, C, O, S, length_q, length_k,
                        sqb, sqh, sqn, sqd, skb, skh, skn, skd, svb, svh, svn, svd, sob, soh, son, sod, smb, smn,
                        heads: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BK: tl.constexpr,
@@ -111,9 +127,7 @@ if AVAILABLE:
                             DK, DV, BK, BV, BLOCK_N, HAS_MASK, DOT_FP32)
         rk, rv = tl.arange(0, BK), tl.arange(0, BV)
         tl.store(S + bh * BK * BV + rk[:, None] * BV + rv[None, :], state)
-        c = 1.0
-        if HAS_SCALE:
-            c = tl.load(C)
+        c = _scale_factor(C, HAS_SCALE)
         for offset in range(0, length_q, BLOCK_N):
             _product_rows(Q + b * sqb + h * sqh, O + b * sob + h * soh, M, smb, smn, b, state, c, offset, length_q,
                           sqn, sqd, son, sod, DK, DV, BK, BV, BLOCK_N, False, DOT_FP32)
@@ -132,12 +146,9 @@ if AVAILABLE:
         products = _outer_rows(tl.zeros((BK, BV), dtype=tl.float32), Q + b * sqb + h * sqh, G + b * sgb + h * sgh,
                                M, smb, smn, b, 0, length_q, length_q, sqn, sqd, sgn, sgd,
                                DK, DV, BK, BV, BLOCK_N, False, DOT_FP32)
-        rk, rv = tl.arange(0, BK), tl.arange(0, BV)
-        state = tl.load(S + bh * BK * BV + rk[:, None] * BV + rv[None, :])
+        state = _state_tile(S, bh, BK, BV, False)
         tl.store(GS + bh, tl.sum(tl.sum(products * state, axis=1), axis=0))
-        c = 1.0
-        if HAS_SCALE:
-            c = tl.load(C)
+        c = _scale_factor(C, HAS_SCALE)
         for offset in range(0, length_q, BLOCK_N):
             _product_rows(G + b * sgb + h * sgh, GQ + b * s1b + h * s1h, M, smb, smn, b, tl.trans(state), c, offset,
                           length_q, sgn, sgd, s1n, s1d, DV, DK, BV, BK, BLOCK_N, False, DOT_FP32)
@@ -180,14 +191,8 @@ if AVAILABLE:
         """One tile of rows: o_n = c m_n x_n S[bh] (S stored padded (BX, BY); with TRANSPOSE (BY, BX))."""
         block, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // heads, bh % heads
-        rx, ry = tl.arange(0, BX), tl.arange(0, BY)
-        if TRANSPOSE:
-            state = tl.load(S + bh * BX * BY + ry[None, :] * BX + rx[:, None])
-        else:
-            state = tl.load(S + bh * BX * BY + rx[:, None] * BY + ry[None, :])
-        c = 1.0
-        if HAS_SCALE:
-            c = tl.load(C)
+        state = _state_tile(S, bh, BX, BY, TRANSPOSE)
+        c = _scale_factor(C, HAS_SCALE)
         _product_rows(X + b * sxb + h * sxh, O + b * sob + h * soh, M, smb, smn, b, state, c, block * BLOCK_N, length,
                       sxn, sxd, son, sod, DX, DY, BX, BY, BLOCK_N, HAS_MASK, DOT_FP32)
 
