@@ -66,6 +66,10 @@ def parse_args(argv=None):
     parser.add_argument("--mask", action="store_true",
                         help="pass an all-ones (B, N) padding mask, as the models do (default: no mask, "
                              "SDPA's best case)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="capture each configuration's call once as a CUDA graph and time its replays: the "
+                             "GPU's own time, without the host work of eager PyTorch (what torch.compile(mode="
+                             "'reduce-overhead') or a captured training step runs); --level attention/model only")
     seq2seq = parser.add_argument_group(
         "--level seq2seq / causal / classification (width and heads: the first of --widths / --heads)")
     seq2seq.add_argument("--seq2seq-models", nargs="+", choices=benchmark.SEQ2SEQ_MODELS,
@@ -128,6 +132,9 @@ def parse_args(argv=None):
     args.target_length = args.target_length or 32
     if args.level in ("seq2seq", "causal", "classification") and args.widths[0] % args.heads[0]:
         parser.error(f"the width ({args.widths[0]}) must be a multiple of the number of heads ({args.heads[0]})")
+    if args.cuda_graphs and (args.level not in ("attention", "model") or not args.device.startswith("cuda")):
+        parser.error(f"--cuda-graphs needs --level attention or model on a CUDA device, not --level {args.level} "
+                     f"on --device {args.device}")
     if args.level == "causal" and min(args.lengths) < 2:
         parser.error(f"--level causal: every length must be >= 2 (a prompt and a generated token), got {args.lengths}")
     try:  # before any work: no file of somebody else's is overwritten
@@ -207,6 +214,7 @@ def main(argv=None):
         matmul_flops=metadata["matmul_start"]["flops"],
         progress=not args.no_progress,
         profile=args.profile,
+        graphs=args.cuda_graphs,
     )
     # Measured again at the end; the FLOP/s fractions use the faster of the two (conservative on a
     # machine shared with other work).

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with one CUDA GPU and no network, from a checkout of this repository,
-# run the kernel tests on CUDA, the attention benchmark (the Zformer reference's grid, bf16 and
-# fp32, and long inputs), the sequence-operation benchmark, the decoding benchmark and the device
-# tests, and write every result into one folder (archived again after each step, so a run cut
-# short still leaves what it measured).
+# run the attention benchmark (the Zformer reference's grid, bf16 and fp32, and long inputs; CUDA-graph
+# replays, the GPU's own time, and eager calls, host work included), the kernel tests on CUDA, the
+# sequence-operation benchmark, the decoding benchmark and the device tests, and write every result
+# into one folder (archived again after each step, so a run cut short still leaves what it measured).
 #
 #     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; about 8 minutes on an H100/H200
 #
@@ -53,29 +53,32 @@ except ImportError as error: print('fla missing:', error)
 [ "$device" = cuda ] && nvidia-smi >> "$out/environment.log" 2>&1
 
 if [ "${QUICK:-0}" = 1 ]; then
-    lengths="64 128"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32
+    lengths="64 128"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"
 else
     lengths="128 256 512 1024 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
-    repeats=5; decode=1024
+    repeats=5; decode=4096; marks="512,1024,2048,4096"
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no-plot --no-progress --no-memory --repeats $repeats"
 types="full zformer zformer_torch fastformer fastformer_torch"
+# CUDA graphs time the GPU's own work (no host overhead): a CUDA device only
+graphs=""; [ "$device" = cuda ] && graphs="--cuda-graphs"
 
-step kernel_tests 150 "$python" -m pytest -q -p no:cacheprovider -k "not fla" tests/test_kernels.py
-step grid_bf16 150 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
+step grid_graphs 120 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
+    --types full zformer fastformer --output "$out/attention_grid_bf16_graphs"
+step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
     --output "$out/attention_grid_bf16"
-step ops 150 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
+step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider -k "not fla" tests/test_kernels.py \
+    "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
+step grid_wide 100 $bench $graphs --dtype bf16 --batch $batch --widths $wide --lengths $lengths \
+    --types full zformer fastformer --output "$out/attention_grid_wide_bf16_graphs"
+step decoding 100 "$python" scripts/benchmark_generation.py --device $device --dtype bf16 --max-length $decode \
+    --checkpoints $marks --batch-size 8 --output "$out/decoding"
+step ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
     --lengths $lengths --repeats $repeats --output "$out/ops" --operations bidirectional pooling
-step grid_wide_bf16 150 $bench --dtype bf16 --batch $batch --widths $wide --lengths $lengths --types $types \
-    --output "$out/attention_grid_wide_bf16"
-step grid_fp32 120 $bench --dtype fp32 --batch $batch --widths $width --lengths $lengths --types $types \
-    --output "$out/attention_grid_fp32"
-step long_bf16 150 $bench --dtype bf16 --batch 4 --widths $width --lengths $long --types $types \
-    --output "$out/attention_long_bf16"
-step long_ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch 4 --width $width --lengths $long \
-    --dtypes bf16 --repeats 3 --output "$out/ops_long" --operations bidirectional pooling
-step decoding 120 "$python" scripts/benchmark_generation.py --device $device --dtype bf16 --max-length $decode \
-    --batch-size 8 --output "$out/decoding"
+step grid_fp32 90 $bench $graphs --dtype fp32 --batch $batch --widths $width --lengths $lengths \
+    --types full zformer fastformer --output "$out/attention_grid_fp32_graphs"
+step long_bf16 120 $bench $graphs --dtype bf16 --batch 4 --widths $width --lengths $long \
+    --types full zformer fastformer --output "$out/attention_long_bf16_graphs"
 if [ "${FLA:-0}" = 1 ]; then
     step fla 240 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
         --lengths $lengths --repeats $repeats --output "$out/ops_causal" --operations causal

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
 from hf_zformer import benchmark
 
@@ -325,12 +326,28 @@ def test_classification_level_compares_with_bert(tmp_path):
     (["--level", "classification", "--repeats", "0"], "'0' is not a positive integer"),
     (["--level", "classification", "--warmup", "-1"], "'-1' is not an integer >= 0"),
     (["--level", "classification", "--classification-models", "gpt2"], "invalid choice"),
+    (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs needs --level attention or model on a CUDA device"),
+    (["--cuda-graphs", "--level", "seq2seq", "--device", "cuda"], "not --level seq2seq"),
 ])
 def test_bad_arguments_give_clear_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as error:
         load_script().parse_args(argv)
     assert error.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_cuda_graphs_need_a_cuda_device():
+    with pytest.raises(ValueError, match="CUDA graphs need a CUDA device, not cpu"):
+        benchmark.harness.capture_graph(lambda: None, torch.device("cpu"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
+@pytest.mark.parametrize("mode", ["forward", "train"])
+def test_cuda_graph_replays_time_every_type(mode):
+    results = benchmark.sweep(["full", "zformer", "fastformer"], [64], widths=[64], heads=[4], batch=2, modes=[mode],
+                              device="cuda", dtype="bf16", repeats=2, measure_memory=False, progress=False, graphs=True)
+    assert [(r.status, r.graphs) for r in results] == [("ok", True)] * 3, [r.note for r in results]
+    assert all(r.time_ms > 0 for r in results)
 
 
 def test_classification_defaults():

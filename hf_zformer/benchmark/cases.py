@@ -79,6 +79,9 @@ class BenchCase:
     dtype: str
     device: str
     mask: bool
+    # each call replays the step captured once as a CUDA graph (host work and launches gone: the
+    # GPU's own time, what torch.compile(mode="reduce-overhead") or a captured training step runs)
+    graphs: bool = False
 
 
 @dataclass

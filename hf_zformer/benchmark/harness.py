@@ -203,6 +203,24 @@ def _make_step(module, inputs: dict, case: BenchCase, device: torch.device) -> C
     return step
 
 
+def capture_graph(step: Callable[[], None], device: torch.device, warmup: int = 3) -> Callable[[], None]:
+    """`step` captured once as a CUDA graph (after `warmup` calls on a side stream, which compile the
+    kernels and let autograd and the allocator settle); returns the graph's replay, which runs the
+    same kernels on the same buffers without the host work of the eager call."""
+    if device.type != "cuda":
+        raise ValueError(f"CUDA graphs need a CUDA device, not {device}")
+    stream = torch.cuda.Stream(device)
+    stream.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(stream):
+        for _ in range(warmup):
+            step()
+    torch.cuda.current_stream(device).wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph.replay
+
+
 def timed_call(step: Callable[[], None], device: torch.device) -> float:
     synchronize(device)
     start = time.perf_counter()
@@ -302,6 +320,14 @@ class _Runner:
             torch.manual_seed(0)
             module = build_module(self.case.attention_type, self.config, self.case.level, self.device)
             self.step = _make_step(module, _make_inputs(self.case, self.config, self.device), self.case, self.device)
+            if self.case.graphs:
+                try:
+                    self.step = capture_graph(self.step, self.device)
+                except RuntimeError as error:  # an operation the capture refuses (a host sync): say which
+                    if _is_oom(error):
+                        raise
+                    self.result.status, self.result.note = "error", f"CUDA graph capture: {str(error).splitlines()[0][:200]}"
+                    self.release()
 
         self.guarded(action)
 
@@ -394,10 +420,12 @@ def sweep(
     matmul_flops: float | None = None,
     progress: bool = True,
     profile: bool = False,
+    graphs: bool = False,
 ) -> list[BenchResult]:
     """Every (mode, width, heads, length) with all `types` measured side by side (`run_cases`),
     lengths ascending. Once a type takes longer than `max_seconds` per call (or runs out of
-    memory), its longer lengths in the same (mode, width, heads) are recorded as skipped."""
+    memory), its longer lengths in the same (mode, width, heads) are recorded as skipped. `graphs`:
+    every call replays the step captured as a CUDA graph (`capture_graph`)."""
     from tqdm.auto import tqdm
 
     types, lengths, modes = list(types), sorted(lengths), list(modes)
@@ -416,7 +444,7 @@ def sweep(
         bar.set_postfix_str(f"{mode} n={n} d={w} h={h}")
         cases, group_results = [], []
         for t in types:
-            case = BenchCase(level, t, mode, batch, n, w, h, dtype, device, mask)
+            case = BenchCase(level, t, mode, batch, n, w, h, dtype, device, mask, graphs)
             if (mode, w, h, t) in stopped:
                 result = BenchResult(**asdict(case))
                 result.status, result.note = "skipped", stopped[(mode, w, h, t)]
@@ -450,4 +478,4 @@ def add_speedups(results: list[BenchResult]):
 
 
 def _group(r: BenchResult):
-    return (r.level, r.mode, r.batch, r.length, r.width, r.heads, r.dtype, r.device, r.mask)
+    return (r.level, r.mode, r.batch, r.length, r.width, r.heads, r.dtype, r.device, r.mask, r.graphs)
