@@ -29,6 +29,20 @@ NEW_ATTENTION_PARAMETERS = ("query_map", "key_map", "window_gate", "log_scale", 
                             "transform")
 
 
+def warmup_cosine(optimizer, steps: int):
+    """The learning-rate schedule of both stages: linear warm-up over the first 5% of `steps`, then a
+    cosine decay to a tenth of the peak at the last step."""
+    warmup = max(1, steps // 20)
+
+    def factor(step):
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = min(1.0, (step - warmup) / max(1, steps - warmup))
+        return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
+
+
 def converted_layers(model) -> list[int]:
     """The indices of the layers of `model` whose attention is not "full"."""
     return [i for i, layer in enumerate(model.model.layers) if layer.attention_type != "full"]
@@ -65,12 +79,50 @@ def layer_errors(model, reference, input_ids: torch.Tensor, attention_mask: torc
     return torch.stack(errors)
 
 
-class AttentionTransfer:
+class TrainingStage:
+    """What both stages share: AdamW (no weight decay) on `self.parameters` ({name: parameter}) under
+    `warmup_cosine`, steps with gradients clipped to norm 1, and the state a resumed run needs (the
+    trained parameters, the optimizer, the scheduler and the step count)."""
+
+    label = "training"
+
+    def _start_optimizer(self, steps: int, learning_rate: float) -> None:
+        self.optimizer = torch.optim.AdamW(list(self.parameters.values()), lr=learning_rate, weight_decay=0.0)
+        self.scheduler = warmup_cosine(self.optimizer, steps)
+        self.completed = 0
+
+    def _descend(self, loss: torch.Tensor) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(list(self.parameters.values()), 1.0)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.completed += 1
+
+    def state_dict(self) -> dict:
+        return {"parameters": {name: p.detach().clone() for name, p in self.parameters.items()},
+                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
+                "completed": self.completed}
+
+    def load_state_dict(self, state: dict) -> None:
+        missing = set(self.parameters) ^ set(state["parameters"])
+        if missing:
+            raise ValueError(f"{self.label} state does not match the model: parameters {sorted(missing)[:5]}")
+        with torch.no_grad():
+            for name, parameter in self.parameters.items():
+                parameter.copy_(state["parameters"][name])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.completed = state["completed"]
+
+
+class AttentionTransfer(TrainingStage):
     """AdamW on the new attention parameters of `model` (everything else frozen) against
     `reference`, `steps` steps at `learning_rate` (5% linear warm-up, then cosine decay to a tenth;
     gradients clipped to norm 1). `step(ids, mask)` takes one step and returns the per-layer errors;
-    `state_dict` / `load_state_dict` hold what a resumed run needs (the trained parameters, the
-    optimizer, the scheduler and the step count)."""
+    `state_dict` / `load_state_dict` hold what a resumed run needs."""
+
+    label = "attention transfer"
 
     def __init__(self, model, reference, *, steps: int, learning_rate: float = 1e-2):
         if not converted_layers(model):
@@ -87,43 +139,12 @@ class AttentionTransfer:
             parameter.requires_grad_(False)
         model.eval()
         reference.eval()
-        self.optimizer = torch.optim.AdamW(list(self.parameters.values()), lr=learning_rate, weight_decay=0.0)
-        warmup = max(1, steps // 20)
-
-        def factor(step):
-            if step < warmup:
-                return (step + 1) / warmup
-            progress = min(1.0, (step - warmup) / max(1, steps - warmup))
-            return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
-
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, factor)
-        self.completed = 0
+        self._start_optimizer(steps, learning_rate)
 
     def step(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> list[float]:
         errors = layer_errors(self.model, self.reference, input_ids, attention_mask)
-        self.optimizer.zero_grad(set_to_none=True)
-        errors.mean().backward()
-        torch.nn.utils.clip_grad_norm_(list(self.parameters.values()), 1.0)
-        self.optimizer.step()
-        self.scheduler.step()
-        self.completed += 1
+        self._descend(errors.mean())
         return [float(e) for e in errors.detach()]
-
-    def state_dict(self) -> dict:
-        return {"parameters": {name: p.detach().clone() for name, p in self.parameters.items()},
-                "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(),
-                "completed": self.completed}
-
-    def load_state_dict(self, state: dict) -> None:
-        missing = set(self.parameters) ^ set(state["parameters"])
-        if missing:
-            raise ValueError(f"attention transfer state does not match the model: parameters {sorted(missing)[:5]}")
-        with torch.no_grad():
-            for name, parameter in self.parameters.items():
-                parameter.copy_(state["parameters"][name])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.completed = state["completed"]
 
 
 @torch.no_grad()
@@ -149,4 +170,5 @@ def perplexity(model, token_ids: torch.Tensor, block_size: int, max_blocks: int 
     return math.exp(sum(losses) / len(losses)), losses
 
 
-__all__ = ["AttentionTransfer", "converted_layers", "layer_errors", "new_attention_parameters", "perplexity"]
+__all__ = ["AttentionTransfer", "TrainingStage", "converted_layers", "layer_errors", "new_attention_parameters", "perplexity",
+           "warmup_cosine"]

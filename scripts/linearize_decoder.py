@@ -1,22 +1,31 @@
 #!/usr/bin/env python
 """Linearize a pretrained Llama-family causal LM: convert it (`hf_zformer.convert_decoder`), fit the
-new attention to the source's softmax attention layer by layer (`hf_zformer.decoder_transfer`),
-and measure the perplexity of the source and of the converted model before and after.
+new attention to the source's softmax attention layer by layer (stage 1, attention transfer:
+`hf_zformer.decoder_transfer`), fine-tune the result with next-token loss, LoRA or every weight,
+optionally distilling the source's logits (stage 2: `hf_zformer.decoder_finetune`), and measure the
+perplexity of the source and of the model after each stage.
 
     python scripts/linearize_decoder.py --model_name_or_path path/to/smollm2 \\
-        --gguf_file SmolLM2-135M-Instruct.Q4_1.gguf --attention_type zformer \\
-        --config_overrides zformer_feature_map=hedgehog,attention_window=64 \\
-        --train_file ../shared/data/imdb/unsup.jsonl.gz --eval_file ../shared/data/wikitext-2/valid.txt.gz \\
-        --steps 400 --output_dir runs/smollm2-hedgehog-w64
+        --attention_type zformer --config_overrides zformer_feature_map=hedgehog,attention_window=64 \\
+        --train_file ../shared/data/imdb/unsup.jsonl.gz \\
+        --eval_file ../shared/data/wikitext-2/valid.txt.gz ../shared/data/imdb/test.jsonl.gz \\
+        --steps 300 --finetune_steps 100 --distill_weight 0.5 --output_dir runs/smollm2-hedgehog-w64
 
 Training text: documents of --train_file in a seeded order, each followed by the EOS token, packed
-into blocks of --block_size tokens. Evaluation text: the whole of --eval_file as one string, cut
-into blocks of --eval_block_size tokens, the first --eval_blocks of them (the same blocks for every
-model). A progress line every --log_every steps; every --checkpoint_every steps the trained
-parameters, optimizer and step go to OUTPUT_DIR/transfer_state.pt, and a run started again with
-the same arguments resumes from there (another run's folder is refused). OUTPUT_DIR/results.json
-gets each perplexity as soon as it is measured; OUTPUT_DIR/model the fitted model (loads with
-AutoModelForCausalLM and trust_remote_code=True).
+into blocks of --block_size tokens; stage 1 takes its blocks from the start of that order, stage 2
+from its end, so the stages never train on the same text (an error if they would meet).
+Evaluation text, per --eval_file: a .txt[.gz] file's whole text as one string, or a .jsonl[.gz]
+file's documents in a fixed shuffled order, each followed by EOS; cut into blocks of
+--eval_block_size tokens, the first --eval_blocks of them (the same blocks for every model).
+--init_model starts from a model this script saved (OUTPUT_DIR/transferred of an earlier run, with
+--steps 0 to go straight to stage 2) instead of converting the source.
+
+A progress line every --log_every steps; every --checkpoint_every steps the trained parameters,
+optimizer and step go to OUTPUT_DIR/transfer_state.pt (stage 1) or OUTPUT_DIR/finetune_state.pt
+(stage 2), and a run started again with the same arguments resumes from there (another run's
+folder is refused). OUTPUT_DIR/results.json gets each perplexity as soon as it is measured;
+OUTPUT_DIR/transferred and OUTPUT_DIR/finetuned the model after each stage (LoRA folded into the
+weights; both load with AutoModelForCausalLM and trust_remote_code=True).
 """
 
 from __future__ import annotations
@@ -33,38 +42,80 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 # arguments a resumed run may change
-RESUMABLE = {"log_every", "checkpoint_every"}
+RESUMABLE = {"log_every", "checkpoint_every", "skip_scores"}
 PROMPTS = ("The history of the city begins", "This movie was")
+MODELS = ("source", "converted", "init_model", "transferred", "finetuned")
 
 
 def parse_args(argv=None):
+    from hf_zformer.decoder_finetune import FINETUNE_METHODS, LORA_TARGETS, peft_available
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model_name_or_path", required=True, help="Folder or Hub id of a Llama-family causal LM.")
     parser.add_argument("--gguf_file", default=None, help="Load the source from this GGUF file of the folder.")
     parser.add_argument("--attention_type", nargs="+", default=["zformer"], help="One type, or one per layer.")
     parser.add_argument("--config_overrides", default=None, help='ZformerLlamaConfig fields, "k=v,k2=v2".')
+    parser.add_argument("--init_model", default=None,
+                        help="Start from this converted model (a folder this script saved) instead of converting.")
     parser.add_argument("--train_file", required=True, help=".jsonl[.gz] documents (--text_column) or .txt[.gz] lines.")
     parser.add_argument("--text_column", default="text")
-    parser.add_argument("--eval_file", required=True, help="Text scored for perplexity (.txt or .txt.gz).")
+    parser.add_argument("--eval_file", nargs="+", required=True,
+                        help="Texts scored for perplexity: .txt[.gz] (one string) or .jsonl[.gz] (documents).")
     parser.add_argument("--output_dir", required=True)
-    parser.add_argument("--steps", type=int, default=400)
+    parser.add_argument("--steps", type=int, default=400, help="Stage 1 (attention transfer) steps; 0 skips it.")
     parser.add_argument("--batch_size", type=int, default=2)
     parser.add_argument("--block_size", type=int, default=512)
-    parser.add_argument("--learning_rate", type=float, default=1e-2)
+    parser.add_argument("--learning_rate", type=float, default=1e-2, help="Stage 1's peak learning rate.")
+    parser.add_argument("--finetune_steps", type=int, default=0, help="Stage 2 (fine-tuning) steps; 0 skips it.")
+    parser.add_argument("--finetune_method", default="lora", choices=FINETUNE_METHODS,
+                        help="LoRA adapters on --lora_targets (needs peft) or every weight.")
+    parser.add_argument("--finetune_learning_rate", type=float, default=None,
+                        help="Stage 2's peak learning rate (default 1e-3 for LoRA, 5e-5 for full fine-tuning).")
+    parser.add_argument("--lora_rank", type=int, default=8)
+    parser.add_argument("--lora_alpha", type=float, default=16.0)
+    parser.add_argument("--lora_targets", nargs="+", default=list(LORA_TARGETS))
+    parser.add_argument("--finetune_new_attention", action=argparse.BooleanOptionalAction, default=True,
+                        help="Stage 2 also trains the feature maps and window shares.")
+    parser.add_argument("--distill_weight", type=float, default=0.0,
+                        help="Share of the source-logit KL in stage 2's loss (0: next-token loss alone, 1: KL alone).")
+    parser.add_argument("--distill_temperature", type=float, default=2.0)
     parser.add_argument("--eval_block_size", type=int, default=1024)
     parser.add_argument("--eval_blocks", type=int, default=32)
+    parser.add_argument("--skip_scores", nargs="*", default=[], choices=MODELS,
+                        help="Models not to score (e.g. the source, scored by an earlier run).")
     parser.add_argument("--log_every", type=int, default=5)
     parser.add_argument("--checkpoint_every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    for name in ("steps", "batch_size", "block_size", "eval_block_size", "eval_blocks", "log_every",
-                 "checkpoint_every"):
+    for name in ("batch_size", "block_size", "eval_block_size", "eval_blocks", "log_every", "checkpoint_every",
+                 "lora_rank"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    if not (math.isfinite(args.learning_rate) and args.learning_rate > 0):
-        parser.error(f"--learning_rate must be a finite number > 0, got {args.learning_rate}")
+    for name in ("steps", "finetune_steps"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
+    if args.finetune_learning_rate is None:
+        args.finetune_learning_rate = 1e-3 if args.finetune_method == "lora" else 5e-5
+    for name in ("learning_rate", "finetune_learning_rate", "lora_alpha", "distill_temperature"):
+        if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
+            parser.error(f"--{name} must be a finite number > 0, got {getattr(args, name)}")
+    if not 0 <= args.distill_weight <= 1:
+        parser.error(f"--distill_weight must be in [0, 1], got {args.distill_weight}")
+    if args.finetune_steps and args.finetune_method == "lora" and not peft_available():
+        parser.error("--finetune_method lora needs the peft package (pip install peft, or hf_zformer[decoders]); "
+                     "--finetune_method full needs none")
+    names = [evaluation_name(path) for path in args.eval_file]
+    if len(set(names)) < len(names):
+        parser.error(f"--eval_file {' '.join(args.eval_file)}: two files share the name {names} (folder/file)")
     return args
+
+
+def evaluation_name(path: str) -> str:
+    """The key of an evaluation text in results.json: its folder and file name without extensions
+    ("wikitext-2/valid", "imdb/test")."""
+    path = Path(path)
+    return f"{path.parent.name}/{path.name.split('.')[0]}"
 
 
 def log(message: str) -> None:
@@ -85,18 +136,41 @@ def read_documents(path: str, text_column: str, seed: int) -> list[str]:
     return texts
 
 
-def training_blocks(tokenizer, documents: list[str], count: int, block_size: int):
-    """The first `count` blocks (count, block_size) of the documents packed with EOS after each."""
-    import torch
-
-    needed, stream = count * block_size, []
+def packed_tokens(tokenizer, documents, needed: int) -> tuple[list[int], int]:
+    """The token stream of `documents` with EOS after each, cut to `needed` tokens (None: all of
+    them), and the number of documents it took."""
+    stream, used = [], 0
     for text in documents:
         stream.extend(tokenizer(text)["input_ids"] + [tokenizer.eos_token_id])
-        if len(stream) >= needed:
+        used += 1
+        if needed is not None and len(stream) >= needed:
             break
+    return stream if needed is None else stream[:needed], used
+
+
+def training_blocks(tokenizer, documents: list[str], count: int, block_size: int):
+    """The first `count` blocks (count, block_size) of the documents packed with EOS after each,
+    and the number of documents they took."""
+    import torch
+
+    needed = count * block_size
+    stream, used = packed_tokens(tokenizer, documents, needed)
     if len(stream) < needed:
         raise ValueError(f"the training documents hold {len(stream)} tokens; {count} blocks need {needed}")
-    return torch.tensor(stream[:needed]).view(count, block_size)
+    return torch.tensor(stream).view(count, block_size), used
+
+
+def evaluation_tokens(path: str, tokenizer, text_column: str, needed: int):
+    """The token ids (1-D) of an evaluation text: a .txt[.gz] file's whole text, or the documents of
+    a .jsonl[.gz] file in a fixed shuffled order (labels sorted in the file mix), each followed by
+    EOS, up to `needed` tokens."""
+    import torch
+
+    if ".jsonl" in path:
+        return torch.tensor(packed_tokens(tokenizer, read_documents(path, text_column, seed=0), needed)[0])
+    with open(path, "rb") as handle:
+        raw = handle.read()
+    return torch.tensor(tokenizer((gzip.decompress(raw) if path.endswith(".gz") else raw).decode("utf-8"))["input_ids"])
 
 
 def save_atomically(obj, path: Path) -> None:
@@ -121,24 +195,28 @@ def write_results(path: Path, results: dict) -> None:
 
 def main(argv=None):
     args = parse_args(argv)
-    for name in ("train_file", "eval_file"):  # before the source is loaded
-        if not Path(getattr(args, name)).is_file():
-            sys.exit(f"linearize_decoder.py: error: --{name} {getattr(args, name)} is not a file")
+    for name, path in [("train_file", args.train_file), ("init_model", args.init_model)] + [
+            ("eval_file", path) for path in args.eval_file]:  # before the source is loaded
+        if path is not None and not (Path(path).is_dir() if name == "init_model" else Path(path).is_file()):
+            sys.exit(f"linearize_decoder.py: error: --{name} {path} is not a {'folder' if name == 'init_model' else 'file'}")
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_zformer.arguments import parse_config_overrides
     from hf_zformer.convert_decoder import convert_causal_lm, full_attention_copy
+    from hf_zformer.decoder_finetune import Finetuning
     from hf_zformer.decoder_transfer import AttentionTransfer, perplexity
-    from hf_zformer.modeling import ZformerLlamaConfig
+    from hf_zformer.modeling import ZformerLlamaConfig, ZformerLlamaForCausalLM
     from hf_zformer.results import git_commit, machine, perplexity_ci
 
     from hf_zformer import folders
 
+    inputs = {"--model_name_or_path": args.model_name_or_path, "--train_file": args.train_file,
+              **{f"--eval_file {path}": path for path in args.eval_file}}
+    if args.init_model:
+        inputs["--init_model"] = args.init_model
     try:  # new, empty, or a folder this library wrote (a run to resume); never a folder of other files
-        output_dir = folders.check_output_dir(args.output_dir, name="--output_dir", whole=False, inputs={
-            "--model_name_or_path": args.model_name_or_path, "--train_file": args.train_file,
-            "--eval_file": args.eval_file})
+        output_dir = folders.check_output_dir(args.output_dir, name="--output_dir", whole=False, inputs=inputs)
     except ValueError as error:
         sys.exit(f"linearize_decoder.py: error: {error}")
     torch.manual_seed(args.seed)
@@ -154,12 +232,20 @@ def main(argv=None):
     results_file = output_dir / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {
         "source": args.model_name_or_path + (f" ({args.gguf_file})" if args.gguf_file else ""),
-        "attention_type": args.attention_type, "config_overrides": args.config_overrides,
-        "train_file": args.train_file, "eval_file": args.eval_file, "eval_block_size": args.eval_block_size,
-        "eval_blocks": args.eval_blocks, "steps": args.steps, "batch_size": args.batch_size,
-        "block_size": args.block_size, "learning_rate": args.learning_rate, "seed": args.seed,
+        "init_model": args.init_model, "attention_type": args.attention_type,
+        "config_overrides": args.config_overrides, "train_file": args.train_file, "eval_file": args.eval_file,
+        "eval_block_size": args.eval_block_size, "eval_blocks": args.eval_blocks, "seed": args.seed,
+        "transfer": {"steps": args.steps, "batch_size": args.batch_size, "block_size": args.block_size,
+                     "tokens": args.steps * args.batch_size * args.block_size, "learning_rate": args.learning_rate},
+        "finetune": {"steps": args.finetune_steps, "batch_size": args.batch_size, "block_size": args.block_size,
+                     "tokens": args.finetune_steps * args.batch_size * args.block_size,
+                     "method": args.finetune_method, "learning_rate": args.finetune_learning_rate,
+                     "lora": ({"rank": args.lora_rank, "alpha": args.lora_alpha, "targets": args.lora_targets}
+                              if args.finetune_method == "lora" else None),
+                     "new_attention": args.finetune_new_attention, "distill_weight": args.distill_weight,
+                     "distill_temperature": args.distill_temperature},
         "precision": "fp32", "commit": git_commit(Path(__file__).resolve().parents[1]), "machine": machine(),
-        "perplexity": {},
+        "threads": torch.get_num_threads(), "perplexity": {}, "greedy_samples": {},
     }
 
     started = time.time()
@@ -168,84 +254,128 @@ def main(argv=None):
     source = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32, **load).eval()
     log(f"source {type(source).__name__} loaded ({sum(p.numel() for p in source.parameters()) / 1e6:.1f}M "
         f"parameters, {time.time() - started:.0f} s)")
-    attention_type = args.attention_type[0] if len(args.attention_type) == 1 else args.attention_type
-    overrides = parse_config_overrides(args.config_overrides, ZformerLlamaConfig)
-    model = convert_causal_lm(args.model_name_or_path, attention_type, source=source, tokenizer=tokenizer,
-                              **overrides)
-    reference = full_attention_copy(model)
+    if args.init_model:
+        try:
+            model = ZformerLlamaForCausalLM.from_pretrained(args.init_model, dtype=torch.float32).eval()
+        except Exception as error:  # not a folder of a converted model: name it and the cause
+            sys.exit(f"linearize_decoder.py: error: --init_model {args.init_model} holds no converted model "
+                     f"({type(error).__name__}: {str(error).splitlines()[0]})")
+        start = "init_model"
+    else:
+        attention_type = args.attention_type[0] if len(args.attention_type) == 1 else args.attention_type
+        overrides = parse_config_overrides(args.config_overrides, ZformerLlamaConfig)
+        model = convert_causal_lm(args.model_name_or_path, attention_type, source=source, tokenizer=tokenizer,
+                                  **overrides)
+        start = "converted"
     results["config"] = {key: getattr(model.config, key) for key in (
         "attention_type", "zformer_feature_map", "attention_window", "num_hidden_layers", "hidden_size",
         "num_attention_heads", "num_key_value_heads")}
 
-    with open(args.eval_file, "rb") as handle:
-        raw = handle.read()
-    eval_text = (gzip.decompress(raw) if args.eval_file.endswith(".gz") else raw).decode("utf-8")
-    eval_ids = torch.tensor(tokenizer(eval_text)["input_ids"])
-    log(f"evaluation text: {eval_ids.numel()} tokens; scoring the first {args.eval_blocks} blocks of "
-        f"{args.eval_block_size}")
+    needed = args.eval_blocks * args.eval_block_size
+    evaluations = {evaluation_name(path): evaluation_tokens(path, tokenizer, args.text_column, needed)
+                   for path in args.eval_file}
+    for name, ids in evaluations.items():
+        log(f"evaluation text {name}: {ids.numel()} tokens; scoring the first {args.eval_blocks} blocks of "
+            f"{args.eval_block_size}")
 
     def score(name, scored_model):
-        if name in results["perplexity"]:
-            return
-        begin = time.time()
+        for text, ids in evaluations.items():
+            if name in args.skip_scores or text in results["perplexity"].get(name, {}):
+                continue
+            begin = time.time()
 
-        def progress(done, total):
-            if done % 8 == 0 or done == total:
-                log(f"perplexity of {name}: block {done}/{total}")
+            def progress(done, total):
+                if done % 8 == 0 or done == total:
+                    log(f"perplexity of {name} on {text}: block {done}/{total}")
 
-        value, losses = perplexity(scored_model, eval_ids, args.eval_block_size, args.eval_blocks, progress)
-        results["perplexity"][name] = {"value": round(value, 3), "ci95": perplexity_ci(losses),
-                                       "tokens": len(losses) * (args.eval_block_size - 1),
-                                       "seconds": round(time.time() - begin, 1)}
+            value, losses = perplexity(scored_model, ids, args.eval_block_size, args.eval_blocks, progress)
+            results["perplexity"].setdefault(name, {})[text] = {
+                "value": round(value, 3), "ci95": perplexity_ci(losses), "tokens": len(losses) * (args.eval_block_size - 1),
+                "seconds": round(time.time() - begin, 1)}
+            write_results(results_file, results)
+            log(f"perplexity of {name} on {text}: {value:.3f}")
+        for prompt in PROMPTS:
+            if name not in results["greedy_samples"].get(prompt, {}):
+                encoded = tokenizer(prompt, return_tensors="pt")
+                tokens = scored_model.generate(**encoded, max_new_tokens=30, do_sample=False)
+                results["greedy_samples"].setdefault(prompt, {})[name] = tokenizer.decode(
+                    tokens[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
         write_results(results_file, results)
-        log(f"perplexity of {name}: {value:.3f}")
+
+    def save(name, saved_model):
+        with folders.recording(output_dir):
+            saved_model.save_pretrained(output_dir / name)
+            tokenizer.save_pretrained(output_dir / name)
+        log(f"saved {output_dir / name}")
+
+    def train(stage, trainer, blocks, total, state_file, describe):
+        if state_file.exists():
+            trainer.load_state_dict(torch.load(state_file, weights_only=False))
+            log(f"{stage}: resumed from {state_file} at step {trainer.completed}")
+        begin, first, last = time.time(), trainer.completed, None
+        while trainer.completed < total:
+            step = trainer.completed
+            last = trainer.step(blocks[step * args.batch_size : (step + 1) * args.batch_size])
+            done = trainer.completed
+            if done % args.log_every == 0 or done == total:
+                rate = (time.time() - begin) / (done - first)
+                log(f"{stage} step {done}/{total} {describe(last)} lr {trainer.scheduler.get_last_lr()[0]:.2e} "
+                    f"{rate:.1f} s/step, {(total - done) * rate / 60:.1f} min left")
+            if done % args.checkpoint_every == 0 or done == total:
+                save_atomically(trainer.state_dict(), state_file)
+        key = f"{stage.replace(' ', '_')}_seconds"
+        results[key] = results.get(key, 0) + round(time.time() - begin, 1)
+        return last
 
     score("source", source)
-    del source
-    score("converted", model)
-
-    transfer = AttentionTransfer(model, reference, steps=args.steps, learning_rate=args.learning_rate)
-    state_file = output_dir / "transfer_state.pt"
-    if state_file.exists():
-        transfer.load_state_dict(torch.load(state_file, weights_only=False))
-        log(f"resumed from {state_file} at step {transfer.completed}")
+    score(start, model)
     documents = read_documents(args.train_file, args.text_column, args.seed)
-    blocks = training_blocks(tokenizer, documents, args.steps * args.batch_size, args.block_size)
-    log(f"attention transfer: {len(transfer.parameters)} tensors "
-        f"({sum(p.numel() for p in transfer.parameters.values()) / 1e6:.2f}M parameters), {args.steps} steps of "
-        f"{args.batch_size} x {args.block_size} tokens")
-    begin, first = time.time(), transfer.completed
-    while transfer.completed < args.steps:
-        step = transfer.completed
-        errors = transfer.step(blocks[step * args.batch_size : (step + 1) * args.batch_size])
-        done = transfer.completed
-        if done % args.log_every == 0 or done == args.steps:
-            rate = (time.time() - begin) / (done - first)
-            log(f"step {done}/{args.steps} error {sum(errors) / len(errors):.4f} (layers {min(errors):.3f}-"
-                f"{max(errors):.3f}) lr {transfer.scheduler.get_last_lr()[0]:.2e} {rate:.1f} s/step, "
-                f"{(args.steps - done) * rate / 60:.1f} min left")
-        if done % args.checkpoint_every == 0 or done == args.steps:
-            save_atomically(transfer.state_dict(), state_file)
-    results["transfer_seconds"] = results.get("transfer_seconds", 0) + round(time.time() - begin, 1)
-    results["last_step_layer_errors"] = [round(e, 4) for e in errors] if transfer.completed > first else None
-    write_results(results_file, results)
-    with folders.recording(output_dir):
-        model.save_pretrained(output_dir / "model")
-        tokenizer.save_pretrained(output_dir / "model")
-    score("transferred", model)
+    used = 0
+    if args.steps:
+        transfer = AttentionTransfer(model, full_attention_copy(model), steps=args.steps,
+                                     learning_rate=args.learning_rate)
+        blocks, used = training_blocks(tokenizer, documents, args.steps * args.batch_size, args.block_size)
+        log(f"attention transfer: {len(transfer.parameters)} tensors "
+            f"({sum(p.numel() for p in transfer.parameters.values()) / 1e6:.2f}M parameters), {args.steps} steps of "
+            f"{args.batch_size} x {args.block_size} tokens")
+        errors = train("attention transfer", transfer, blocks, args.steps, output_dir / "transfer_state.pt",
+                       lambda e: f"error {sum(e) / len(e):.4f} (layers {min(e):.3f}-{max(e):.3f})")
+        if errors is not None:
+            results["last_step_layer_errors"] = [round(e, 4) for e in errors]
+        del transfer
+        save("transferred", model)
+        score("transferred", model)
+    if args.finetune_steps:
+        finetuning = Finetuning(
+            model, steps=args.finetune_steps, learning_rate=args.finetune_learning_rate, method=args.finetune_method,
+            lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
+            new_attention=args.finetune_new_attention, teacher=source if args.distill_weight > 0 else None,
+            distill_weight=args.distill_weight, temperature=args.distill_temperature)
+        blocks, from_end = training_blocks(tokenizer, documents[::-1], args.finetune_steps * args.batch_size,
+                                           args.block_size)
+        if used + from_end > len(documents):
+            sys.exit(f"linearize_decoder.py: error: {args.train_file} holds too little text for both stages: "
+                     f"stage 1 takes {used} of its {len(documents)} documents and stage 2 {from_end}")
+        log(f"fine-tuning ({args.finetune_method}): {finetuning.trainable_count() / 1e6:.2f}M trained parameters, "
+            f"{args.finetune_steps} steps of {args.batch_size} x {args.block_size} tokens"
+            + (f", distilling the source's logits (weight {args.distill_weight}, T={args.distill_temperature})"
+               if args.distill_weight else ""))
 
-    samples = {}
-    for prompt in PROMPTS:
-        encoded = tokenizer(prompt, return_tensors="pt")
-        row = {}
-        for name, sampled in (("source", reference), ("transferred", model)):
-            tokens = sampled.generate(**encoded, max_new_tokens=30, do_sample=False)
-            row[name] = tokenizer.decode(tokens[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
-        samples[prompt] = row
-    results["greedy_samples"] = samples
-    results["wall_time_s"] = round(time.time() - started, 1)
+        def describe(losses):
+            extra = f", distillation {losses['distillation']:.4f}" if losses["distillation"] is not None else ""
+            return f"loss {losses['loss']:.4f} (next-token {losses['next_token']:.4f}{extra})"
+
+        losses = train("fine-tuning", finetuning, blocks, args.finetune_steps, output_dir / "finetune_state.pt",
+                       describe)
+        if losses is not None:
+            results["last_step_finetune_losses"] = {k: None if v is None else round(v, 4) for k, v in losses.items()}
+        model = finetuning.merged_model()
+        del finetuning
+        save("finetuned", model)
+        score("finetuned", model)
+    results["wall_time_s"] = results.get("wall_time_s", 0) + round(time.time() - started, 1)
     write_results(results_file, results)
-    log(f"done: {json.dumps(results['perplexity'])}")
+    log(f"done: {json.dumps({m: {t: e['value'] for t, e in p.items()} for m, p in results['perplexity'].items()})}")
 
 
 if __name__ == "__main__":

@@ -10,9 +10,11 @@ import sys
 import pytest
 import torch
 from conftest import REPO_ROOT
+from transformers import AutoModelForCausalLM
 from test_llama_decoder import tiny_llama
 
 from hf_zformer.convert_decoder import attention_calls, convert_causal_lm, full_attention_copy
+from hf_zformer.decoder_finetune import peft_available
 from hf_zformer.decoder_transfer import AttentionTransfer, layer_errors, new_attention_parameters, perplexity
 
 
@@ -116,33 +118,61 @@ def test_linearize_script_end_to_end_and_resume(tmp_path):
             handle.write(json.dumps({"text": words(30)}) + "\n")
     with gzip.open(tmp_path / "eval.txt.gz", "wt") as handle:
         handle.write(words(200) + "\n")
+    (tmp_path / "reviews").mkdir()
+    with gzip.open(tmp_path / "reviews" / "test.jsonl.gz", "wt") as handle:
+        for _ in range(20):
+            handle.write(json.dumps({"text": words(12)}) + "\n")
+    method = "lora" if peft_available() else "full"
     command = [sys.executable, str(REPO_ROOT / "scripts" / "linearize_decoder.py"), "--model_name_or_path",
                str(tmp_path / "llama"), "--attention_type", "zformer", "--config_overrides", "attention_window=4",
                "--train_file", str(tmp_path / "train.jsonl.gz"), "--eval_file", str(tmp_path / "eval.txt.gz"),
-               "--steps", "4", "--batch_size", "2", "--block_size", "16", "--eval_block_size", "32",
-               "--eval_blocks", "3", "--log_every", "2", "--checkpoint_every", "2", "--output_dir",
-               str(tmp_path / "run")]
+               str(tmp_path / "reviews" / "test.jsonl.gz"), "--steps", "4", "--batch_size", "2", "--block_size", "16",
+               "--finetune_steps", "4", "--finetune_method", method, "--distill_weight", "0.5",
+               "--eval_block_size", "32", "--eval_blocks", "3", "--log_every", "2", "--checkpoint_every", "2",
+               "--output_dir", str(tmp_path / "run")]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
-    assert "step 4/4 error" in result.stdout
+    assert "attention transfer step 4/4 error" in result.stdout
+    assert "fine-tuning step 4/4 loss" in result.stdout and "distillation" in result.stdout
     results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert set(results["perplexity"]) == {"source", "converted", "transferred"}
-    assert results["config"]["attention_window"] == 4 and results["steps"] == 4
-    for entry in results["perplexity"].values():
-        assert entry["tokens"] == 3 * 31 and entry["value"] > 1
+    texts = {f"{tmp_path.name}/eval", "reviews/test"}  # folder/file names the evaluation texts
+    assert set(results["perplexity"]) == {"source", "converted", "transferred", "finetuned"}
+    assert all(set(scores) == texts for scores in results["perplexity"].values())
+    assert results["config"]["attention_window"] == 4 and results["transfer"]["steps"] == 4
+    assert results["finetune"]["method"] == method and results["finetune"]["distill_weight"] == 0.5
+    for scores in results["perplexity"].values():
+        for entry in scores.values():
+            assert entry["tokens"] == 3 * 31 and entry["value"] > 1
     # the source's number is the source's own perplexity on those blocks
     tokenizer = _word_tokenizer()
     eval_ids = torch.tensor(tokenizer(gzip.open(tmp_path / "eval.txt.gz", "rt").read())["input_ids"])
-    assert results["perplexity"]["source"]["value"] == pytest.approx(perplexity(source, eval_ids, 32, 3)[0], rel=1e-3)
-    assert set(results["greedy_samples"]) and (tmp_path / "run" / "model" / "config.json").exists()
-    # started again: resumes from the checkpoint (nothing left to train) and keeps the numbers
+    assert results["perplexity"]["source"][f"{tmp_path.name}/eval"]["value"] == pytest.approx(
+        perplexity(source, eval_ids, 32, 3)[0], rel=1e-3)
+    # each stage's model is saved, loads with remote code, and scores what the run measured
+    finetuned = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "finetuned", trust_remote_code=True)
+    assert results["perplexity"]["finetuned"][f"{tmp_path.name}/eval"]["value"] == pytest.approx(
+        perplexity(finetuned, eval_ids, 32, 3)[0], rel=1e-3)
+    assert (tmp_path / "run" / "transferred" / "config.json").exists()
+    assert set(results["greedy_samples"]["This movie was"]) == set(results["perplexity"])
+    # started again: resumes from the checkpoints (nothing left to train) and keeps the numbers
     again = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stderr
-    assert "resumed from" in again.stdout and "at step 4" in again.stdout
+    assert "attention transfer: resumed from" in again.stdout and "fine-tuning: resumed from" in again.stdout
+    assert "at step 4" in again.stdout
     assert json.loads((tmp_path / "run" / "results.json").read_text())["perplexity"] == results["perplexity"]
     changed = [part if part != "4" else "5" for part in command]  # --steps 5: another run
     refused = subprocess.run(changed, capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0 and "holds a run with other arguments" in refused.stderr
+    # stage 2 alone from the transferred model of that run, the source not scored again
+    alone = [part if part != str(tmp_path / "run") else str(tmp_path / "stage2") for part in command]
+    alone[alone.index("--steps") + 1] = "0"
+    alone += ["--init_model", str(tmp_path / "run" / "transferred"), "--skip_scores", "source"]
+    result = subprocess.run(alone, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    second = json.loads((tmp_path / "stage2" / "results.json").read_text())
+    assert set(second["perplexity"]) == {"init_model", "finetuned"}
+    assert second["perplexity"]["init_model"] == {t: {**e, "seconds": second["perplexity"]["init_model"][t]["seconds"]}
+                                                  for t, e in results["perplexity"]["transferred"].items()}
     # a folder of the user's files is refused before any work and left as it was
     users = tmp_path / "notes"
     users.mkdir()
@@ -151,3 +181,21 @@ def test_linearize_script_end_to_end_and_resume(tmp_path):
     refused = subprocess.run(foreign, capture_output=True, text=True, timeout=300)
     assert refused.returncode != 0 and "did not write" in refused.stderr
     assert sorted(p.name for p in users.iterdir()) == ["todo.txt"]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--distill_weight", "1.5"], "--distill_weight must be in [0, 1], got 1.5"),
+    (["--finetune_steps", "-2"], "--finetune_steps must be >= 0, got -2"),
+    (["--finetune_learning_rate", "nan"], "--finetune_learning_rate must be a finite number > 0, got nan"),
+    (["--lora_rank", "0"], "--lora_rank must be >= 1, got 0"),
+    (["--finetune_method", "qlora"], "invalid choice: 'qlora'"),
+    (["--eval_file", "x/a/valid.txt", "y/a/valid.txt.gz"], "two files share the name"),
+])
+def test_linearize_script_names_bad_arguments(flags, message, capsys):
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import linearize_decoder
+
+    base = ["--model_name_or_path", "m", "--train_file", "t.jsonl", "--eval_file", "e.txt", "--output_dir", "o"]
+    with pytest.raises(SystemExit):
+        linearize_decoder.parse_args(base + flags)
+    assert message in capsys.readouterr().err
