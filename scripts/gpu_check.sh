@@ -56,7 +56,7 @@ if [ "${QUICK:-0}" = 1 ]; then
     lengths="64 128"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"
 else
     lengths="128 256 512 1024 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
-    repeats=5; decode=4096; marks="512,1024,2048,4096"
+    repeats=5; decode=1024; marks="256,512,1024"
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no-plot --no-progress --no-memory --repeats $repeats"
 types="full zformer zformer_torch fastformer fastformer_torch"

@@ -252,6 +252,9 @@ def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypat
     ops.linear_attention(query, key, value, return_state=True)  # a state for a cache: the torch form
     wide = [t.repeat(1, 1, 1, 17) for t in (query, key, value)]  # 272: wider than a tile
     ops.linear_attention(*wide)
+    # fp16: attention outputs written in fp16 could overflow; the pooling's result is fp32
+    assert not ops._kernel_applies("linear_attention", query.half())
+    assert ops._kernel_applies("direction_pool", query.half())
     ops.set_kernel_backend("torch")
     ops.linear_attention(query, key, value)
     assert len(calls) == 1

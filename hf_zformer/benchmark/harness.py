@@ -218,7 +218,14 @@ def capture_graph(step: Callable[[], None], device: torch.device, warmup: int = 
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    return graph.replay
+
+    def replay():
+        graph.replay()
+
+    # the graph reads the module's parameters and the inputs where they were at capture: the eager
+    # step's closure holds them, so it lives as long as the replay
+    replay.eager_step = step
+    return replay
 
 
 def timed_call(step: Callable[[], None], device: torch.device) -> float:

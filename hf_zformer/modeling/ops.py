@@ -106,7 +106,10 @@ def _kernel_applies(operation: str, *tensors: torch.Tensor) -> bool:
                            "TRITON_INTERPRET=1 set before the first import to run them on the CPU")
     if torch.compiler.is_compiling():
         return _torch_form(f"{operation} inside torch.compile")
-    if any(t.dtype not in (torch.float32, torch.bfloat16, torch.float16) for t in tensors):
+    # fp16: the pooling's fp32 result only; attention outputs written in fp16 overflow where the
+    # sums over long sequences are large (bf16 has fp32's range)
+    dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if operation == "direction_pool" else ())
+    if any(t.dtype not in dtypes for t in tensors):
         return _torch_form(f"{operation} in {tensors[0].dtype}")
     if not all(supported_width(t.shape[-1]) for t in tensors):
         return _torch_form(f"{operation} with head widths {sorted({t.shape[-1] for t in tensors})}")

@@ -347,12 +347,13 @@ def _mask_arguments(mask: torch.Tensor | None, x: torch.Tensor):
     return mask, mask.stride(0), mask.stride(1), True
 
 
-def _launch_options(*widths: int) -> dict:
+def _launch_options(*widths: int, backward: bool = False) -> dict:
     """Warps and pipeline stages of a launch: wide tiles (128 columns and up: 1,024 wide with 8
-    heads, a feature map's 2 d) take 8 warps and two stages, or the staged tiles outgrow an H200's
-    shared memory (237,568 bytes asked against 232,448 at three stages)."""
+    heads, a feature map's 2 d) take 8 warps and two stages (one in the fused backward, which holds
+    more tiles), or the staged tiles outgrow an H200's shared memory (forward: 237,568 bytes asked
+    against 232,448 at three stages; backward: 262,144 at two)."""
     if max(_tile(w) for w in widths) >= 128:
-        return {"num_warps": 8, "num_stages": 2}
+        return {"num_warps": 8, "num_stages": 1 if backward else 2}
     return {"num_warps": 4, "num_stages": 3}
 
 
@@ -428,7 +429,8 @@ def _launch_fused_backward(query, key, value, mask, scale, state, grad):
         length_q, length_k, *query.stride(), *key.stride(), *value.stride(), *grad.stride(),
         *grads[0].stride(), *grads[1].stride(), *grads[2].stride(), smb, smn,
         heads=heads, DK=dk, DV=dv, BK=_tile(dk), BV=_tile(dv), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
-        HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value, grad), **_launch_options(dk, dv),
+        HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value, grad),
+        **_launch_options(dk, dv, backward=True),
     )
     return (*grads, scale_products.sum())
 
