@@ -68,6 +68,7 @@ def _grads(outputs, inputs, seed=5):
     (150, 150, 16, 32),  # self-attention
     (37, 600, 16, 32),  # cross-attention, keys in two slices
     (70, 70, 20, 21),  # widths padded to tiles (a feature map's [v, 1] is d + 1 wide)
+    (40, 40, 72, 65),  # 128 x 128 tiles: the fused plan's forward with the split backward
 ])
 def test_linear_attention_kernel_matches_fp64(kernels, with_mask, with_scale, queries, keys, dim, width):
     generator = torch.Generator().manual_seed(0)
@@ -85,8 +86,10 @@ def test_linear_attention_kernel_matches_fp64(kernels, with_mask, with_scale, qu
     expected, _ = ops.linear_attention(*inputs64[:3], mask, scale=inputs64[3] if with_scale else None)
     assert _relative(out, expected) < 1e-6
     inputs = [query, key, value] + ([scale] if with_scale else [])
-    for got, want in zip(_grads(out, inputs), _grads(expected, inputs64)):
-        assert _relative(got, want) < 1e-6
+    # the scale's gradient is one fp32 sum over every (sequence, head, d, e) product, with cancellation
+    tolerances = [1e-6] * 3 + [2e-5]
+    for got, want, tolerance in zip(_grads(out, inputs), _grads(expected, inputs64), tolerances):
+        assert _relative(got, want) < tolerance
     if with_mask:  # padding's keys and values get no gradient
         grads = _grads(out, [key, value])
         assert all(g[~mask.bool()[:, None, :, None].expand_as(g)].abs().max() == 0 for g in grads)

@@ -347,13 +347,12 @@ def _mask_arguments(mask: torch.Tensor | None, x: torch.Tensor):
     return mask, mask.stride(0), mask.stride(1), True
 
 
-def _launch_options(*widths: int, backward: bool = False) -> dict:
+def _launch_options(*widths: int) -> dict:
     """Warps and pipeline stages of a launch: wide tiles (128 columns and up: 1,024 wide with 8
-    heads, a feature map's 2 d) take 8 warps and two stages (one in the fused backward, which holds
-    more tiles), or the staged tiles outgrow an H200's shared memory (forward: 237,568 bytes asked
-    against 232,448 at three stages; backward: 262,144 at two)."""
+    heads, a feature map's 2 d) take 8 warps and two stages, or the staged tiles outgrow an H200's
+    shared memory (237,568 bytes asked against 232,448 at three stages)."""
     if max(_tile(w) for w in widths) >= 128:
-        return {"num_warps": 8, "num_stages": 1 if backward else 2}
+        return {"num_warps": 8, "num_stages": 2}
     return {"num_warps": 4, "num_stages": 3}
 
 
@@ -429,8 +428,7 @@ def _launch_fused_backward(query, key, value, mask, scale, state, grad):
         length_q, length_k, *query.stride(), *key.stride(), *value.stride(), *grad.stride(),
         *grads[0].stride(), *grads[1].stride(), *grads[2].stride(), smb, smn,
         heads=heads, DK=dk, DV=dv, BK=_tile(dk), BV=_tile(dv), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
-        HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value, grad),
-        **_launch_options(dk, dv, backward=True),
+        HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value, grad), **_launch_options(dk, dv),
     )
     return (*grads, scale_products.sum())
 
@@ -441,6 +439,14 @@ def _linear_attention_forward(query, key, value, mask, scale):
         return (*_launch_fused_forward(query, key, value, mask, scale), True)
     state = outer_sum(key, value, mask)  # K^T V over the real keys, fp32
     return state_product(query, state, value.shape[-1], scale=scale), state, False
+
+
+def _fused_backward_fits(dk: int, dv: int) -> bool:
+    """Whether one program can hold the fused backward's tiles (the state, Q^T dO and their
+    transposes: 262,144 bytes of shared memory at 128 x 128, over an H200's 232,448). Wider heads
+    (1,024 wide with 8 heads; a Hedgehog map's 2 d against d + 1) take the split backward, whose
+    launches each hold one tile; the fused forward's state serves it as it is."""
+    return _tile(dk) * _tile(dv) < 128 * 128
 
 
 class _LinearAttention(torch.autograd.Function):
@@ -455,7 +461,7 @@ class _LinearAttention(torch.autograd.Function):
         query, key, value, mask, state, scale = ctx.saved_tensors
         if grad.stride(-1) != 1:
             grad = grad.contiguous()
-        if ctx.fused:
+        if ctx.fused and _fused_backward_fits(query.shape[-1], value.shape[-1]):
             grad_query, grad_key, grad_value, scale_products = _launch_fused_backward(
                 query, key, value, mask, scale, state, grad)
         else:
