@@ -21,6 +21,7 @@ from transformers import AutoConfig, AutoModelForSeq2SeqLM
 
 import hf_zformer  # noqa: F401  (registers the model types)
 from hf_zformer import benchmark, folders
+from hf_zformer.decoding import StepDecoder
 from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
 
 
@@ -39,6 +40,10 @@ def parse_args(argv=None):
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 runs under autocast")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (each step is timed to its last kernel)")
+    parser.add_argument("--cuda-graphs", action="store_true",
+                        help="zformer and fastformer decoders step through hf_zformer.decoding.StepDecoder, each "
+                             "token a replay of one CUDA graph (their state has a fixed shape); full attention "
+                             "decodes eagerly with its growing KV cache, as generate() does")
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's choice; 1 is steadier on a shared machine)")
     parser.add_argument("--seed", type=int, default=0)
@@ -49,6 +54,8 @@ def parse_args(argv=None):
         args.checkpoints = sorted({int(c) for c in args.checkpoints.split(",")})
     else:
         args.checkpoints = [2**k for k in range(4, 32) if 2**k <= args.max_length]
+    if args.cuda_graphs and not args.device.startswith("cuda"):
+        parser.error(f"--cuda-graphs needs --device cuda, not {args.device}")
     bad = [c for c in args.checkpoints if not args.window <= c <= args.max_length]
     if bad:
         raise SystemExit(f"--checkpoints {bad} must lie in [--window={args.window}, --max-length={args.max_length}]")
@@ -77,6 +84,31 @@ def build_model(args, decoder_type):
     return AutoModelForSeq2SeqLM.from_config(config).eval().to(args.device)
 
 
+class EagerDecoder:
+    """Greedy decoding by eager forwards with the model's cache (what generate() runs): `step()`
+    feeds the last token, `cache` is the decoding state."""
+
+    def __init__(self, model, source, mask):
+        self.model, self.mask = model, mask
+        self.encoded = model.get_encoder()(input_ids=source, attention_mask=mask)
+        self.tokens = torch.full((source.shape[0], 1), model.config.decoder_start_token_id, device=source.device)
+        self.cache = None
+
+    def step(self):
+        out = self.model(encoder_outputs=self.encoded, attention_mask=self.mask, decoder_input_ids=self.tokens,
+                         cache=self.cache, use_cache=True)  # our forwards take `cache` on every version
+        self.tokens = out.logits[:, -1:].argmax(-1)  # greedy
+        self.cache = getattr(out, CACHE_FIELD)
+
+
+def timed(action, synchronize) -> tuple[float, object]:
+    synchronize()
+    start = time.perf_counter()
+    result = action()
+    synchronize()
+    return time.perf_counter() - start, result
+
+
 @torch.inference_mode()
 def measure(args):
     """Step all decoders in lockstep; returns {decoder: [seconds of step t for t in 1..max_length]}."""
@@ -88,22 +120,20 @@ def measure(args):
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     steps = {kind: [] for kind in models}
+    decoders = {}
     with autocast:
-        encoded = {kind: model.get_encoder()(input_ids=source, attention_mask=mask) for kind, model in models.items()}
-        tokens = {kind: torch.full((args.batch_size, 1), model.config.decoder_start_token_id, device=device)
-                  for kind, model in models.items()}
-        states = dict.fromkeys(models)
+        for kind, model in models.items():
+            if args.cuda_graphs and kind != "full":  # its first step (the start token) runs in the constructor
+                seconds, decoders[kind] = timed(lambda: StepDecoder(
+                    model, source, mask, max_new_tokens=args.max_length, graphs=True), synchronize)
+                steps[kind].append(seconds)
+            else:
+                decoders[kind] = EagerDecoder(model, source, mask)
         for _ in tqdm(range(args.max_length), desc="decoding", unit="token"):
-            for kind, model in models.items():
-                synchronize()
-                start = time.perf_counter()
-                out = model(encoder_outputs=encoded[kind], attention_mask=mask, decoder_input_ids=tokens[kind],
-                            cache=states[kind], use_cache=True)  # our forwards take `cache` on every version
-                tokens[kind] = out.logits[:, -1:].argmax(-1)  # greedy
-                synchronize()
-                steps[kind].append(time.perf_counter() - start)
-                states[kind] = getattr(out, CACHE_FIELD)
-    state_sizes = {kind: state.self_attention_numel() for kind, state in states.items()}
+            for kind, decoder in decoders.items():
+                if len(steps[kind]) < args.max_length:
+                    steps[kind].append(timed(decoder.step, synchronize)[0])
+    state_sizes = {kind: decoder.cache.self_attention_numel() for kind, decoder in decoders.items()}
     return steps, state_sizes
 
 
@@ -128,6 +158,9 @@ def markdown(args, rows, state_sizes):
         cells += [f"{row['full'] / row[k]:.2f}x" for k in ratios]
         lines.append("| " + " | ".join(cells) + " |")
     lines.append("")
+    if args.cuda_graphs:
+        lines.append("zformer and fastformer decoders: each token one CUDA-graph replay of a fixed-shape step "
+                     "(hf_zformer.decoding.StepDecoder); full attention: eager steps with its KV cache.")
     lines.append("Decoder self-attention state after the last token (elements, whole batch): "
                  + ", ".join(f"{k}: {state_sizes[k]:,}" for k in kinds))
     return "\n".join(lines)

@@ -56,7 +56,7 @@ if [ "${QUICK:-0}" = 1 ]; then
     lengths="64 128"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"
 else
     lengths="128 256 512 1024 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
-    repeats=5; decode=1024; marks="256,512,1024"
+    repeats=5; decode=2048; marks="512,1024,2048"
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no-plot --no-progress --no-memory --repeats $repeats"
 types="full zformer zformer_torch fastformer fastformer_torch"
@@ -68,11 +68,11 @@ step grid_graphs 120 $bench $graphs --dtype bf16 --batch $batch --widths $width 
 step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
     --output "$out/attention_grid_bf16"
 step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider -k "not fla" tests/test_kernels.py \
-    "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
+    tests/test_decoding.py "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
 step grid_wide 100 $bench $graphs --dtype bf16 --batch $batch --widths $wide --lengths $lengths \
     --types full zformer fastformer --output "$out/attention_grid_wide_bf16_graphs"
-step decoding 100 "$python" scripts/benchmark_generation.py --device $device --dtype bf16 --max-length $decode \
-    --checkpoints $marks --batch-size 8 --output "$out/decoding"
+step decoding 100 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
+    --max-length $decode --checkpoints $marks --batch-size 8 --output "$out/decoding"
 step ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
     --lengths $lengths --repeats $repeats --output "$out/ops" --operations bidirectional pooling
 step grid_fp32 90 $bench $graphs --dtype fp32 --batch $batch --widths $width --lengths $lengths \
