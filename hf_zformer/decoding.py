@@ -28,7 +28,8 @@ from .modeling.modeling_zformer import CACHE_FIELD, ZformerForCausalLM, ZformerF
 
 
 def _state_tensors(layer) -> list[torch.Tensor]:
-    """The tensors of a recurrent cache layer's state (Zformer's sum, or Fastformer's two poolings), in a fixed order."""
+    """The tensors of a recurrent cache layer's state (Zformer's sum, or Fastformer's two
+    poolings), in a fixed order."""
     if isinstance(layer, ZformerStateLayer):
         return [layer.state]
     return [*layer.query_pool, *layer.key_pool]
