@@ -59,18 +59,19 @@ else
     repeats=5; decode=2048; marks="512,1024,2048"
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no-plot --no-progress --no-memory --repeats $repeats"
-types="full zformer zformer_torch fastformer fastformer_torch"
+types="full zformer zformer_kernels zformer_torch fastformer fastformer_kernels fastformer_torch"
+forms="full zformer zformer_kernels fastformer fastformer_kernels"  # folded (bf16 on CUDA) against the kernels
 # CUDA graphs time the GPU's own work (no host overhead): a CUDA device only
 graphs=""; [ "$device" = cuda ] && graphs="--cuda-graphs"
 
 step grid_graphs 120 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
-    --types full zformer fastformer --output "$out/attention_grid_bf16_graphs"
+    --types $forms --output "$out/attention_grid_bf16_graphs"
 step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
     --output "$out/attention_grid_bf16"
 step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider -k "not fla" tests/test_kernels.py \
     tests/test_decoding.py "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
 step grid_wide 100 $bench $graphs --dtype bf16 --batch $batch --widths $wide --lengths $lengths \
-    --types full zformer fastformer --output "$out/attention_grid_wide_bf16_graphs"
+    --types $forms --output "$out/attention_grid_wide_bf16_graphs"
 step decoding 100 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
     --max-length $decode --checkpoints $marks --batch-size 8 --output "$out/decoding"
 step ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
@@ -78,7 +79,7 @@ step ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch $bat
 step grid_fp32 90 $bench $graphs --dtype fp32 --batch $batch --widths $width --lengths $lengths \
     --types full zformer fastformer --output "$out/attention_grid_fp32_graphs"
 step long_bf16 120 $bench $graphs --dtype bf16 --batch 4 --widths $width --lengths $long \
-    --types full zformer fastformer --output "$out/attention_long_bf16_graphs"
+    --types $forms --output "$out/attention_long_bf16_graphs"
 if [ "${FLA:-0}" = 1 ]; then
     step fla 240 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
         --lengths $lengths --repeats $repeats --output "$out/ops_causal" --operations causal

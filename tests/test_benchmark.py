@@ -463,3 +463,17 @@ def test_seq2seq_report_shows_paired_ratios(tmp_path):
     # too few rounds for an interval: no paired table
     short = [result("bart", rounds[:2], rounds[:2]), result("zformer", rounds[:2], rounds[:2])]
     assert "Paired" not in benchmark.seq2seq_markdown(short)
+
+
+def test_executed_flops_follow_the_form_each_device_and_backend_runs():
+    """bf16 on CUDA folds zformer at N > D (the `auto` backend); `zformer_kernels` and CPUs keep the plain form."""
+    def executed(attention_type, device):
+        case = benchmark.BenchCase("attention", attention_type, "forward", 2, 1024, 512, 8, "bf16", device, False)
+        return benchmark.case_flops(case)[1]
+
+    b, n, d = 2, 1024, 512
+    folded = 4 * b * n * d * d + 2 * b * d * (d + 1) ** 2 + 4 * b * d * (d + 1) * (d // 8)
+    assert executed("zformer", "cuda") == folded
+    assert executed("zformer_kernels", "cuda") == executed("zformer", "cpu") == 6 * b * n * d * d + 4 * b * n * d * (d // 8)
+    assert benchmark.cases.attention_of("fastformer_kernels") == "fastformer"
+    assert benchmark.cases.kernel_backend_of("fastformer_kernels") == "triton"

@@ -10,7 +10,8 @@ import torch
 from ..modeling.attention import ATTENTION_CLASSES
 from ..modeling.configuration_zformer import ZformerConfig
 
-TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer", "zformer_torch", "fastformer_torch")
+TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer", "zformer_torch", "fastformer_torch",
+         "zformer_kernels", "fastformer_kernels")
 # Types measured unless others are named: the `_torch` variants (the torch forms of the sequence
 # operations where the default backend would take a fused kernel) only differ from their type on a GPU.
 DEFAULT_TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer")
@@ -21,17 +22,26 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BASELINE = "full"
 
 
+# the backend (`ops.use_kernel_backend`) each suffix of a benchmark type runs: `_torch` the torch
+# forms of the sequence operations, `_kernels` the plain forms with the fused kernels wherever they
+# apply (where `auto` may take a folded form instead)
+BACKEND_SUFFIXES = {"_torch": "torch", "_kernels": "triton"}
+
+
 def attention_of(benchmark_type: str) -> str:
     """The model's attention type of a benchmark type: `full_eager` is full attention through the
-    einsum reference, `<type>_torch` the type with the torch forms of its sequence operations."""
+    einsum reference, `<type>_torch` / `<type>_kernels` the type on another backend."""
     if benchmark_type not in TYPES:
         raise ValueError(f"unknown attention type {benchmark_type!r}; choose one of {list(TYPES)}")
-    return "full" if benchmark_type.startswith("full") else benchmark_type.removesuffix("_torch")
+    if benchmark_type.startswith("full"):
+        return "full"
+    return next((benchmark_type.removesuffix(s) for s in BACKEND_SUFFIXES if benchmark_type.endswith(s)),
+                benchmark_type)
 
 
 def kernel_backend_of(benchmark_type: str) -> str:
     """The backend of the sequence operations a benchmark type runs (`ops.use_kernel_backend`)."""
-    return "torch" if benchmark_type.endswith("_torch") else "auto"
+    return next((b for s, b in BACKEND_SUFFIXES.items() if benchmark_type.endswith(s)), "auto")
 
 
 def make_config(attention_type: str, length: int, width: int, heads: int, **overrides) -> ZformerConfig:
