@@ -5,11 +5,12 @@
 # sequence-operation benchmark, the decoding benchmark and the device tests, and write every result
 # into one folder (archived again after each step, so a run cut short still leaves what it measured).
 #
-#     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; about 8 minutes on an H100/H200
+#     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; 8-12 minutes on an H100/H200
 #
 # Steps run most important first, each under its own time limit. Python packages the machine lacks
-# can sit as wheel files in .whl/ (e.g. transformers, fla-core): they are installed into a private
-# folder, nothing else is touched. HF_ZFORMER_COMMIT names the commit where the checkout has no git
+# can sit as wheel files in .whl/ (e.g. transformers, fla-core, datasets): they are installed into a
+# private folder, nothing else is touched; `bash scripts/gpu_prepare.sh` gathers them, and the data
+# of the training scripts' throughput steps (gpu_data/), before the machine is reached. HF_ZFORMER_COMMIT names the commit where the checkout has no git
 # history; PYTHON the interpreter (default python3); STEPS="kernel_tests grid_bf16 ..." runs only the
 # steps named; FLA=1 adds flash-linear-attention's causal kernel against ours and its tests (fla
 # tunes itself on the first call of every shape: minutes more); QUICK=1 runs every step at toy
@@ -74,6 +75,25 @@ step grid_wide 100 $bench $graphs --dtype bf16 --batch $batch --widths $wide --l
     --types $forms --output "$out/attention_grid_wide_bf16_graphs"
 step decoding 100 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
     --max-length $decode --checkpoints $marks --batch-size 8 --output "$out/decoding"
+# the training scripts' throughput (bf16 on the GPU) against full attention: where the data travelled
+# with the checkout into gpu_data/ and `datasets` / `evaluate` import (scripts/gpu_prepare.sh)
+if [ -d gpu_data/imdb ] && [ -d gpu_data/multi30k ] && "$python" -c "import datasets, evaluate" 2> /dev/null; then
+    precision=bf16; [ "$device" = cpu ] && precision=no
+    if [ "${QUICK:-0}" = 1 ]; then train="--max_train_steps 2 --max_train_samples 64"; cls_length=64; batch_size=8
+    else train="--max_train_steps 300 --max_train_samples 12800"; cls_length=512; batch_size=32; fi
+    for kind in full zformer fastformer; do
+        step "train_cls_$kind" 90 env ACCELERATE_MIXED_PRECISION=$precision "$python" scripts/run_classification.py \
+            --data_dir gpu_data/imdb --attention_type $kind --max_length $cls_length $train --max_eval_samples 64 \
+            --per_device_train_batch_size $batch_size --skip_test --output_dir "$out/train/cls_$kind" \
+            --results_file "$out/training_records.json"
+        step "train_mt_$kind" 90 env ACCELERATE_MIXED_PRECISION=$precision "$python" scripts/run_translation.py \
+            --data_dir gpu_data/multi30k --attention_type $kind --decoder_attention_type $kind $train \
+            --max_eval_samples 64 --per_device_train_batch_size $((4 * batch_size)) --num_beams 1 --eval_num_beams 1 \
+            --output_dir "$out/train/mt_$kind" --results_file "$out/training_records.json"
+    done
+else
+    echo "training steps skipped: no gpu_data/ (scripts/gpu_prepare.sh) or no datasets/evaluate" | tee -a "$summary"
+fi
 step ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
     --lengths $lengths --repeats $repeats --output "$out/ops" --operations bidirectional pooling
 step grid_fp32 90 $bench $graphs --dtype fp32 --batch $batch --widths $width --lengths $lengths \
