@@ -153,14 +153,15 @@ def perplexity(model, token_ids: torch.Tensor, block_size: int, max_blocks: int 
     """Perplexity of `model` on `token_ids` (1-D), cut into consecutive blocks of `block_size`
     tokens (the remainder dropped), the first `max_blocks` of them: exp of the mean next-token loss
     over every predicted token (block_size - 1 per block). Returns (perplexity, the mean loss of
-    each block), the latter for `results.perplexity_ci`. `progress(done, total)` is called after
-    each block."""
+    each block), the latter for `results.perplexity_ci`, computed on the model's device.
+    `progress(done, total)` is called after each block."""
     blocks = token_ids[: token_ids.numel() // block_size * block_size].view(-1, block_size)
     if max_blocks is not None:
         blocks = blocks[:max_blocks]
     if len(blocks) == 0:
         raise ValueError(f"perplexity: {token_ids.numel()} tokens make no block of {block_size}")
     model.eval()
+    blocks = blocks.to(next(model.parameters()).device)
     losses = []
     for i, block in enumerate(blocks):
         logits = model(input_ids=block[None], use_cache=False).logits[0, :-1].float()

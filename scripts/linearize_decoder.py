@@ -87,6 +87,8 @@ def parse_args(argv=None):
     parser.add_argument("--log_every", type=int, default=5)
     parser.add_argument("--checkpoint_every", type=int, default=25)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", default="auto",
+                        help='"cpu", "cuda", "cuda:N", or "auto" (the GPU when there is one; fp32 with TF32 matmuls there).')
     args = parser.parse_args(argv)
     for name in ("batch_size", "block_size", "eval_block_size", "eval_blocks", "log_every", "checkpoint_every",
                  "lora_rank"):
@@ -105,6 +107,15 @@ def parse_args(argv=None):
     if args.finetune_steps and args.finetune_method == "lora" and not peft_available():
         parser.error("--finetune_method lora needs the peft package (pip install peft, or hf_zformer[decoders]); "
                      "--finetune_method full needs none")
+    if args.device != "auto":
+        import torch
+
+        try:
+            device = torch.device(args.device)
+        except RuntimeError:
+            parser.error(f"--device {args.device!r} is not a device (cpu, cuda, cuda:N, auto)")
+        if device.type == "cuda" and not torch.cuda.is_available():
+            parser.error(f"--device {args.device}: CUDA is not available here")
     names = [evaluation_name(path) for path in args.eval_file]
     if len(set(names)) < len(names):
         parser.error(f"--eval_file {' '.join(args.eval_file)}: two files share the name {names} (folder/file)")
@@ -211,6 +222,10 @@ def main(argv=None):
 
     from hf_zformer import folders
 
+    device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
+                          "cpu" if args.device == "auto" else args.device)
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 weights, TF32 matrix products
     inputs = {"--model_name_or_path": args.model_name_or_path, "--train_file": args.train_file,
               **{f"--eval_file {path}": path for path in args.eval_file}}
     if args.init_model:
@@ -244,7 +259,7 @@ def main(argv=None):
                               if args.finetune_method == "lora" else None),
                      "new_attention": args.finetune_new_attention, "distill_weight": args.distill_weight,
                      "distill_temperature": args.distill_temperature},
-        "precision": "fp32", "commit": git_commit(Path(__file__).resolve().parents[1]), "machine": machine(),
+        "device": str(device), "precision": "fp32, TF32 matmuls" if device.type == "cuda" else "fp32", "commit": git_commit(Path(__file__).resolve().parents[1]), "machine": machine(),
         "threads": torch.get_num_threads(), "perplexity": {}, "greedy_samples": {},
     }
 
@@ -267,6 +282,7 @@ def main(argv=None):
         model = convert_causal_lm(args.model_name_or_path, attention_type, source=source, tokenizer=tokenizer,
                                   **overrides)
         start = "converted"
+    source, model = source.to(device), model.to(device)
     results["config"] = {key: getattr(model.config, key) for key in (
         "attention_type", "zformer_feature_map", "attention_window", "num_hidden_layers", "hidden_size",
         "num_attention_heads", "num_key_value_heads")}
@@ -296,7 +312,7 @@ def main(argv=None):
             log(f"perplexity of {name} on {text}: {value:.3f}")
         for prompt in PROMPTS:
             if name not in results["greedy_samples"].get(prompt, {}):
-                encoded = tokenizer(prompt, return_tensors="pt")
+                encoded = tokenizer(prompt, return_tensors="pt").to(device)
                 tokens = scored_model.generate(**encoded, max_new_tokens=30, do_sample=False)
                 results["greedy_samples"].setdefault(prompt, {})[name] = tokenizer.decode(
                     tokens[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -315,7 +331,7 @@ def main(argv=None):
         begin, first, last = time.time(), trainer.completed, None
         while trainer.completed < total:
             step = trainer.completed
-            last = trainer.step(blocks[step * args.batch_size : (step + 1) * args.batch_size])
+            last = trainer.step(blocks[step * args.batch_size : (step + 1) * args.batch_size].to(device))
             done = trainer.completed
             if done % args.log_every == 0 or done == total:
                 rate = (time.time() - begin) / (done - first)
@@ -332,7 +348,7 @@ def main(argv=None):
     documents = read_documents(args.train_file, args.text_column, args.seed)
     used = 0
     if args.steps:
-        transfer = AttentionTransfer(model, full_attention_copy(model), steps=args.steps,
+        transfer = AttentionTransfer(model, full_attention_copy(model).to(device), steps=args.steps,
                                      learning_rate=args.learning_rate)
         blocks, used = training_blocks(tokenizer, documents, args.steps * args.batch_size, args.block_size)
         log(f"attention transfer: {len(transfer.parameters)} tensors "

@@ -190,6 +190,9 @@ def test_linearize_script_end_to_end_and_resume(tmp_path):
     (["--lora_rank", "0"], "--lora_rank must be >= 1, got 0"),
     (["--finetune_method", "qlora"], "invalid choice: 'qlora'"),
     (["--eval_file", "x/a/valid.txt", "y/a/valid.txt.gz"], "two files share the name"),
+    (["--device", "tpu9"], "--device 'tpu9' is not a device"),
+    pytest.param(["--device", "cuda"], "--device cuda: CUDA is not available here",
+                 marks=pytest.mark.skipif(torch.cuda.is_available(), reason="a GPU is there")),
 ])
 def test_linearize_script_names_bad_arguments(flags, message, capsys):
     sys.path.insert(0, str(REPO_ROOT / "scripts"))
