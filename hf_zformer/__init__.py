@@ -33,8 +33,8 @@ from .modeling import (
     register_auto_classes,
     register_llama_auto_classes,
 )
-from .convert import convert_pretrained  # warm start from BERT / RoBERTa / DistilBERT checkpoints
-from .distillation import Distillation, distill_attention  # fit converted attention to the source's softmax attention
+from .conversion.convert import convert_pretrained  # warm start from BERT / RoBERTa / DistilBERT checkpoints
+from .conversion.distillation import Distillation, distill_attention  # fit converted attention to the source's softmax attention
 from .memory import retain_freed_memory  # CPU training: keep freed memory instead of re-faulting it
 
 __version__ = "0.2.0"  # the one version string (setup.cfg reads it)

@@ -17,9 +17,11 @@ from typing import Any
 
 from huggingface_hub import EvalResult, HfApi, ModelCardData
 
-from .distillation import DISTILLATION_SETTINGS
+__all__ = ["DISTILLATION_SETTINGS", "LICENSE", "check_push_access", "model_card", "push_to_hub", "UPLOAD_IGNORE"]
 
-__all__ = ["LICENSE", "check_push_access", "model_card", "push_to_hub", "UPLOAD_IGNORE"]
+#: What a converted folder's model card records of its attention distillation (metadata `distillation`):
+#: fields of :class:`hf_zformer.conversion.distillation.Distillation`.
+DISTILLATION_SETTINGS = ("source", "steps", "model_steps", "batch_size", "max_length", "learning_rate")
 
 #: Files of an output folder that are not part of the model (resumable checkpoints, the --save_best copy of the
 #: final model, temp folders, logs).
@@ -161,7 +163,7 @@ def model_card(
     for every split found in ``results`` as ``<split>_<metric_name>``) and ``datasets``
     (``dataset_name`` when ``hub_dataset``, i.e. it is a Hub id; nothing for local data, which the
     card and ``model-index`` name as local data, never as a Hub id); for a
-    distilled model ``distillation`` (its settings, :data:`hf_zformer.distillation.DISTILLATION_SETTINGS`).
+    distilled model ``distillation`` (its settings, :data:`DISTILLATION_SETTINGS`).
     Then a short description (with the distillation's fit, ``distillation`` being the report of
     :func:`hf_zformer.distill_attention` plus its settings), the results table (when ``results``
     is given), the exact training command (when ``command`` is given) and a usage snippet that runs

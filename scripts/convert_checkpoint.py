@@ -30,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hf_zformer.convert import TASKS, check_conversion_output, convert_pretrained  # noqa: E402
+from hf_zformer.conversion.convert import TASKS, check_conversion_output, convert_pretrained  # noqa: E402
 from hf_zformer.modeling.configuration_zformer import ATTENTION_TYPES, CLASSIFIER_POOLINGS  # noqa: E402
 
 
@@ -59,7 +59,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     distill = parser.add_argument_group(
         "attention distillation",
         "Fit the converted attention layers to the source's softmax attention on unlabeled text before "
-        "fine-tuning (hf_zformer.distillation.distill_attention; docs/warm_start.md).",
+        "fine-tuning (hf_zformer.conversion.distillation.distill_attention; docs/warm_start.md).",
     )
     distill.add_argument("--distill_file", default=None,
                          help="Unlabeled documents: .jsonl[.gz] / .csv[.gz] (--distill_text_column) or .txt[.gz] "
@@ -97,7 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--distill_attention_weight_loss must be a finite number >= 0, got "
                      f"{args.distill_attention_weight_loss}")
     if args.distill_device != "auto":
-        from hf_zformer.distillation import check_device
+        from hf_zformer.conversion.distillation import check_device
 
         try:  # the same check as the Python API, before the documents are read
             check_device(args.distill_device)
@@ -115,7 +115,7 @@ def distillation_of(args):
     """The `Distillation` the arguments ask for, with the documents of --distill_file; None without it."""
     if args.distill_file is None:
         return None
-    from hf_zformer.distillation import Distillation
+    from hf_zformer.conversion.distillation import Distillation
     from hf_zformer.data import load_text_dataset
 
     texts = load_text_dataset(args.distill_file, text_column=args.distill_text_column, validation_size=None)["train"]
@@ -143,7 +143,7 @@ def main(argv=None):
 
     # the calibration factors and the distillation's fit per layer are logged at INFO
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", level=logging.INFO)
-    from hf_zformer.arguments import parse_config_overrides
+    from hf_zformer.training.arguments import parse_config_overrides
     from hf_zformer.modeling import ZformerConfig, ZformerLlamaConfig
 
     attention_type = args.attention_type[0] if len(args.attention_type) == 1 else args.attention_type

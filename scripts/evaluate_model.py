@@ -27,7 +27,7 @@ def score_by_length(rows: list[dict], texts: dict, edges: list[int], metric=None
     """Per length bucket of the inputs (whitespace words of `texts[row["index"]]`; buckets end at
     `edges`, the last open): the number of examples and, with a sacreBLEU `metric` (translation),
     corpus BLEU of the bucket's sentences, cased and lowercased, else accuracy in %."""
-    from hf_zformer.scoring import corpus_bleu
+    from hf_zformer.training.scoring import corpus_bleu
 
     bounds = [(1 if i == 0 else edges[i - 1] + 1, edge) for i, edge in enumerate(edges)] + [(edges[-1] + 1, None)]
     words = {index: len(text.split()) for index, text in texts.items()}
@@ -113,7 +113,7 @@ def parse_args(argv=None) -> argparse.Namespace:
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
     from hf_zformer.folders import check_output_dir
-    from hf_zformer.results import check_results_file
+    from hf_zformer.training.results import check_results_file
 
     try:  # new, empty or a folder of this library's; never the model
         args.output_dir = str(check_output_dir(
@@ -132,7 +132,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 def result_record(args, config, rows, results, split: str, seq2seq: bool) -> dict:
     """The record ``--results_file`` gets: the saved model's fields (``results.evaluation_fields``)
     and this evaluation's split, metric, value, sample count and seeded bootstrap interval."""
-    from hf_zformer import results as records
+    from hf_zformer.training import results as records
 
     if seq2seq:
         metric, value, beams = "bleu", results[f"{split}_bleu"], results["num_beams"]
@@ -160,10 +160,11 @@ def main(argv=None) -> dict:
     from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
     import hf_zformer  # noqa: F401
-    from hf_zformer import batching, feedback, folders, run
-    from hf_zformer import results as records
+    from hf_zformer import folders
+    from hf_zformer.training import batching, feedback, run
+    from hf_zformer.training import results as records
     from hf_zformer.data import load_classification_dataset, load_translation_dataset
-    from hf_zformer.scoring import generate_and_score, predict_labels
+    from hf_zformer.training.scoring import generate_and_score, predict_labels
 
     args.gradient_accumulation_steps, args.with_tracking = 1, False
     accelerator = run.make_accelerator(args)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python
-"""Linearize a pretrained Llama-family causal LM: convert it (`hf_zformer.convert_decoder`), fit the
+"""Linearize a pretrained Llama-family causal LM: convert it (`hf_zformer.conversion.convert_decoder`), fit the
 new attention to the source's softmax attention layer by layer (stage 1, attention transfer:
-`hf_zformer.decoder_transfer`), fine-tune the result with next-token loss, LoRA or every weight,
-optionally distilling the source's logits (stage 2: `hf_zformer.decoder_finetune`), and measure the
+`hf_zformer.conversion.decoder_transfer`), fine-tune the result with next-token loss, LoRA or every weight,
+optionally distilling the source's logits (stage 2: `hf_zformer.conversion.decoder_finetune`), and measure the
 perplexity of the source and of the model after each stage.
 
     python scripts/linearize_decoder.py --model_name_or_path path/to/smollm2 \\
@@ -48,7 +48,7 @@ MODELS = ("source", "converted", "init_model", "transferred", "finetuned")
 
 
 def parse_args(argv=None):
-    from hf_zformer.decoder_finetune import FINETUNE_METHODS, LORA_TARGETS, peft_available
+    from hf_zformer.conversion.decoder_finetune import FINETUNE_METHODS, LORA_TARGETS, peft_available
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -213,12 +213,12 @@ def main(argv=None):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from hf_zformer.arguments import parse_config_overrides
-    from hf_zformer.convert_decoder import convert_causal_lm, full_attention_copy
-    from hf_zformer.decoder_finetune import Finetuning
-    from hf_zformer.decoder_transfer import AttentionTransfer, perplexity
+    from hf_zformer.training.arguments import parse_config_overrides
+    from hf_zformer.conversion.convert_decoder import convert_causal_lm, full_attention_copy
+    from hf_zformer.conversion.decoder_finetune import Finetuning
+    from hf_zformer.conversion.decoder_transfer import AttentionTransfer, perplexity
     from hf_zformer.modeling import ZformerLlamaConfig, ZformerLlamaForCausalLM
-    from hf_zformer.results import git_commit, machine, perplexity_ci
+    from hf_zformer.training.results import git_commit, machine, perplexity_ci
 
     from hf_zformer import folders
 

@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import folders, language_modeling  # noqa: E402
+from hf_zformer import folders
+from hf_zformer.training import language_modeling  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

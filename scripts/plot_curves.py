@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from hf_zformer import folders  # noqa: E402
-from hf_zformer.evaluation import HISTORY_FILE, read_history  # noqa: E402
+from hf_zformer.training.evaluation import HISTORY_FILE, read_history  # noqa: E402
 
 KNOWN_METRICS = ("bleu", "accuracy")
 

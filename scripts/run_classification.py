@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import arguments, batching, run, training  # noqa: E402
-from hf_zformer.scoring import score_accuracy  # noqa: E402
+from hf_zformer.training import arguments, batching, loop, run  # noqa: E402
+from hf_zformer.training.scoring import score_accuracy  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -68,7 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     arguments.add_training_args(parser)
     teach = parser.add_argument_group(
         "knowledge distillation",
-        "Learn from a fine-tuned teacher's predictions as well as the labels (hf_zformer.teacher): "
+        "Learn from a fine-tuned teacher's predictions as well as the labels (hf_zformer.conversion.teacher): "
         "alpha * T^2 * KL(teacher || model at temperature T) + (1 - alpha) * cross-entropy; docs/warm_start.md.",
     )
     teach.add_argument("--teacher_model_name_or_path", default=None,
@@ -94,7 +94,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             setattr(args, name, default)
     if not 0.0 <= args.distill_alpha <= 1.0:
         parser.error(f"--distill_alpha must be in [0, 1], got {args.distill_alpha}")
-    from hf_zformer.teacher import temperature_problem
+    from hf_zformer.conversion.teacher import temperature_problem
 
     if temperature_problem(args.distill_temperature):
         parser.error(f"--distill_temperature {temperature_problem(args.distill_temperature)}")
@@ -144,11 +144,11 @@ def load_data(args: argparse.Namespace):
 
 def load_unlabeled(args: argparse.Namespace):
     """The texts of ``--unlabeled_file`` (a seeded ``--max_unlabeled_samples`` of them) as a split
-    with the label -100 (:data:`hf_zformer.teacher.IGNORE_LABEL`); None without the file."""
+    with the label -100 (:data:`hf_zformer.conversion.teacher.IGNORE_LABEL`); None without the file."""
     if args.unlabeled_file is None:
         return None
     from hf_zformer.data import load_text_dataset
-    from hf_zformer.teacher import IGNORE_LABEL
+    from hf_zformer.conversion.teacher import IGNORE_LABEL
 
     texts = {"train": load_text_dataset(args.unlabeled_file, text_column=args.text_column, validation_size=None)["train"]}
     if len(texts["train"]) == 0:
@@ -246,7 +246,7 @@ def main(argv=None) -> dict:
     # the teacher before any tokenizing: a mismatched one is refused at once
     loss_fn = None
     if args.teacher_model_name_or_path:
-        from hf_zformer.teacher import TeacherLoss, load_teacher
+        from hf_zformer.conversion.teacher import TeacherLoss, load_teacher
 
         try:
             teacher = load_teacher(args.teacher_model_name_or_path, model.config, accelerator.device,
@@ -291,7 +291,7 @@ def main(argv=None) -> dict:
         processed, eval_splits, args.per_device_eval_batch_size, collate, seed=args.seed
     )
 
-    optimizer = training.make_optimizer(model, args)
+    optimizer = loop.make_optimizer(model, args)
     model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
     eval_dataloaders = {split: accelerator.prepare(loader) for split, loader in eval_dataloaders.items()}
     hits: dict[str, list[bool]] = {}  # per split and example, of its latest evaluation (bootstrap intervals)
@@ -301,7 +301,7 @@ def main(argv=None) -> dict:
         scores, hits[split] = score_accuracy(accelerator, model, eval_dataloaders[split], desc=desc)
         return scores
 
-    results = training.train(
+    results = loop.train(
         args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
         tokenizer=tokenizer, best_metric="accuracy", loss_fn=loss_fn,
     )
@@ -323,7 +323,7 @@ def main(argv=None) -> dict:
         logger=logger,
     )
     if args.results_file and accelerator.is_main_process:
-        from hf_zformer import results as records
+        from hf_zformer.training import results as records
 
         common = records.run_fields(
             args, accelerator.unwrap_model(model).config, results, max_length=max_length,

@@ -25,9 +25,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 
-from hf_zformer import arguments, batching, language_modeling, run  # noqa: E402
+from hf_zformer.training import arguments, batching, language_modeling, run  # noqa: E402
 from hf_zformer.modeling.configuration_zformer import CAUSAL_ATTENTION_TYPES  # noqa: E402
-from hf_zformer.scoring import score_perplexity  # noqa: E402
+from hf_zformer.training.scoring import score_perplexity  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -30,8 +30,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 
-from hf_zformer import arguments, batching, language_modeling, run  # noqa: E402
-from hf_zformer.scoring import score_masked_lm  # noqa: E402
+from hf_zformer.training import arguments, batching, language_modeling, run  # noqa: E402
+from hf_zformer.training.scoring import score_masked_lm  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import arguments, batching, run, training  # noqa: E402
-from hf_zformer.scoring import generate_and_score  # noqa: E402
+from hf_zformer.training import arguments, batching, loop, run  # noqa: E402
+from hf_zformer.training.scoring import generate_and_score  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -66,7 +66,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def score_test(generate: Callable[[int], tuple], num_beams: int) -> tuple[dict, dict]:
     """Score the test split once with ``num_beams`` and, when that is beam search, greedily too
-    (cheap next to beam search). ``generate(beams)`` is :func:`hf_zformer.scoring.generate_and_score`'s result.
+    (cheap next to beam search). ``generate(beams)`` is :func:`hf_zformer.training.scoring.generate_and_score`'s result.
     Returns (``test_bleu``, ``test_bleu_lowercase``, ``test_samples``, ``test_greedy_*``) and
     ``{beams: (predictions, references)}`` for confidence intervals."""
     results, outputs = {}, {}
@@ -81,7 +81,7 @@ def score_test(generate: Callable[[int], tuple], num_beams: int) -> tuple[dict, 
 def result_records(args, config, results: dict, test_outputs: dict, test_split: str, **fields) -> list[dict]:
     """The ``--results_file`` records: best (or last) validation BLEU, and test BLEU cased and
     lowercased for each decoding, with bootstrap 95% intervals over test sentences."""
-    from hf_zformer import results as records
+    from hf_zformer.training import results as records
 
     common = records.run_fields(args, config, results, **fields)
     rows = [{**common, "split": results["eval_split"], "metric": "bleu", "value": results["eval_bleu"],
@@ -185,7 +185,7 @@ def main(argv=None) -> dict:
         processed, eval_splits, args.per_device_eval_batch_size, collate, seed=args.seed
     )
 
-    optimizer = training.make_optimizer(model, args)
+    optimizer = loop.make_optimizer(model, args)
     model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
     eval_dataloaders = {split: accelerator.prepare(loader) for split, loader in eval_dataloaders.items()}
     bleu = hf_metrics.load("sacrebleu")
@@ -199,7 +199,7 @@ def main(argv=None) -> dict:
     def evaluate() -> dict:
         return generate(eval_splits[0], args.eval_num_beams)[0]
 
-    results = training.train(
+    results = loop.train(
         args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
         tokenizer=tokenizer, best_metric="bleu",
     )
@@ -222,7 +222,7 @@ def main(argv=None) -> dict:
         logger=logger,
     )
     if args.results_file and accelerator.is_main_process:
-        from hf_zformer.results import append_records
+        from hf_zformer.training.results import append_records
 
         records = result_records(
             args, accelerator.unwrap_model(model).config, results, test_outputs, test_split_name(args),

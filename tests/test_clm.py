@@ -160,7 +160,7 @@ def test_load_text_dataset_files_and_grouped_carve(lm_data):
 
 
 def test_group_into_blocks():
-    from hf_zformer.batching import block_collate, group_into_blocks
+    from hf_zformer.training.batching import block_collate, group_into_blocks
 
     blocks = group_into_blocks([[5, 6, 7], [8], [9, 10, 11, 12]], 3, eos_token_id=2)
     assert blocks.tolist() == [[5, 6, 7], [2, 8, 2], [9, 10, 11]]  # the remainder [12, 2] is dropped
@@ -170,7 +170,7 @@ def test_group_into_blocks():
 
 
 def test_perplexity_interval():
-    from hf_zformer.results import perplexity_ci
+    from hf_zformer.training.results import perplexity_ci
 
     low, high = perplexity_ci([1.0, 2.0, 3.0, 2.5], seed=0)
     assert math.exp(1.0) <= low <= math.exp(2.125) <= high <= math.exp(3.0)

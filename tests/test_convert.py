@@ -167,7 +167,7 @@ def test_linear_types_convert_and_are_padding_invariant(tmp_path, family, attent
 
 def test_zformer_scale_matches_softmax_output_size(tmp_path):
     """The calibrated s gives each zformer layer the output size of the softmax attention it replaces."""
-    from hf_zformer.convert import _calibration_batch, calibrate_zformer_scales
+    from hf_zformer.conversion.convert import _calibration_batch, calibrate_zformer_scales
 
     folder, _ = make_source(tmp_path, "bert", "base")
     full = hf_zformer.convert_pretrained(folder, attention_type="full")
@@ -183,7 +183,7 @@ def test_fastformer_output_size_matches_softmax(tmp_path, share_qv):
     """Each converted fastformer layer's attention output has the size (RMS over real tokens) of the
     softmax attention it replaces, on the calibration text at that layer's input, also when the
     values share the (scaled) query projection."""
-    from hf_zformer.convert import _attention_inputs, _calibration_batch, _rms
+    from hf_zformer.conversion.convert import _attention_inputs, _calibration_batch, _rms
 
     folder, _ = make_source(tmp_path, "bert", "base")
     full = hf_zformer.convert_pretrained(folder, attention_type="full")
@@ -294,13 +294,13 @@ def test_added_input_convolution_starts_as_the_identity(tmp_path, caplog):
     another number of labels still warns."""
     folder, source = _fine_tuned_zformer(tmp_path, classifier_pooling="mean")
     ids, mask = right_padded_batch(0)
-    with caplog.at_level("WARNING", logger="hf_zformer.convert"):
+    with caplog.at_level("WARNING", logger="hf_zformer.conversion.convert"):
         converted = hf_zformer.convert_pretrained(folder, "full", encoder_conv_size=3)
     assert converted.config.encoder_conv_size == 3 and "fresh init" not in caplog.text
     with torch.no_grad():
         torch.testing.assert_close(converted(input_ids=ids, attention_mask=mask).logits,
                                    source(input_ids=ids, attention_mask=mask).logits, rtol=0, atol=0)
-    with caplog.at_level("WARNING", logger="hf_zformer.convert"):
+    with caplog.at_level("WARNING", logger="hf_zformer.conversion.convert"):
         hf_zformer.convert_pretrained(folder, "full", encoder_conv_size=3, num_labels=2)
     assert "fresh init" in caplog.text and "classifier" in caplog.text and "short_conv" not in caplog.text
 
@@ -320,7 +320,7 @@ def test_fine_tuned_zformer_distils_against_itself(tmp_path):
         if ".attention." not in name:
             torch.testing.assert_close(parameter, dict(source.named_parameters())[name], rtol=0, atol=0, msg=name)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    from hf_zformer.distillation import _attention_calls, _relative_errors
+    from hf_zformer.conversion.distillation import _attention_calls, _relative_errors
 
     batch = tokenizer(distillation.texts[:16], padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -466,7 +466,7 @@ def test_distillation_fits_attention_and_touches_nothing_else(tmp_path, attentio
     # the fit, measured again from outside on the held-out texts the report used
     reference = hf_zformer.convert_pretrained(folder, "full")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    from hf_zformer.distillation import _attention_calls, _relative_errors
+    from hf_zformer.conversion.distillation import _attention_calls, _relative_errors
 
     batch = tokenizer(distillation.texts[:16], padding=True, return_tensors="pt")
     with torch.no_grad():
@@ -476,7 +476,7 @@ def test_distillation_fits_attention_and_touches_nothing_else(tmp_path, attentio
     for a, s in zip(after, start):
         assert a < 0.8 * s
     # and the whole model on its own inputs: the last hidden states are closer to the source's
-    from hf_zformer.distillation import _hidden_state_errors
+    from hf_zformer.conversion.distillation import _hidden_state_errors
 
     with torch.no_grad():
         first = min(converted)
@@ -490,7 +490,7 @@ def test_whole_model_phase_improves_on_layer_wise_alone(tmp_path):
     the source's on the held-out texts than the layer-wise phase alone leaves them."""
     import copy
 
-    from hf_zformer.distillation import distill_attention
+    from hf_zformer.conversion.distillation import distill_attention
 
     folder, _ = make_source(tmp_path, "bert", "base")
     start = hf_zformer.convert_pretrained(folder, ["fastformer", "fastformer"])
@@ -553,7 +553,7 @@ def test_script_distills_from_a_file(tmp_path):
     # the settings are card metadata too, and a run fine-tuning the folder records them
     from types import SimpleNamespace
 
-    from hf_zformer.results import distillation_of, run_fields
+    from hf_zformer.training.results import distillation_of, run_fields
 
     expected = {"source": str(documents), "steps": 5, "model_steps": 3, "batch_size": 4, "max_length": 64,
                 "learning_rate": 1e-3}
@@ -590,7 +590,7 @@ def test_distillation_fits_the_input_convolution_with_the_attention(tmp_path):
     assert torch.equal(model.zformer.encoder.layers[1].short_conv.weight, identity)
     reference = hf_zformer.convert_pretrained(folder, "full")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    from hf_zformer.distillation import _attention_calls, _relative_errors
+    from hf_zformer.conversion.distillation import _attention_calls, _relative_errors
 
     batch = tokenizer(distillation.texts[:16], padding=True, return_tensors="pt")
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Stage 2 of linearizing a decoder (`hf_zformer.decoder_finetune`): next-token fine-tuning with LoRA
+"""Stage 2 of linearizing a decoder (`hf_zformer.conversion.decoder_finetune`): next-token fine-tuning with LoRA
 or every weight, distillation from the source's logits, resume, and the merged model's round trip,
 on a tiny random Llama converted to Hedgehog zformer with a window."""
 
@@ -6,9 +6,9 @@ import pytest
 import torch
 from test_llama_decoder import tiny_llama
 
-from hf_zformer import decoder_finetune
-from hf_zformer.convert_decoder import convert_causal_lm
-from hf_zformer.decoder_finetune import Finetuning, next_token_losses
+from hf_zformer.conversion import decoder_finetune
+from hf_zformer.conversion.convert_decoder import convert_causal_lm
+from hf_zformer.conversion.decoder_finetune import Finetuning, next_token_losses
 
 needs_peft = pytest.mark.skipif(not decoder_finetune.peft_available(), reason="LoRA needs peft")
 METHODS = [pytest.param("lora", marks=needs_peft), "full"]

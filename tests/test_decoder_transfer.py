@@ -1,4 +1,4 @@
-"""Attention transfer for converted Llama-family decoders (`hf_zformer.decoder_transfer`) and
+"""Attention transfer for converted Llama-family decoders (`hf_zformer.conversion.decoder_transfer`) and
 scripts/linearize_decoder.py end to end on a tiny random Llama with a word-level tokenizer."""
 
 import gzip
@@ -13,9 +13,9 @@ from conftest import REPO_ROOT
 from transformers import AutoModelForCausalLM
 from test_llama_decoder import tiny_llama
 
-from hf_zformer.convert_decoder import attention_calls, convert_causal_lm, full_attention_copy
-from hf_zformer.decoder_finetune import peft_available
-from hf_zformer.decoder_transfer import AttentionTransfer, layer_errors, new_attention_parameters, perplexity
+from hf_zformer.conversion.convert_decoder import attention_calls, convert_causal_lm, full_attention_copy
+from hf_zformer.conversion.decoder_finetune import peft_available
+from hf_zformer.conversion.decoder_transfer import AttentionTransfer, layer_errors, new_attention_parameters, perplexity
 
 
 def hedgehog_window(source=None):

@@ -176,7 +176,7 @@ def test_distillation_on_the_device_fits_as_on_the_cpu(tmp_path):
     from transformers import AutoTokenizer
 
     import hf_zformer
-    from hf_zformer.distillation import distill_attention
+    from hf_zformer.conversion.distillation import distill_attention
 
     folder, _ = make_source(tmp_path, "bert", "base")
     start = hf_zformer.convert_pretrained(folder, ["zformer", "fastformer"]).double()

@@ -346,7 +346,7 @@ def test_distillation_fits_weights_and_outputs_and_reports_both(tmp_path):
     from test_convert import _sentences, make_source
     from transformers import AutoTokenizer
 
-    from hf_zformer.convert import distill_attention
+    from hf_zformer.conversion.convert import distill_attention
 
     folder, _ = make_source(tmp_path, "bert", "classification")
     settings = dict(steps=25, batch_size=8, learning_rate=3e-3, eval_texts=16)
@@ -370,7 +370,7 @@ def test_distillation_fits_weights_and_outputs_and_reports_both(tmp_path):
     assert outputs_only["weight_loss_after"] != report["weight_loss_after"]
     assert model.zformer.encoder.layers[0].attention.query_map.weight.requires_grad
     # the training loss takes output and weights from one pass: its output errors are forward's
-    from hf_zformer.distillation import _attention_calls, _layer_losses, _relative_errors
+    from hf_zformer.conversion.distillation import _attention_calls, _layer_losses, _relative_errors
 
     batch = tokenizer(distillation.texts[:8], padding=True, return_tensors="pt")
     with torch.no_grad():

@@ -99,7 +99,7 @@ def test_library_warnings_are_printed_once():
     (in a fresh interpreter: pytest's own capture replaces the handlers' streams)."""
     code = (
         "import logging; from types import SimpleNamespace\n"
-        "from hf_zformer.training import setup_logging\n"
+        "from hf_zformer.training.feedback import setup_logging\n"
         "setup_logging(SimpleNamespace(is_local_main_process=True))\n"
         "logging.getLogger('huggingface_hub.utils._http').warning('hub-warning-marker')\n"
         "logging.getLogger('datasets.load').warning('datasets-warning-marker')\n"

@@ -325,7 +325,7 @@ def test_non_finite_values_never_reach_a_saved_model(tmp_path, caplog):
 @pytest.mark.parametrize("override", ["scale_embedding=yes", "hidden_act=relu", "layer_norm_eps=1e-5",
                                       "layer_norm_position=pre", "position_embedding_type=sinusoidal"])
 def test_converter_refuses_overrides_that_change_what_the_weights_compute(tmp_path, override):
-    from hf_zformer.arguments import parse_config_overrides
+    from hf_zformer.training.arguments import parse_config_overrides
 
     source, _ = make_source(tmp_path, "bert", "classification")
     with pytest.raises(ValueError, match=f"{override.split('=')[0]}=.* cannot be set when converting: it changes "
@@ -341,11 +341,11 @@ def test_converter_names_the_heads_it_starts_fresh(tmp_path, caplog):
                                  (masked_lm, dict(task="text-classification", classifier_pooling="pooler"),
                                   "random pooler, classifier")):
         caplog.clear()
-        with caplog.at_level("WARNING", logger="hf_zformer.convert"):
+        with caplog.at_level("WARNING", logger="hf_zformer.conversion.convert"):
             hf_zformer.convert_pretrained(source, "full", **kwargs)
         assert part in caplog.text, caplog.text
     caplog.clear()
-    with caplog.at_level("WARNING", logger="hf_zformer.convert"):
+    with caplog.at_level("WARNING", logger="hf_zformer.conversion.convert"):
         hf_zformer.convert_pretrained(classifier, "full")  # every head carries over: nothing to say
     assert "random" not in caplog.text
 

@@ -12,7 +12,7 @@ from conftest import REPO_ROOT, assert_same_generations_in_clean_process
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
 from hf_zformer import ZformerLlamaCache, ZformerLlamaConfig, ZformerLlamaForCausalLM, convert_pretrained
-from hf_zformer.convert_decoder import convert_causal_lm, full_attention_copy
+from hf_zformer.conversion.convert_decoder import convert_causal_lm, full_attention_copy
 from hf_zformer.modeling.attention_llama import windowed_linear_attention
 
 LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
@@ -251,7 +251,7 @@ def test_training_step_moves_the_new_attention_parameters():
 
 
 def test_identity_and_fastformer_layers_are_calibrated_to_the_softmax_size():
-    from hf_zformer.convert_decoder import attention_calls
+    from hf_zformer.conversion.convert_decoder import attention_calls
 
     source = tiny_llama()
     reference = convert_causal_lm("tiny", source=source)

@@ -1,6 +1,6 @@
 """The training loop the long runs need: validation every --eval_steps with an evaluation history,
 the best checkpoint (--save_best) restored at the end and kept across resume, test scoring of the
-best model, the --results_file records (hf_zformer.results), scripts/plot_curves.py, and the
+best model, the --results_file records (hf_zformer.training.results), scripts/plot_curves.py, and the
 validation split carved grouped by movie with its own --split_seed.
 
 Tiny end-to-end runs reuse the helpers and data of test_scripts.py."""
@@ -323,12 +323,12 @@ def test_plot_curves(mt_best_run, clf_best_run, tmp_path, capsys):
 
 
 # --------------------------------------------------------------------------------------------
-# hf_zformer.results
+# hf_zformer.training.results
 # --------------------------------------------------------------------------------------------
 
 
 def _append_many(path, worker, count):
-    from hf_zformer.results import append_records
+    from hf_zformer.training.results import append_records
 
     for i in range(count):
         append_records(path, [{"worker": worker, "i": i}])
@@ -337,7 +337,7 @@ def _append_many(path, worker, count):
 def test_append_records_keeps_every_record(tmp_path):
     import multiprocessing
 
-    from hf_zformer.results import append_records, read_records
+    from hf_zformer.training.results import append_records, read_records
 
     path = tmp_path / "docs" / "results.json"
     assert append_records(path, [{"a": 1}]) == [{"a": 1}]
@@ -363,7 +363,7 @@ def test_append_records_keeps_every_record(tmp_path):
 def test_bootstrap_intervals(tmp_path):
     from sacrebleu.metrics import BLEU
 
-    from hf_zformer.results import accuracy_ci, bleu_ci, git_commit
+    from hf_zformer.training.results import accuracy_ci, bleu_ci, git_commit
 
     hits = [True] * 80 + [False] * 20
     low, high = accuracy_ci(hits, seed=1)
@@ -400,7 +400,7 @@ def test_optimizer_is_fused_adamw_without_decay_on_vectors():
 
     import torch
 
-    from hf_zformer.training import make_optimizer
+    from hf_zformer.training.loop import make_optimizer
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
     optimizer = make_optimizer(model, argparse.Namespace(weight_decay=0.01, learning_rate=1e-3))
@@ -461,7 +461,7 @@ def test_run_fields_record_learning_rate():
     import argparse
 
     from hf_zformer import ZformerConfig
-    from hf_zformer.results import run_fields
+    from hf_zformer.training.results import run_fields
 
     args = argparse.Namespace(seed=1, split_seed=2, learning_rate=3e-4, model_name_or_path=None, output_dir="runs/x",
                               data_dir="data/imdb", dataset_name=None, train_file=None)
@@ -473,7 +473,7 @@ def test_run_fields_record_the_truncation_side_and_architecture_options_where_se
     import argparse
 
     from hf_zformer import ZformerConfig
-    from hf_zformer.results import run_fields
+    from hf_zformer.training.results import run_fields
 
     common = dict(seed=1, split_seed=2, learning_rate=3e-4, model_name_or_path=None, output_dir="runs/x",
                   data_dir="data/imdb", dataset_name=None, train_file=None)

@@ -39,7 +39,7 @@ def _blocks(n, size, seed=0):
 
 
 def test_masking_counts_labels_and_replacements():
-    from hf_zformer.batching import MaskedLMCollator
+    from hf_zformer.training.batching import MaskedLMCollator
 
     features = _blocks(400, 40)
     collate = MaskedLMCollator(mask_token_id=4, vocab_size=50, probability=0.15, seed=3, first_ordinary_id=5)
@@ -58,7 +58,7 @@ def test_masking_counts_labels_and_replacements():
 
 
 def test_masks_depend_on_seed_epoch_and_block_only():
-    from hf_zformer.batching import LengthGroupedBatchSampler, MaskedLMCollator
+    from hf_zformer.training.batching import LengthGroupedBatchSampler, MaskedLMCollator
 
     features = _blocks(8, 20)
     sampler = LengthGroupedBatchSampler([20] * 8, 4, seed=0)
@@ -78,7 +78,7 @@ def test_masks_depend_on_seed_epoch_and_block_only():
     (dict(mask_token_id=None), "no mask token"), (dict(first_ordinary_id=50), "first_ordinary_id"),
 ])
 def test_masking_refuses_bad_settings(kwargs, message):
-    from hf_zformer.batching import MaskedLMCollator
+    from hf_zformer.training.batching import MaskedLMCollator
 
     with pytest.raises(ValueError, match=message):
         MaskedLMCollator(**{"mask_token_id": 4, "vocab_size": 50, **kwargs})

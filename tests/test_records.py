@@ -18,7 +18,7 @@ import pytest
 from conftest import REPO_ROOT
 
 from hf_zformer import ZformerConfig
-from hf_zformer import results as records
+from hf_zformer.training import results as records
 
 
 def test_config_summary_records_every_option_that_differs_from_the_default():

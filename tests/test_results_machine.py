@@ -1,6 +1,6 @@
 """`machine` in result records names the CPU precisely: model name, family and model numbers, cores."""
 
-from hf_zformer import results
+from hf_zformer.training import results
 
 CPUINFO = """processor\t: 0
 vendor_id\t: AuthenticAMD

@@ -346,7 +346,7 @@ def test_bad_labels_fail_before_training(tmp_path):
 def test_checkpoint_disk_full_message(tmp_path):
     import errno
 
-    from hf_zformer import training
+    from hf_zformer.training import checkpoints
 
     class FullDisk:
         is_main_process = True
@@ -360,7 +360,7 @@ def test_checkpoint_disk_full_message(tmp_path):
             raise OSError(errno.ENOSPC, "No space left on device")
 
     with pytest.raises(OSError, match="disk is full") as error:
-        training.save_checkpoint(FullDisk(), tmp_path, "step_2", {"completed_steps": 2})
+        checkpoints.save_checkpoint(FullDisk(), tmp_path, "step_2", {"completed_steps": 2})
     assert error.value.errno == errno.ENOSPC and str(tmp_path) in str(error.value)
     assert not list(tmp_path.glob(".hf_zformer-*"))  # the partial save is removed (frees the space)
 
@@ -565,7 +565,7 @@ def test_evaluate_model_script_classification(clf_run, tiny_data, tmp_path):
 def test_evaluate_model_max_eval_samples_is_training_subset(clf_run, tmp_path):
     """--max_eval_samples takes training's seeded subset, not the first N rows (a validation file
     sorted by label would otherwise give one class only)."""
-    from hf_zformer import training
+    from hf_zformer.training import run
     from hf_zformer.data import load_classification_dataset
 
     clf_out, _ = clf_run
@@ -581,7 +581,7 @@ def test_evaluate_model_max_eval_samples_is_training_subset(clf_run, tmp_path):
     rows = [json.loads(line) for line in (tmp_path / "eval" / "validation_predictions.jsonl").read_text().splitlines()]
     raw = load_classification_dataset(data, seed=3)
     # what run_classification.py --max_eval_samples 10 --split_seed 3 keeps, whatever its --seed
-    training.subsample(raw, {"validation": 10}, 3)
+    run.subsample(raw, {"validation": 10}, 3)
     assert [r["label"] for r in rows] == raw["validation"]["label"]
     assert {r["label"] for r in rows} == {0, 1}
 
@@ -718,15 +718,15 @@ def test_results_never_nan_nor_replaced_by_empty(tmp_path):
     """all_results.json stays strict JSON; a value a run could not measure keeps the earlier number."""
     import logging
 
-    from hf_zformer import training
+    from hf_zformer.training import run
 
     path = tmp_path / "all_results.json"
     path.write_text(json.dumps({"train_loss": 0.5, "eval_accuracy": 0.7}))
-    written = training._results_to_write({"train_loss": float("nan"), "eval_accuracy": 0.8, "epoch": 1}, path,
+    written = run.results_to_write({"train_loss": float("nan"), "eval_accuracy": 0.8, "epoch": 1}, path,
                                          logging.getLogger("test"))
     assert written == {"train_loss": 0.5, "eval_accuracy": 0.8, "epoch": 1}
     path.unlink()
-    written = training._results_to_write({"train_loss": float("inf")}, path, logging.getLogger("test"))
+    written = run.results_to_write({"train_loss": float("inf")}, path, logging.getLogger("test"))
     assert json.dumps(written, allow_nan=False) == '{"train_loss": null}'
 
 
@@ -753,7 +753,7 @@ def test_parsers_refuse_abbreviations(script, monkeypatch):
 
 
 def test_hub_token_abbreviation_rejected_and_redacted(tiny_data, tmp_path, capsys, monkeypatch):
-    from hf_zformer import training
+    from hf_zformer.training import run
 
     argv = ["--data_dir", str(tiny_data / "clf"), "--attention_type", "full", "--output_dir", str(tmp_path / "out")]
     with pytest.raises(SystemExit) as error:
@@ -762,13 +762,13 @@ def test_hub_token_abbreviation_rejected_and_redacted(tiny_data, tmp_path, capsy
     # the recorded command redacts the parsed token value wherever it appears
     monkeypatch.setattr(sys, "argv", ["scripts/run_classification.py", "--hub_to", "hf_secret", "--token=hf_secret",
                                       "--hub_token", "hf_secret", "--seed", "1"])
-    command = training.command_line("hf_secret")
+    command = run.command_line("hf_secret")
     assert "hf_secret" not in command and "--hub_to REDACTED" in command and "--token=REDACTED" in command
     assert "--seed 1" in command
 
 
 def test_config_overrides_are_typed_by_field():
-    from hf_zformer.training import parse_config_overrides
+    from hf_zformer.training.arguments import parse_config_overrides
 
     parsed = parse_config_overrides(
         "hidden_size=64, classifier_dropout=0.2,scale_embedding=false,attention_type=fastformer|full,"
@@ -788,7 +788,7 @@ def test_config_overrides_are_typed_by_field():
 
 
 def test_length_grouped_batches():
-    from hf_zformer.training import LengthGroupedBatchSampler, pad_collate
+    from hf_zformer.training.batching import LengthGroupedBatchSampler, pad_collate
 
     rng = random.Random(0)
     lengths = [rng.randint(1, 200) for _ in range(1000)]

@@ -1,4 +1,4 @@
-"""Knowledge distillation from a fine-tuned teacher (hf_zformer.teacher and run_classification.py's
+"""Knowledge distillation from a fine-tuned teacher (hf_zformer.conversion.teacher and run_classification.py's
 --teacher_model_name_or_path / --unlabeled_file): the loss, the teacher's checks, the script's
 wiring and its records."""
 
@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from conftest import random_batch, tiny_config
 from test_scripts import TINY_CLF, load_script, run_script, run_script_failing, tiny_data  # noqa: F401  (fixture)
 
-from hf_zformer.teacher import IGNORE_LABEL, TeacherLoss, distillation_loss, load_teacher
+from hf_zformer.conversion.teacher import IGNORE_LABEL, TeacherLoss, distillation_loss, load_teacher
 
 
 def _logits(seed, rows=6, classes=3):

@@ -1,4 +1,5 @@
-"""Dataset loaders for translation, text classification and language modelling.
+"""Data: dataset loaders for translation, text classification and language modelling.
+May import: datasets and the standard library; nothing else of ``hf_zformer``.
 
 Every loader accepts either a local directory (the layout of ``/work/shared/data``, which works
 offline) or a Hugging Face Hub dataset name, and always returns a :class:`datasets.DatasetDict`

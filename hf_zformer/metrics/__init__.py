@@ -1,4 +1,5 @@
-"""``evaluate`` metrics shipped inside hf_zformer, so they load offline.
+"""Metrics: ``evaluate`` metrics shipped inside hf_zformer, so they load offline.
+May import: evaluate and sacrebleu; nothing else of ``hf_zformer``.
 
 ``evaluate.load("sacrebleu")`` downloads the metric script from the Hugging Face Hub; the
 modules here are the same metrics (same inputs, options and output keys) as scripts in this

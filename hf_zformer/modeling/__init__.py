@@ -1,4 +1,5 @@
-"""Everything that ships to the Hub with a checkpoint (flat, self-contained)."""
+"""Modeling: everything that ships to the Hub with a checkpoint (flat, self-contained).
+May import: torch and transformers, and its own modules (``from .sibling import X``); nothing else of ``hf_zformer``."""
 
 from .attention import (
     ATTENTION_CLASSES,

@@ -26,10 +26,10 @@ from typing import Any
 
 import torch
 
-from . import folders
+from .. import folders
 from .checkpoints import TrainingDiverged, require_finite
 from .feedback import get_logger, setup_logging, show_bars
-from .memory import retain_freed_memory
+from ..memory import retain_freed_memory
 from .results import save_training_args
 
 __all__ = [
@@ -94,7 +94,7 @@ def start_run(args: argparse.Namespace, logger_name: str):
                 clear_earlier_run(args.output_dir, logger)
             folders.record(args.output_dir, LOCK_FILE)
             if args.push_to_hub:
-                from .hub import check_push_access
+                from ..hub import check_push_access
 
                 check_push_access(args.hub_model_id, token=args.hub_token)
         except (RuntimeError, OSError) as error:
@@ -201,7 +201,7 @@ def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
     and saved in ``--output_dir``, where every process loads it from."""
     from transformers import AutoTokenizer
 
-    from .tokenization import train_tokenizer
+    from ..tokenization import train_tokenizer
 
     source = args.tokenizer_name or args.model_name_or_path
     if source:
@@ -234,7 +234,7 @@ def pretrained_tokenizer(args: argparse.Namespace, source: str):
     or when it cannot be the model's (far fewer tokens than the model's vocabulary)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from .tokenization import fits_vocabulary
+    from ..tokenization import fits_vocabulary
 
     flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"
     folder = Path(source).expanduser()
@@ -305,7 +305,7 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
-def _results_to_write(results: dict[str, Any], path: Path, logger) -> dict[str, Any]:
+def results_to_write(results: dict[str, Any], path: Path, logger) -> dict[str, Any]:
     """``results`` as strict JSON: a non-finite number becomes ``None``, and a value this run could
     not measure (``None``, e.g. the loss after resuming a checkpoint that predates the run
     statistics) keeps the number an earlier run already wrote to ``path``: never replace good
@@ -339,7 +339,7 @@ def finish_run(
     ``--data_dir`` folder or ``--train_file``, with ``--dataset_config_name``), the model (``--hub_model_id``, else the
     output folder, which its usage snippet loads: ``--output_dir`` as given) and the base model from
     ``args``; ``card_kwargs`` adds the script's task, metric, languages and usage example."""
-    from . import hub
+    from .. import hub
 
     accelerator.wait_for_everyone()
     unwrapped = accelerator.unwrap_model(model)
@@ -359,7 +359,7 @@ def finish_run(
 
 def _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_kwargs, logger) -> None:
     """The writing part of :func:`finish_run`: model, tokenizer, ``all_results.json``, model card."""
-    from . import hub
+    from .. import hub
 
     unwrapped.save_pretrained(
         args.output_dir,
@@ -370,7 +370,7 @@ def _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_k
     if accelerator.is_main_process:
         tokenizer.save_pretrained(args.output_dir)
         save_training_args(args)  # an evaluation of the folder records how it was trained
-        results = _results_to_write(results, Path(args.output_dir) / "all_results.json", logger)
+        results = results_to_write(results, Path(args.output_dir) / "all_results.json", logger)
         with open(Path(args.output_dir) / "all_results.json", "w") as f:
             json.dump(results, f, indent=2, allow_nan=False)
         card = hub.model_card(

@@ -11,7 +11,7 @@ so with `attention_type="full"` the converted model computes what the source com
 attention types reuse what maps (see `_copy_attention`) and initialise the rest; docs/warm_start.md
 has the mapping table and the reasons for every choice. Converted layers are then calibrated to the
 size of the softmax attention they replace (`calibrate_zformer_scales`, `calibrate_fastformer_sizes`)
-and, with `distillation=`, fitted to it (`hf_zformer.distillation`).
+and, with `distillation=`, fitted to it (`hf_zformer.conversion.distillation`).
 """
 
 from __future__ import annotations
@@ -19,22 +19,18 @@ from __future__ import annotations
 import logging
 import math
 import os
-import shutil
-from pathlib import Path
 
 import torch
 from torch import nn
 
-from .distillation import DISTILLATION_SETTINGS, Distillation, _attention_calls, distill_attention
-from . import folders
-from .hub import model_card
-from .modeling import ZformerConfig
+from ..hub import DISTILLATION_SETTINGS, model_card
+from ..modeling import ZformerConfig
+from .distillation import Distillation, _attention_calls, distill_attention
+from .common import CALIBRATION_TEXT, DECODER_SOURCE_TYPES, check_conversion_output, save_converted
 
 logger = logging.getLogger(__name__)
 
 SOURCE_MODEL_TYPES = ("bert", "roberta", "distilbert", "zformer")
-# causal LMs of these types go to the decoder converter (hf_zformer.convert_decoder)
-DECODER_SOURCE_TYPES = ("llama", "mistral", "qwen2")
 # a Zformer-family source must be one of these, with full attention in every layer (the softmax reference)
 ZFORMER_SOURCE_ARCHITECTURES = ("ZformerModel", "ZformerForSequenceClassification", "ZformerForMaskedLM")
 # config fields of a Zformer-family source that do not carry over: they describe the saved folder, or
@@ -42,19 +38,6 @@ ZFORMER_SOURCE_ARCHITECTURES = ("ZformerModel", "ZformerForSequenceClassificatio
 _FOLDER_FIELDS = ("architectures", "model_type", "transformers_version", "auto_map", "_name_or_path", "dtype",
                   "torch_dtype", "attention_type")
 TASKS = ("feature-extraction", "text-classification", "fill-mask", "text-generation")
-
-# Zformer's scale s is chosen on this text (see `calibrate_zformer_scales`): plain English prose,
-# about 128 tokens for BERT's WordPiece vocabulary, the length s is matched at.
-CALIBRATION_TEXT = (
-    "The film opens on a quiet street in a small town, where nothing much has happened for years. "
-    "Then a stranger arrives with a suitcase full of letters, and the neighbours start to talk. "
-    "The acting is warm and unhurried, the camera lingers on faces rather than on events, and the "
-    "music stays in the background. Some viewers will find the pace too slow; others will be glad of "
-    "a story that trusts its audience. By the end, the letters have been delivered, a few secrets "
-    "have come out, and the town looks a little different, though the street is as quiet as before. "
-    "It is not a perfect film, but it is an honest one, and I would watch it again."
-)
-
 
 def task_of_architecture(architectures: list[str] | None) -> str:
     """The task of a source checkpoint from `config.architectures`: "text-classification"
@@ -450,46 +433,11 @@ def _load_tokenizer(model_name_or_path, vocab_size: int):
         tokenizer = AutoTokenizer.from_pretrained(model_name_or_path)
     except (OSError, ValueError, TypeError) as error:
         return None, f"no tokenizer loads from it ({str(error).splitlines()[0]})"
-    from .tokenization import fits_vocabulary
+    from ..tokenization import fits_vocabulary
 
     if not fits_vocabulary(tokenizer, vocab_size):
         return None, f"its tokenizer has {len(tokenizer)} tokens for the model's vocabulary of {vocab_size}"
     return tokenizer, None
-
-
-def check_conversion_output(output_dir, *, overwrite: bool, model_name_or_path, tokenizer_name=None,
-                            prefix: str = "") -> Path:
-    """Before any work: restore what an interrupted replacement of ``output_dir`` left (a backup
-    whose folder is missing is renamed back: :func:`hf_zformer.folders.recover`), then check that
-    the converted model may be written there (:func:`hf_zformer.folders.check_output_dir`: new,
-    empty, or with ``overwrite`` a folder holding only what the library wrote; never the source
-    or the tokenizer folder). ``prefix`` is put before the argument names in messages (``--``)."""
-    path = Path(str(output_dir)).expanduser() if output_dir is not None and str(output_dir).strip() else None
-    if path is not None and path.parent.is_dir() and not path.is_symlink():
-        folders.recover(path.parent, target=path.name, logger=logger)
-    inputs = {f"{prefix}model_name_or_path": model_name_or_path, f"{prefix}tokenizer_name": tokenizer_name}
-    return folders.check_output_dir(output_dir, overwrite=overwrite, name=f"{prefix}output_dir", inputs=inputs)
-
-
-def _save(model, tokenizer, card: str, output_dir: Path):
-    """Write the folder atomically: into a marked staging sibling, moved into place when complete
-    (:func:`hf_zformer.folders.replace_atomically`, which replaces only a folder the library wrote).
-    A model with a NaN or infinite weight is never written."""
-    for name, param in model.named_parameters():
-        if not bool(torch.isfinite(param.detach()).all()):
-            raise ValueError(f"not writing {output_dir}: parameter {name} holds NaN or infinite values (a source "
-                             "with non-finite weights, or a diverged distillation: lower distill_learning_rate)")
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    staging = folders.staging_dir(output_dir.parent, output_dir.name)
-    try:
-        model.save_pretrained(staging)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
-        (staging / "README.md").write_text(card)
-        folders.replace_atomically(staging, output_dir)
-    finally:
-        if staging.is_dir():
-            shutil.rmtree(staging)  # a staging folder holds only what was written into it here
 
 
 def _fit_to_source(model, target_class, source, family: str, source_task: str, tokenizer,
@@ -539,7 +487,7 @@ def convert_pretrained(
     """Convert a BERT, RoBERTa or DistilBERT checkpoint (folder or Hub id) into a Zformer-family
     model with `attention_type` (one type or a list with one per layer), and return it (eval mode).
     A Llama, Mistral or Qwen2 causal LM (or `task="text-generation"`) becomes a
-    `ZformerLlamaForCausalLM` instead (`hf_zformer.convert_decoder.convert_causal_lm`, which takes
+    `ZformerLlamaForCausalLM` instead (`hf_zformer.conversion.convert_decoder.convert_causal_lm`, which takes
     the same `output_dir`, `base_model`, `overwrite`, `tokenizer_name` and config overrides).
 
     Args:
@@ -579,7 +527,7 @@ def convert_pretrained(
                          f"({str(error).splitlines()[0]}); pass a folder written by save_pretrained or a Hub id "
                          "(the Hub needs network access)") from None
     if task == "text-generation" or source_config.model_type in DECODER_SOURCE_TYPES:
-        # a Llama-family causal LM: the decoder converter (hf_zformer.convert_decoder)
+        # a Llama-family causal LM: the decoder converter (hf_zformer.conversion.convert_decoder)
         if task not in (None, "text-generation"):
             raise ValueError(f"task={task!r}: {model_name_or_path} is a causal language model "
                              f"({source_config.model_type!r}); its task is 'text-generation'")
@@ -587,7 +535,7 @@ def convert_pretrained(
         refused = [name for name, value in refused.items() if value is not None]
         if refused:
             raise ValueError(f"{refused} apply to encoders; a causal LM converts without them (attention transfer "
-                             "for decoders: hf_zformer.decoder_transfer)")
+                             "for decoders: hf_zformer.conversion.decoder_transfer)")
         from .convert_decoder import convert_causal_lm
 
         return convert_causal_lm(model_name_or_path, attention_type, output_dir, base_model=base_model,
@@ -635,6 +583,6 @@ def convert_pretrained(
     if output_dir is not None:
         card = model_card(config=config, task=task, base_model=str(base_model or model_name_or_path),
                           model_id=str(output_dir), distillation=report)
-        _save(model, tokenizer, card, check_conversion_output(
+        save_converted(model, tokenizer, card, check_conversion_output(
             output_dir, overwrite=overwrite, model_name_or_path=model_name_or_path, tokenizer_name=tokenizer_name))
     return model

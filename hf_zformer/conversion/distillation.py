@@ -5,7 +5,7 @@ new attention layers (zformer, fastformer, xformer) only start near what the sou
 `distill_attention` trains their parameters, and nothing else, on unlabeled text so that their
 outputs match those of `reference`, the exact full-attention copy of the source; `Distillation`
 holds the settings. `_attention_calls` records a reference's attention calls, which the
-calibration in `hf_zformer.convert` replays too.
+calibration in `hf_zformer.conversion.convert` replays too.
 """
 
 from __future__ import annotations
@@ -19,10 +19,6 @@ from typing import NamedTuple
 import torch
 
 logger = logging.getLogger(__name__)
-
-
-#: What a converted folder's model card records of its distillation (metadata `distillation`).
-DISTILLATION_SETTINGS = ("source", "steps", "model_steps", "batch_size", "max_length", "learning_rate")
 
 
 @dataclass

@@ -355,10 +355,10 @@ def teacher_of(args, unlabeled_examples: int | None = None) -> dict[str, Any] | 
 
 
 def save_training_args(args, output_dir: str | os.PathLike | None = None) -> Path:
-    """Store the arguments that define a training run (``arguments.run_identity``: all but where it
+    """Store the arguments that define a training run (``checkpoints.run_identity``: all but where it
     is written, logged and pushed; never a token) as :data:`TRAINING_ARGS_FILE` in its output folder,
     so that an evaluation of the folder can record how the model was trained."""
-    from .arguments import run_identity
+    from .checkpoints import run_identity
 
     path = Path(output_dir if output_dir is not None else args.output_dir) / TRAINING_ARGS_FILE
     stored = getattr(args, "run_args", None) or run_identity(args)

@@ -11,7 +11,7 @@ What the scripts' evaluations run, on one process or many (results gathered with
   blocks, with the loss of every block (for bootstrap intervals); :func:`score_masked_lm` the same
   for a masked LM at its masked positions, with their accuracy.
 
-When to evaluate during training, and the best checkpoint, are :mod:`hf_zformer.evaluation`'s job.
+When to evaluate during training, and the best checkpoint, are :mod:`hf_zformer.training.evaluation`'s job.
 """
 
 from __future__ import annotations
@@ -87,7 +87,7 @@ def predict_labels(accelerator, model, dataloader, *, desc: str = "evaluate") ->
 
 def score_accuracy(accelerator, model, dataloader, *, desc: str = "evaluate") -> tuple[dict[str, Any], list[bool]]:
     """``({"accuracy", "samples"}, hits)``: the accuracy over ``dataloader`` and whether each
-    example was classified right (for :func:`hf_zformer.results.accuracy_ci`)."""
+    example was classified right (for :func:`hf_zformer.training.results.accuracy_ci`)."""
     predictions, labels, _ = predict_labels(accelerator, model, dataloader, desc=desc)
     hits = [p == y for p, y in zip(predictions, labels)]
     return {"accuracy": sum(hits) / max(len(hits), 1), "samples": len(hits)}, hits
@@ -95,7 +95,7 @@ def score_accuracy(accelerator, model, dataloader, *, desc: str = "evaluate") ->
 
 def score_perplexity(accelerator, model, dataloader, *, desc: str = "evaluate") -> tuple[dict[str, Any], list[float]]:
     """``({"loss", "perplexity", "samples", "tokens"}, block_losses)`` of a causal LM over
-    ``dataloader``'s equal-length blocks (:func:`hf_zformer.batching.block_collate`): every block
+    ``dataloader``'s equal-length blocks (:func:`hf_zformer.training.batching.block_collate`): every block
     scores the same number of tokens (its length - 1, the first has no context), so the mean token
     loss is the mean of the blocks' mean losses, and ``perplexity = exp(loss)``. The model is left
     in training mode."""
@@ -117,7 +117,7 @@ def score_perplexity(accelerator, model, dataloader, *, desc: str = "evaluate") 
 
 def score_masked_lm(accelerator, model, dataloader, *, desc: str = "evaluate") -> tuple[dict[str, Any], list[float]]:
     """``({"loss", "perplexity", "accuracy", "samples", "tokens"}, block_losses)`` of a masked LM
-    over ``dataloader``'s blocks (:class:`hf_zformer.batching.MaskedLMCollator`, which scores the same
+    over ``dataloader``'s blocks (:class:`hf_zformer.training.batching.MaskedLMCollator`, which scores the same
     number of positions in every block): the mean loss at the scored positions, its exp, and the
     share of them whose most likely token is the original one. The model is left in training mode."""
     model.eval()

@@ -1,18 +1,7 @@
-"""The training loop of the scripts in ``scripts/`` (library side, never shipped).
-
-The scripts follow transformers' ``examples/pytorch/*_no_trainer.py``: a plain Accelerate loop that
-runs unchanged on one process, N GPUs (DDP, FSDP, DeepSpeed) or N CPU processes (gloo), with mixed
-precision and the process count chosen by ``accelerate launch``. A script reads as:
-
-* :mod:`hf_zformer.arguments` -- argument groups, validation, ``--config_overrides``, the config;
-* :mod:`hf_zformer.run` -- :func:`~hf_zformer.run.start_run` (accelerator, logging, seed, output
-  directory), data and tokenizer helpers, :func:`~hf_zformer.run.finish_run` (model, results, card);
-* :mod:`hf_zformer.batching` -- length-grouped batches with dynamic padding;
-* this module -- :func:`make_optimizer` and :func:`train`: gradient accumulation, clipping, a log
-  line every ``--logging_steps``, evaluation (:class:`hf_zformer.evaluation.EvalTracker`),
-  step/epoch checkpoints (:mod:`hf_zformer.checkpoints`), exact resume with ``skip_first_batches``.
-
-The names the scripts used from this module before it was split stay importable from it.
+"""The training loop of the scripts in ``scripts/``: :func:`make_optimizer` and :func:`train`
+(gradient accumulation, clipping, a log line every ``--logging_steps``, evaluation
+(:class:`.evaluation.EvalTracker`), step/epoch checkpoints (:mod:`.checkpoints`), exact resume with
+``skip_first_batches``). How a script uses this folder is in the package docstring.
 """
 
 from __future__ import annotations
@@ -26,60 +15,12 @@ from typing import Any
 
 import torch
 
-from .arguments import (  # noqa: F401  (re-exported: their former home)
-    SCHEDULER_TYPES,
-    add_data_args,
-    add_model_args,
-    add_training_args,
-    build_config,
-    parse_config_overrides,
-    run_identity,
-    validate_args,
-)
-from .batching import LengthGroupedBatchSampler, make_dataloader, pad_collate  # noqa: F401
-from .checkpoints import (  # noqa: F401
-    TRAINING_STATE_FILE,
-    TrainingDiverged,
-    clean_stale_checkpoints,
-    latest_checkpoint,
-    load_checkpoint,
-    require_finite,
-    save_checkpoint,
-)
+from .batching import LengthGroupedBatchSampler
+from .checkpoints import TrainingDiverged, latest_checkpoint, load_checkpoint, require_finite, run_identity, save_checkpoint
 from .evaluation import EvalTracker
-from .feedback import progress, setup_logging, show_bars, speed_line  # noqa: F401
-from .run import (  # noqa: F401
-    LOCK_FILE,
-    _results_to_write,
-    command_line,
-    data_errors,
-    finish_run,
-    load_tokenizer,
-    lock_output_dir,
-    make_accelerator,
-    start_run,
-    subsample,
-)
+from .feedback import show_bars, speed_line
 
-__all__ = [
-    "LengthGroupedBatchSampler",
-    "add_data_args",
-    "add_model_args",
-    "add_training_args",
-    "build_config",
-    "finish_run",
-    "load_checkpoint",
-    "load_tokenizer",
-    "make_optimizer",
-    "pad_collate",
-    "parse_config_overrides",
-    "progress",
-    "save_checkpoint",
-    "start_run",
-    "subsample",
-    "train",
-    "validate_args",
-]
+__all__ = ["make_optimizer", "train"]
 
 
 def make_optimizer(model, args) -> torch.optim.Optimizer:
@@ -117,10 +58,10 @@ def train(
 
     Builds and prepares the LR scheduler, resumes from ``--resume_from_checkpoint``, evaluates with
     ``evaluate_fn`` (returns ``{"bleu": ...}``-style metrics) after every epoch and every
-    ``--eval_steps`` (:class:`hf_zformer.evaluation.EvalTracker`: history file, ``--save_best`` on
+    ``--eval_steps`` (:class:`hf_zformer.training.evaluation.EvalTracker`: history file, ``--save_best`` on
     ``best_metric``, higher or, with ``greater_is_better=False``, lower is better, saved with ``tokenizer``), checkpoints every ``--checkpointing_steps``.
     The loss of a batch is ``loss_fn(model, batch)`` when given (e.g.
-    :class:`hf_zformer.teacher.TeacherLoss`), else the model's own ``model(**batch).loss``. Returns
+    :class:`hf_zformer.conversion.teacher.TeacherLoss`), else the model's own ``model(**batch).loss``. Returns
     the last evaluation metrics prefixed ``eval_`` (with ``--save_best``: the best evaluation's, the
     last one's as ``last_eval_``, and the final model holds the best weights) plus ``best_step``,
     ``train_loss``, ``train_steps``, ``epoch``, ``train_runtime_s``, ``eval_runtime_s``.

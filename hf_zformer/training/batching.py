@@ -137,7 +137,7 @@ class MaskedLMCollator:
     random ordinary token (ids ``first_ordinary_id`` .. ``vocab_size - 1``) with 0.1, and stays
     itself with 0.1. ``labels`` holds the original ids at the scored positions, -100 elsewhere.
     Every block scoring the same number of tokens makes the mean token loss the mean of the blocks'
-    mean losses (so :func:`hf_zformer.results.perplexity_ci` applies as for causal blocks).
+    mean losses (so :func:`hf_zformer.training.results.perplexity_ci` applies as for causal blocks).
 
     The masks are a pure function of ``(seed, epoch, block)`` (each feature carries its ``block``
     index): a resumed run, a second process and a re-evaluation mask every block as before, and

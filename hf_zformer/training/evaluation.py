@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from . import folders
+from .. import folders
 from .checkpoints import require_finite, shared_staging_dir
 
 __all__ = ["BEST_DIR", "HISTORY_FILE", "EvalTracker", "add_evaluation_args", "read_history"]

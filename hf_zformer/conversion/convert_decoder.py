@@ -9,8 +9,8 @@ only the linear attention's own parameters (Hedgehog feature maps, the identity 
 window share, Fastformer's pooling vectors and W_r), at their init. With `attention_type="full"`
 the converted model computes the source's function. Identity-map zformer layers and fastformer
 layers are then calibrated to the size of the softmax attention they replace (as for encoders,
-`hf_zformer.convert`); Hedgehog layers need no calibration (normalised weights) and are fitted to
-the source by attention transfer (`hf_zformer.decoder_transfer`). docs/decoders.md has the design.
+`hf_zformer.conversion.convert`); Hedgehog layers need no calibration (normalised weights) and are fitted to
+the source by attention transfer (`hf_zformer.conversion.decoder_transfer`). docs/decoders.md has the design.
 """
 
 from __future__ import annotations
@@ -18,17 +18,16 @@ from __future__ import annotations
 import copy
 import logging
 import math
-import os
 
 import torch
 
-from .convert import (  # CALIBRATION_TEXT: the identity map's scale and fastformer's size are matched on it
+from ..modeling import ZformerLlamaConfig, ZformerLlamaForCausalLM
+from .common import (  # CALIBRATION_TEXT: the identity map's scale and fastformer's size are matched on it
     CALIBRATION_TEXT,
     DECODER_SOURCE_TYPES,
-    _save,
     check_conversion_output,
+    save_converted,
 )
-from .modeling import ZformerLlamaConfig, ZformerLlamaForCausalLM
 
 logger = logging.getLogger(__name__)
 
@@ -168,7 +167,7 @@ def convert_causal_lm(model_name_or_path, attention_type="full", output_dir=None
     (loads with `AutoModelForCausalLM` and trust_remote_code=True), the tokenizer and a model card."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .hub import model_card
+    from ..hub import model_card
 
     if output_dir is not None:  # before any work: never the source or tokenizer folder, never a folder of others
         output_dir = check_conversion_output(output_dir, overwrite=overwrite, model_name_or_path=model_name_or_path,
@@ -208,7 +207,7 @@ def convert_causal_lm(model_name_or_path, attention_type="full", output_dir=None
     if output_dir is not None:
         card = model_card(config=config, task="text-generation", base_model=str(base_model or model_name_or_path),
                           model_id=str(output_dir))
-        _save(model, tokenizer, card, output_dir)
+        save_converted(model, tokenizer, card, output_dir)
     return model
 
 

@@ -5,6 +5,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import json
@@ -17,7 +18,7 @@ from typing import Any
 
 import torch
 
-from . import folders
+from .. import folders
 
 __all__ = [
     "TRAINING_STATE_FILE",
@@ -25,13 +26,24 @@ __all__ = [
     "check_checkpoint",
     "clean_stale_checkpoints",
     "latest_checkpoint",
+    "RESUMABLE_ARGS",
     "load_checkpoint",
     "require_finite",
+    "run_identity",
     "save_checkpoint",
     "shared_staging_dir",
 ]
 
 TRAINING_STATE_FILE = "training_state.json"
+
+# Arguments that may differ between a run and its resumption: where the run is written and reported,
+# how often it is saved, how it is launched and logged; every other argument defines the run (`run_identity`).
+RESUMABLE_ARGS = frozenset({
+    "resume_from_checkpoint", "output_dir", "overwrite_output_dir", "checkpointing_steps", "logging_steps",
+    "with_tracking", "report_to", "verbose", "skip_test",
+    "push_to_hub", "hub_model_id", "hub_token", "preprocessing_num_workers", "per_device_eval_batch_size",
+    "cpu_allocator", "results_file", "trust_remote_code", "config_kwargs", "run_args",
+})
 
 
 class TrainingDiverged(RuntimeError):
@@ -195,3 +207,13 @@ def load_checkpoint(accelerator, path: str | os.PathLike) -> dict[str, Any]:
     """Restore model/optimizer/scheduler/RNG states; returns the saved training state."""
     accelerator.load_state(str(path))
     return json.loads((Path(path) / TRAINING_STATE_FILE).read_text())
+
+
+def _json(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=str))
+
+
+def run_identity(args: argparse.Namespace) -> dict[str, Any]:
+    """The arguments that define a run (all but :data:`RESUMABLE_ARGS`), as JSON values. Stored in
+    every checkpoint; resuming with other values is refused (``arguments.validate_args``)."""
+    return {key: _json(value) for key, value in sorted(vars(args).items()) if key not in RESUMABLE_ARGS}

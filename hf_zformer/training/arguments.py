@@ -8,18 +8,16 @@
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import TRAINING_STATE_FILE, check_checkpoint, latest_checkpoint
+from ..folders import check_output_dir
+from ..modeling.configuration_zformer import ATTENTION_TYPES, CAUSAL_ATTENTION_TYPES, ZformerConfig
+from .checkpoints import RESUMABLE_ARGS, TRAINING_STATE_FILE, check_checkpoint, latest_checkpoint, run_identity
 from .evaluation import add_evaluation_args
-from .folders import check_output_dir
-from .modeling.configuration_zformer import ATTENTION_TYPES, CAUSAL_ATTENTION_TYPES, ZformerConfig
 
 __all__ = [
-    "RESUMABLE_ARGS",
     "SCHEDULER_TYPES",
     "add_data_args",
     "add_model_args",
@@ -28,18 +26,8 @@ __all__ = [
     "check_finite_floats",
     "earlier_run_files",
     "parse_config_overrides",
-    "run_identity",
     "validate_args",
 ]
-
-# Arguments that may differ between a run and its resumption: where the run is written and reported,
-# how often it is saved, how it is launched and logged; every other argument defines the run (`run_identity`).
-RESUMABLE_ARGS = frozenset({
-    "resume_from_checkpoint", "output_dir", "overwrite_output_dir", "checkpointing_steps", "logging_steps",
-    "with_tracking", "report_to", "verbose", "skip_test",
-    "push_to_hub", "hub_model_id", "hub_token", "preprocessing_num_workers", "per_device_eval_batch_size",
-    "cpu_allocator", "results_file", "trust_remote_code", "config_kwargs", "run_args",
-})
 
 SCHEDULER_TYPES = (
     "linear",
@@ -173,7 +161,7 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
         if not 0 <= getattr(args, name) < 2**32:
             parser.error(f"--{name} must be in 0..{2**32 - 1}, got {getattr(args, name)}")
     if not (args.tokenizer_name or args.model_name_or_path):  # a tokenizer is trained on the data
-        from .tokenization import SPECIAL_TOKENS
+        from ..tokenization import SPECIAL_TOKENS
 
         if args.vocab_size <= len(SPECIAL_TOKENS):
             parser.error(f"--vocab_size must be > {len(SPECIAL_TOKENS)} (the special tokens) for the tokenizer trained "
@@ -273,16 +261,6 @@ def check_finite_floats(parser: argparse.ArgumentParser, args: argparse.Namespac
         for item in value if isinstance(value, list) else [value]:
             if isinstance(item, float) and not math.isfinite(item):
                 parser.error(f"{action.option_strings[0]} must be a finite number, got {item}")
-
-
-def _json(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=str))
-
-
-def run_identity(args: argparse.Namespace) -> dict[str, Any]:
-    """The arguments that define a run (all but :data:`RESUMABLE_ARGS`), as JSON values. Stored in
-    every checkpoint; resuming with other values is refused (``_check_run_folder``)."""
-    return {key: _json(value) for key, value in sorted(vars(args).items()) if key not in RESUMABLE_ARGS}
 
 
 def earlier_run_files(output_dir: str | Path) -> list[Path]:

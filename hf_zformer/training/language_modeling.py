@@ -24,7 +24,7 @@ def add_document_args(parser: argparse.ArgumentParser) -> None:
         "--validation_split_percentage", type=int, default=5,
         help="Without a validation split, hold out this percentage of the training documents (seeded by --split_seed).",
     )
-    from .data.splits import DEFAULT_GROUP_COLUMN  # the loaders' default too
+    from ..data.splits import DEFAULT_GROUP_COLUMN  # the loaders' default too
 
     parser.add_argument(
         "--group_column", default=DEFAULT_GROUP_COLUMN,
@@ -48,7 +48,7 @@ def load_documents(args: argparse.Namespace):
     when present, when the data has none). The carve and the ``--max_eval_samples`` subset depend
     on ``--split_seed`` only, so runs with different ``--seed`` are scored on the same text.
     ``--max_train_samples`` / ``--max_eval_samples`` count documents, before grouping into blocks."""
-    from .data import load_text_dataset
+    from ..data import load_text_dataset
 
     raw = load_text_dataset(
         args.data_dir or args.train_file or args.dataset_name,
@@ -67,7 +67,7 @@ def load_documents(args: argparse.Namespace):
 
 
 def make_blocks(raw, tokenizer, block_size: int, accelerator, args) -> dict:
-    """``{split: Dataset of input_ids blocks}`` (:func:`hf_zformer.batching.group_into_blocks`, the
+    """``{split: Dataset of input_ids blocks}`` (:func:`hf_zformer.training.batching.group_into_blocks`, the
     documents separated by the EOS token), each row with its ``block`` index; an error when a split
     has less than one block of text."""
     import datasets
@@ -123,7 +123,7 @@ def train_on_blocks(args: argparse.Namespace, accelerator, logger, model, tokeni
     dataloaders (``train_collate.sampler``, when it has one, is set to the training sampler so that
     it can follow the epoch), training with validation by ``score`` (lowest perplexity is best),
     the saved folder and model card, and the ``record_metric`` record of ``--results_file``."""
-    from . import training
+    from . import loop
     from . import results as records
 
     block_size = len(processed["train"][0]["input_ids"])
@@ -136,7 +136,7 @@ def train_on_blocks(args: argparse.Namespace, accelerator, logger, model, tokeni
     eval_dataloaders = batching.make_eval_dataloaders(
         processed, ["validation"], args.per_device_eval_batch_size, eval_collate, seed=args.seed
     )
-    optimizer = training.make_optimizer(model, args)
+    optimizer = loop.make_optimizer(model, args)
     model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
     eval_dataloader = accelerator.prepare(eval_dataloaders["validation"])
     block_losses: list[float] = []  # of the latest evaluation (bootstrap interval)
@@ -145,7 +145,7 @@ def train_on_blocks(args: argparse.Namespace, accelerator, logger, model, tokeni
         scores, block_losses[:] = score(accelerator, model, eval_dataloader)
         return scores
 
-    results = training.train(
+    results = loop.train(
         args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
         tokenizer=tokenizer, best_metric="perplexity", greater_is_better=False,
     )

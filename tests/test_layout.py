@@ -1,0 +1,106 @@
+"""The package's layout, read from its imports (every import, the ones inside functions too).
+
+Floors, from the ground up (docs/models.md, "Where the code lives"):
+
+0. ``modeling/``: what ships to the Hub; imports nothing else of the package.
+1. ``data/``, ``metrics/`` and the shared utilities (``decoding``, ``folders``, ``hub``, ``memory``,
+   ``tokenization``).
+2. ``training/`` and ``conversion/``: each imports floors 0 and 1, never the other.
+3. ``hf_zformer/__init__`` (the public names) and the benchmark harness.
+
+A module imports only from floors below its own or from its own folder; nothing imports in a cycle;
+every folder's ``__init__`` says in its first two lines what lives there and what it may import.
+"""
+
+import ast
+from pathlib import Path
+
+import pytest
+from conftest import REPO_ROOT
+
+PACKAGE = REPO_ROOT / "hf_zformer"
+SHARED = {"decoding", "folders", "hub", "memory", "tokenization"}
+FLOORS = {"modeling": 0, "data": 1, "metrics": 1, **{name: 1 for name in SHARED}, "training": 2, "conversion": 2,
+          "benchmark": 3, "": 3}
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(path): path for path in sorted(PACKAGE.rglob("*.py")) if "__pycache__" not in path.parts}
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """The package modules ``name`` imports (``from . import x`` counts as importing ``x``)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            submodules = [f"{target}.{alias.name}" for alias in node.names if f"{target}.{alias.name}" in known]
+            candidates = submodules or [target]
+        elif isinstance(node, ast.Import):
+            candidates = [alias.name for alias in node.names]
+        else:
+            continue
+        found |= {candidate for candidate in candidates if candidate in known and candidate != name}
+    return found
+
+
+def _room(name: str) -> str:
+    """The folder (or shared module) a module belongs to: ``training``, ``hub``, ``""`` for the package itself."""
+    parts = name.split(".")[1:]
+    return parts[0] if parts else ""
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def test_every_module_has_a_floor():
+    assert {_room(name) for name in _modules()} <= set(FLOORS)
+
+
+def test_nothing_imports_upward_or_across_rooms():
+    wrong = []
+    for name, targets in _graph().items():
+        for target in targets:
+            room, other = _room(name), _room(target)
+            if room != other and FLOORS[other] >= FLOORS[room]:
+                wrong.append(f"{name} (floor {FLOORS[room]}) imports {target} (floor {FLOORS[other]})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_cycle():
+    graph, state, cycles = _graph(), {}, []
+
+    def visit(name, trail):
+        state[name] = "open"
+        for target in sorted(graph[name]):
+            if target.startswith(name + "."):  # a package importing its own modules is no cycle
+                continue
+            if state.get(target) == "open":
+                cycles.append(" -> ".join(trail[trail.index(target):] + [target]))
+            elif target not in state:
+                visit(target, trail + [target])
+        state[name] = "done"
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    assert not cycles, "\n".join(cycles)
+
+
+@pytest.mark.parametrize("folder", sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py") if p.parent.name != "benchmark"))
+def test_each_folder_says_what_lives_there_and_what_it_may_import(folder):
+    docstring = ast.get_docstring(ast.parse((PACKAGE / folder / "__init__.py").read_text())) or ""
+    lines = docstring.splitlines()
+    assert len(lines) >= 2 and lines[0].strip() and lines[1].startswith("May import:"), (folder, lines[:2])
