@@ -30,12 +30,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from hf_zformer import flags  # noqa: E402
 from hf_zformer.conversion.convert import TASKS, check_conversion_output, convert_pretrained  # noqa: E402
 from hf_zformer.modeling.configuration_zformer import ATTENTION_TYPES, CLASSIFIER_POOLINGS  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser = flags.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model_name_or_path", required=True,
                         help="BERT / RoBERTa / DistilBERT folder or Hub id, a full-attention Zformer-family "
                              "encoder (e.g. one already fine-tuned on the task), or a Llama / Mistral / Qwen2 "

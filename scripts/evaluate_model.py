@@ -20,6 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from hf_zformer import flags  # noqa: E402
+
 import torch  # noqa: E402
 
 
@@ -55,7 +57,7 @@ def length_table(buckets: list[dict], seq2seq: bool) -> str:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], allow_abbrev=False)
+    parser = flags.ArgumentParser(description=__doc__.split("\n")[1], allow_abbrev=False)
     parser.add_argument("--model_name_or_path", required=True, help="Saved folder or Hub id.")
     parser.add_argument("--tokenizer_name", default=None, help="Default: the model's tokenizer.")
     parser.add_argument("--dataset_name", default=None, help="Hub dataset (exclusive with --data_dir).")

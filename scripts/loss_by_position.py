@@ -28,12 +28,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import folders
+from hf_zformer import flags, folders  # noqa: E402
 from hf_zformer.training import language_modeling  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], allow_abbrev=False)
+    parser = flags.ArgumentParser(description=__doc__.split("\n")[1], allow_abbrev=False)
     parser.add_argument("--model_name_or_path", nargs="+", required=True, help="Causal LM folders or Hub ids.")
     parser.add_argument("--labels", default=None, help="Comma-separated column names (default: the folder names).")
     parser.add_argument("--train_file", default=None, help="As run_clm.py's (exclusive with --data_dir/--dataset_name).")

@@ -16,14 +16,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hf_zformer import folders  # noqa: E402
+from hf_zformer import flags, folders  # noqa: E402
 from hf_zformer.training.evaluation import HISTORY_FILE, read_history  # noqa: E402
 
 KNOWN_METRICS = ("bleu", "accuracy")
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1])
+    parser = flags.ArgumentParser(description=__doc__.split("\n")[1])
     parser.add_argument("runs", nargs="+", help=f"Run folders (--output_dir of the training scripts) with {HISTORY_FILE}.")
     parser.add_argument("--output", required=True, help="PNG file to write.")
     parser.add_argument("--metric", default=None,

@@ -2,7 +2,7 @@
 """Where the time goes: torch.profiler tables of the benchmark's seq2seq models (training step and
 greedy generation), ours against BART of identical size.
 
-    python scripts/profile_models.py --source-length 32 --target-length 32 --batch 4
+    python scripts/profile_models.py --source_length 32 --target_length 32 --batch 4
     python scripts/profile_models.py --models bart fastformer --kinds generate --threads 1
 
 For each model and kind it runs one warm-up call, then profiles `--steps` calls and prints the
@@ -22,17 +22,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from hf_zformer import flags  # noqa: E402
 from hf_zformer.benchmark import SEQ2SEQ_DEFAULT_MODELS, SEQ2SEQ_MODELS, Seq2SeqShape, build_seq2seq  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+    parser = flags.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--models", nargs="+", choices=SEQ2SEQ_MODELS, default=list(SEQ2SEQ_DEFAULT_MODELS))
     parser.add_argument("--kinds", nargs="+", choices=("train", "generate"), default=["train", "generate"])
     parser.add_argument("--batch", type=int, default=4)
-    parser.add_argument("--source-length", type=int, default=32)
-    parser.add_argument("--target-length", type=int, default=32, help="also the number of tokens generated")
+    parser.add_argument("--source_length", type=int, default=32)
+    parser.add_argument("--target_length", type=int, default=32, help="also the number of tokens generated")
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--heads", type=int, default=8)
@@ -44,7 +45,7 @@ def parse_args(argv=None):
     args = parser.parse_args(argv)
     for name in ("batch", "source_length", "target_length", "steps", "top"):
         if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
     return args
 
 

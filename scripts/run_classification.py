@@ -22,12 +22,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from hf_zformer import flags  # noqa: E402
 from hf_zformer.training import arguments, batching, loop, run  # noqa: E402
 from hf_zformer.training.scoring import score_accuracy  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    parser = flags.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     arguments.add_data_args(parser)
     parser.add_argument("--text_column", default="text")
     parser.add_argument("--label_column", default="label")

@@ -25,13 +25,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 
+from hf_zformer import flags  # noqa: E402
 from hf_zformer.training import arguments, batching, language_modeling, run  # noqa: E402
 from hf_zformer.modeling.configuration_zformer import CAUSAL_ATTENTION_TYPES  # noqa: E402
 from hf_zformer.training.scoring import score_perplexity  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    parser = flags.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     arguments.add_data_args(parser)
     language_modeling.add_document_args(parser)
     arguments.add_model_args(parser, seq2seq=False)

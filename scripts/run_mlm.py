@@ -30,12 +30,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 
+from hf_zformer import flags  # noqa: E402
 from hf_zformer.training import arguments, batching, language_modeling, run  # noqa: E402
 from hf_zformer.training.scoring import score_masked_lm  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    parser = flags.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     arguments.add_data_args(parser)
     language_modeling.add_document_args(parser)
     parser.add_argument(

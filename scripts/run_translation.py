@@ -24,12 +24,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
+from hf_zformer import flags  # noqa: E402
 from hf_zformer.training import arguments, batching, loop, run  # noqa: E402
 from hf_zformer.training.scoring import generate_and_score  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    parser = flags.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     arguments.add_data_args(parser)
     parser.add_argument("--source_lang", default="de")
     parser.add_argument("--target_lang", default="en")

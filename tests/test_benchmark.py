@@ -361,7 +361,7 @@ def test_profile_script_prints_operator_tables(capsys):
     spec = importlib.util.spec_from_file_location("profile_models", SCRIPT.parent / "profile_models.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--models", "bart", "fastformer", "--batch", "2", "--source-length", "4", "--target-length", "3",
+    module.main(["--models", "bart", "fastformer", "--batch", "2", "--source_length", "4", "--target_length", "3",
                  "--width", "16", "--layers", "1", "--heads", "2", "--ffn", "32", "--vocab", "40", "--steps", "1",
                  "--top", "3"])
     out = capsys.readouterr().out
