@@ -57,6 +57,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help='Further config fields, "k=v,k2=v2" (of ZformerLlamaConfig with --task text-generation).')
     parser.add_argument("--overwrite", action="store_true",
                         help="Replace an --output_dir this library wrote (one holding files of others is refused).")
+    add_distillation_args(parser)
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def add_distillation_args(parser: argparse.ArgumentParser) -> None:
     distill = parser.add_argument_group(
         "attention distillation",
         "Fit the converted attention layers to the source's softmax attention on unlabeled text before "
@@ -83,7 +90,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     distill.add_argument("--distill_device", default="auto",
                          help='Where the distillation runs: "auto" (a CUDA GPU when there is one, else the CPU), '
                               '"cpu", "cuda", "cuda:1", ... The written model is the same either way, up to rounding.')
-    args = parser.parse_args(argv)
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Ranges, the distillation device and the output folder, before any work."""
     if args.num_labels is not None and args.num_labels < 1:
         parser.error(f"--num_labels must be >= 1, got {args.num_labels}")
     for name in ("distill_steps", "distill_batch_size", "distill_max_length", "distill_max_documents"):
@@ -109,7 +119,6 @@ def parse_args(argv=None) -> argparse.Namespace:
                                 tokenizer_name=args.tokenizer_name, prefix="--")
     except ValueError as error:
         parser.error(str(error))
-    return args
 
 
 def distillation_of(args):

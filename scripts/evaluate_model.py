@@ -20,17 +20,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hf_zformer import flags  # noqa: E402
-
 import torch  # noqa: E402
+
+from hf_zformer import flags, folders  # noqa: E402
+from hf_zformer.data import load_classification_dataset, load_translation_dataset  # noqa: E402
+from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # noqa: E402  (the loaders' and the training scripts' default)
+from hf_zformer.training import batching, feedback, run  # noqa: E402
+from hf_zformer.training import results as records  # noqa: E402
+from hf_zformer.training.scoring import corpus_bleu, generate_and_score, predict_labels  # noqa: E402
 
 
 def score_by_length(rows: list[dict], texts: dict, edges: list[int], metric=None) -> list[dict]:
     """Per length bucket of the inputs (whitespace words of `texts[row["index"]]`; buckets end at
     `edges`, the last open): the number of examples and, with a sacreBLEU `metric` (translation),
     corpus BLEU of the bucket's sentences, cased and lowercased, else accuracy in %."""
-    from hf_zformer.training.scoring import corpus_bleu
-
     bounds = [(1 if i == 0 else edges[i - 1] + 1, edge) for i, edge in enumerate(edges)] + [(edges[-1] + 1, None)]
     words = {index: len(text.split()) for index, text in texts.items()}
     buckets = []
@@ -72,6 +75,29 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--per_device_eval_batch_size", type=int, default=64)
     parser.add_argument("--max_eval_samples", type=int, default=None,
                         help="Evaluate a seeded random subset (the rows training's --max_eval_samples and --split_seed pick).")
+    add_task_args(parser)
+    parser.add_argument("--seed", type=int, default=42, help="Seed of the evaluation dataloader (not of the rows).")
+    parser.add_argument("--split_seed", type=int, default=42,
+                        help="Seed of the validation split carved from train and of --max_eval_samples: the "
+                        "training run's --split_seed gives the rows it validated on.")
+    parser.add_argument("--group_column", default=DEFAULT_GROUP_COLUMN,
+                        help='Classification: carve validation by whole groups of this column when present (as '
+                        'run_classification.py does); "" carves by rows.')
+    parser.add_argument("--length_buckets", type=int, nargs="+", default=None,
+                        help="Also score by input length: the upper ends (in words of the source / text, "
+                        "whitespace-split) of the length buckets, the last bucket open-ended, e.g. 8 12 16 "
+                        "for Multi30K, 128 256 512 for IMDB. BLEU (cased and lowercased) or accuracy per bucket, "
+                        "in <split>_results.json under <split>_by_length and printed as a table.")
+    parser.add_argument("--trust_remote_code", action="store_true",
+                        help="Run the code a checkpoint ships (auto_map) for model types hf_zformer does not provide. "
+                        "Off by default: hf_zformer's own models load with the installed library code.")
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def add_task_args(parser) -> None:
+    """The columns and lengths of each task (translation, classification)."""
     parser.add_argument("--source_lang", default="de")
     parser.add_argument("--target_lang", default="en")
     parser.add_argument("--text_column", default="text")
@@ -85,24 +111,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--truncation_side", choices=("right", "left"), default=None,
                         help="Classification: cut long texts at their end (right) or beginning (left). Default: "
                         "the tokenizer's saved setting (run_classification.py --truncation_side).")
-    parser.add_argument("--seed", type=int, default=42, help="Seed of the evaluation dataloader (not of the rows).")
-    parser.add_argument("--split_seed", type=int, default=42,
-                        help="Seed of the validation split carved from train and of --max_eval_samples: the "
-                        "training run's --split_seed gives the rows it validated on.")
-    from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # the loaders' and the training scripts' default
 
-    parser.add_argument("--group_column", default=DEFAULT_GROUP_COLUMN,
-                        help='Classification: carve validation by whole groups of this column when present (as '
-                        'run_classification.py does); "" carves by rows.')
-    parser.add_argument("--length_buckets", type=int, nargs="+", default=None,
-                        help="Also score by input length: the upper ends (in words of the source / text, "
-                        "whitespace-split) of the length buckets, the last bucket open-ended, e.g. 8 12 16 "
-                        "for Multi30K, 128 256 512 for IMDB. BLEU (cased and lowercased) or accuracy per bucket, "
-                        "in <split>_results.json under <split>_by_length and printed as a table.")
-    parser.add_argument("--trust_remote_code", action="store_true",
-                        help="Run the code a checkpoint ships (auto_map) for model types hf_zformer does not provide. "
-                        "Off by default: hf_zformer's own models load with the installed library code.")
-    args = parser.parse_args(argv)
+
+def check_args(parser, args: argparse.Namespace) -> None:
+    """Ranges, the one data source, the output folder (never the model's) and --results_file, before any work."""
     edges = args.length_buckets
     if edges is not None and (edges[0] < 1 or any(b <= a for a, b in zip(edges, edges[1:]))):
         parser.error(f"--length_buckets must be increasing positive word counts, got {edges}")
@@ -114,28 +126,22 @@ def parse_args(argv=None) -> argparse.Namespace:
         value = getattr(args, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
-    from hf_zformer.folders import check_output_dir
-    from hf_zformer.training.results import check_results_file
-
     try:  # new, empty or a folder of this library's; never the model
-        args.output_dir = str(check_output_dir(
+        args.output_dir = str(folders.check_output_dir(
             args.output_dir, name="--output_dir", whole=False,
             inputs={"--model_name_or_path": args.model_name_or_path, "--tokenizer_name": args.tokenizer_name}))
     except ValueError as error:
         parser.error(str(error))
     try:  # found after the whole evaluation otherwise
         if args.results_file:
-            check_results_file(args.results_file)
+            records.check_results_file(args.results_file)
     except ValueError as error:
         parser.error(f"--results_file: {error}")
-    return args
 
 
 def result_record(args, config, rows, results, split: str, seq2seq: bool) -> dict:
     """The record ``--results_file`` gets: the saved model's fields (``results.evaluation_fields``)
     and this evaluation's split, metric, value, sample count and seeded bootstrap interval."""
-    from hf_zformer.training import results as records
-
     if seq2seq:
         metric, value, beams = "bleu", results[f"{split}_bleu"], results["num_beams"]
         ci95 = records.bleu_ci([r["prediction"] for r in rows], [r["reference"] for r in rows], seed=args.seed)
@@ -156,28 +162,17 @@ def is_seq2seq(config) -> bool:
     )
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
+def load_config(args: argparse.Namespace):
+    """The model's config; a folder that is no saved model, a config that fails validation, foreign
+    code without --trust_remote_code and a Hub id not found are usage errors naming it."""
+    from transformers import AutoConfig
 
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
-
-    import hf_zformer  # noqa: F401
-    from hf_zformer import folders
-    from hf_zformer.training import batching, feedback, run
-    from hf_zformer.training import results as records
-    from hf_zformer.data import load_classification_dataset, load_translation_dataset
-    from hf_zformer.training.scoring import generate_and_score, predict_labels
-
-    args.gradient_accumulation_steps, args.with_tracking = 1, False
-    accelerator = run.make_accelerator(args)
-    feedback.setup_logging(accelerator)
-    logger = feedback.get_logger(__name__, accelerator)
     folder = Path(args.model_name_or_path).expanduser()
     if folder.is_dir() and not (folder / "config.json").is_file():
         run.usage_error(f"--model_name_or_path {args.model_name_or_path!r} is not a saved model (no config.json); "
                         "pass a folder a training script or the converter wrote")
     try:
-        config = AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+        return AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
     except ValueError as error:
         if "trust_remote_code" not in str(error):  # a config.json that fails validation: named, with its field
             run.usage_error(f"--model_name_or_path {args.model_name_or_path!r}: {str(error).splitlines()[0]}")
@@ -188,13 +183,14 @@ def main(argv=None) -> dict:
     except OSError as error:  # a Hub id that is not cached (offline) or does not exist
         run.usage_error(f"--model_name_or_path {args.model_name_or_path!r}: no model config found "
                         f"({str(error).splitlines()[0]})")
-    tokenizer = run.pretrained_tokenizer(args, args.tokenizer_name or args.model_name_or_path)
-    if args.truncation_side:
-        tokenizer.truncation_side = args.truncation_side
-    seq2seq = is_seq2seq(config)
+
+
+def read_split(args: argparse.Namespace, seq2seq: bool):
+    """``(split, data)``: the split evaluated, with training's ``--max_eval_samples`` rows. Bad data
+    or an unreachable Hub dataset is one line naming it, exit code 2."""
     source = args.data_dir or args.dataset_name
     loading = {"seed": args.split_seed, "config_name": args.dataset_config_name}
-    with run.data_errors():  # bad data, an unreachable Hub dataset: one line naming it, exit code 2
+    with run.data_errors():
         if seq2seq:
             raw = load_translation_dataset(source, args.source_lang, args.target_lang, **loading)
         else:
@@ -206,14 +202,12 @@ def main(argv=None) -> dict:
     if split not in raw:
         run.usage_error(f"--split {split!r} is not a split of {source} (splits: {list(raw)})")
     run.subsample(raw, {split: args.max_eval_samples}, args.split_seed)  # the rows training evaluated on
-    data = raw[split]
-    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
-    model = auto.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code, dtype=torch.float32)
-    limit = model.config.max_position_embeddings
-    if args.max_length is None:  # the training length, which the training scripts save with the tokenizer
-        saved = getattr(tokenizer, "model_max_length", None)
-        args.max_length = saved if isinstance(saved, int) and 0 < saved <= 100_000 else 512
+    return split, raw[split]
 
+
+def tokenized_loader(args: argparse.Namespace, tokenizer, data, seq2seq: bool, limit: int):
+    """``data`` tokenized as training did (``limit``: the model's positions), in a dataloader that
+    keeps each example's index."""
     def tokenize(batch, indices):
         if seq2seq:
             sources = [p[args.source_lang] for p in batch["translation"]]
@@ -230,55 +224,95 @@ def main(argv=None) -> dict:
         processed, [len(x) for x in processed["input_ids"]], args.per_device_eval_batch_size,
         batching.pad_collate(tokenizer.pad_token_id), shuffle=False, seed=args.seed,
     )
-    model, loader = accelerator.prepare(model, loader)
+    return loader
 
+
+def score_translation(args, accelerator, model, loader, tokenizer, data, split: str, limit: int):
+    """``(results, rows, metric)``: BLEU of the generated translations, one row per sentence."""
+    from hf_zformer import metrics as hf_metrics
+
+    generation = accelerator.unwrap_model(model).generation_config
+    num_beams = args.num_beams or generation.num_beams or 1
+    max_length = min(args.max_target_length or generation.max_length or 128, limit)
+    metric = hf_metrics.load("sacrebleu")
+    scores, indices, predictions, _ = generate_and_score(
+        accelerator, model, loader, tokenizer, num_beams=num_beams, max_length=max_length, metric=metric,
+    )
+    results = {f"{split}_bleu": scores["bleu"], f"{split}_samples": scores["samples"], "num_beams": num_beams}
+    rows = [
+        {"index": i, "source": data[i]["translation"][args.source_lang], "prediction": p,
+         "reference": data[i]["translation"][args.target_lang]}
+        for i, p in zip(indices, predictions)
+    ]
+    return results, rows, metric
+
+
+def score_classification(args, accelerator, model, loader, tokenizer, split: str, limit: int):
+    """``(results, rows)``: accuracy of the predicted labels, one row per text."""
+    predictions, labels, indices = predict_labels(accelerator, model, loader)
+    found = dict(zip(indices or [], zip(predictions, labels)))
+    id2label = model.config.id2label
+    rows = [
+        {"index": i, "prediction": p, "prediction_label": id2label.get(p, str(p)), "label": y}
+        for i, (p, y) in sorted(found.items())
+    ]
+    accuracy = sum(r["prediction"] == r["label"] for r in rows) / max(len(rows), 1)
+    results = {f"{split}_accuracy": accuracy, f"{split}_samples": len(rows),
+               "max_length": min(args.max_length, limit), "truncation_side": tokenizer.truncation_side}
+    return results, rows
+
+
+def write_outputs(args, config, rows: list[dict], results: dict, split: str, seq2seq: bool, logger) -> None:
+    """``<split>_predictions.jsonl`` and ``<split>_results.json`` in --output_dir; the --results_file record."""
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    with folders.recording(out):
+        with open(out / f"{split}_predictions.jsonl", "w") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+        (out / f"{split}_results.json").write_text(json.dumps(results, indent=2))
+    logger.info(f"results: {json.dumps(results)}")
+    if args.results_file:
+        record = result_record(args, config, rows, results, split, seq2seq)
+        records.append_records(args.results_file, [record])
+        logger.info(f"result record ({split}, {record['metric']} {record['value']}) appended to {args.results_file}")
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+
+    args.gradient_accumulation_steps, args.with_tracking = 1, False
+    accelerator = run.make_accelerator(args)
+    feedback.setup_logging(accelerator)
+    logger = feedback.get_logger(__name__, accelerator)
+    config = load_config(args)
+    tokenizer = run.pretrained_tokenizer(args, args.tokenizer_name or args.model_name_or_path)
+    if args.truncation_side:
+        tokenizer.truncation_side = args.truncation_side
+    seq2seq = is_seq2seq(config)
+    split, data = read_split(args, seq2seq)
+    auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
+    model = auto.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code, dtype=torch.float32)
+    limit = model.config.max_position_embeddings
+    if args.max_length is None:  # the training length, which the training scripts save with the tokenizer
+        saved = getattr(tokenizer, "model_max_length", None)
+        args.max_length = saved if isinstance(saved, int) and 0 < saved <= 100_000 else 512
+    model, loader = accelerator.prepare(model, tokenized_loader(args, tokenizer, data, seq2seq, limit))
     if seq2seq:
-        from hf_zformer import metrics as hf_metrics
-
-        generation = accelerator.unwrap_model(model).generation_config
-        num_beams = args.num_beams or generation.num_beams or 1
-        max_length = min(args.max_target_length or generation.max_length or 128, limit)
-        metric = hf_metrics.load("sacrebleu")
-        scores, indices, predictions, _ = generate_and_score(
-            accelerator, model, loader, tokenizer, num_beams=num_beams, max_length=max_length, metric=metric,
-        )
-        results = {f"{split}_bleu": scores["bleu"], f"{split}_samples": scores["samples"], "num_beams": num_beams}
-        rows = [
-            {"index": i, "source": data[i]["translation"][args.source_lang], "prediction": p,
-             "reference": data[i]["translation"][args.target_lang]}
-            for i, p in zip(indices, predictions)
-        ]
+        results, rows, metric = score_translation(args, accelerator, model, loader, tokenizer, data, split, limit)
     else:
-        predictions, labels, indices = predict_labels(accelerator, model, loader)
-        found = dict(zip(indices or [], zip(predictions, labels)))
-        id2label = model.config.id2label
-        rows = [
-            {"index": i, "prediction": p, "prediction_label": id2label.get(p, str(p)), "label": y}
-            for i, (p, y) in sorted(found.items())
-        ]
-        accuracy = sum(r["prediction"] == r["label"] for r in rows) / max(len(rows), 1)
-        results = {f"{split}_accuracy": accuracy, f"{split}_samples": len(rows),
-                   "max_length": min(args.max_length, limit), "truncation_side": tokenizer.truncation_side}
-    results.update(model=args.model_name_or_path, dataset=source, split=split,
+        (results, rows), metric = score_classification(args, accelerator, model, loader, tokenizer, split, limit), None
+    results.update(model=args.model_name_or_path, dataset=args.data_dir or args.dataset_name, split=split,
                    task="translation" if seq2seq else "text-classification")
     if args.length_buckets:
-        texts = {r["index"]: data[r["index"]]["translation"][args.source_lang] if seq2seq else data[r["index"]][args.text_column]
+        column = args.text_column
+        texts = {r["index"]: data[r["index"]]["translation"][args.source_lang] if seq2seq else data[r["index"]][column]
                  for r in rows}
-        results[f"{split}_by_length"] = score_by_length(rows, texts, args.length_buckets, metric if seq2seq else None)
+        results[f"{split}_by_length"] = score_by_length(rows, texts, args.length_buckets, metric)
         logger.info("by input length (words):\n" + length_table(results[f"{split}_by_length"], seq2seq))
     if accelerator.is_main_process:
-        out = Path(args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        with folders.recording(out):
-            with open(out / f"{split}_predictions.jsonl", "w") as f:
-                for row in rows:
-                    f.write(json.dumps(row, ensure_ascii=False) + "\n")
-            (out / f"{split}_results.json").write_text(json.dumps(results, indent=2))
-        logger.info(f"results: {json.dumps(results)}")
-        if args.results_file:
-            record = result_record(args, accelerator.unwrap_model(model).config, rows, results, split, seq2seq)
-            records.append_records(args.results_file, [record])
-            logger.info(f"result record ({split}, {record['metric']} {record['value']}) appended to {args.results_file}")
+        write_outputs(args, accelerator.unwrap_model(model).config, rows, results, split, seq2seq, logger)
     return results
 
 

@@ -107,8 +107,6 @@ def main(argv=None) -> dict:
     args = parse_args(argv)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    import hf_zformer  # noqa: F401  (registers the Auto classes)
-
     texts = validation_documents(args)
     ends = args.bucket_starts[1:] + [args.max_length]
     buckets = [f"{a}-{b - 1}" for a, b in zip(args.bucket_starts, ends)]

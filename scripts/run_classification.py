@@ -17,6 +17,7 @@ import argparse
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
@@ -30,6 +31,19 @@ from hf_zformer.training.scoring import score_accuracy  # noqa: E402
 def parse_args(argv=None) -> argparse.Namespace:
     parser = flags.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     arguments.add_data_args(parser)
+    add_label_args(parser)
+    arguments.add_model_args(parser, seq2seq=False)
+    arguments.add_training_args(parser)
+    add_teacher_args(parser)
+    args = parser.parse_args(argv)
+    arguments.check_finite_floats(parser, args)
+    check_teacher_args(parser, args)
+    check_label_args(parser, args)
+    return arguments.validate_args(parser, args, seq2seq=False)
+
+
+def add_label_args(parser: argparse.ArgumentParser) -> None:
+    """The text and label columns, the classes, truncation, the test split and the validation groups."""
     parser.add_argument("--text_column", default="text")
     parser.add_argument("--label_column", default="label")
     parser.add_argument(
@@ -65,8 +79,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         help='When the data has this column, the validation split carved from train keeps each group (IMDB: each '
         'movie\'s reviews) on one side; "" carves by rows.',
     )
-    arguments.add_model_args(parser, seq2seq=False)
-    arguments.add_training_args(parser)
+
+
+def add_teacher_args(parser: argparse.ArgumentParser) -> None:
     teach = parser.add_argument_group(
         "knowledge distillation",
         "Learn from a fine-tuned teacher's predictions as well as the labels (hf_zformer.conversion.teacher): "
@@ -85,8 +100,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                             "learn from the teacher only. Needs --teacher_model_name_or_path.")
     teach.add_argument("--max_unlabeled_samples", type=int, default=None,
                        help="Use a seeded random N texts of --unlabeled_file (--seed).")
-    args = parser.parse_args(argv)
-    arguments.check_finite_floats(parser, args)
+
+
+def check_teacher_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """The teacher flags' defaults and ranges; every one of them needs the teacher."""
     for name, default in (("distill_alpha", 0.5), ("distill_temperature", 2.0)):
         if getattr(args, name) is not None and not args.teacher_model_name_or_path:
             parser.error(f"--{name} {getattr(args, name)} weighs a teacher's predictions, but no "
@@ -106,6 +123,10 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--unlabeled_file {args.unlabeled_file!r} is not a file")
     if args.max_unlabeled_samples is not None and args.max_unlabeled_samples < 1:
         parser.error(f"--max_unlabeled_samples must be >= 1, got {args.max_unlabeled_samples}")
+
+
+def check_label_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--max_length, --label_names (a list, which fixes --num_labels) and --num_labels."""
     if args.max_length < 2:
         parser.error(f"--max_length must be >= 2, got {args.max_length}")
     if args.label_names is not None:
@@ -118,7 +139,6 @@ def parse_args(argv=None) -> argparse.Namespace:
             parser.error(f"--num_labels {args.num_labels} but {len(args.label_names)} --label_names {args.label_names}")
     if args.num_labels is not None and args.num_labels < 2:
         parser.error(f"--num_labels must be >= 2, got {args.num_labels}")
-    return arguments.validate_args(parser, args, seq2seq=False)
 
 
 def load_data(args: argparse.Namespace):
@@ -192,19 +212,21 @@ def label_mapping(args, raw, splits, source, logger) -> tuple[int, dict[int, str
     return num_labels, dict(enumerate(names)) if names else None
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    started = time.perf_counter()
+class Data(NamedTuple):
+    """What :func:`read_data` read: the splits, the evaluation split(s), the classes and the
+    ``--unlabeled_file`` texts (None without one)."""
 
-    from datasets import concatenate_datasets
-    from transformers import AutoConfig, AutoModelForSequenceClassification
+    raw: Any
+    eval_split: str
+    eval_splits: list[str]
+    num_labels: int
+    id2label: dict[int, str] | None
+    unlabeled: Any
 
-    import hf_zformer  # noqa: F401  (registers the Auto classes)
 
-    accelerator, logger = run.start_run(args, __name__)
-
-    # ---- data
-    with run.data_errors():  # bad data: a message naming file and line, before any training
+def read_data(args: argparse.Namespace, logger) -> Data:
+    """The splits and classes; bad data is a message naming file and line, before any training."""
+    with run.data_errors():
         logger.info(f"reading {args.data_dir or args.dataset_name}")
         raw, eval_split = load_data(args)
         logger.info("read " + ", ".join(f"{len(raw[split]):,} {split}" for split in raw) + " texts")
@@ -213,11 +235,16 @@ def main(argv=None) -> dict:
                          and min(raw["test"]["label"], default=-1) >= 0)
         eval_splits = [eval_split, *(["test"] if labelled_test else [])]
         num_labels, id2label = label_mapping(args, raw, ("train", *eval_splits), args.data_dir or args.dataset_name, logger)
-        unlabeled = load_unlabeled(args)
+        return Data(raw, eval_split, eval_splits, num_labels, id2label, load_unlabeled(args))
 
-    # ---- tokenizer and model
-    base = args.model_name_or_path
-    tokenizer = run.load_tokenizer(args, accelerator, raw, model_max_length=args.max_length)
+
+def build_model(args: argparse.Namespace, accelerator, data: Data, logger):
+    """``(tokenizer, model, max_length)``: a pretrained classifier (a new head when the classes
+    differ) or a new one from the config flags; ``max_length`` is what the positions hold."""
+    from transformers import AutoConfig, AutoModelForSequenceClassification
+
+    base, num_labels, id2label = args.model_name_or_path, data.num_labels, data.id2label
+    tokenizer = run.load_tokenizer(args, accelerator, data.raw, model_max_length=args.max_length)
     if args.truncation_side:
         tokenizer.truncation_side = args.truncation_side
     if base:
@@ -244,35 +271,42 @@ def main(argv=None) -> dict:
     # a converted RoBERTa's positions start at position_offset = 2: 514 positions hold 512 tokens
     max_length = min(args.max_length, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
     tokenizer.model_max_length = max_length  # saved with the model: evaluate_model.py truncates where training did
-    # the teacher before any tokenizing: a mismatched one is refused at once
-    loss_fn = None
-    if args.teacher_model_name_or_path:
-        from hf_zformer.conversion.teacher import TeacherLoss, load_teacher
+    return tokenizer, model, max_length
 
-        try:
-            teacher = load_teacher(args.teacher_model_name_or_path, model.config, accelerator.device,
-                                   max_length=max_length, trust_remote_code=args.trust_remote_code)
-        except ValueError as error:  # no model, no classifier, another tokenizer, classes or length: named
-            run.usage_error(str(error))
-        loss_fn = TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature,
-                              autocast=accelerator.autocast)  # the teacher in the run's mixed precision too
+
+def teacher_loss(args: argparse.Namespace, accelerator, model, max_length: int):
+    """The loss with ``--teacher_model_name_or_path`` (:class:`hf_zformer.conversion.teacher.TeacherLoss`),
+    else None (the model's own). Built before any tokenizing: a mismatched teacher is refused at once."""
+    if not args.teacher_model_name_or_path:
+        return None
+    from hf_zformer.conversion.teacher import TeacherLoss, load_teacher
+
+    try:
+        teacher = load_teacher(args.teacher_model_name_or_path, model.config, accelerator.device,
+                               max_length=max_length, trust_remote_code=args.trust_remote_code)
+    except ValueError as error:  # no model, no classifier, another tokenizer, classes or length: named
+        run.usage_error(str(error))
+    return TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature,
+                       autocast=accelerator.autocast)  # the teacher in the run's mixed precision too
+
+
+def tokenize_splits(args: argparse.Namespace, accelerator, tokenizer, data: Data, max_length: int, logger) -> dict:
+    """The training and evaluation splits as token ids and labels; the unlabeled texts join train."""
+    from datasets import concatenate_datasets
+
+    raw, unlabeled, splits = data.raw, data.unlabeled, ("train", *data.eval_splits)
 
     def tokenize(batch):
         encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": batch["label"]}
 
-    texts = sum(len(raw[split]) for split in ("train", *eval_splits)) + (len(unlabeled) if unlabeled is not None else 0)
+    texts = sum(len(raw[split]) for split in splits) + (len(unlabeled) if unlabeled is not None else 0)
     logger.info(f"tokenizing {texts:,} texts")
     with accelerator.main_process_first():
         processed = {
-            split: raw[split].map(
-                tokenize,
-                batched=True,
-                remove_columns=raw[split].column_names,
-                num_proc=args.preprocessing_num_workers,
-                desc=f"tokenize {split}",
-            )
-            for split in ("train", *eval_splits)
+            split: raw[split].map(tokenize, batched=True, remove_columns=raw[split].column_names,
+                                  num_proc=args.preprocessing_num_workers, desc=f"tokenize {split}")
+            for split in splits
         }
         if unlabeled is not None:
             processed["train"] = concatenate_datasets([
@@ -283,19 +317,25 @@ def main(argv=None) -> dict:
             ])
             logger.info(f"{len(unlabeled)} unlabeled texts of {args.unlabeled_file} join the "
                         f"{len(raw['train'])} labelled ones: they learn from the teacher only")
+    return processed
+
+
+def train_and_score(args, accelerator, model, tokenizer, processed: dict, train_lengths: list[int], data: Data, loss_fn,
+                    logger):
+    """Train, then score the final (with --save_best: best) model: ``(model, results, hits)``, ``hits``
+    per split and example of its latest evaluation (for the bootstrap intervals)."""
+    eval_split, eval_splits = data.eval_split, data.eval_splits
     collate = batching.pad_collate(tokenizer.pad_token_id)
-    train_lengths = [len(x) for x in processed["train"]["input_ids"]]
     train_dataloader, train_sampler = batching.make_dataloader(
         processed["train"], train_lengths, args.per_device_train_batch_size, collate, shuffle=True, seed=args.seed
     )
     eval_dataloaders = batching.make_eval_dataloaders(
         processed, eval_splits, args.per_device_eval_batch_size, collate, seed=args.seed
     )
-
     optimizer = loop.make_optimizer(model, args)
     model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
     eval_dataloaders = {split: accelerator.prepare(loader) for split, loader in eval_dataloaders.items()}
-    hits: dict[str, list[bool]] = {}  # per split and example, of its latest evaluation (bootstrap intervals)
+    hits: dict[str, list[bool]] = {}
 
     def evaluate(split: str = eval_split) -> dict:
         desc = "evaluate" if split == eval_split else f"evaluate {split}"
@@ -307,39 +347,53 @@ def main(argv=None) -> dict:
         tokenizer=tokenizer, best_metric="accuracy", loss_fn=loss_fn,
     )
     results["eval_split"] = eval_split
-    if unlabeled is not None:  # the texts the teacher taught (records of a later evaluation read it)
-        results["unlabeled_examples"] = len(unlabeled)
+    if data.unlabeled is not None:  # the texts the teacher taught (records of a later evaluation read it)
+        results["unlabeled_examples"] = len(data.unlabeled)
     if args.save_best and args.results_file:  # hits of the best model (the final one) for the interval
         evaluate()
     if "test" in eval_splits and eval_split != "test":  # once, on the final (with --save_best: best) model
-        logger.info(f"scoring the final model on the {len(raw['test']):,} texts of the test split (--skip_test: don't)")
+        logger.info(f"scoring the final model on the {len(data.raw['test']):,} texts of the test split (--skip_test: don't)")
         results.update({f"test_{k}": v for k, v in evaluate("test").items()})
-    run.finish_run(
-        args,
-        accelerator,
-        model,
-        tokenizer,
-        results,
-        card_kwargs=dict(task="text-classification", metric_name="accuracy", example=example_text(raw[eval_split][0]["text"])),
-        logger=logger,
-    )
-    if args.results_file and accelerator.is_main_process:
-        from hf_zformer.training import results as records
+    return model, results, hits
 
-        common = records.run_fields(
-            args, accelerator.unwrap_model(model).config, results, max_length=max_length,
-            wall_time_s=time.perf_counter() - started, tokens_per_epoch=sum(train_lengths),
-            train_examples=len(raw["train"]),
-        )
-        if args.teacher_model_name_or_path:
-            common["teacher"] = records.teacher_of(args, len(unlabeled) if unlabeled is not None else 0)
-        rows = [
-            {**common, "split": split, "metric": "accuracy", "beams": None, "samples": len(hits[split]),
-             "value": round(100.0 * results[f"{prefix}_accuracy"], 4), "ci95": records.accuracy_ci(hits[split], seed=args.seed)}
-            for split, prefix in zip(eval_splits, ("eval", "test"))
-        ]
-        records.append_records(args.results_file, rows)
-        logger.info(f"{len(rows)} result records appended to {args.results_file}; the model is in {args.output_dir}")
+
+def write_records(args, model, results: dict, hits: dict, data: Data, max_length: int, wall_time_s: float,
+                  tokens_per_epoch: int, logger) -> None:
+    """One --results_file record per scored split, with its bootstrap interval."""
+    from hf_zformer.training import results as records
+
+    common = records.run_fields(
+        args, model.config, results, max_length=max_length, wall_time_s=wall_time_s,
+        tokens_per_epoch=tokens_per_epoch, train_examples=len(data.raw["train"]),
+    )
+    if args.teacher_model_name_or_path:
+        common["teacher"] = records.teacher_of(args, len(data.unlabeled) if data.unlabeled is not None else 0)
+    rows = [
+        {**common, "split": split, "metric": "accuracy", "beams": None, "samples": len(hits[split]),
+         "value": round(100.0 * results[f"{prefix}_accuracy"], 4), "ci95": records.accuracy_ci(hits[split], seed=args.seed)}
+        for split, prefix in zip(data.eval_splits, ("eval", "test"))
+    ]
+    records.append_records(args.results_file, rows)
+    logger.info(f"{len(rows)} result records appended to {args.results_file}; the model is in {args.output_dir}")
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    started = time.perf_counter()
+
+    accelerator, logger = run.start_run(args, __name__)
+    data = read_data(args, logger)
+    tokenizer, model, max_length = build_model(args, accelerator, data, logger)
+    loss_fn = teacher_loss(args, accelerator, model, max_length)
+    processed = tokenize_splits(args, accelerator, tokenizer, data, max_length, logger)
+    train_lengths = [len(x) for x in processed["train"]["input_ids"]]
+    model, results, hits = train_and_score(args, accelerator, model, tokenizer, processed, train_lengths, data, loss_fn,
+                                           logger)
+    card = dict(task="text-classification", metric_name="accuracy", example=example_text(data.raw[data.eval_split][0]["text"]))
+    run.finish_run(args, accelerator, model, tokenizer, results, card_kwargs=card, logger=logger)
+    if args.results_file and accelerator.is_main_process:
+        write_records(args, accelerator.unwrap_model(model), results, hits, data, max_length,
+                      time.perf_counter() - started, sum(train_lengths), logger)
     return results
 
 

@@ -24,9 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-
 from hf_zformer import flags  # noqa: E402
-from hf_zformer.training import arguments, batching, language_modeling, run  # noqa: E402
+from hf_zformer.training import arguments, batching, language_modeling  # noqa: E402
 from hf_zformer.modeling.configuration_zformer import CAUSAL_ATTENTION_TYPES  # noqa: E402
 from hf_zformer.training.scoring import score_perplexity  # noqa: E402
 
@@ -48,38 +47,34 @@ def parse_args(argv=None) -> argparse.Namespace:
     return arguments.validate_args(parser, args, seq2seq=False)
 
 
+def usable_tokenizer(args: argparse.Namespace):
+    """The check of the tokenizer: it needs an EOS token (it separates the documents of a block);
+    a missing pad token becomes EOS (batched generation pads)."""
+    def check(tokenizer) -> None:
+        if tokenizer.eos_token_id is None:
+            raise SystemExit(f"error: the tokenizer of {args.tokenizer_name or args.model_name_or_path} has no EOS "
+                             "token, which separates the documents of a language-modelling block")
+        if tokenizer.pad_token is None:
+            tokenizer.pad_token = tokenizer.eos_token
+    return check
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     started = time.perf_counter()
-
     from transformers import AutoModelForCausalLM
 
-    import hf_zformer  # noqa: F401  (registers the Auto classes)
-
-    accelerator, logger = run.start_run(args, __name__)
-
-    # ---- data, tokenizer, model
-    with run.data_errors():  # bad data: a message naming file and line, before any training
-        raw = language_modeling.load_documents(args)
-    tokenizer = run.load_tokenizer(args, accelerator, raw, model_max_length=args.block_size)
-    if tokenizer.eos_token_id is None:
-        raise SystemExit(f"error: the tokenizer of {args.tokenizer_name or args.model_name_or_path} has no EOS token, "
-                         "which separates the documents of a language-modelling block")
-    if tokenizer.pad_token is None:  # batched generation (pipeline) pads
-        tokenizer.pad_token = tokenizer.eos_token
-    model = language_modeling.load_model(args, AutoModelForCausalLM, tokenizer)
-    block_size = language_modeling.block_size_for(args, model.config, logger)
-    with run.data_errors():
-        processed = language_modeling.make_blocks(raw, tokenizer, block_size, accelerator, args)
-    logger.info(f"{len(processed['train'])} training and {len(processed['validation'])} validation blocks of "
-                f"{block_size} tokens")
+    lm = language_modeling.build_blocks(args, AutoModelForCausalLM, __name__, usable_tokenizer(args))
+    lm.logger.info(f"{len(lm.processed['train'])} training and {len(lm.processed['validation'])} validation "
+                    f"blocks of {lm.block_size} tokens")
     return language_modeling.train_on_blocks(
-        args, accelerator, logger, model, tokenizer, processed, train_collate=batching.block_collate,
+        args, lm.accelerator, lm.logger, lm.model, lm.tokenizer, lm.processed, train_collate=batching.block_collate,
         eval_collate=batching.block_collate, score=score_perplexity, record_metric="perplexity",
         card_kwargs=dict(task="text-generation", metric_name="perplexity",
-                         example=" ".join(raw["validation"][0]["text"].split()[:8])),
+                         example=" ".join(lm.raw["validation"][0]["text"].split()[:8])),
         started=started,
     )
+
 
 if __name__ == "__main__":
     main()

@@ -29,9 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-
 from hf_zformer import flags  # noqa: E402
-from hf_zformer.training import arguments, batching, language_modeling, run  # noqa: E402
+from hf_zformer.training import arguments, batching, language_modeling  # noqa: E402
 from hf_zformer.training.scoring import score_masked_lm  # noqa: E402
 
 
@@ -59,42 +58,40 @@ def first_ordinary_id(tokenizer) -> int:
     return len(specials) if specials == list(range(len(specials))) else 0
 
 
+def usable_tokenizer(args: argparse.Namespace):
+    """The check of the tokenizer: masked-language modelling needs a mask token and an EOS token
+    (it separates the documents of a block)."""
+    source = args.tokenizer_name or args.model_name_or_path or "the trained tokenizer"
+
+    def check(tokenizer) -> None:
+        for name in ("mask", "eos"):
+            if getattr(tokenizer, f"{name}_token_id") is None:
+                raise SystemExit(f"error: the tokenizer of {source} has no {name} token, which masked-language "
+                                 "modelling needs" + (" (it separates the documents of a block)" if name == "eos" else ""))
+    return check
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     started = time.perf_counter()
-
     from transformers import AutoModelForMaskedLM
 
-    import hf_zformer  # noqa: F401  (registers the Auto classes)
-
-    accelerator, logger = run.start_run(args, __name__)
-
-    # ---- data, tokenizer, model
-    with run.data_errors():  # bad data: a message naming file and line, before any training
-        raw = language_modeling.load_documents(args)
-    tokenizer = run.load_tokenizer(args, accelerator, raw, model_max_length=args.block_size)
-    source = args.tokenizer_name or args.model_name_or_path or "the trained tokenizer"
-    for name in ("mask", "eos"):
-        if getattr(tokenizer, f"{name}_token_id") is None:
-            raise SystemExit(f"error: the tokenizer of {source} has no {name} token, which masked-language modelling "
-                             "needs" + (" (it separates the documents of a block)" if name == "eos" else ""))
-    model = language_modeling.load_model(args, AutoModelForMaskedLM, tokenizer)
-    block_size = language_modeling.block_size_for(args, model.config, logger)
-    with run.data_errors():
-        processed = language_modeling.make_blocks(raw, tokenizer, block_size, accelerator, args)
-    masking = dict(mask_token_id=tokenizer.mask_token_id, vocab_size=min(len(tokenizer), model.config.vocab_size),
+    lm = language_modeling.build_blocks(args, AutoModelForMaskedLM, __name__, usable_tokenizer(args))
+    tokenizer, block_size, processed = lm.tokenizer, lm.block_size, lm.processed
+    masking = dict(mask_token_id=tokenizer.mask_token_id, vocab_size=min(len(tokenizer), lm.model.config.vocab_size),
                    probability=args.mlm_probability, first_ordinary_id=first_ordinary_id(tokenizer))
     train_collate = batching.MaskedLMCollator(**masking, seed=args.seed)  # new masks every epoch (its sampler's)
-    logger.info(f"{len(processed['train'])} training and {len(processed['validation'])} validation blocks of "
-                f"{block_size} tokens, {train_collate.scored_per_block(block_size)} masked in each")
+    lm.logger.info(f"{len(processed['train'])} training and {len(processed['validation'])} validation blocks of "
+                    f"{block_size} tokens, {train_collate.scored_per_block(block_size)} masked in each")
     return language_modeling.train_on_blocks(
-        args, accelerator, logger, model, tokenizer, processed, train_collate=train_collate,
+        args, lm.accelerator, lm.logger, lm.model, tokenizer, processed, train_collate=train_collate,
         eval_collate=batching.MaskedLMCollator(**masking, seed=args.split_seed), score=score_masked_lm,
         record_metric="mlm_perplexity",
         card_kwargs=dict(task="fill-mask", metric_name="perplexity",
-                         example=" ".join([*raw["validation"][0]["text"].split()[:6], tokenizer.mask_token]) + "."),
+                         example=" ".join([*lm.raw["validation"][0]["text"].split()[:6], tokenizer.mask_token]) + "."),
         started=started,
     )
+
 
 if __name__ == "__main__":
     main()

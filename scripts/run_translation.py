@@ -105,20 +105,12 @@ def test_split_name(args) -> str:
     return "test2016" if found else "test"
 
 
-def main(argv=None) -> dict:
-    args = parse_args(argv)
-    started = time.perf_counter()
-
-    from transformers import AutoConfig, AutoModelForSeq2SeqLM
-
-    import hf_zformer  # noqa: F401  (registers the Auto classes)
-    from hf_zformer import metrics as hf_metrics
+def read_data(args: argparse.Namespace):
+    """``(raw, eval_splits)``: the pairs and the splits scored (validation, then test when present).
+    Bad data is a message naming file and line, before any training."""
     from hf_zformer.data import load_translation_dataset
 
-    accelerator, logger = run.start_run(args, __name__)
-
-    # ---- data
-    with run.data_errors():  # bad data: a message naming file and line, before any training
+    with run.data_errors():
         raw = load_translation_dataset(
             args.data_dir or args.dataset_name,
             args.source_lang,
@@ -131,8 +123,14 @@ def main(argv=None) -> dict:
         raise ValueError(f"the dataset has no validation or test split (splits: {list(raw)})")
     run.subsample(raw, {"train": args.max_train_samples}, args.seed)
     run.subsample(raw, dict.fromkeys(eval_splits, args.max_eval_samples), args.split_seed)  # same rows for every --seed
+    return raw, eval_splits
 
-    # ---- tokenizer and model
+
+def build_model(args: argparse.Namespace, accelerator, raw):
+    """``(tokenizer, model, max_source, max_target)``: a pretrained encoder-decoder or a new one from
+    the config flags, its generation settings, and the lengths its positions hold."""
+    from transformers import AutoConfig, AutoModelForSeq2SeqLM
+
     base = args.model_name_or_path
     tokenizer = run.load_tokenizer(args, accelerator, raw)
     if base:
@@ -151,7 +149,11 @@ def main(argv=None) -> dict:
     model.generation_config.num_beams = args.num_beams
     model.generation_config.max_length = max_target
     model.generation_config.decoder_start_token_id = model.config.decoder_start_token_id
+    return tokenizer, model, max_source, max_target
 
+
+def tokenize_splits(args: argparse.Namespace, accelerator, tokenizer, raw, splits, max_source: int, max_target: int):
+    """``splits`` as source ids, target ids (labels) and the pair's index."""
     def tokenize(batch, indices):
         sources = [pair[args.source_lang] for pair in batch["translation"]]
         targets = [pair[args.target_lang] for pair in batch["translation"]]
@@ -165,7 +167,7 @@ def main(argv=None) -> dict:
         }
 
     with accelerator.main_process_first():
-        processed = {
+        return {
             split: raw[split].map(
                 tokenize,
                 batched=True,
@@ -174,8 +176,16 @@ def main(argv=None) -> dict:
                 num_proc=args.preprocessing_num_workers,
                 desc=f"tokenize {split}",
             )
-            for split in ["train", *eval_splits]
+            for split in splits
         }
+
+
+def train_and_score(args, accelerator, model, tokenizer, processed: dict, eval_splits: list[str], max_target: int,
+                    logger):
+    """Train, then score the test split once on the final (with --save_best: best) model:
+    ``(model, results, test_outputs, train_lengths)``, ``test_outputs`` as :func:`score_test` gives them."""
+    from hf_zformer import metrics as hf_metrics
+
     collate = batching.pad_collate(tokenizer.pad_token_id)
     train_set = processed["train"].remove_columns(["index"])
     train_lengths = [len(s) + len(t) for s, t in zip(train_set["input_ids"], train_set["labels"])]
@@ -185,7 +195,6 @@ def main(argv=None) -> dict:
     eval_dataloaders = batching.make_eval_dataloaders(
         processed, eval_splits, args.per_device_eval_batch_size, collate, seed=args.seed
     )
-
     optimizer = loop.make_optimizer(model, args)
     model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
     eval_dataloaders = {split: accelerator.prepare(loader) for split, loader in eval_dataloaders.items()}
@@ -197,12 +206,9 @@ def main(argv=None) -> dict:
             metric=bleu,
         )
 
-    def evaluate() -> dict:
-        return generate(eval_splits[0], args.eval_num_beams)[0]
-
     results = loop.train(
-        args, accelerator, model, optimizer, train_dataloader, train_sampler, evaluate, logger,
-        tokenizer=tokenizer, best_metric="bleu",
+        args, accelerator, model, optimizer, train_dataloader, train_sampler,
+        lambda: generate(eval_splits[0], args.eval_num_beams)[0], logger, tokenizer=tokenizer, best_metric="bleu",
     )
     results["eval_split"] = eval_splits[0]
     test_outputs = {}
@@ -212,16 +218,22 @@ def main(argv=None) -> dict:
         logger.info(f"test: bleu {results['test_bleu']:.2f} (lowercased {results['test_bleu_lowercase']:.2f}), "
                     f"{args.num_beams} beams")
     results["num_beams"], results["eval_num_beams"] = args.num_beams, args.eval_num_beams
-    run.finish_run(
-        args,
-        accelerator,
-        model,
-        tokenizer,
-        results,
-        card_kwargs=dict(task="translation", metric_name="bleu", languages=[args.source_lang, args.target_lang],
-                         example=raw[eval_splits[0]][0]["translation"][args.source_lang]),
-        logger=logger,
-    )
+    return model, results, test_outputs, train_lengths
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    started = time.perf_counter()
+
+    accelerator, logger = run.start_run(args, __name__)
+    raw, eval_splits = read_data(args)
+    tokenizer, model, max_source, max_target = build_model(args, accelerator, raw)
+    processed = tokenize_splits(args, accelerator, tokenizer, raw, ["train", *eval_splits], max_source, max_target)
+    model, results, test_outputs, train_lengths = train_and_score(
+        args, accelerator, model, tokenizer, processed, eval_splits, max_target, logger)
+    card = dict(task="translation", metric_name="bleu", languages=[args.source_lang, args.target_lang],
+                example=raw[eval_splits[0]][0]["translation"][args.source_lang])
+    run.finish_run(args, accelerator, model, tokenizer, results, card_kwargs=card, logger=logger)
     if args.results_file and accelerator.is_main_process:
         from hf_zformer.training.results import append_records
 

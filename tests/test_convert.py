@@ -167,14 +167,14 @@ def test_linear_types_convert_and_are_padding_invariant(tmp_path, family, attent
 
 def test_zformer_scale_matches_softmax_output_size(tmp_path):
     """The calibrated s gives each zformer layer the output size of the softmax attention it replaces."""
-    from hf_zformer.conversion.convert import _calibration_batch, calibrate_zformer_scales
+    from hf_zformer.conversion.convert import calibration_batch, calibrate_zformer_scales
 
     folder, _ = make_source(tmp_path, "bert", "base")
     full = hf_zformer.convert_pretrained(folder, attention_type="full")
     model = hf_zformer.convert_pretrained(folder, attention_type="zformer")
     scales = [torch.exp(layer.attention.log_scale).item() for layer in model.encoder.layers]
     assert all(0 < s and abs(s - 700.0) > 1 for s in scales)
-    again = calibrate_zformer_scales(model, full, *_calibration_batch(AutoTokenizer.from_pretrained(folder), model.config))
+    again = calibrate_zformer_scales(model, full, *calibration_batch(AutoTokenizer.from_pretrained(folder), model.config))
     assert again == pytest.approx(scales, rel=1e-5)
 
 
@@ -183,16 +183,16 @@ def test_fastformer_output_size_matches_softmax(tmp_path, share_qv):
     """Each converted fastformer layer's attention output has the size (RMS over real tokens) of the
     softmax attention it replaces, on the calibration text at that layer's input, also when the
     values share the (scaled) query projection."""
-    from hf_zformer.conversion.convert import _attention_inputs, _calibration_batch, _rms
+    from hf_zformer.conversion.convert import attention_inputs, calibration_batch, masked_rms
 
     folder, _ = make_source(tmp_path, "bert", "base")
     full = hf_zformer.convert_pretrained(folder, attention_type="full")
     model = hf_zformer.convert_pretrained(folder, attention_type=["fastformer", "full"], fastformer_share_qv=share_qv)
-    ids, mask = _calibration_batch(AutoTokenizer.from_pretrained(folder), model.config)
-    x = _attention_inputs(full, ids, mask)[0]
+    ids, mask = calibration_batch(AutoTokenizer.from_pretrained(folder), model.config)
+    x = attention_inputs(full, ids, mask)[0]
     with torch.no_grad():
-        softmax_size = _rms(full.encoder.layers[0].attention.context(x, mask), mask)
-        fastformer_size = _rms(model.encoder.layers[0].attention.context(x, mask), mask)
+        softmax_size = masked_rms(full.encoder.layers[0].attention.context(x, mask), mask)
+        fastformer_size = masked_rms(model.encoder.layers[0].attention.context(x, mask), mask)
     assert fastformer_size.item() == pytest.approx(softmax_size.item(), rel=1e-3)
     # the query projection was scaled: it no longer equals the source's W_q
     assert not torch.equal(model.encoder.layers[0].attention.query.weight, full.encoder.layers[0].attention.query.weight)
@@ -320,13 +320,13 @@ def test_fine_tuned_zformer_distils_against_itself(tmp_path):
         if ".attention." not in name:
             torch.testing.assert_close(parameter, dict(source.named_parameters())[name], rtol=0, atol=0, msg=name)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    from hf_zformer.conversion.distillation import _attention_calls, _relative_errors
+    from hf_zformer.conversion.distillation import encoder_attention_calls, relative_errors
 
     batch = tokenizer(distillation.texts[:16], padding=True, return_tensors="pt")
     with torch.no_grad():
-        calls = _attention_calls(source, batch["input_ids"], batch["attention_mask"])
-        after = _relative_errors(model, calls, [0, 1], batch["attention_mask"])
-        start = _relative_errors(plain, calls, [0, 1], batch["attention_mask"])
+        calls = encoder_attention_calls(source, batch["input_ids"], batch["attention_mask"])
+        after = relative_errors(model, calls, [0, 1], batch["attention_mask"])
+        start = relative_errors(plain, calls, [0, 1], batch["attention_mask"])
     for a, s in zip(after, start):
         assert a < 0.8 * s
     card = (tmp_path / "out" / "README.md").read_text()
@@ -466,22 +466,22 @@ def test_distillation_fits_attention_and_touches_nothing_else(tmp_path, attentio
     # the fit, measured again from outside on the held-out texts the report used
     reference = hf_zformer.convert_pretrained(folder, "full")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    from hf_zformer.conversion.distillation import _attention_calls, _relative_errors
+    from hf_zformer.conversion.distillation import encoder_attention_calls, relative_errors
 
     batch = tokenizer(distillation.texts[:16], padding=True, return_tensors="pt")
     with torch.no_grad():
-        calls = _attention_calls(reference, batch["input_ids"], batch["attention_mask"])
-        after = _relative_errors(model, calls, sorted(converted), batch["attention_mask"])
-        start = _relative_errors(plain, calls, sorted(converted), batch["attention_mask"])
+        calls = encoder_attention_calls(reference, batch["input_ids"], batch["attention_mask"])
+        after = relative_errors(model, calls, sorted(converted), batch["attention_mask"])
+        start = relative_errors(plain, calls, sorted(converted), batch["attention_mask"])
     for a, s in zip(after, start):
         assert a < 0.8 * s
     # and the whole model on its own inputs: the last hidden states are closer to the source's
-    from hf_zformer.conversion.distillation import _hidden_state_errors
+    from hf_zformer.conversion.distillation import hidden_state_errors
 
     with torch.no_grad():
         first = min(converted)
-        last_after = _hidden_state_errors(model, reference, batch["input_ids"], batch["attention_mask"], first)[-1]
-        last_start = _hidden_state_errors(plain, reference, batch["input_ids"], batch["attention_mask"], first)[-1]
+        last_after = hidden_state_errors(model, reference, batch["input_ids"], batch["attention_mask"], first)[-1]
+        last_start = hidden_state_errors(plain, reference, batch["input_ids"], batch["attention_mask"], first)[-1]
     assert last_after < 0.8 * last_start
 
 
@@ -590,20 +590,20 @@ def test_distillation_fits_the_input_convolution_with_the_attention(tmp_path):
     assert torch.equal(model.zformer.encoder.layers[1].short_conv.weight, identity)
     reference = hf_zformer.convert_pretrained(folder, "full")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    from hf_zformer.conversion.distillation import _attention_calls, _relative_errors
+    from hf_zformer.conversion.distillation import encoder_attention_calls, relative_errors
 
     batch = tokenizer(distillation.texts[:16], padding=True, return_tensors="pt")
     with torch.no_grad():
-        calls = _attention_calls(reference, batch["input_ids"], batch["attention_mask"])
-        (after,) = _relative_errors(model, calls, [0], batch["attention_mask"])
-        (start,) = _relative_errors(plain, calls, [0], batch["attention_mask"])
+        calls = encoder_attention_calls(reference, batch["input_ids"], batch["attention_mask"])
+        (after,) = relative_errors(model, calls, [0], batch["attention_mask"])
+        (start,) = relative_errors(plain, calls, [0], batch["attention_mask"])
     assert after < 0.8 * start
     # the same fit replayed through a reference that carries the (identity) convolution itself
     with torch.no_grad():
-        calls = _attention_calls(plain_reference := hf_zformer.convert_pretrained(folder, "full", encoder_conv_size=3),
+        calls = encoder_attention_calls(plain_reference := hf_zformer.convert_pretrained(folder, "full", encoder_conv_size=3),
                                  batch["input_ids"], batch["attention_mask"])
         assert calls[0].layer_input is not None
-        (again,) = _relative_errors(model, calls, [0], batch["attention_mask"])
+        (again,) = relative_errors(model, calls, [0], batch["attention_mask"])
     torch.testing.assert_close(again, after)
     del plain_reference
     loaded = AutoModelForSequenceClassification.from_pretrained(tmp_path / "out").eval()

@@ -370,13 +370,13 @@ def test_distillation_fits_weights_and_outputs_and_reports_both(tmp_path):
     assert outputs_only["weight_loss_after"] != report["weight_loss_after"]
     assert model.zformer.encoder.layers[0].attention.query_map.weight.requires_grad
     # the training loss takes output and weights from one pass: its output errors are forward's
-    from hf_zformer.conversion.distillation import _attention_calls, _layer_losses, _relative_errors
+    from hf_zformer.conversion.distillation import encoder_attention_calls, layer_losses, relative_errors
 
     batch = tokenizer(distillation.texts[:8], padding=True, return_tensors="pt")
     with torch.no_grad():
-        calls = _attention_calls(reference, batch["input_ids"], batch["attention_mask"])
-        errors, cross_entropies = _layer_losses(model, reference, calls, [0], batch["attention_mask"])
-        torch.testing.assert_close(errors, _relative_errors(model, calls, [0], batch["attention_mask"]))
+        calls = encoder_attention_calls(reference, batch["input_ids"], batch["attention_mask"])
+        errors, cross_entropies = layer_losses(model, reference, calls, [0], batch["attention_mask"])
+        torch.testing.assert_close(errors, relative_errors(model, calls, [0], batch["attention_mask"]))
     assert len(cross_entropies) == 1 and cross_entropies[0] > 0
     with pytest.raises(ValueError, match="attention_weight_loss must be >= 0, got -1"):
         hf_zformer.Distillation(_sentences(40), attention_weight_loss=-1)

@@ -19,6 +19,7 @@ import pytest
 from conftest import REPO_ROOT
 
 from hf_zformer import data
+from hf_zformer.data import sources
 
 
 def section_blocks(title: str) -> list[str]:
@@ -67,7 +68,7 @@ def test_hub_dataset_without_network_fails_at_once(monkeypatch):
     """No retries for half a minute, one error that names --data_dir, load_dataset never called."""
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
-    for name in data._PROXY_VARIABLES:
+    for name in sources.PROXY_VARIABLES:
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")  # nothing listens on port 9
 
@@ -84,7 +85,7 @@ def test_hub_dataset_without_network_fails_at_once(monkeypatch):
 
 def test_hub_check_defers_to_offline_mode_and_proxies(monkeypatch):
     monkeypatch.setattr("huggingface_hub.constants.ENDPOINT", "http://127.0.0.1:9")
-    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", *data._PROXY_VARIABLES):
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", *sources.PROXY_VARIABLES):
         monkeypatch.delenv(name, raising=False)
     assert "127.0.0.1:9" in data.hub_unreachable()
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")  # datasets then reads its cache: not our call

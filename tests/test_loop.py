@@ -252,7 +252,7 @@ def test_grouped_carve_keeps_movies_on_one_side(movie_data):
 
 def test_grouped_pick_sizes():
     """Groups of mixed labels and sizes: never above the label quotas, close to the requested size."""
-    from hf_zformer.data import _grouped_pick
+    from hf_zformer.data.splits import grouped_pick
 
     rng = random.Random(0)
     groups, labels = [], []
@@ -261,7 +261,7 @@ def test_grouped_pick_sizes():
             groups.append(movie)
             labels.append(int(rng.random() < 0.5))
     count = len(groups) // 10
-    picked = _grouped_pick(groups, labels, count, random.Random(3))
+    picked = grouped_pick(groups, labels, count, random.Random(3))
     by_label = collections.Counter(labels[i] for i in picked)
     share = sum(labels) / len(labels)
     assert count - 5 <= len(picked) <= count and abs(by_label[1] - share * count) <= 3

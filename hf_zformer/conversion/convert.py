@@ -25,7 +25,7 @@ from torch import nn
 
 from ..hub import DISTILLATION_SETTINGS, model_card
 from ..modeling import ZformerConfig
-from .distillation import Distillation, _attention_calls, distill_attention
+from .distillation import Distillation, encoder_attention_calls, distill_attention
 from .common import CALIBRATION_TEXT, DECODER_SOURCE_TYPES, check_conversion_output, save_converted
 
 logger = logging.getLogger(__name__)
@@ -339,15 +339,15 @@ def copy_weights(target, source, family: str, source_task: str) -> dict[str, str
     return fresh
 
 
-def _rms(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def masked_rms(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Root mean square of x (B, N, D) over the real tokens of mask (B, N)."""
     weights = mask.to(x.dtype)[..., None]
     return ((x.square() * weights).sum() / (weights.sum() * x.shape[-1])).sqrt()
 
 
-def _attention_inputs(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, torch.Tensor]:
+def attention_inputs(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, torch.Tensor]:
     """The input of every attention layer of `reference` on the calibration batch, by layer index."""
-    return {i: call.args[0] for i, call in _attention_calls(reference, input_ids, attention_mask).items()}
+    return {i: call.args[0] for i, call in encoder_attention_calls(reference, input_ids, attention_mask).items()}
 
 
 @torch.no_grad()
@@ -365,7 +365,7 @@ def calibrate_zformer_scales(target, reference, input_ids: torch.Tensor, attenti
     Layers with a feature map (`zformer_feature_map="hedgehog"`) have no s and are skipped: their
     normalised outputs are convex combinations of the values, of the right size from the start.
     Returns the scales, one per zformer layer that has one."""
-    inputs = _attention_inputs(reference, input_ids, attention_mask)
+    inputs = attention_inputs(reference, input_ids, attention_mask)
     scales = []
     for i, layer in enumerate(target.base_model.encoder.layers):
         if layer.attention_type != "zformer" or layer.attention.log_scale is None:
@@ -374,7 +374,7 @@ def calibrate_zformer_scales(target, reference, input_ids: torch.Tensor, attenti
         softmax_context = reference.base_model.encoder.layers[i].attention.context(x, attention_mask)
         layer.attention.log_scale.zero_()  # s = 1
         linear_context = layer.attention.context(x, attention_mask)
-        scale = float(_rms(linear_context, attention_mask) / _rms(softmax_context, attention_mask).clamp_min(1e-12))
+        scale = float(masked_rms(linear_context, attention_mask) / masked_rms(softmax_context, attention_mask).clamp_min(1e-12))
         layer.attention.log_scale.fill_(math.log(max(scale, 1e-6)))
         scales.append(scale)
     return scales
@@ -395,16 +395,16 @@ def calibrate_fastformer_sizes(target, reference, input_ids: torch.Tensor, atten
     zero pooling vectors and W_r's zero bias (their initial values) the output is proportional to
     the factor, otherwise (shared query/value, trained pooling vectors) a few rounds of matching
     converge. Returns the factors, one per fastformer layer."""
-    inputs = _attention_inputs(reference, input_ids, attention_mask)
+    inputs = attention_inputs(reference, input_ids, attention_mask)
     factors = []
     for i, layer in enumerate(target.base_model.encoder.layers):
         if layer.attention_type != "fastformer":
             continue
         x, attention = inputs[i], layer.attention
-        target_size = _rms(reference.base_model.encoder.layers[i].attention.context(x, attention_mask), attention_mask)
+        target_size = masked_rms(reference.base_model.encoder.layers[i].attention.context(x, attention_mask), attention_mask)
         total = 1.0
         for _ in range(rounds):
-            factor = float(target_size / _rms(attention.context(x, attention_mask), attention_mask).clamp_min(1e-12))
+            factor = float(target_size / masked_rms(attention.context(x, attention_mask), attention_mask).clamp_min(1e-12))
             attention.query.weight.mul_(factor)
             attention.query.bias.mul_(factor)
             total *= factor
@@ -412,7 +412,7 @@ def calibrate_fastformer_sizes(target, reference, input_ids: torch.Tensor, atten
     return factors
 
 
-def _calibration_batch(tokenizer, config):
+def calibration_batch(tokenizer, config):
     """(input_ids, attention_mask) of `CALIBRATION_TEXT`, or of random tokens without a tokenizer."""
     length = min(128, config.max_position_embeddings - config.position_offset)
     if tokenizer is not None:
@@ -456,7 +456,7 @@ def _fit_to_source(model, target_class, source, family: str, source_task: str, t
         reference_config.update(attention_type="full", zformer_feature_map="identity")
         reference = target_class.from_config(type(config).from_dict(reference_config)).eval()
         copy_weights(reference, source, family, source_task)
-        batch = _calibration_batch(tokenizer, config)
+        batch = calibration_batch(tokenizer, config)
         scales = calibrate_zformer_scales(model, reference, *batch) if "zformer" in types else []
         if scales:  # none either with a feature map (no scale s)
             config.zformer_scale_init = float(sorted(scales)[len(scales) // 2])  # for reference; each layer has its own
@@ -468,6 +468,60 @@ def _fit_to_source(model, target_class, source, family: str, source_task: str, t
             report = distill_attention(model, reference, tokenizer, distillation)
             report.update({key: getattr(distillation, key) for key in DISTILLATION_SETTINGS if key not in report})
     return report
+
+
+def _source_config(model_name_or_path):
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(model_name_or_path)
+    except OSError as error:
+        raise ValueError(f"model_name_or_path={str(model_name_or_path)!r}: no model config found there "
+                         f"({str(error).splitlines()[0]}); pass a folder written by save_pretrained or a Hub id "
+                         "(the Hub needs network access)") from None
+
+
+def _check_decoder_request(source_config, model_name_or_path, task, **encoder_options) -> None:
+    """A causal LM converts for text generation, without the options of encoders."""
+    if task not in (None, "text-generation"):
+        raise ValueError(f"task={task!r}: {model_name_or_path} is a causal language model "
+                         f"({source_config.model_type!r}); its task is 'text-generation'")
+    refused = [name for name, value in encoder_options.items() if value is not None]
+    if refused:
+        raise ValueError(f"{refused} apply to encoders; a causal LM converts without them (attention transfer "
+                         "for decoders: hf_zformer.conversion.decoder_transfer)")
+
+
+def _source_tokenizer(model_name_or_path, tokenizer_name, vocab_size: int, distillation):
+    """``(tokenizer, why there is none)``; a tokenizer asked for by name must load, and distilling needs one."""
+    tokenizer, no_tokenizer = _load_tokenizer(tokenizer_name or model_name_or_path, vocab_size)
+    if tokenizer is None and tokenizer_name is not None:  # asked for by name: its own problem, whatever runs
+        raise ValueError(f"tokenizer_name={str(tokenizer_name)!r} (--tokenizer_name) is no tokenizer of this model: "
+                         f"{no_tokenizer}; pass the tokenizer the source model was trained with")
+    if tokenizer is None and distillation is not None:
+        raise ValueError(f"{model_name_or_path} has no tokenizer of this model ({no_tokenizer}); distillation "
+                         "tokenizes its texts with it: add the tokenizer files to the folder or pass "
+                         "tokenizer_name (--tokenizer_name)")
+    return tokenizer, no_tokenizer
+
+
+def _load_source(model_name_or_path, source_task: str, source_config):
+    """The source model (eval mode) with every weight of its architecture; a pooler the checkpoint
+    lacks is dropped (nothing trained to carry over)."""
+    try:
+        source, loading = _auto_class(source_task).from_pretrained(
+            model_name_or_path, dtype=torch.float32, output_loading_info=True
+        )
+    except Exception as error:  # no weight file, a truncated or corrupt one: name the folder and the cause
+        raise ValueError(f"model_name_or_path={str(model_name_or_path)!r}: its weights cannot be loaded "
+                         f"({type(error).__name__}: {str(error).splitlines()[0]})") from error
+    source.eval()
+    missing = [key for key in loading["missing_keys"] if "pooler" not in key]
+    if missing:
+        raise ValueError(f"{model_name_or_path} lacks weights of its {source_config.architectures}: {missing[:5]}")
+    if any("pooler" in key for key in loading["missing_keys"]):
+        source.base_model.pooler = None  # built by BertModel but not in the checkpoint
+    return source
 
 
 def convert_pretrained(
@@ -511,8 +565,6 @@ def convert_pretrained(
             otherwise saved without a tokenizer, with a warning.
         config_overrides: further `ZformerConfig` fields (e.g. `xformer_beta=8`), applied last.
     """
-    from transformers import AutoConfig
-
     if output_dir is not None:  # before any work: a refusal after a long distillation would throw it away
         output_dir = check_conversion_output(output_dir, overwrite=overwrite, model_name_or_path=model_name_or_path,
                                              tokenizer_name=tokenizer_name)
@@ -520,22 +572,11 @@ def convert_pretrained(
     if distillation is not None and set([requested] if isinstance(requested, str) else requested) == {"full"}:
         raise ValueError("distillation: every layer has full attention, which is the source's exactly; "
                          "there is nothing to distill (choose another attention_type)")
-    try:
-        source_config = AutoConfig.from_pretrained(model_name_or_path)
-    except OSError as error:
-        raise ValueError(f"model_name_or_path={str(model_name_or_path)!r}: no model config found there "
-                         f"({str(error).splitlines()[0]}); pass a folder written by save_pretrained or a Hub id "
-                         "(the Hub needs network access)") from None
+    source_config = _source_config(model_name_or_path)
     if task == "text-generation" or source_config.model_type in DECODER_SOURCE_TYPES:
         # a Llama-family causal LM: the decoder converter (hf_zformer.conversion.convert_decoder)
-        if task not in (None, "text-generation"):
-            raise ValueError(f"task={task!r}: {model_name_or_path} is a causal language model "
-                             f"({source_config.model_type!r}); its task is 'text-generation'")
-        refused = {"distillation": distillation, "classifier_pooling": classifier_pooling, "num_labels": num_labels}
-        refused = [name for name, value in refused.items() if value is not None]
-        if refused:
-            raise ValueError(f"{refused} apply to encoders; a causal LM converts without them (attention transfer "
-                             "for decoders: hf_zformer.conversion.decoder_transfer)")
+        _check_decoder_request(source_config, model_name_or_path, task, distillation=distillation,
+                               classifier_pooling=classifier_pooling, num_labels=num_labels)
         from .convert_decoder import convert_causal_lm
 
         return convert_causal_lm(model_name_or_path, attention_type, output_dir, base_model=base_model,
@@ -545,27 +586,9 @@ def convert_pretrained(
     task = task or source_task
     if task not in TASKS:
         raise ValueError(f"task={task!r} is not supported; choose one of {list(TASKS)}")
-    tokenizer, no_tokenizer = _load_tokenizer(tokenizer_name or model_name_or_path, source_config.vocab_size)
-    if tokenizer is None and tokenizer_name is not None:  # asked for by name: its own problem, whatever runs
-        raise ValueError(f"tokenizer_name={str(tokenizer_name)!r} (--tokenizer_name) is no tokenizer of this model: "
-                         f"{no_tokenizer}; pass the tokenizer the source model was trained with")
-    if tokenizer is None and distillation is not None:
-        raise ValueError(f"{model_name_or_path} has no tokenizer of this model ({no_tokenizer}); distillation "
-                         "tokenizes its texts with it: add the tokenizer files to the folder or pass "
-                         "tokenizer_name (--tokenizer_name)")
-    try:
-        source, loading = _auto_class(source_task).from_pretrained(
-            model_name_or_path, dtype=torch.float32, output_loading_info=True
-        )
-    except Exception as error:  # no weight file, a truncated or corrupt one: name the folder and the cause
-        raise ValueError(f"model_name_or_path={str(model_name_or_path)!r}: its weights cannot be loaded "
-                         f"({type(error).__name__}: {str(error).splitlines()[0]})") from error
-    source.eval()
-    missing = [key for key in loading["missing_keys"] if "pooler" not in key]
-    if missing:
-        raise ValueError(f"{model_name_or_path} lacks weights of its {source_config.architectures}: {missing[:5]}")
-    if any("pooler" in key for key in loading["missing_keys"]):
-        source.base_model.pooler = None  # built by BertModel but not in the checkpoint: nothing trained to carry over
+    tokenizer, no_tokenizer = _source_tokenizer(model_name_or_path, tokenizer_name, source_config.vocab_size,
+                                                distillation)
+    source = _load_source(model_name_or_path, source_task, source_config)
     family = source_config.model_type
     has_pooler = task == "text-classification" and _head_parts(source, family, source_task)["pooler"] is not None
     config = zformer_config(source_config, attention_type, task, has_pooler, classifier_pooling, num_labels,

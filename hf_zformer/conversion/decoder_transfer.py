@@ -22,7 +22,7 @@ import math
 import torch
 
 from .convert_decoder import attention_calls
-from .distillation import _relative_error
+from .distillation import relative_error
 
 # the parameters a converted layer adds to Llama's attention (by attribute name)
 NEW_ATTENTION_PARAMETERS = ("query_map", "key_map", "window_gate", "log_scale", "query_score", "key_score",
@@ -75,7 +75,7 @@ def layer_errors(model, reference, input_ids: torch.Tensor, attention_mask: torc
     for i in converted_layers(model):
         args, target = calls[i]
         output = model.model.layers[i].self_attn(*args)
-        errors.append(_relative_error(output.float(), target.float(), weights))
+        errors.append(relative_error(output.float(), target.float(), weights))
     return torch.stack(errors)
 
 

@@ -4,7 +4,7 @@ After `convert_pretrained` has turned a BERT-family checkpoint into a Zformer-fa
 new attention layers (zformer, fastformer, xformer) only start near what the source computed.
 `distill_attention` trains their parameters, and nothing else, on unlabeled text so that their
 outputs match those of `reference`, the exact full-attention copy of the source; `Distillation`
-holds the settings. `_attention_calls` records a reference's attention calls, which the
+holds the settings. `encoder_attention_calls` records a reference's attention calls, which the
 calibration in `hf_zformer.conversion.convert` replays too.
 """
 
@@ -98,7 +98,7 @@ class _Call(NamedTuple):
     layer_input: torch.Tensor | None
 
 
-def _attention_calls(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, _Call]:
+def encoder_attention_calls(reference, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> dict[int, _Call]:
     """Every encoder attention call of `reference` on a batch, by layer index (`_Call`)."""
     calls, conv_inputs = {}, {}
 
@@ -130,15 +130,15 @@ def _replayed_args(layer, call: _Call) -> tuple:
     return (layer.short_conv(layer_input, mask), *call.args[1:])
 
 
-def _relative_error(output: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def relative_error(output: torch.Tensor, target: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     """||output - target||^2 / ||target||^2 over the real tokens (weights (B, N, 1))."""
     return ((output - target).square() * weights).sum() / (target.square() * weights).sum().clamp_min(1e-12)
 
 
-def _relative_errors(model, calls, layers, attention_mask) -> list[torch.Tensor]:
+def relative_errors(model, calls, layers, attention_mask) -> list[torch.Tensor]:
     """Per layer in `layers`: the relative squared error of the attention output, the student's
     attention replaying the teacher's recorded call."""
-    return _layer_losses(model, None, calls, layers, attention_mask)[0]
+    return layer_losses(model, None, calls, layers, attention_mask)[0]
 
 
 def _forms_weights(model, i: int) -> bool:
@@ -146,7 +146,7 @@ def _forms_weights(model, i: int) -> bool:
     return getattr(model.base_model.encoder.layers[i].attention, "key_map", None) is not None
 
 
-def _layer_losses(model, reference, calls, layers, attention_mask) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+def layer_losses(model, reference, calls, layers, attention_mask) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     """Per layer in `layers`, the student's attention replaying the reference's recorded call:
     (the relative squared error of its output, the cross-entropy between the reference layer's
     softmax weights and its normalised weights). The cross-entropy is averaged over real query
@@ -171,11 +171,11 @@ def _layer_losses(model, reference, calls, layers, attention_mask) -> tuple[list
             # a_ij is zero only where t_ij is (padded keys): the clamp keeps 0 * log(0) at 0
             cross_entropy = -(target * torch.log(weights.clamp_min(torch.finfo(weights.dtype).tiny))).sum(-1)  # (B, H, N)
             cross_entropies.append((cross_entropy.mean(1) * real).sum() / real.sum().clamp_min(1.0))
-        errors.append(_relative_error(output, call.output, real[..., None]))
+        errors.append(relative_error(output, call.output, real[..., None]))
     return errors, cross_entropies
 
 
-def _hidden_state_errors(model, reference, input_ids, attention_mask, first: int) -> list[torch.Tensor]:
+def hidden_state_errors(model, reference, input_ids, attention_mask, first: int) -> list[torch.Tensor]:
     """Per layer from `first` (the first converted one) on: the relative squared error of the
     layer's output when the model runs on its own, against the reference's."""
     weights = attention_mask.to(torch.float32)[..., None]
@@ -183,7 +183,7 @@ def _hidden_state_errors(model, reference, input_ids, attention_mask, first: int
         targets = reference.base_model(input_ids=input_ids, attention_mask=attention_mask,
                                        output_hidden_states=True).hidden_states
     outputs = model.base_model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True).hidden_states
-    return [_relative_error(outputs[i + 1], targets[i + 1], weights) for i in range(first, len(outputs) - 1)]
+    return [relative_error(outputs[i + 1], targets[i + 1], weights) for i in range(first, len(outputs) - 1)]
 
 
 def distill_attention(model, reference, tokenizer, distillation: Distillation, progress: bool = True) -> dict:
@@ -234,8 +234,8 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
     def attention_losses(ids, mask):
         """(output errors, attention-weight cross-entropies) per layer, each (len(layers),)."""
         with torch.no_grad():
-            calls = _attention_calls(reference, ids, mask)
-        errors, weight_losses = _layer_losses(model, reference if weighted else None, calls, layers, mask)
+            calls = encoder_attention_calls(reference, ids, mask)
+        errors, weight_losses = layer_losses(model, reference if weighted else None, calls, layers, mask)
         errors = torch.stack(errors)
         return errors, torch.stack(weight_losses) if weighted else torch.zeros_like(errors)
 
@@ -244,7 +244,7 @@ def distill_attention(model, reference, tokenizer, distillation: Distillation, p
         return errors + distillation.attention_weight_loss * weight_losses if weighted else errors
 
     def model_loss(ids, mask):
-        return torch.stack(_hidden_state_errors(model, reference, ids, mask, layers[0]))
+        return torch.stack(hidden_state_errors(model, reference, ids, mask, layers[0]))
 
     def fit_on_held_out():
         return _held_out_fit(attention_losses, model_loss, encode, held_out, distillation.batch_size, len(layers))

@@ -31,13 +31,16 @@ The modules, by job:
 
 from .classification import load_classification_dataset
 from .records import LabelRange
-from .sources import _PROXY_VARIABLES, dataset_source, hub_unreachable
-from .splits import SPLIT_ALIASES, _grouped_pick
+from .sources import dataset_source, hub_unreachable
+from .splits import SPLIT_ALIASES
 from .text import load_text_dataset
 from .translation import load_translation_dataset
 
 __all__ = [
+    "LabelRange",
+    "SPLIT_ALIASES",
     "dataset_source",
+    "hub_unreachable",
     "load_classification_dataset",
     "load_text_dataset",
     "load_translation_dataset",

@@ -16,10 +16,10 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
-from .files import _file_identity, _fingerprint, _in_memory_dataset
-from .records import LabelRange, _as_int_label, _discover_classification_files, _has_column, _read_records
-from .sources import _load_hub, dataset_source
-from .splits import DEFAULT_GROUP_COLUMN, _finish
+from .files import file_identity, cheap_fingerprint, in_memory_dataset
+from .records import LabelRange, as_int_label, discover_classification_files, has_column, read_records
+from .sources import load_hub, dataset_source
+from .splits import DEFAULT_GROUP_COLUMN, finish_splits
 
 
 def _classification_features(extra: Mapping[str, datasets.features.features.FeatureType]) -> datasets.Features:
@@ -49,12 +49,12 @@ def _load_local_classification(
                 raise FileNotFoundError(f"Split {split!r}: file not found: {file}")
             files[split] = file
     else:
-        files = _discover_classification_files(path)
-    if group_column and group_column not in extra_columns and _has_column(files.get("train"), group_column):
+        files = discover_classification_files(path)
+    if group_column and group_column not in extra_columns and has_column(files.get("train"), group_column):
         extra_columns = (*extra_columns, group_column)
     splits: dict[str, datasets.Dataset] = {}
     for split, file in files.items():
-        columns = _read_records(file, text_column, label_column, extra_columns, label_range)
+        columns = read_records(file, text_column, label_column, extra_columns, label_range)
         arrays = {
             "text": pa.array(columns[text_column], pa.string()),
             "label": pa.array(columns[label_column], pa.int64()),
@@ -66,10 +66,10 @@ def _load_local_classification(
                 raise ValueError(f"{file}: extra column {name!r} has values of mixed types ({err})") from None
         table = pa.table(arrays)
         features = datasets.Features.from_arrow_schema(table.schema)
-        fingerprint = _fingerprint(
-            "classification", text_column, label_column, tuple(extra_columns), _file_identity(file)
+        fingerprint = cheap_fingerprint(
+            "classification", text_column, label_column, tuple(extra_columns), file_identity(file)
         )
-        splits[split] = _in_memory_dataset(table, features, fingerprint)
+        splits[split] = in_memory_dataset(table, features, fingerprint)
     return splits
 
 
@@ -94,7 +94,7 @@ def _hub_classification(
             )
         where = f"Hub dataset {name!r} split {split!r}"
         for value in ds.unique(label_column) if len(ds) else []:
-            _as_int_label(value, where, label_column, label_range)  # raises on the first bad value
+            as_int_label(value, where, label_column, label_range)  # raises on the first bad value
         features = _classification_features({n: ds.features[n] for n in extra_columns})
         if isinstance(ds.features[label_column], datasets.ClassLabel):  # keep the class names (IMDB: neg, pos)
             features["label"] = datasets.ClassLabel(names=ds.features[label_column].names)
@@ -105,7 +105,7 @@ def _hub_classification(
                     raise ValueError(f"{where}: text column {text_column!r} has the non-string value {text!r}")
             out = {
                 "text": batch[text_column],
-                "label": [_as_int_label(v, where, label_column, label_range) for v in batch[label_column]],
+                "label": [as_int_label(v, where, label_column, label_range) for v in batch[label_column]],
             }
             out.update({n: batch[n] for n in extra_columns})
             return out
@@ -189,10 +189,10 @@ def load_classification_dataset(
             raise ValueError("split_files only applies to local directories")
         name = os.fspath(path)
         splits = _hub_classification(
-            _load_hub(name, config_name, hub_kwargs), name, text_column, label_column, tuple(extra_columns),
+            load_hub(name, config_name, hub_kwargs), name, text_column, label_column, tuple(extra_columns),
             label_range, group_column,
         )
-    result = _finish(
+    result = finish_splits(
         splits, validation_size, seed, max_samples, stratify_column="label" if stratify else None, group_column=group_column
     )
     if group_column and group_column not in extra_columns:

@@ -1,7 +1,7 @@
 """Reading local data files, and what the loaders build from them.
 
 Text files (plain or ``.gz``, UTF-8) with errors that name the file and line, the split files of a
-local folder (``_find_file``, ``_ambiguous_split``, ``_require_train``), cheap deterministic dataset
+local folder (``find_file``, ``ambiguous_split``, ``require_train``), cheap deterministic dataset
 fingerprints and in-memory :class:`datasets.Dataset` objects built from Arrow tables.
 """
 
@@ -31,7 +31,7 @@ _UNREADABLE = (UnicodeDecodeError, EOFError, gzip.BadGzipFile, zlib.error)
 
 
 @contextlib.contextmanager
-def _reading(path: Path) -> Iterator[io.TextIOBase]:
+def reading(path: Path) -> Iterator[io.TextIOBase]:
     """``path`` open for reading text (:func:`_open_text`); what its bytes cannot give (not UTF-8,
     not gzip, a truncated ``.gz``) raises the ``ValueError`` of :func:`_unreadable`, naming the
     file and the line, wherever in the ``with`` block the reading happens."""
@@ -74,9 +74,9 @@ def _unreadable(path: Path, error: Exception) -> ValueError:
     )
 
 
-def _read_lines(path: Path) -> list[str]:
+def read_lines(path: Path) -> list[str]:
     """One sentence per line; only ``\\n`` (and a ``\\r`` before it) ends a line."""
-    with _reading(path) as handle:
+    with reading(path) as handle:
         content = handle.read()
     if content.startswith("\ufeff"):
         content = content[1:]
@@ -88,7 +88,7 @@ def _read_lines(path: Path) -> list[str]:
     return [line.strip() for line in lines]
 
 
-def _find_file(base: Path) -> Path | None:
+def find_file(base: Path) -> Path | None:
     """``base`` itself or ``base`` + ``.gz``; error when both exist."""
     plain, gz = base, base.with_name(base.name + ".gz")
     if plain.is_file() and gz.is_file():
@@ -100,30 +100,30 @@ def _find_file(base: Path) -> Path | None:
     return None
 
 
-def _fingerprint(*parts: Any) -> str:
+def cheap_fingerprint(*parts: Any) -> str:
     """A cheap deterministic dataset fingerprint (``datasets`` would otherwise hash all the data)."""
     return hashlib.sha256(repr(parts).encode("utf-8")).hexdigest()[:16]
 
 
-def _file_identity(path: Path) -> tuple[str, int, int]:
+def file_identity(path: Path) -> tuple[str, int, int]:
     stat = path.stat()
     return (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
 
 
-def _in_memory_dataset(table: pa.Table, features: datasets.Features, fingerprint: str) -> datasets.Dataset:
+def in_memory_dataset(table: pa.Table, features: datasets.Features, fingerprint: str) -> datasets.Dataset:
     return datasets.Dataset(
         table.cast(features.arrow_schema), info=datasets.DatasetInfo(features=features), fingerprint=fingerprint
     )
 
 
-def _ambiguous_split(split: str, directory: Path, candidates: str) -> ValueError:
+def ambiguous_split(split: str, directory: Path, candidates: str) -> ValueError:
     return ValueError(
         f"Files for split {split!r} are ambiguous in {directory}: {candidates}; "
         f"pass split_files={{{split!r}: ...}} to choose."
     )
 
 
-def _require_train(by_split: dict, directory: Path, wanted: str) -> None:
+def require_train(by_split: dict, directory: Path, wanted: str) -> None:
     """A local dataset folder must hold training data: else name what was looked for and what is there."""
     if "train" not in by_split:
         found = sorted(p.name for p in directory.iterdir())

@@ -1,8 +1,8 @@
 """JSON lines and CSV records: the files of the classification and text loaders.
 
-``_read_records`` reads a ``.jsonl[.gz]`` / ``.csv[.gz]`` file into columns and checks every row
+``read_records`` reads a ``.jsonl[.gz]`` / ``.csv[.gz]`` file into columns and checks every row
 (the text a string, the label an integer class id in the allowed :data:`LabelRange`), naming the
-file and line of the first bad row; ``_discover_classification_files`` finds a folder's
+file and line of the first bad row; ``discover_classification_files`` finds a folder's
 ``<split>.<suffix>`` files.
 """
 
@@ -16,19 +16,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .files import _ambiguous_split, _reading, _require_train
+from .files import ambiguous_split, reading, require_train
 from .splits import SPLIT_ALIASES
 
 
 #: The record files the classification loader reads (the text loader adds ``.txt[.gz]``).
-_CLASSIFICATION_SUFFIXES = (".jsonl", ".jsonl.gz", ".csv", ".csv.gz")
+CLASSIFICATION_SUFFIXES = (".jsonl", ".jsonl.gz", ".csv", ".csv.gz")
 
 
 #: ``(low, high)``: labels must be ``>= low`` (``None``: any) and ``< high`` (``None``: any int64).
 LabelRange = tuple[int | None, int | None]
 
 
-def _as_int_label(value: Any, where: str, column: str, label_range: LabelRange = (None, None)) -> int:
+def as_int_label(value: Any, where: str, column: str, label_range: LabelRange = (None, None)) -> int:
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         label = int(value)  # Python and numpy integers
     elif isinstance(value, float) and value.is_integer():
@@ -51,13 +51,13 @@ def _as_int_label(value: Any, where: str, column: str, label_range: LabelRange =
 
 def _classification_suffix(path: Path) -> str:
     name = path.name.lower()
-    for suffix in _CLASSIFICATION_SUFFIXES:
+    for suffix in CLASSIFICATION_SUFFIXES:
         if name.endswith(suffix):
             return suffix
-    raise ValueError(f"Unsupported file type {path}: expected one of {list(_CLASSIFICATION_SUFFIXES)}")
+    raise ValueError(f"Unsupported file type {path}: expected one of {list(CLASSIFICATION_SUFFIXES)}")
 
 
-def _read_records(
+def read_records(
     path: Path, text_column: str, label_column: str | None, extra_columns: Sequence[str], label_range: LabelRange
 ) -> dict[str, list]:
     """Read a ``.jsonl[.gz]`` / ``.csv[.gz]`` file into columns, checking every row (no label
@@ -75,11 +75,11 @@ def _read_records(
             raise ValueError(f"{where}: text column {text_column!r} has the non-string value {text!r}")
         columns[text_column].append(text)
         if label_column is not None:  # None: text only (language modelling)
-            columns[label_column].append(_as_int_label(row[label_column], where, label_column, label_range))
+            columns[label_column].append(as_int_label(row[label_column], where, label_column, label_range))
         for name in extra_columns:
             columns[name].append(row[name])
 
-    with _reading(path) as handle:
+    with reading(path) as handle:
         if suffix.startswith(".csv"):
             reader = csv.DictReader(handle)
             if reader.fieldnames is None:
@@ -105,7 +105,7 @@ def _read_records(
     return columns
 
 
-def _discover_classification_files(directory: Path, suffixes: Sequence[str] = _CLASSIFICATION_SUFFIXES) -> dict[str, Path]:
+def discover_classification_files(directory: Path, suffixes: Sequence[str] = CLASSIFICATION_SUFFIXES) -> dict[str, Path]:
     by_split: dict[str, Path] = {}
     for entry in sorted(directory.iterdir()):
         if not entry.is_file():
@@ -118,17 +118,17 @@ def _discover_classification_files(directory: Path, suffixes: Sequence[str] = _C
         if split is None:
             continue
         if split in by_split:
-            raise _ambiguous_split(split, directory, f"{by_split[split].name} and {entry.name}")
+            raise ambiguous_split(split, directory, f"{by_split[split].name} and {entry.name}")
         by_split[split] = entry
-    _require_train(by_split, directory, f"file train{{{','.join(suffixes)}}}")
+    require_train(by_split, directory, f"file train{{{','.join(suffixes)}}}")
     return by_split
 
 
-def _has_column(path: Path | None, column: str) -> bool:
+def has_column(path: Path | None, column: str) -> bool:
     """Whether the first record (JSON lines) or the header (CSV) of ``path`` has ``column``."""
     if path is None:
         return False
-    with _reading(path) as handle:
+    with reading(path) as handle:
         if _classification_suffix(path).startswith(".csv"):
             return column in (csv.DictReader(handle).fieldnames or [])
         for line in handle:
@@ -136,6 +136,6 @@ def _has_column(path: Path | None, column: str) -> bool:
                 try:
                     row = json.loads(line)
                 except json.JSONDecodeError:
-                    return False  # _read_records reports the error with its line number
+                    return False  # read_records reports the error with its line number
                 return isinstance(row, dict) and column in row
     return False

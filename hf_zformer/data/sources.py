@@ -1,7 +1,7 @@
 """Where a dataset comes from: a local path or the Hugging Face Hub.
 
 :func:`dataset_source` decides between the two; :func:`hub_unreachable` tells at once when the Hub
-cannot be reached (instead of ``datasets.load_dataset`` retrying for half a minute); ``_load_hub``
+cannot be reached (instead of ``datasets.load_dataset`` retrying for half a minute); ``load_hub``
 loads a Hub dataset and keeps its splits under the canonical names (:data:`.splits.SPLIT_ALIASES`).
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 import datasets
 
-from .splits import _CANONICAL_SPLITS, SPLIT_ALIASES
+from .splits import CANONICAL_SPLITS, SPLIT_ALIASES
 
 
 _HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[\w.-]+)?")
@@ -49,7 +49,7 @@ def dataset_source(path: str | os.PathLike) -> str:
 
 
 _OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
-_PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy")
+PROXY_VARIABLES = ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy", "HTTP_PROXY", "http_proxy")
 
 
 def hub_unreachable(timeout: float = 5.0) -> str | None:
@@ -66,7 +66,7 @@ def hub_unreachable(timeout: float = 5.0) -> str | None:
 
     if any(os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE") for name in _OFFLINE_VARIABLES):
         return None
-    if any(os.environ.get(name) for name in _PROXY_VARIABLES):
+    if any(os.environ.get(name) for name in PROXY_VARIABLES):
         return None
     endpoint = urlsplit(constants.ENDPOINT)
     host, port = endpoint.hostname, endpoint.port or (443 if endpoint.scheme == "https" else 80)
@@ -77,7 +77,7 @@ def hub_unreachable(timeout: float = 5.0) -> str | None:
     return None
 
 
-def _load_hub(path: str, config_name: str | None, hub_kwargs: dict[str, Any]) -> datasets.DatasetDict:
+def load_hub(path: str, config_name: str | None, hub_kwargs: dict[str, Any]) -> datasets.DatasetDict:
     not_here = f"{path!r} is not an existing local path, so it was taken for a Hugging Face Hub dataset id"
     local_copy = ("Without network, pass a local copy of the data with --data_dir DIR (the layout is in "
                   "docs/data.md)")
@@ -110,7 +110,7 @@ def _load_hub(path: str, config_name: str | None, hub_kwargs: dict[str, Any]) ->
         splits[canonical] = ds
     if not splits:
         raise ValueError(
-            f"Hub dataset {path!r} has none of the splits {list(_CANONICAL_SPLITS)} "
+            f"Hub dataset {path!r} has none of the splits {list(CANONICAL_SPLITS)} "
             f"(or their aliases); it has {list(loaded)}."
         )
     return datasets.DatasetDict(splits)

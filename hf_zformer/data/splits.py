@@ -1,7 +1,7 @@
 """Split names and what every loader does to the splits it read.
 
 :data:`SPLIT_ALIASES` maps file stems and Hub split names to ``train``, ``validation`` and
-``test``. ``_finish`` carves a validation split from ``train`` when there is none (seeded;
+``test``. ``finish_splits`` carves a validation split from ``train`` when there is none (seeded;
 stratified by label and/or made of whole groups on request), takes the ``max_samples`` subsets and
 puts the splits in canonical order.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 import datasets
 
-from .files import _fingerprint
+from .files import cheap_fingerprint
 
 
 #: File stems / Hub split names understood without an explicit mapping, and the split they mean.
@@ -29,7 +29,7 @@ SPLIT_ALIASES: dict[str, str] = {
     "test_2016_flickr": "test",
 }
 
-_CANONICAL_SPLITS = ("train", "validation", "test")
+CANONICAL_SPLITS = ("train", "validation", "test")
 
 #: The column whose groups a carved validation split keeps whole unless the caller names another
 #: (or ``None``: carve by rows): ``movie`` in the IMDB files of ``../shared/data``, as the scripts'
@@ -80,7 +80,7 @@ def _stratified_pick(labels: Sequence[int], count: int, rng: random.Random) -> l
     return picked
 
 
-def _grouped_pick(groups: Sequence[Any], labels: Sequence[int] | None, count: int, rng: random.Random) -> list[int]:
+def grouped_pick(groups: Sequence[Any], labels: Sequence[int] | None, count: int, rng: random.Random) -> list[int]:
     """Pick about ``count`` row indices made of whole groups (rows with equal ``groups`` value, e.g.
     all reviews of one movie; a missing value is a group of its own), label-stratified when
     ``labels`` is given: groups are visited in a seeded random order and taken while they fit in
@@ -120,7 +120,7 @@ def _carve_validation(
     rng = random.Random(seed)
     if group_column is not None and group_column in train.column_names:
         columns = train.select_columns([group_column, *([stratify_column] if stratify_column else [])])[:]
-        picked = _grouped_pick(columns[group_column], columns.get(stratify_column), count, rng)
+        picked = grouped_pick(columns[group_column], columns.get(stratify_column), count, rng)
     elif stratify_column is not None:
         labels = train.select_columns([stratify_column])[:][stratify_column]  # fast: no per-row Column access
         picked = _stratified_pick(labels, count, rng)
@@ -131,8 +131,8 @@ def _carve_validation(
     train_rows = [i for i in range(len(train)) if i not in picked_set]
     result = dict(splits)
     parts = (train._fingerprint, validation_size, seed, stratify_column, group_column)
-    result["train"] = train.select(train_rows, new_fingerprint=_fingerprint("carve-train", *parts))
-    result["validation"] = train.select(validation_rows, new_fingerprint=_fingerprint("carve-validation", *parts))
+    result["train"] = train.select(train_rows, new_fingerprint=cheap_fingerprint("carve-train", *parts))
+    result["validation"] = train.select(validation_rows, new_fingerprint=cheap_fingerprint("carve-validation", *parts))
     return result
 
 
@@ -159,11 +159,11 @@ def _subset(
         ds = splits[name]
         if limit < len(ds):
             rows = sorted(random.Random(f"{seed}-{name}").sample(range(len(ds)), limit))
-            result[name] = ds.select(rows, new_fingerprint=_fingerprint("subset", ds._fingerprint, seed, limit))
+            result[name] = ds.select(rows, new_fingerprint=cheap_fingerprint("subset", ds._fingerprint, seed, limit))
     return result
 
 
-def _finish(
+def finish_splits(
     splits: dict[str, datasets.Dataset],
     validation_size: float | int | None,
     seed: int,
@@ -173,5 +173,5 @@ def _finish(
 ) -> datasets.DatasetDict:
     splits = _carve_validation(splits, validation_size, seed, stratify_column, group_column)
     splits = _subset(splits, max_samples, seed)
-    order = [name for name in _CANONICAL_SPLITS if name in splits] + sorted(set(splits) - set(_CANONICAL_SPLITS))
+    order = [name for name in CANONICAL_SPLITS if name in splits] + sorted(set(splits) - set(CANONICAL_SPLITS))
     return datasets.DatasetDict({name: splits[name] for name in order})

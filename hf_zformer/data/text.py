@@ -14,22 +14,22 @@ from typing import Any
 import datasets
 import pyarrow as pa
 
-from .files import _file_identity, _fingerprint, _in_memory_dataset, _read_lines
-from .records import _CLASSIFICATION_SUFFIXES, _discover_classification_files, _has_column, _read_records
-from .sources import _load_hub, dataset_source
-from .splits import DEFAULT_GROUP_COLUMN, _finish
+from .files import file_identity, cheap_fingerprint, in_memory_dataset, read_lines
+from .records import CLASSIFICATION_SUFFIXES, discover_classification_files, has_column, read_records
+from .sources import load_hub, dataset_source
+from .splits import DEFAULT_GROUP_COLUMN, finish_splits
 
 
-_TEXT_SUFFIXES = (*_CLASSIFICATION_SUFFIXES, ".txt", ".txt.gz")
+_TEXT_SUFFIXES = (*CLASSIFICATION_SUFFIXES, ".txt", ".txt.gz")
 
 
 def _read_text_file(path: Path, text_column: str, group_column: str | None) -> dict[str, list]:
     """The documents of one file: a ``.txt[.gz]`` file holds one per line, a ``.jsonl[.gz]`` /
     ``.csv[.gz]`` file one per row (its ``text_column``, and ``group_column`` when the file has it)."""
     if path.name.lower().endswith(_TEXT_SUFFIXES[-2:]):
-        return {"text": _read_lines(path)}
-    extra = (group_column,) if group_column and _has_column(path, group_column) else ()
-    columns = _read_records(path, text_column, None, extra, (None, None))
+        return {"text": read_lines(path)}
+    extra = (group_column,) if group_column and has_column(path, group_column) else ()
+    columns = read_records(path, text_column, None, extra, (None, None))
     return {"text": columns.pop(text_column), **columns}
 
 
@@ -37,7 +37,7 @@ def _text_split(columns: dict[str, list], fingerprint: str) -> datasets.Dataset:
     """A ``Dataset`` of the non-empty documents in ``columns``."""
     keep = [i for i, text in enumerate(columns["text"]) if text.strip()]
     table = pa.table({name: pa.array([values[i] for i in keep]) for name, values in columns.items()})
-    return _in_memory_dataset(table, datasets.Features.from_arrow_schema(table.schema), fingerprint)
+    return in_memory_dataset(table, datasets.Features.from_arrow_schema(table.schema), fingerprint)
 
 
 def load_text_dataset(
@@ -75,7 +75,7 @@ def load_text_dataset(
         if hub_kwargs or config_name is not None:
             raise ValueError(f"config_name/hub arguments {sorted(hub_kwargs)} only apply to Hub datasets, not to {path}")
         base = Path(path).expanduser()
-        files = {"train": base} if base.is_file() else _discover_classification_files(base, _TEXT_SUFFIXES)
+        files = {"train": base} if base.is_file() else discover_classification_files(base, _TEXT_SUFFIXES)
         if validation_file is not None:
             if "validation" in files:
                 raise ValueError(f"validation_file {validation_file} given, but {base} has a validation file too")
@@ -84,7 +84,7 @@ def load_text_dataset(
                 raise FileNotFoundError(f"Validation file not found: {files['validation']}")
         splits = {
             split: _text_split(_read_text_file(file, text_column, group_column if split == "train" else None),
-                               _fingerprint("text", text_column, group_column, _file_identity(file)))
+                               cheap_fingerprint("text", text_column, group_column, file_identity(file)))
             for split, file in files.items()
         }
     else:
@@ -92,14 +92,14 @@ def load_text_dataset(
             raise ValueError("validation_file only applies to local data")
         name = os.fspath(path)
         splits = {}
-        for split, ds in _load_hub(name, config_name, hub_kwargs).items():
+        for split, ds in load_hub(name, config_name, hub_kwargs).items():
             if text_column not in ds.column_names:
                 raise ValueError(f"Hub dataset {name!r} split {split!r} has no text column {text_column!r}; its "
                                  f"columns are {ds.column_names} (choose one with --text_column)")
             keep = [text_column, *([group_column] if group_column in ds.column_names and split == "train" else [])]
             ds = ds.select_columns(keep).rename_columns({text_column: "text"} if text_column != "text" else {})
             splits[split] = ds.filter(lambda batch: [bool(t and t.strip()) for t in batch["text"]], batched=True)
-    result = _finish(splits, validation_size, seed, None, stratify_column=None, group_column=group_column)
+    result = finish_splits(splits, validation_size, seed, None, stratify_column=None, group_column=group_column)
     return datasets.DatasetDict(
         {split: ds.select_columns(["text"]) for split, ds in result.items()}
     )

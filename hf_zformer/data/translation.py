@@ -17,16 +17,16 @@ import datasets
 import pyarrow as pa
 
 from .files import (
-    _ambiguous_split,
-    _file_identity,
-    _find_file,
-    _fingerprint,
-    _in_memory_dataset,
-    _read_lines,
-    _require_train,
+    ambiguous_split,
+    file_identity,
+    find_file,
+    cheap_fingerprint,
+    in_memory_dataset,
+    read_lines,
+    require_train,
 )
-from .sources import _load_hub, dataset_source
-from .splits import SPLIT_ALIASES, _finish
+from .sources import load_hub, dataset_source
+from .splits import SPLIT_ALIASES, finish_splits
 
 
 def _discover_translation_stems(directory: Path, source_lang: str, target_lang: str) -> dict[str, str]:
@@ -41,9 +41,9 @@ def _discover_translation_stems(directory: Path, source_lang: str, target_lang: 
         if split is None:
             continue
         if split in by_split and by_split[split] != stem:
-            raise _ambiguous_split(split, directory, f"stems {by_split[split]!r} and {stem!r}")
+            raise ambiguous_split(split, directory, f"stems {by_split[split]!r} and {stem!r}")
         by_split[split] = stem
-    _require_train(by_split, directory, f"files train.{source_lang}[.gz]")
+    require_train(by_split, directory, f"files train.{source_lang}[.gz]")
     return by_split
 
 
@@ -71,11 +71,11 @@ def _load_local_translation(
         paths: dict[str, Path] = {}
         for lang in (source_lang, target_lang):
             base = directory / f"{stem}.{lang}"
-            found = _find_file(base)
+            found = find_file(base)
             if found is None:
                 raise FileNotFoundError(f"Split {split!r}: missing file {base} (or {base}.gz)")
             paths[lang] = found
-            texts[lang] = _read_lines(found)
+            texts[lang] = read_lines(found)
         n_src, n_tgt = len(texts[source_lang]), len(texts[target_lang])
         if n_src != n_tgt:
             raise ValueError(
@@ -86,10 +86,10 @@ def _load_local_translation(
             [pa.array(texts[source_lang], pa.string()), pa.array(texts[target_lang], pa.string())],
             names=[source_lang, target_lang],
         )
-        fingerprint = _fingerprint(
-            "translation", source_lang, target_lang, *(_file_identity(paths[lang]) for lang in paths)
+        fingerprint = cheap_fingerprint(
+            "translation", source_lang, target_lang, *(file_identity(paths[lang]) for lang in paths)
         )
-        splits[split] = _in_memory_dataset(pa.table({"translation": column}), features, fingerprint)
+        splits[split] = in_memory_dataset(pa.table({"translation": column}), features, fingerprint)
     return splits
 
 
@@ -193,5 +193,5 @@ def load_translation_dataset(
         if split_files is not None:
             raise ValueError("split_files only applies to local directories")
         name = os.fspath(path)
-        splits = _hub_translation(_load_hub(name, config_name, hub_kwargs), name, source_lang, target_lang)
-    return _finish(splits, validation_size, seed, max_samples, stratify_column=None)
+        splits = _hub_translation(load_hub(name, config_name, hub_kwargs), name, source_lang, target_lang)
+    return finish_splits(splits, validation_size, seed, max_samples, stratify_column=None)

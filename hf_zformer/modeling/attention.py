@@ -23,20 +23,17 @@ from torch import nn
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
-from .blocks import (  # noqa: F401  (Linear, Dropout, masked_softmax are also this module's public names)
+from .blocks import (
     Dropout,
     Linear,
     add_into_fresh,
     at_least_fp32,
     drop_full_mask,
-    head_batches,
     kernel_backend,
     masked_softmax,
-    merge_head_batches,
     merge_heads,
     new_tokens_mask,
     no_autocast,
-    per_head_product,
     split_heads,
     zero_padding,
 )

@@ -78,14 +78,6 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     return x.transpose(1, 2).reshape(batch, length, heads * dim)
 
 
-def head_batches(x: torch.Tensor, num_heads: int) -> torch.Tensor:
-    """(B, N, H * d) -> (B * H, N, d), contiguous: the operand layout of `torch.bmm` over every
-    (sequence, head) pair. A 4-D `matmul` of split heads makes the same copy, plus broadcasting
-    views and their autograd nodes, for each operand and product."""
-    batch, length, width = x.shape
-    return split_heads(x, num_heads).reshape(batch * num_heads, length, -1)
-
-
 def per_head_product(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     """x (B, H, N, d) @ matrix (B, H, d, e) -> (B, H, N, e) as one `torch.bmm` over (B * H)-batched
     views. x is copied only where its layout needs it (N > 1 split heads); a decoding step's single
@@ -94,11 +86,6 @@ def per_head_product(x: torch.Tensor, matrix: torch.Tensor) -> torch.Tensor:
     batch, heads, length, dim = x.shape
     product = torch.bmm(x.reshape(batch * heads, length, dim), matrix.reshape(batch * heads, dim, -1))
     return product.view(batch, heads, length, -1)
-
-
-def merge_head_batches(x: torch.Tensor, batch: int) -> torch.Tensor:
-    """(B * H, N, d) -> (B, N, H * d)"""
-    return merge_heads(x.view(batch, -1, *x.shape[1:]))
 
 
 def zero_padding(x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:

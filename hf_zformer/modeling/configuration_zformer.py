@@ -197,6 +197,15 @@ class ZformerConfig(PreTrainedConfig):
     def _validate(self):
         """Raise a ValueError naming the field and value of the first invalid setting. Runs at
         construction and again when a model is built from this config."""
+        self._check_sizes()
+        encoder_types = self._check_attention_types()
+        self._check_options()
+        self._check_positions()
+        if "xformer" in encoder_types:
+            self._check_xformer()
+
+    def _check_sizes(self):
+        """Finite floats, positive sizes, heads that divide the width, probabilities, token ids."""
         for field, value in vars(self).items():  # NaN passes every comparison; infinity most
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{field}={value!r} must be a finite number")
@@ -219,6 +228,9 @@ class ZformerConfig(PreTrainedConfig):
             if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
                 raise ValueError(f"{field}={value!r} must be None or a token id in [0, vocab_size={self.vocab_size})")
 
+    def _check_attention_types(self) -> list[str]:
+        """The attention types of every stack (per layer) and the options that depend on them;
+        returns the encoder's, one per layer."""
         encoder_types = _per_layer("attention_type", self.attention_type, self.num_hidden_layers, ATTENTION_TYPES)
         decoder_value = self.decoder_attention_type
         if decoder_value == "xformer" or (isinstance(decoder_value, (list, tuple)) and "xformer" in decoder_value):
@@ -247,6 +259,10 @@ class ZformerConfig(PreTrainedConfig):
                 f"cross_attention_type={self.cross_attention_type!r}): make some layers zformer, or leave "
                 "zformer_feature_map at 'identity'"
             )
+        return encoder_types
+
+    def _check_options(self):
+        """Choices, switches, the Zformer scale, and no option an earlier version removed."""
         _check_choice("classifier_pooling", self.classifier_pooling, CLASSIFIER_POOLINGS)
         _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
         _check_choice("layer_norm_position", self.layer_norm_position, LAYER_NORM_POSITIONS)
@@ -266,6 +282,8 @@ class ZformerConfig(PreTrainedConfig):
                     "model without it (hf_zformer docs/results.md); a model trained with it does not compute "
                     "the same function here"
                 )
+
+    def _check_positions(self):
         _check_positive("max_position_embeddings", self.max_position_embeddings)
         _check_positive("position_offset", self.position_offset, allow_zero=True)
         if self.position_offset >= self.max_position_embeddings:
@@ -274,17 +292,17 @@ class ZformerConfig(PreTrainedConfig):
                 f"max_position_embeddings={self.max_position_embeddings}"
             )
 
-        if "xformer" in encoder_types:
-            _check_positive("xformer_alpha", self.xformer_alpha)
-            _check_positive("xformer_beta", self.xformer_beta)
-            if self.xformer_beta < 2:
-                raise ValueError(f"xformer_beta={self.xformer_beta} must be > 1 (it divides the sequence length)")
-            query_width, rest = divmod(self.hidden_size, self.xformer_alpha)
-            if rest or query_width % self.num_attention_heads:
-                raise ValueError(
-                    f"xformer_alpha={self.xformer_alpha} must divide hidden_size={self.hidden_size} into a width "
-                    f"divisible by num_attention_heads={self.num_attention_heads}"
-                )
+    def _check_xformer(self):
+        _check_positive("xformer_alpha", self.xformer_alpha)
+        _check_positive("xformer_beta", self.xformer_beta)
+        if self.xformer_beta < 2:
+            raise ValueError(f"xformer_beta={self.xformer_beta} must be > 1 (it divides the sequence length)")
+        query_width, rest = divmod(self.hidden_size, self.xformer_alpha)
+        if rest or query_width % self.num_attention_heads:
+            raise ValueError(
+                f"xformer_alpha={self.xformer_alpha} must divide hidden_size={self.hidden_size} into a width "
+                f"divisible by num_attention_heads={self.num_attention_heads}"
+            )
 
     def resolve_attention_dropout(self) -> None:
         """Fix the default `attention_probs_dropout_prob=None` for the model being built: 0.1 when one

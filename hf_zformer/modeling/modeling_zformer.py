@@ -837,7 +837,7 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 
 
-def _decoding_state(past_key_values, cache):
+def decoding_state(past_key_values, cache):
     """The decoding state passed as `past_key_values` (transformers <= 5.23) or `cache` (>= 5.24)."""
     if past_key_values is not None and cache is not None:
         raise ValueError("pass the decoding state once, as `cache` or as `past_key_values`, not both")
@@ -958,6 +958,30 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         *token_embeddings, head_weight = tied
         return (token_embeddings[0] if input_ids is not None else None), token_embeddings[-1], head_weight
 
+    def _refuse_attention_outputs(self, decoder_attention_mask, output_attentions) -> None:
+        _check_right_padded("decoder_attention_mask", decoder_attention_mask)
+        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
+        if output_attentions:
+            raise ValueError(
+                "output_attentions=True is not supported by the encoder-decoder; the encoder's weights (full "
+                "layers) come from model.get_encoder()(..., output_attentions=True)"
+            )
+
+    def _loss(self, logits, labels, num_items_in_batch) -> torch.Tensor:
+        (flat,) = at_least_fp32(logits.view(-1, logits.shape[-1]))  # bf16 up to fp32; fp64 stays fp64
+        return mean_loss(CrossEntropyLoss, num_items_in_batch, flat, labels.reshape(-1),
+                         label_smoothing=self.config.label_smoothing)
+
+    def _encoder_outputs(self, encoder_outputs, input_ids, attention_mask, inputs_embeds, token_type_ids,
+                         output_hidden_states) -> BaseModelOutput:
+        """The encoder's outputs: given (a tuple becomes a `BaseModelOutput`), or computed."""
+        if encoder_outputs is None:
+            return self.encoder(
+                input_ids, attention_mask, inputs_embeds, token_type_ids=token_type_ids,
+                output_hidden_states=output_hidden_states, return_dict=True,
+            )
+        return encoder_outputs if isinstance(encoder_outputs, BaseModelOutput) else BaseModelOutput(*encoder_outputs)
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -991,23 +1015,13 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         _refuse_head_masks(
             head_mask=head_mask, decoder_head_mask=decoder_head_mask, cross_attn_head_mask=cross_attn_head_mask
         )
-        past_key_values = _decoding_state(past_key_values, cache)
-        _check_right_padded("decoder_attention_mask", decoder_attention_mask)
-        output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
-        if output_attentions:
-            raise ValueError(
-                "output_attentions=True is not supported by the encoder-decoder; the encoder's weights (full "
-                "layers) come from model.get_encoder()(..., output_attentions=True)"
-            )
+        past_key_values = decoding_state(past_key_values, cache)
+        self._refuse_attention_outputs(decoder_attention_mask, output_attentions)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
-        output_hidden_states = (
-            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
-        )
-        use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if labels is not None:
-            use_cache = False
-            if decoder_input_ids is None and decoder_inputs_embeds is None:
-                decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
+        use_cache = (use_cache if use_cache is not None else self.config.use_cache) and labels is None
+        if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
+            decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
         head_weight = None
         if inputs_embeds is None and decoder_inputs_embeds is None:
             embedded = self._tied_inputs(input_ids if encoder_outputs is None else None, decoder_input_ids)
@@ -1016,31 +1030,19 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
                 decoder_input_ids = None
                 if encoder_outputs is None:
                     inputs_embeds, input_ids = source_embeds, None
-        if encoder_outputs is None:
-            encoder_outputs = self.encoder(
-                input_ids, attention_mask, inputs_embeds, token_type_ids=token_type_ids,
-                output_hidden_states=output_hidden_states, return_dict=True,
-            )
-        elif not isinstance(encoder_outputs, BaseModelOutput):
-            encoder_outputs = BaseModelOutput(*encoder_outputs)
+        encoder_outputs = self._encoder_outputs(encoder_outputs, input_ids, attention_mask, inputs_embeds,
+                                                token_type_ids, output_hidden_states)
         encoder_hidden = encoder_outputs.last_hidden_state
         if use_cache and past_key_values is None:
             past_key_values = self.decoder.new_cache()
-        if not use_cache:
-            past_key_values = None
-
+        past_key_values = past_key_values if use_cache else None
         hidden_states, decoder_hidden = self.decoder(
             decoder_input_ids, None, encoder_hidden, attention_mask, past_key_values, decoder_inputs_embeds,
             output_hidden_states=output_hidden_states,
         )
         logits = self.lm_head(hidden_states) if head_weight is None else self.lm_head(hidden_states, head_weight)
-        loss = None
-        if labels is not None:
-            (flat,) = at_least_fp32(logits.view(-1, logits.shape[-1]))  # bf16 up to fp32; fp64 stays fp64
-            loss = mean_loss(CrossEntropyLoss, num_items_in_batch, flat, labels.reshape(-1),
-                             label_smoothing=self.config.label_smoothing)
         output = Seq2SeqLMOutput(
-            loss=loss,
+            loss=None if labels is None else self._loss(logits, labels, num_items_in_batch),
             logits=logits,
             decoder_hidden_states=decoder_hidden,
             encoder_last_hidden_state=encoder_hidden,
@@ -1131,7 +1133,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         `CACHE_FIELD` (`cache` from transformers 5.24, `past_key_values` before)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        past_key_values = _decoding_state(past_key_values, cache)
+        past_key_values = decoding_state(past_key_values, cache)
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         if output_attentions:
             raise ValueError("output_attentions=True is not supported by the causal language model")

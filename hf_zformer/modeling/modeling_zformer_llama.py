@@ -25,7 +25,7 @@ from .attention import HedgehogFeatureMap
 from .attention_llama import LLAMA_ATTENTION_CLASSES, RotaryFastformerAttention, RotaryLinearAttention
 from .cache_zformer_llama import ZformerLlamaCache
 from .configuration_zformer_llama import ZformerLlamaConfig
-from .modeling_zformer import CACHE_FIELD, _decoding_state, causal_lm_loss
+from .modeling_zformer import CACHE_FIELD, causal_lm_loss, decoding_state
 
 
 class ZformerLlamaDecoderLayer(GradientCheckpointingLayer):
@@ -104,7 +104,7 @@ class ZformerLlamaModel(ZformerLlamaPreTrainedModel):
         `cache`): the `ZformerLlamaCache` of earlier calls (a new one when `use_cache`)."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
-        cache = _decoding_state(past_key_values, cache)
+        cache = decoding_state(past_key_values, cache)
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if use_cache and cache is None:
             cache = self.new_cache()
@@ -175,7 +175,7 @@ class ZformerLlamaForCausalLM(ZformerLlamaPreTrainedModel, GenerationMixin):
         `CausalLMOutputWithPast(loss, logits (B, N, vocab), the cache, hidden_states)`."""
         if kwargs.get("output_attentions"):
             raise ValueError("output_attentions=True is not supported: linear attention forms no attention matrix")
-        cache = _decoding_state(past_key_values, cache)
+        cache = decoding_state(past_key_values, cache)
         if labels is not None and cache is None:
             use_cache = False
         outputs = self.model(input_ids, attention_mask, position_ids, inputs_embeds=inputs_embeds, use_cache=use_cache,

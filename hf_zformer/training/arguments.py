@@ -133,6 +133,19 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     """Check the arguments shared by the scripts; ``parser.error`` (exit code 2) with a clear
     message on the first problem. Also builds the model config of a new model once, so invalid
     model settings (``ValueError`` of the config class) surface here, before any data is read."""
+    _check_data_source(parser, args)
+    _check_ranges(parser, args)
+    check_finite_floats(parser, args)
+    _check_outputs(parser, args)
+    _check_inputs(parser, args)
+    _check_new_model(parser, args, seq2seq)
+    args.run_args = run_identity(args)
+    _check_run_folder(parser, args)
+    return args
+
+
+def _check_data_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """One data source, and the folder or files it names exist."""
     sources = [f"--{name}" for name in ("dataset_name", "data_dir", "train_file") if getattr(args, name, None)]
     if len(sources) > 1:
         parser.error(f"{' and '.join(sources)} are exclusive: give one dataset source")
@@ -144,6 +157,10 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     for name in ("train_file", "validation_file"):
         if getattr(args, name, None) and not Path(getattr(args, name)).expanduser().is_file():
             parser.error(f"--{name} {getattr(args, name)!r} is not a file")
+
+
+def _check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Counts, seeds, rates and --checkpointing_steps (an int from here on, or "epoch")."""
     for name in (
         "per_device_train_batch_size",
         "per_device_eval_batch_size",
@@ -178,7 +195,10 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
             if not args.checkpointing_steps.isdigit() or int(args.checkpointing_steps) < 1:
                 parser.error(f'--checkpointing_steps must be a positive integer or "epoch", got {args.checkpointing_steps!r}')
             args.checkpointing_steps = int(args.checkpointing_steps)
-    check_finite_floats(parser, args)
+
+
+def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--output_dir, --results_file and --resume_from_checkpoint, before any work."""
     try:  # new, empty or the library's; never an input of the run (folders.check_output_dir)
         args.output_dir = str(check_output_dir(
             args.output_dir, overwrite=args.overwrite_output_dir, name="--output_dir", whole=False,
@@ -198,6 +218,10 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
                 f"--resume_from_checkpoint {args.resume_from_checkpoint!r} is not a checkpoint folder "
                 f"(no {TRAINING_STATE_FILE}); checkpoints are the step_N/epoch_N folders of --output_dir"
             )
+
+
+def _check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Tracking, the Hub repository, the tokenizer's source and the saved configs the run reads."""
     if args.with_tracking:
         problem = _tracker_problem(args.report_to)
         if problem:
@@ -211,6 +235,11 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
     for flag, folder in run_inputs(args).items():  # a saved config that fails validation: named, before any work
         if flag != "--tokenizer_name" and Path(folder).expanduser().is_dir():
             _check_saved_config(parser, flag, folder, args.trust_remote_code)
+
+
+def _check_new_model(parser: argparse.ArgumentParser, args: argparse.Namespace, seq2seq: bool) -> None:
+    """A pretrained model, or the flags of a new one: its config is built once here, so an invalid
+    setting is named before any data is read."""
     if args.model_name_or_path:
         if args.attention_type or args.config_overrides or (seq2seq and args.decoder_attention_type != "full"):
             parser.error(
@@ -225,9 +254,6 @@ def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq
             build_config(args, vocab_size=max(args.vocab_size, 8), seq2seq=seq2seq)
         except ValueError as error:
             parser.error(f"invalid model configuration: {error}")
-    args.run_args = run_identity(args)
-    _check_run_folder(parser, args)
-    return args
 
 
 def run_inputs(args: argparse.Namespace) -> dict[str, Any]:

@@ -6,10 +6,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from . import batching, run
 
-__all__ = ["add_document_args", "block_size_for", "load_model", "check_document_args", "load_documents", "make_blocks", "train_on_blocks"]
+__all__ = ["Blocks", "add_document_args", "block_size_for", "build_blocks", "check_document_args", "load_documents",
+           "load_model", "make_blocks", "train_on_blocks"]
 
 
 def add_document_args(parser: argparse.ArgumentParser) -> None:
@@ -115,6 +119,37 @@ def block_size_for(args: argparse.Namespace, config, logger) -> int:
     if block_size < args.block_size:
         logger.warning(f"--block_size {args.block_size} > the model's {block_size} positions: blocks of {block_size}")
     return block_size
+
+
+@dataclass
+class Blocks:
+    """A language-modelling run up to its training: the documents, tokenizer and model, and the
+    documents cut into blocks of ``block_size`` tokens (``processed``: train and validation)."""
+
+    accelerator: Any
+    logger: Any
+    raw: Any
+    tokenizer: Any
+    model: Any
+    block_size: int
+    processed: dict
+
+
+def build_blocks(args: argparse.Namespace, auto_class, logger_name: str,
+                 check_tokenizer: Callable[[Any], None] = lambda tokenizer: None) -> Blocks:
+    """Start the run, read the documents (bad data: a message naming file and line, before any
+    training), load or train the tokenizer (``check_tokenizer`` refuses one the objective cannot
+    use), build the model with ``auto_class`` and cut the documents into blocks."""
+    accelerator, logger = run.start_run(args, logger_name)
+    with run.data_errors():
+        raw = load_documents(args)
+    tokenizer = run.load_tokenizer(args, accelerator, raw, model_max_length=args.block_size)
+    check_tokenizer(tokenizer)
+    model = load_model(args, auto_class, tokenizer)
+    block_size = block_size_for(args, model.config, logger)
+    with run.data_errors():
+        processed = make_blocks(raw, tokenizer, block_size, accelerator, args)
+    return Blocks(accelerator, logger, raw, tokenizer, model, block_size, processed)
 
 
 def train_on_blocks(args: argparse.Namespace, accelerator, logger, model, tokenizer, processed: dict, *, train_collate,

@@ -187,12 +187,15 @@ def bleu_ci(predictions: Sequence[str], references: Sequence[str], *, lowercase:
     resampling sentences: per-sentence n-gram statistics are extracted once and summed per resample."""
     from sacrebleu.metrics import BLEU
 
-    bleu = BLEU(lowercase=lowercase)
-    stats = np.asarray(bleu._extract_corpus_statistics(list(predictions), [list(references)]), dtype=np.int64)
+    # per sentence: [hypothesis length, reference length, 4 matched n-gram counts, 4 n-gram totals]
+    sentence = BLEU(lowercase=lowercase, effective_order=True)  # the order only changes sentence scores
+    scores = (sentence.sentence_score(hypothesis, [reference]) for hypothesis, reference in zip(predictions, references))
+    stats = np.asarray([[s.sys_len, s.ref_len, *s.counts, *s.totals] for s in scores], dtype=np.int64)
 
     def corpus_bleu(idx: np.ndarray) -> float:
         total = stats[idx].sum(axis=0).tolist()
-        return bleu._compute_score_from_stats(total).score
+        return BLEU.compute_bleu(correct=total[2:6], total=total[6:10], sys_len=total[0], ref_len=total[1],
+                                 smooth_method="exp").score
 
     return bootstrap_ci(len(stats), corpus_bleu, **kwargs)
 
