@@ -10,13 +10,13 @@ fraction of this machine's measured matmul FLOP/s, as CSV, JSON, a markdown tabl
     python scripts/benchmark_attention.py --modes forward train --widths 512 768 1024
     python scripts/benchmark_attention.py --level model --mask              # one-layer models, FFN shrunk away
     python scripts/benchmark_attention.py --device cuda --dtype bf16 --lengths 1024 4096 16384
-    python scripts/benchmark_attention.py --level seq2seq --batch 16 --source-length 32   # vs BART
-    python scripts/benchmark_attention.py --level seq2seq --batch 4 --seq2seq-lengths 16 32 64 128 256 512 1024
+    python scripts/benchmark_attention.py --level seq2seq --batch 16 --source_length 32   # vs BART
+    python scripts/benchmark_attention.py --level seq2seq --batch 4 --seq2seq_lengths 16 32 64 128 256 512 1024
     python scripts/benchmark_attention.py --level causal --lengths 64 512 2048 8192       # vs GPT-2
     python scripts/benchmark_attention.py --level classification --batch 8 --lengths 128 256 512 1024 2048 4096
 
 Levels: 'attention' and 'model' (above); 'seq2seq' (our encoder-decoder against BART of identical
-size, at one source/target length or swept with --seq2seq-lengths, source = target = n); 'causal'
+size, at one source/target length or swept with --seq2seq_lengths, source = target = n); 'causal'
 (our causal LM against GPT-2); 'classification' (our sequence classifier against BERT). The last
 three measure all models side by side (timed calls alternating) and report nominal FLOP ratios next
 to the time ratios.
@@ -28,23 +28,37 @@ import argparse
 import functools
 import os
 import sys
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hf_zformer import benchmark, folders
-from hf_zformer.memory import retain_freed_memory
+import torch  # noqa: E402
+
+import benchmarks  # noqa: E402
+from hf_zformer import flags, folders  # noqa: E402
+from hf_zformer.memory import retain_freed_memory  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
-    parser.add_argument("--level", choices=benchmark.LEVELS, default="attention",
+    parser = flags.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
+    add_case_args(parser)
+    add_model_level_args(parser)
+    add_run_args(parser)
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def add_case_args(parser) -> None:
+    """What is measured: level, types, lengths, sizes, modes, device and precision."""
+    parser.add_argument("--level", choices=benchmarks.LEVELS, default="attention",
                         help="'attention': the attention module alone; 'model': a one-layer ZformerModel with "
                              "intermediate_size=1 (the FFN shrunk away), fed token ids; 'seq2seq': training "
                              "tokens/s and greedy sentences/s of our encoder-decoder against BART of identical size; "
                              "'causal': training and generation tokens/s, cache size and FLOP ratios of our causal LM "
                              "against GPT-2 of identical size; 'classification': inference and training tokens/s and "
                              "FLOP ratios of our sequence classifier against BERT of identical size")
-    parser.add_argument("--types", nargs="+", choices=benchmark.TYPES, default=list(benchmark.DEFAULT_TYPES),
+    parser.add_argument("--types", nargs="+", choices=benchmarks.TYPES, default=list(benchmarks.DEFAULT_TYPES),
                         help="attention types; 'full' is fused SDPA (the baseline of every speedup), "
                              "'full_eager' our einsum reference, 'zformer_torch' / 'fastformer_torch' the type "
                              "with the torch forms of its sequence operations instead of the fused kernels "
@@ -57,56 +71,64 @@ def parse_args(argv=None):
     parser.add_argument("--widths", nargs="+", type=positive_int, default=[512])
     parser.add_argument("--heads", nargs="+", type=positive_int, default=[8])
     parser.add_argument("--batch", type=positive_int, default=None, help="default 8 for --level classification, else 4")
-    parser.add_argument("--modes", nargs="+", choices=benchmark.MODES, default=None,
+    parser.add_argument("--modes", nargs="+", choices=benchmarks.MODES, default=None,
                         help="'forward': inference under torch.inference_mode; 'train': forward+backward (--level "
                              "classification: forward with labels, backward and an AdamW step); default forward, "
                              "--level classification both")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--dtype", choices=list(benchmark.DTYPES), default="fp32",
+    parser.add_argument("--dtype", choices=list(benchmarks.DTYPES), default="fp32",
                         help="bf16 runs fp32 parameters and inputs under torch.autocast(dtype=bfloat16)")
     parser.add_argument("--mask", action="store_true",
                         help="pass an all-ones (B, N) padding mask, as the models do (default: no mask, "
                              "SDPA's best case)")
-    parser.add_argument("--cuda-graphs", action="store_true",
+    parser.add_argument("--cuda_graphs", action="store_true",
                         help="capture each configuration's call once as a CUDA graph and time its replays: the "
                              "GPU's own time, without the host work of eager PyTorch (what torch.compile(mode="
                              "'reduce-overhead') or a captured training step runs); --level attention/model only")
+
+
+def add_model_level_args(parser) -> None:
+    """The whole-model levels' models and sizes."""
     seq2seq = parser.add_argument_group(
         "--level seq2seq / causal / classification (width and heads: the first of --widths / --heads)")
-    seq2seq.add_argument("--seq2seq-models", nargs="+", choices=benchmark.SEQ2SEQ_MODELS,
-                         default=list(benchmark.SEQ2SEQ_DEFAULT_MODELS),
+    seq2seq.add_argument("--seq2seq_models", nargs="+", choices=benchmarks.SEQ2SEQ_MODELS,
+                         default=list(benchmarks.SEQ2SEQ_DEFAULT_MODELS),
                          help="--level seq2seq: BART and our models (fastformer-qv: fastformer_share_qv=True)")
-    seq2seq.add_argument("--causal-models", nargs="+", choices=benchmark.CAUSAL_MODELS,
-                         default=list(benchmark.CAUSAL_MODELS), help="--level causal: GPT-2 and our attention types")
-    seq2seq.add_argument("--classification-models", nargs="+", choices=benchmark.CLASSIFICATION_MODELS,
-                         default=[m for m in benchmark.CLASSIFICATION_MODELS if m != "xformer"],
+    seq2seq.add_argument("--causal_models", nargs="+", choices=benchmarks.CAUSAL_MODELS,
+                         default=list(benchmarks.CAUSAL_MODELS), help="--level causal: GPT-2 and our attention types")
+    seq2seq.add_argument("--classification_models", nargs="+", choices=benchmarks.CLASSIFICATION_MODELS,
+                         default=[m for m in benchmarks.CLASSIFICATION_MODELS if m != "xformer"],
                          help="--level classification: BERT and our attention types (zformer-hedgehog: zformer "
                               'with zformer_feature_map="hedgehog"; fastformer-conv5: encoder_conv_size=5)')
-    seq2seq.add_argument("--source-length", type=positive_int, default=None, help="default 32")
-    seq2seq.add_argument("--target-length", type=positive_int, default=None,
+    seq2seq.add_argument("--source_length", type=positive_int, default=None, help="default 32")
+    seq2seq.add_argument("--target_length", type=positive_int, default=None,
                          help="also the number of tokens generated (default 32)")
-    seq2seq.add_argument("--seq2seq-lengths", nargs="+", type=positive_int, default=None,
+    seq2seq.add_argument("--seq2seq_lengths", nargs="+", type=positive_int, default=None,
                          help="a sweep instead of one length: source = target = n for each n, every length measured "
                               "side by side (a plot of the ratios against n as well)")
     seq2seq.add_argument("--layers", type=positive_int, default=6,
                          help="encoder layers = decoder layers (causal, classification: layers)")
     seq2seq.add_argument("--ffn", type=positive_int, default=2048, help="feed-forward width (BERT's intermediate_size)")
     seq2seq.add_argument("--vocab", type=positive_int, default=8000)
+
+
+def add_run_args(parser) -> None:
+    """How it is measured (warm-up, repeats, limits, threads, allocator) and where it is written."""
     parser.add_argument("--warmup", type=non_negative_int, default=1)
     parser.add_argument("--repeats", type=positive_int, default=5,
                         help="timed calls per configuration (median reported)")
-    parser.add_argument("--max-seconds", type=float, default=30.0,
+    parser.add_argument("--max_seconds", type=float, default=30.0,
                         help="once a call of a type takes longer, its longer lengths are recorded as skipped")
-    parser.add_argument("--max-memory-gb", type=float, default=None,
+    parser.add_argument("--max_memory_gb", type=float, default=None,
                         help="skip eager full attention when its N x N matrices would exceed this "
                              "(default: half the free RAM on CPU, none on CUDA)")
-    parser.add_argument("--matmul-size", type=int, default=4096,
+    parser.add_argument("--matmul_size", type=int, default=4096,
                         help="largest square matmul tried when measuring the machine's FLOP/s")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--no_memory", action="store_true", help="skip the peak-memory measurement")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one call per configuration (torch.profiler) into the markdown report")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
-    parser.add_argument("--cpu-allocator", choices=("system", "retain"), default="system",
+    parser.add_argument("--cpu_allocator", choices=("system", "retain"), default="system",
                         help='"retain": glibc keeps the memory a call frees for the next call '
                         "(hf_zformer.retain_freed_memory, the training scripts' default), so no call pays page "
                         'faults to touch its buffers again; the same for every model of the run. "system": '
@@ -114,27 +136,30 @@ def parse_args(argv=None):
     parser.add_argument("--output", default="bench/attention",
                         help="prefix of the .csv, .json, .md and .png files written")
     parser.add_argument("--plot", default=None, help="PNG path (default: <output>.png)")
-    parser.add_argument("--no-plot", action="store_true")
-    parser.add_argument("--no-progress", action="store_true")
-    args = parser.parse_args(argv)
+    parser.add_argument("--no_plot", action="store_true")
+    parser.add_argument("--no_progress", action="store_true")
+
+
+def check_args(parser, args) -> None:
+    """The level's defaults, options that belong together, and output files nobody else wrote."""
     if args.lengths is None:
         args.lengths = {"causal": [64, 512, 2048, 8192], "classification": [128, 256, 512, 1024, 2048, 4096]}.get(
             args.level, [128, 256, 512, 1024, 2048, 4096, 8192])
     if args.batch is None:
         args.batch = 8 if args.level == "classification" else 4
     if args.modes is None:
-        args.modes = list(benchmark.MODES) if args.level == "classification" else ["forward"]
+        args.modes = list(benchmarks.MODES) if args.level == "classification" else ["forward"]
     if args.seq2seq_lengths is not None and (args.source_length is not None or args.target_length is not None):
-        parser.error("--seq2seq-lengths sets source = target = n: give it or --source-length / --target-length, "
+        parser.error("--seq2seq_lengths sets source = target = n: give it or --source_length / --target_length, "
                      "not both")
     if args.seq2seq_lengths is not None and args.level != "seq2seq":
-        parser.error(f"--seq2seq-lengths is an option of --level seq2seq, not --level {args.level}")
+        parser.error(f"--seq2seq_lengths is an option of --level seq2seq, not --level {args.level}")
     args.source_length = args.source_length or 32
     args.target_length = args.target_length or 32
     if args.level in ("seq2seq", "causal", "classification") and args.widths[0] % args.heads[0]:
         parser.error(f"the width ({args.widths[0]}) must be a multiple of the number of heads ({args.heads[0]})")
     if args.cuda_graphs and (args.level not in ("attention", "model") or not args.device.startswith("cuda")):
-        parser.error(f"--cuda-graphs needs --level attention or model on a CUDA device, not --level {args.level} "
+        parser.error(f"--cuda_graphs needs --level attention or model on a CUDA device, not --level {args.level} "
                      f"on --device {args.device}")
     if args.level == "causal" and min(args.lengths) < 2:
         parser.error(f"--level causal: every length must be >= 2 (a prompt and a generated token), got {args.lengths}")
@@ -144,7 +169,6 @@ def parse_args(argv=None):
             folders.check_output_files([args.plot], name="--plot")
     except ValueError as error:
         parser.error(str(error))
-    return args
 
 
 def positive_int(text: str) -> int:
@@ -169,21 +193,9 @@ def _bounded_int(text: str, low: int, what: str) -> int:
 
 def main(argv=None):
     args = parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    if args.cpu_allocator == "retain" and not retain_freed_memory():
-        sys.exit("--cpu-allocator retain: not applied (it needs Linux with glibc, and neither "
-                 "MALLOC_TRIM_THRESHOLD_ nor MALLOC_MMAP_THRESHOLD_ set)")
-    device = torch.device(args.device)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        sys.exit("--device cuda given but CUDA is not available")
-    max_memory = args.max_memory_gb * 2**30 if args.max_memory_gb is not None else None
-    if max_memory is None and device.type == "cpu":
-        free = benchmark.available_memory_bytes()
-        max_memory = free / 2 if free else None
-
-    metadata = benchmark.machine_info(device)
-    metadata["command"] = benchmark.command_line()
+    device, max_memory = prepare_machine(args)
+    metadata = benchmarks.machine_info(device)
+    metadata["command"] = benchmarks.command_line()
     metadata["args"] = vars(args)
     if args.level == "seq2seq":
         return run_seq2seq(args, device, metadata)
@@ -191,12 +203,34 @@ def main(argv=None):
         return run_causal(args, device, metadata)
     if args.level == "classification":
         return run_classification(args, device, metadata)
-    dtype = benchmark.DTYPES[args.dtype]
+    return run_grid(args, device, metadata, max_memory)
+
+
+def prepare_machine(args):
+    """Threads, the allocator and the device; ``(device, memory limit of eager full attention in bytes)``."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.cpu_allocator == "retain" and not retain_freed_memory():
+        sys.exit("--cpu_allocator retain: not applied (it needs Linux with glibc, and neither "
+                 "MALLOC_TRIM_THRESHOLD_ nor MALLOC_MMAP_THRESHOLD_ set)")
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        sys.exit("--device cuda given but CUDA is not available")
+    max_memory = args.max_memory_gb * 2**30 if args.max_memory_gb is not None else None
+    if max_memory is None and device.type == "cpu":
+        free = benchmarks.available_memory_bytes()
+        max_memory = free / 2 if free else None
+    return device, max_memory
+
+
+def run_grid(args, device, metadata, max_memory):
+    """--level attention / model: every type, length, width, heads and mode, with the machine's matmul FLOP/s."""
+    dtype = benchmarks.DTYPES[args.dtype]
     print(f"measuring {args.dtype} matmul FLOP/s on {device} ...", file=sys.stderr)
-    metadata["matmul_start"] = benchmark.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
+    metadata["matmul_start"] = benchmarks.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
     print(f"matmul: {metadata['matmul_start']['flops'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
 
-    results = benchmark.sweep(
+    results = benchmarks.sweep(
         types=args.types,
         lengths=args.lengths,
         widths=args.widths,
@@ -219,53 +253,53 @@ def main(argv=None):
     )
     # Measured again at the end; the FLOP/s fractions use the faster of the two (conservative on a
     # machine shared with other work).
-    metadata["matmul_end"] = benchmark.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
-    metadata["load_average_end"] = benchmark.load_average()
+    metadata["matmul_end"] = benchmarks.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
+    metadata["load_average_end"] = benchmarks.load_average()
     metadata["matmul"] = max(metadata["matmul_start"], metadata["matmul_end"], key=lambda m: m["flops"])
-    benchmark.set_flops_fractions(results, metadata["matmul"]["flops"])
-    paths = benchmark.write_reports(results, args.output, metadata, make_plot=False)
+    benchmarks.set_flops_fractions(results, metadata["matmul"]["flops"])
+    paths = benchmarks.write_reports(results, args.output, metadata, make_plot=False)
     if not args.no_plot:
         paths["png"] = args.plot or args.output + ".png"
-        benchmark.plot(results, paths["png"])
+        benchmarks.plot(results, paths["png"])
     for path in paths.values():
         folders.record_files([path])
-    print(benchmark.markdown_table(results))
+    print(benchmarks.markdown_table(results))
     print("wrote " + ", ".join(os.path.relpath(p) for p in paths.values()), file=sys.stderr)
 
 
 def run_seq2seq(args, device, metadata):
-    shape = benchmark.Seq2SeqShape(
+    shape = benchmarks.Seq2SeqShape(
         batch=args.batch, source_length=args.source_length, target_length=args.target_length,
         width=args.widths[0], layers=args.layers, heads=args.heads[0], ffn=args.ffn, vocab=args.vocab,
     )
-    results = benchmark.seq2seq_benchmark(args.seq2seq_models, shape, device=str(device), dtype=args.dtype,
+    results = benchmarks.seq2seq_benchmark(args.seq2seq_models, shape, device=str(device), dtype=args.dtype,
                                           warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress,
                                           lengths=args.seq2seq_lengths)
-    write = functools.partial(benchmark.write_seq2seq_reports, make_plot=not args.no_plot)
-    report(args, metadata, results, write, benchmark.seq2seq_markdown)
+    write = functools.partial(benchmarks.write_seq2seq_reports, make_plot=not args.no_plot)
+    report(args, metadata, results, write, benchmarks.seq2seq_markdown)
 
 
 def run_causal(args, device, metadata):
-    shape = benchmark.CausalShape(batch=args.batch, lengths=tuple(args.lengths), width=args.widths[0],
+    shape = benchmarks.CausalShape(batch=args.batch, lengths=tuple(args.lengths), width=args.widths[0],
                                   layers=args.layers, heads=args.heads[0], ffn=args.ffn, vocab=args.vocab)
-    results = benchmark.causal_benchmark(args.causal_models, shape, device=str(device), dtype=args.dtype,
+    results = benchmarks.causal_benchmark(args.causal_models, shape, device=str(device), dtype=args.dtype,
                                          warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress)
-    report(args, metadata, results, benchmark.write_causal_reports, benchmark.causal_markdown)
+    report(args, metadata, results, benchmarks.write_causal_reports, benchmarks.causal_markdown)
 
 
 def run_classification(args, device, metadata):
-    shape = benchmark.ClassificationShape(batch=args.batch, lengths=tuple(args.lengths), width=args.widths[0],
+    shape = benchmarks.ClassificationShape(batch=args.batch, lengths=tuple(args.lengths), width=args.widths[0],
                                           layers=args.layers, heads=args.heads[0], ffn=args.ffn, vocab=args.vocab)
-    results = benchmark.classification_benchmark(
+    results = benchmarks.classification_benchmark(
         args.classification_models, shape, kinds=args.modes, device=str(device), dtype=args.dtype,
         warmup=args.warmup, repeats=args.repeats, progress=not args.no_progress)
-    write = functools.partial(benchmark.write_classification_reports, make_plot=not args.no_plot)
-    report(args, metadata, results, write, benchmark.classification_markdown)
+    write = functools.partial(benchmarks.write_classification_reports, make_plot=not args.no_plot)
+    report(args, metadata, results, write, benchmarks.classification_markdown)
 
 
 def report(args, metadata, results, write_reports, markdown):
     """The side-by-side levels' ending: load average, CSV/JSON/markdown files, the table on stdout."""
-    metadata["load_average_end"] = benchmark.load_average()
+    metadata["load_average_end"] = benchmarks.load_average()
     paths = write_reports(results, args.output, metadata)
     folders.record_files(list(paths.values()))
     print(markdown(results))

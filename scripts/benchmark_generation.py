@@ -6,41 +6,44 @@ last; Zformer and Fastformer decoders carry a fixed-size state, so the cost per 
 The decoders step in lockstep (one token of each type in turn, same source, same batch), so
 machine noise hits them alike and their ratio is measured side by side.
 
-    python scripts/benchmark_generation.py --max-length 4096 --output docs/bench/generation
+    python scripts/benchmark_generation.py --max_length 4096 --output docs/bench/generation
 """
 
 import argparse
+import sys
 import json
 import statistics
 import time
 from pathlib import Path
 
-import torch
-from tqdm.auto import tqdm
-from transformers import AutoConfig, AutoModelForSeq2SeqLM
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-import hf_zformer  # noqa: F401  (registers the model types)
-from hf_zformer import benchmark, folders
-from hf_zformer.decoding import StepDecoder
-from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
+import torch  # noqa: E402
+from tqdm.auto import tqdm  # noqa: E402
+from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
+
+import benchmarks  # noqa: E402
+from hf_zformer import flags, folders  # noqa: E402
+from hf_zformer.decoding import StepDecoder  # noqa: E402
+from hf_zformer.modeling.modeling_zformer import CACHE_FIELD  # noqa: E402
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
+    parser = flags.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--decoders", default="full,zformer,fastformer", help="decoder attention types, comma-separated")
-    parser.add_argument("--max-length", type=int, default=2048, help="tokens to generate")
+    parser.add_argument("--max_length", type=int, default=2048, help="tokens to generate")
     parser.add_argument("--checkpoints", default=None,
-                        help="lengths at which to report the step time (default: powers of two up to --max-length)")
+                        help="lengths at which to report the step time (default: powers of two up to --max_length)")
     parser.add_argument("--window", type=int, default=16, help="steps around each checkpoint whose median is reported")
-    parser.add_argument("--batch-size", type=int, default=8)
-    parser.add_argument("--source-length", type=int, default=32)
-    parser.add_argument("--hidden-size", type=int, default=512)
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--source_length", type=int, default=32)
+    parser.add_argument("--hidden_size", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--layers", type=int, default=6, help="encoder and decoder layers")
-    parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--vocab_size", type=int, default=8000)
     parser.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16 runs under autocast")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (each step is timed to its last kernel)")
-    parser.add_argument("--cuda-graphs", action="store_true",
+    parser.add_argument("--cuda_graphs", action="store_true",
                         help="zformer and fastformer decoders step through hf_zformer.decoding.StepDecoder, each "
                              "token a replay of one CUDA graph (their state has a fixed shape); full attention "
                              "decodes eagerly with its growing KV cache, as generate() does")
@@ -55,10 +58,10 @@ def parse_args(argv=None):
     else:
         args.checkpoints = [2**k for k in range(4, 32) if 2**k <= args.max_length]
     if args.cuda_graphs and not args.device.startswith("cuda"):
-        parser.error(f"--cuda-graphs needs --device cuda, not {args.device}")
+        parser.error(f"--cuda_graphs needs --device cuda, not {args.device}")
     bad = [c for c in args.checkpoints if not args.window <= c <= args.max_length]
     if bad:
-        raise SystemExit(f"--checkpoints {bad} must lie in [--window={args.window}, --max-length={args.max_length}]")
+        raise SystemExit(f"--checkpoints {bad} must lie in [--window={args.window}, --max_length={args.max_length}]")
     if args.output:
         try:  # before any work: no file of somebody else's is overwritten
             folders.check_output_files([args.output.with_suffix(s) for s in (".json", ".md", ".png")])
@@ -197,7 +200,7 @@ def main(argv=None):
         args.output.parent.mkdir(parents=True, exist_ok=True)
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
         record = {"settings": settings, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                  "machine": benchmark.machine_info(torch.device(args.device)),
+                  "machine": benchmarks.machine_info(torch.device(args.device)),
                   "rows": rows, "state_numel": state_sizes}
         args.output.with_suffix(".json").write_text(json.dumps(record, indent=2))
         args.output.with_suffix(".md").write_text(table + "\n")

@@ -14,24 +14,26 @@ over this run's measured device-to-device copy rate is the fraction of memory ba
 Writes <output>.json (every row, the machine and the commit) and <output>.md.
 """
 
-import argparse
 import json
 import statistics
 import sys
 import time
 from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from hf_zformer import benchmark, folders
-from hf_zformer.modeling import ops
+import torch  # noqa: E402
+
+import benchmarks  # noqa: E402
+from hf_zformer import flags, folders  # noqa: E402
+from hf_zformer.modeling import ops  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
 OPERATIONS = {"bidirectional": "zformer bidirectional", "pooling": "fastformer pooling", "causal": "zformer causal"}
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
+    parser = flags.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False)
     parser.add_argument("--batch", type=int, default=40)
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
@@ -229,8 +231,8 @@ def main(argv=None):
         sys.exit("--device cuda: no CUDA device here")
     peak = copy_bandwidth(device)
     rows = measure(args)
-    metadata = benchmark.machine_info(device)
-    metadata.update(command=benchmark.command_line(), args=vars(args), copy_bandwidth=peak)
+    metadata = benchmarks.machine_info(device)
+    metadata.update(command=benchmarks.command_line(), args=vars(args), copy_bandwidth=peak)
     table = markdown(rows, peak)
     print(table)
     output = Path(args.output)

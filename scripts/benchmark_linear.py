@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import folders  # noqa: E402
+from hf_zformer import flags, folders  # noqa: E402
 from hf_zformer.modeling.blocks import FEW_ROWS, Linear, takes_transposed_form, transposed_linear  # noqa: E402
 
 
@@ -41,14 +41,14 @@ def parse_shape(text: str) -> tuple[int, int]:
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+    parser = flags.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--shapes", nargs="+", type=parse_shape,
                         default=[(512, 512), (512, 2048), (2048, 512), (512, 8000)],
                         help="weights as IN_FEATURESxOUT_FEATURES (the defaults: the benchmark seq2seq model's "
                              "projections, FFN up and down, and LM head)")
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 2, 3, 4, 8, 16])
-    parser.add_argument("--weights-mb", type=float, default=64.0,
+    parser.add_argument("--weights_mb", type=float, default=64.0,
                         help="memory held by the copies of each weight, so that calls read weights from memory")
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds (median reported)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
@@ -62,7 +62,7 @@ def parse_args(argv=None):
     if any(r < 1 for r in args.rows):
         parser.error(f"--rows must all be >= 1, got {args.rows}")
     if args.weights_mb <= 0:
-        parser.error(f"--weights-mb must be > 0, got {args.weights_mb}")
+        parser.error(f"--weights_mb must be > 0, got {args.weights_mb}")
     if args.output:
         try:  # before any work: no file of somebody else's is overwritten
             folders.check_output_files([args.output])

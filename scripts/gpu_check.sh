@@ -43,7 +43,7 @@ device=cuda
 "$python" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" || device=cpu
 [ "$device" = cpu ] && export TRITON_INTERPRET=1  # the kernels through triton's interpreter
 step environment 60 "$python" -c "
-import torch, transformers, hf_zformer, hf_zformer.benchmark as b
+import torch, transformers, hf_zformer, benchmarks as b
 print(b.machine_info(torch.device('$device')))
 print('transformers', transformers.__version__, 'hf_zformer', hf_zformer.__version__)
 from hf_zformer.modeling import triton_ops; print('triton kernels', triton_ops.AVAILABLE)
@@ -59,11 +59,11 @@ else
     lengths="128 256 512 1024 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
     repeats=5; decode=2048; marks="512,1024,2048"
 fi
-bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no-plot --no-progress --no-memory --repeats $repeats"
+bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no_plot --no_progress --no_memory --repeats $repeats"
 types="full zformer zformer_kernels zformer_torch fastformer fastformer_kernels fastformer_torch"
 forms="full zformer zformer_kernels fastformer fastformer_kernels"  # folded (bf16 on CUDA) against the kernels
 # CUDA graphs time the GPU's own work (no host overhead): a CUDA device only
-graphs=""; [ "$device" = cuda ] && graphs="--cuda-graphs"
+graphs=""; [ "$device" = cuda ] && graphs="--cuda_graphs"
 
 step grid_graphs 120 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
     --types $forms --output "$out/attention_grid_bf16_graphs"
@@ -74,7 +74,7 @@ step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider -k "not fla" te
 step grid_wide 100 $bench $graphs --dtype bf16 --batch $batch --widths $wide --lengths $lengths \
     --types $forms --output "$out/attention_grid_wide_bf16_graphs"
 step decoding 100 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
-    --max-length $decode --checkpoints $marks --batch-size 8 --output "$out/decoding"
+    --max_length $decode --checkpoints $marks --batch_size 8 --output "$out/decoding"
 # the training scripts' throughput (bf16 on the GPU) against full attention: where the data travelled
 # with the checkout into gpu_data/ and `datasets` / `evaluate` import (scripts/gpu_prepare.sh)
 if [ -d gpu_data/imdb ] && [ -d gpu_data/multi30k ] && "$python" -c "import datasets, evaluate" 2> /dev/null; then

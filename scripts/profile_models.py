@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from hf_zformer import flags  # noqa: E402
-from hf_zformer.benchmark import SEQ2SEQ_DEFAULT_MODELS, SEQ2SEQ_MODELS, Seq2SeqShape, build_seq2seq  # noqa: E402
+from benchmarks import SEQ2SEQ_DEFAULT_MODELS, SEQ2SEQ_MODELS, Seq2SeqShape, build_seq2seq  # noqa: E402
 
 
 def parse_args(argv=None):

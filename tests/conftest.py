@@ -15,6 +15,8 @@ if not torch.cuda.is_available() and "triton" not in sys.modules:
 import hf_zformer  # noqa: E402,F401  (registers the Auto classes)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:  # the benchmark harness (benchmarks/) lives beside the package, in the checkout
+    sys.path.append(str(REPO_ROOT))
 SHARED_DATA = REPO_ROOT.parent / "shared" / "data"
 ATTENTION_TYPES = ["full", "zformer", "xformer", "fastformer"]
 

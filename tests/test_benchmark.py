@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_zformer import benchmark
+import benchmarks
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "benchmark_attention.py"
-TINY = ["--matmul-size", "256", "--lengths", "16", "32", "--widths", "32", "--heads", "4", "--batch", "2", "--repeats", "1",
-        "--no-progress"]
+TINY = ["--matmul_size", "256", "--lengths", "16", "32", "--widths", "32", "--heads", "4", "--batch", "2", "--repeats", "1",
+        "--no_progress"]
 
 
 def load_script():
@@ -32,8 +32,8 @@ def test_script_writes_csv_json_markdown_png(tmp_path):
     load_script().main(TINY + ["--modes", "forward", "train", "--output", str(prefix)])
 
     rows = read_csv(f"{prefix}.csv")
-    assert len(rows) == 2 * 2 * len(benchmark.DEFAULT_TYPES)  # modes x lengths x types
-    assert {r["attention_type"] for r in rows} == set(benchmark.DEFAULT_TYPES)
+    assert len(rows) == 2 * 2 * len(benchmarks.DEFAULT_TYPES)  # modes x lengths x types
+    assert {r["attention_type"] for r in rows} == set(benchmarks.DEFAULT_TYPES)
     for row in rows:
         assert row["status"] == "ok", row
         assert float(row["time_ms"]) > 0
@@ -61,7 +61,7 @@ def test_script_writes_csv_json_markdown_png(tmp_path):
 def test_model_level_with_mask(tmp_path):
     prefix = tmp_path / "model"
     load_script().main(TINY + ["--level", "model", "--mask", "--types", "full", "zformer", "fastformer",
-                               "--no-plot", "--no-memory", "--output", str(prefix)])
+                               "--no_plot", "--no_memory", "--output", str(prefix)])
     rows = read_csv(f"{prefix}.csv")
     assert {r["level"] for r in rows} == {"model"}
     assert all(r["status"] == "ok" and r["mask"] == "True" for r in rows)
@@ -71,10 +71,10 @@ def test_model_level_with_mask(tmp_path):
 def test_seq2seq_level_compares_with_bart(tmp_path):
     prefix = tmp_path / "seq2seq"
     load_script().main(["--level", "seq2seq", "--widths", "32", "--heads", "4", "--layers", "1", "--ffn", "64",
-                        "--vocab", "50", "--batch", "2", "--source-length", "6", "--target-length", "4",
-                        "--repeats", "1", "--no-progress", "--output", str(prefix)])
+                        "--vocab", "50", "--batch", "2", "--source_length", "6", "--target_length", "4",
+                        "--repeats", "1", "--no_progress", "--output", str(prefix)])
     rows = {r["model"]: r for r in read_csv(f"{prefix}.csv")}
-    assert set(rows) == set(benchmark.SEQ2SEQ_DEFAULT_MODELS)
+    assert set(rows) == set(benchmarks.SEQ2SEQ_DEFAULT_MODELS)
     assert float(rows["bart"]["train_speedup_vs_bart"]) == pytest.approx(1.0)
     for row in rows.values():
         assert float(row["train_tokens_per_s"]) > 0 and float(row["sentences_per_s"]) > 0
@@ -89,10 +89,10 @@ def test_causal_level_compares_with_gpt2(tmp_path):
     width, layers, positions = 32, 2, 32
     load_script().main(["--level", "causal", "--widths", str(width), "--heads", "4", "--layers", str(layers), "--ffn",
                         "64", "--vocab", "50", "--batch", "2", "--lengths", "16", str(positions), "--repeats", "1",
-                        "--no-progress", "--output", str(prefix)])
+                        "--no_progress", "--output", str(prefix)])
     rows = read_csv(f"{prefix}.csv")
     assert {(r["model"], r["kind"], int(r["length"])) for r in rows} == {
-        (m, k, n) for m in benchmark.CAUSAL_MODELS for k in benchmark.CAUSAL_KINDS for n in (16, 32)}
+        (m, k, n) for m in benchmarks.CAUSAL_MODELS for k in benchmarks.CAUSAL_KINDS for n in (16, 32)}
     for row in rows:
         assert 0 < float(row["tokens_per_s"]) < float("inf") and float(row["time_ms"]) > 0 and int(row["flops"]) > 0
         assert float(row["speedup_vs_gpt2"]) > 0 and float(row["flops_ratio_vs_gpt2"]) > 0
@@ -104,7 +104,7 @@ def test_causal_level_compares_with_gpt2(tmp_path):
     assert cache["full", 32] == pytest.approx(cache["gpt2", 32])  # the same keys and values
     assert cache["gpt2", 32] == pytest.approx(2 * cache["gpt2", 16], rel=0.1)  # grows with the text
     assert cache["zformer", 32] == cache["zformer", 16] and cache["fastformer", 32] == cache["fastformer", 16]
-    # identical size, up to the known differences (benchmark.build_causal): GPT-2's learned positions,
+    # identical size, up to the known differences (benchmarks.build_causal): GPT-2's learned positions,
     # zformer's scale, fastformer's W_r and pooling vectors
     params = {r["model"]: int(r["parameters"]) for r in rows}
     assert params["gpt2"] - params["full"] == positions * width
@@ -115,25 +115,25 @@ def test_causal_level_compares_with_gpt2(tmp_path):
 
 
 def test_causal_flops_follow_the_attention_formulas():
-    shape = benchmark.CausalShape(batch=2, lengths=(8,), width=32, layers=2, heads=4, ffn=64, vocab=50)
+    shape = benchmarks.CausalShape(batch=2, lengths=(8,), width=32, layers=2, heads=4, ffn=64, vocab=50)
     b, d, n, i, v = 2, 32, 8, 64, 50
-    layer = benchmark.attention_flops("full", b, n, d, 4) + 2 * b * n * d * d + 4 * b * n * d * i
-    assert benchmark.causal_flops("gpt2", "train", n, shape) == 3 * (2 * layer + 2 * b * n * d * v)
-    assert benchmark.causal_flops("full", "generate", n, shape) == benchmark.causal_flops("gpt2", "generate", n, shape)
+    layer = benchmarks.attention_flops("full", b, n, d, 4) + 2 * b * n * d * d + 4 * b * n * d * i
+    assert benchmarks.causal_flops("gpt2", "train", n, shape) == 3 * (2 * layer + 2 * b * n * d * v)
+    assert benchmarks.causal_flops("full", "generate", n, shape) == benchmarks.causal_flops("gpt2", "generate", n, shape)
     # generation: linear attention's token steps do not grow with the context, full attention's do
-    long = benchmark.CausalShape(batch=1, lengths=(4096,), width=32, layers=1, heads=4, ffn=64, vocab=50)
-    assert benchmark.causal_flops("zformer", "generate", 4096, long) < 0.5 * benchmark.causal_flops(
+    long = benchmarks.CausalShape(batch=1, lengths=(4096,), width=32, layers=1, heads=4, ffn=64, vocab=50)
+    assert benchmarks.causal_flops("zformer", "generate", 4096, long) < 0.5 * benchmarks.causal_flops(
         "gpt2", "generate", 4096, long)
 
 
 def test_slow_and_memory_hungry_configurations_are_skipped(tmp_path):
     prefix = tmp_path / "skip"
-    load_script().main(TINY + ["--types", "full", "full_eager", "--max-seconds", "0", "--max-memory-gb", "0",
-                               "--no-plot", "--output", str(prefix)])
+    load_script().main(TINY + ["--types", "full", "full_eager", "--max_seconds", "0", "--max_memory_gb", "0",
+                               "--no_plot", "--output", str(prefix)])
     rows = {(r["attention_type"], int(r["length"])): r for r in read_csv(f"{prefix}.csv")}
     # full ran at the first length, then exceeded the (zero) time budget: the longer length is skipped
     assert rows[("full", 16)]["status"] == "ok"
-    assert rows[("full", 32)]["status"] == "skipped" and "max-seconds" in rows[("full", 32)]["note"]
+    assert rows[("full", 32)]["status"] == "skipped" and "max_seconds" in rows[("full", 32)]["note"]
     # eager full attention's N x N matrices exceed the (zero) memory guard
     assert rows[("full_eager", 16)]["status"] == "skipped" and "memory guard" in rows[("full_eager", 16)]["note"]
     assert rows[("full", 32)]["speedup_vs_full"] == ""
@@ -141,46 +141,46 @@ def test_slow_and_memory_hungry_configurations_are_skipped(tmp_path):
 
 def test_flop_counts_follow_the_documented_formulas():
     b, n, d, h = 2, 64, 32, 4
-    assert benchmark.attention_flops("full", b, n, d, h) == 6 * b * n * d * d + 4 * b * n * n * d
-    assert benchmark.attention_flops("zformer", b, n, d, h) == 6 * b * n * d * d + 4 * b * n * d * (d // h)
-    config = benchmark.make_config("xformer", n, d, h)
+    assert benchmarks.attention_flops("full", b, n, d, h) == 6 * b * n * d * d + 4 * b * n * n * d
+    assert benchmarks.attention_flops("zformer", b, n, d, h) == 6 * b * n * d * d + 4 * b * n * d * (d // h)
+    config = benchmarks.make_config("xformer", n, d, h)
     k = -(-n // config.xformer_beta)
     q = d // config.xformer_alpha
-    assert benchmark.attention_flops("xformer", b, n, d, h) == 2 * b * n * d * q + 2 * b * k * n * (2 * q + 2 * d)
-    assert benchmark.attention_flops("fastformer", b, n, d, h) == 8 * b * n * d * d + 11 * b * n * d
-    assert benchmark.step_flops(10, "train") == 30
+    assert benchmarks.attention_flops("xformer", b, n, d, h) == 2 * b * n * d * q + 2 * b * k * n * (2 * q + 2 * d)
+    assert benchmarks.attention_flops("fastformer", b, n, d, h) == 8 * b * n * d * d + 11 * b * n * d
+    assert benchmarks.step_flops(10, "train") == 30
     # executed counts: the folded zformer/fastformer forms (fp32, long sequences) do less work
     long = 4 * d
     for attention_type in ("zformer", "fastformer"):
-        assert benchmark.executed_attention_flops(attention_type, b, long, d, h) < benchmark.attention_flops(
+        assert benchmarks.executed_attention_flops(attention_type, b, long, d, h) < benchmarks.attention_flops(
             attention_type, b, long, d, h
         )
-        assert benchmark.executed_attention_flops(attention_type, b, long, d, h, dtype="bf16") == (
-            benchmark.attention_flops(attention_type, b, long, d, h)
+        assert benchmarks.executed_attention_flops(attention_type, b, long, d, h, dtype="bf16") == (
+            benchmarks.attention_flops(attention_type, b, long, d, h)
         )
-    assert benchmark.executed_attention_flops("full", b, n, d, h) == benchmark.attention_flops("full", b, n, d, h)
+    assert benchmarks.executed_attention_flops("full", b, n, d, h) == benchmarks.attention_flops("full", b, n, d, h)
     # model level: a folded form absorbs the output projection (2 B D^3 instead of 2 B N D^2) when N > D
     for attention_type, length in (("zformer", long), ("fastformer", long), ("full", long), ("fastformer", d)):
-        config = benchmark.make_config(attention_type, length, d, h)
-        nominal = benchmark.model_flops(attention_type, b, length, d, h, config)
-        assert nominal == benchmark.attention_flops(attention_type, b, length, d, h, config) + 2 * b * length * d * d + (
+        config = benchmarks.make_config(attention_type, length, d, h)
+        nominal = benchmarks.model_flops(attention_type, b, length, d, h, config)
+        assert nominal == benchmarks.attention_flops(attention_type, b, length, d, h, config) + 2 * b * length * d * d + (
             4 * b * length * d * config.intermediate_size
         )
         projection = 2 * b * d**3 if attention_type != "full" and length > d else 2 * b * length * d * d
-        assert benchmark.model_flops(attention_type, b, length, d, h, config, executed=True) == (
-            benchmark.executed_attention_flops(attention_type, b, length, d, h, config)
+        assert benchmarks.model_flops(attention_type, b, length, d, h, config, executed=True) == (
+            benchmarks.executed_attention_flops(attention_type, b, length, d, h, config)
             + projection
             + 4 * b * length * d * config.intermediate_size
         )
 
 
 TINY_MODEL = ["--widths", "16", "--heads", "2", "--ffn", "32", "--vocab", "50", "--batch", "2", "--repeats", "1",
-              "--warmup", "0", "--no-progress"]
+              "--warmup", "0", "--no_progress"]
 
 
 def test_seq2seq_flops_follow_the_formulas():
     b, s, t, d, h, i, v = 1, 2, 2, 4, 2, 8, 10
-    shape = benchmark.Seq2SeqShape(batch=b, source_length=s, target_length=t, width=d, layers=1, heads=h, ffn=i,
+    shape = benchmarks.Seq2SeqShape(batch=b, source_length=s, target_length=t, width=d, layers=1, heads=h, ffn=i,
                                    vocab=v)
     encoder = 6 * b * s * d * d + 4 * b * s * s * d + 2 * b * s * d * d + 4 * b * s * d * i  # attention, W_o, FFN
     memory = 4 * b * s * d * d  # cross-attention keys and values of the memory
@@ -188,22 +188,22 @@ def test_seq2seq_flops_follow_the_formulas():
     decoder = 6 * b * t * d * d + 4 * b * t * t * d + 2 * b * t * d * d + 4 * b * t * d * i + memory + cross
     forward = encoder + decoder + 2 * b * t * d * v
     assert forward == 1632  # by hand
-    assert benchmark.seq2seq_flops("bart", "train", shape) == 3 * forward
+    assert benchmarks.seq2seq_flops("bart", "train", shape) == 3 * forward
     # generation: the encoder once, the memory once, then per token k = 1..t a step attending to k tokens
     step = sum(6 * d * d + 4 * k * d + 2 * d * d + 4 * d * i + (2 * d * d + 4 * s * d + 2 * d * d) + 2 * d * v
                for k in range(1, t + 1))
-    assert benchmark.seq2seq_flops("bart", "generate", shape) == encoder + memory + b * step == 1616
+    assert benchmarks.seq2seq_flops("bart", "generate", shape) == encoder + memory + b * step == 1616
     for kind in ("train", "generate"):
-        assert benchmark.seq2seq_flops("full", kind, shape) == benchmark.seq2seq_flops("bart", kind, shape)
+        assert benchmarks.seq2seq_flops("full", kind, shape) == benchmarks.seq2seq_flops("bart", kind, shape)
 
 
 def test_fastformer_qv_shares_the_query_projection():
     """`fastformer-qv` is fastformer with `fastformer_share_qv`: no value projections, and one D x D
     product per token and self-attention layer fewer in the FLOP count (encoder and decoder)."""
-    shape = benchmark.Seq2SeqShape(batch=2, source_length=6, target_length=4, width=16, layers=2, heads=2, ffn=32,
+    shape = benchmarks.Seq2SeqShape(batch=2, source_length=6, target_length=4, width=16, layers=2, heads=2, ffn=32,
                                    vocab=50)
-    plain, _ = benchmark.build_seq2seq("fastformer", shape)
-    shared, description = benchmark.build_seq2seq("fastformer-qv", shape)
+    plain, _ = benchmarks.build_seq2seq("fastformer", shape)
+    shared, description = benchmarks.build_seq2seq("fastformer-qv", shape)
     assert shared.config.fastformer_share_qv and not plain.config.fastformer_share_qv
     assert "shared as value" in description
     attentions = [layer.attention for layer in shared.encoder.encoder.layers] + [
@@ -213,18 +213,18 @@ def test_fastformer_qv_shares_the_query_projection():
     assert plain.num_parameters() - shared.num_parameters() == len(attentions) * (d * d + d)
     b, s, t = shape.batch, shape.source_length, shape.target_length
     saved_forward = shape.layers * 2 * b * (s + t) * d * d
-    assert benchmark.seq2seq_flops("fastformer", "train", shape) - benchmark.seq2seq_flops(
+    assert benchmarks.seq2seq_flops("fastformer", "train", shape) - benchmarks.seq2seq_flops(
         "fastformer-qv", "train", shape) == 3 * saved_forward
-    assert benchmark.seq2seq_flops("fastformer", "generate", shape) - benchmark.seq2seq_flops(
+    assert benchmarks.seq2seq_flops("fastformer", "generate", shape) - benchmarks.seq2seq_flops(
         "fastformer-qv", "generate", shape) == shape.layers * 2 * b * (s + t) * d * d
 
 
 @pytest.mark.parametrize("kind", ["train", "generate"])
 def test_seq2seq_flops_grow_quadratically_for_full_and_linearly_for_zformer(kind):
     def flops(model, n):
-        shape = benchmark.Seq2SeqShape(batch=2, source_length=n, target_length=n, width=8, layers=2, heads=2, ffn=16,
+        shape = benchmarks.Seq2SeqShape(batch=2, source_length=n, target_length=n, width=8, layers=2, heads=2, ffn=16,
                                        vocab=30)
-        return benchmark.seq2seq_flops(model, kind, shape)
+        return benchmarks.seq2seq_flops(model, kind, shape)
 
     n = 64
     for model in ("bart", "full"):  # A n^2 + B n with A > 0
@@ -235,47 +235,47 @@ def test_seq2seq_flops_grow_quadratically_for_full_and_linearly_for_zformer(kind
 
 
 def test_classification_flops_follow_the_formulas():
-    shape = benchmark.ClassificationShape(batch=2, lengths=(8, 64), width=16, layers=2, heads=2, ffn=32, vocab=50)
+    shape = benchmarks.ClassificationShape(batch=2, lengths=(8, 64), width=16, layers=2, heads=2, ffn=32, vocab=50)
     b, d, i, n = 2, 16, 32, 64
-    layer = benchmark.attention_flops("full", b, n, d, 2) + 2 * b * n * d * d + 4 * b * n * d * i
+    layer = benchmarks.attention_flops("full", b, n, d, 2) + 2 * b * n * d * d + 4 * b * n * d * i
     forward = 2 * layer + 2 * b * d * d + 2 * b * d * 2  # layers, pooler, classifier
-    assert benchmark.classification_flops("bert", "forward", n, shape) == forward
-    for model in benchmark.CLASSIFICATION_MODELS:
-        assert benchmark.classification_flops(model, "train", n, shape) == 3 * benchmark.classification_flops(
+    assert benchmarks.classification_flops("bert", "forward", n, shape) == forward
+    for model in benchmarks.CLASSIFICATION_MODELS:
+        assert benchmarks.classification_flops(model, "train", n, shape) == 3 * benchmarks.classification_flops(
             model, "forward", n, shape)
-    assert benchmark.classification_flops("full", "train", n, shape) == benchmark.classification_flops(
+    assert benchmarks.classification_flops("full", "train", n, shape) == benchmarks.classification_flops(
         "bert", "train", n, shape)
     # executed: the same for full attention, fewer for the folded zformer/fastformer forms (fp32, n > d)
-    assert benchmark.classification_flops("bert", "forward", n, shape, executed=True) == forward
+    assert benchmarks.classification_flops("bert", "forward", n, shape, executed=True) == forward
     for model in ("zformer", "fastformer"):
-        assert benchmark.classification_flops(model, "forward", n, shape, executed=True) < (
-            benchmark.classification_flops(model, "forward", n, shape))
-        assert benchmark.classification_flops(model, "forward", n, shape, executed=True, dtype="bf16") == (
-            benchmark.classification_flops(model, "forward", n, shape))
+        assert benchmarks.classification_flops(model, "forward", n, shape, executed=True) < (
+            benchmarks.classification_flops(model, "forward", n, shape))
+        assert benchmarks.classification_flops(model, "forward", n, shape, executed=True, dtype="bf16") == (
+            benchmarks.classification_flops(model, "forward", n, shape))
     # the hedgehog map: two d_h x d_h maps per head, sums over 2 d_h features against [V, 1]; no folded form
     h = 8  # d_h
-    assert (benchmark.classification_flops("zformer-hedgehog", "forward", n, shape)
-            - benchmark.classification_flops("zformer", "forward", n, shape)) == 2 * 8 * b * n * d * (h + 1)
-    assert benchmark.classification_flops("zformer-hedgehog", "forward", n, shape, executed=True) == (
-        benchmark.classification_flops("zformer-hedgehog", "forward", n, shape))
+    assert (benchmarks.classification_flops("zformer-hedgehog", "forward", n, shape)
+            - benchmarks.classification_flops("zformer", "forward", n, shape)) == 2 * 8 * b * n * d * (h + 1)
+    assert benchmarks.classification_flops("zformer-hedgehog", "forward", n, shape, executed=True) == (
+        benchmarks.classification_flops("zformer-hedgehog", "forward", n, shape))
     short = 8  # n < 2 d_h: (phi(Q) phi(K)^T) [V, 1]
     quadratic = 4 * b * short * short * d + 2 * b * short * short * (d + 2)
     linear = 8 * b * short * d * (h + 1)
-    assert (benchmark.classification_flops("zformer-hedgehog", "forward", short, shape, executed=True)
-            - benchmark.classification_flops("zformer-hedgehog", "forward", short, shape)) == 2 * (quadratic - linear)
+    assert (benchmarks.classification_flops("zformer-hedgehog", "forward", short, shape, executed=True)
+            - benchmarks.classification_flops("zformer-hedgehog", "forward", short, shape)) == 2 * (quadratic - linear)
     # fastformer with a 5-tap input convolution: 2 B N D 5 per layer, nominal and executed
     for executed in (False, True):
-        assert (benchmark.classification_flops("fastformer-conv5", "forward", n, shape, executed=executed)
-                - benchmark.classification_flops("fastformer", "forward", n, shape, executed=executed)) == 2 * 2 * b * n * d * 5
+        assert (benchmarks.classification_flops("fastformer-conv5", "forward", n, shape, executed=executed)
+                - benchmarks.classification_flops("fastformer", "forward", n, shape, executed=executed)) == 2 * 2 * b * n * d * 5
 
 
 def test_seq2seq_sweep_over_lengths(tmp_path):
     prefix = tmp_path / "sweep" / "seq2seq"
-    load_script().main(["--level", "seq2seq", "--layers", "1", "--seq2seq-lengths", "4", "8", "--output", str(prefix)]
+    load_script().main(["--level", "seq2seq", "--layers", "1", "--seq2seq_lengths", "4", "8", "--output", str(prefix)]
                        + TINY_MODEL)
     rows = read_csv(f"{prefix}.csv")
     assert {(r["model"], int(r["source_length"]), int(r["target_length"])) for r in rows} == {
-        (m, n, n) for m in benchmark.SEQ2SEQ_DEFAULT_MODELS for n in (4, 8)}
+        (m, n, n) for m in benchmarks.SEQ2SEQ_DEFAULT_MODELS for n in (4, 8)}
     ratios = ("train_speedup_vs_bart", "generate_speedup_vs_bart", "train_flops_ratio_vs_bart",
               "generate_flops_ratio_vs_bart")
     for row in rows:
@@ -292,11 +292,11 @@ def test_seq2seq_sweep_over_lengths(tmp_path):
 
 def test_classification_level_compares_with_bert(tmp_path):
     prefix = tmp_path / "classification"
-    load_script().main(["--level", "classification", "--layers", "1", "--lengths", "8", "16", "--classification-models",
-                        *benchmark.CLASSIFICATION_MODELS, "--output", str(prefix)] + TINY_MODEL)
+    load_script().main(["--level", "classification", "--layers", "1", "--lengths", "8", "16", "--classification_models",
+                        *benchmarks.CLASSIFICATION_MODELS, "--output", str(prefix)] + TINY_MODEL)
     rows = read_csv(f"{prefix}.csv")
     assert {(r["model"], r["kind"], int(r["length"])) for r in rows} == {
-        (m, k, n) for m in benchmark.CLASSIFICATION_MODELS for k in benchmark.CLASSIFICATION_KINDS for n in (8, 16)}
+        (m, k, n) for m in benchmarks.CLASSIFICATION_MODELS for k in benchmarks.CLASSIFICATION_KINDS for n in (8, 16)}
     for row in rows:
         assert 0 < float(row["tokens_per_s"]) < float("inf") and float(row["time_ms"]) > 0
         for key in ("speedup_vs_bert", "flops_ratio_vs_bert", "executed_flops_ratio_vs_bert"):
@@ -319,15 +319,15 @@ def test_classification_level_compares_with_bert(tmp_path):
 
 @pytest.mark.parametrize("argv, message", [
     (["--level", "classification", "--lengths", "0", "16"], "'0' is not a positive integer"),
-    (["--level", "seq2seq", "--seq2seq-lengths", "8", "-4"], "'-4' is not a positive integer"),
-    (["--level", "seq2seq", "--seq2seq-lengths", "8", "--source-length", "8"], "not both"),
-    (["--level", "classification", "--seq2seq-lengths", "8"], "option of --level seq2seq"),
+    (["--level", "seq2seq", "--seq2seq_lengths", "8", "-4"], "'-4' is not a positive integer"),
+    (["--level", "seq2seq", "--seq2seq_lengths", "8", "--source_length", "8"], "not both"),
+    (["--level", "classification", "--seq2seq_lengths", "8"], "option of --level seq2seq"),
     (["--level", "classification", "--widths", "30", "--heads", "4"], "multiple of the number of heads"),
     (["--level", "classification", "--repeats", "0"], "'0' is not a positive integer"),
     (["--level", "classification", "--warmup", "-1"], "'-1' is not an integer >= 0"),
-    (["--level", "classification", "--classification-models", "gpt2"], "invalid choice"),
-    (["--cuda-graphs", "--device", "cpu"], "--cuda-graphs needs --level attention or model on a CUDA device"),
-    (["--cuda-graphs", "--level", "seq2seq", "--device", "cuda"], "not --level seq2seq"),
+    (["--level", "classification", "--classification_models", "gpt2"], "invalid choice"),
+    (["--cuda_graphs", "--device", "cpu"], "--cuda_graphs needs --level attention or model on a CUDA device"),
+    (["--cuda_graphs", "--level", "seq2seq", "--device", "cuda"], "not --level seq2seq"),
 ])
 def test_bad_arguments_give_clear_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as error:
@@ -338,13 +338,13 @@ def test_bad_arguments_give_clear_errors(argv, message, capsys):
 
 def test_cuda_graphs_need_a_cuda_device():
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device, not cpu"):
-        benchmark.harness.capture_graph(lambda: None, torch.device("cpu"))
+        benchmarks.harness.capture_graph(lambda: None, torch.device("cpu"))
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
 @pytest.mark.parametrize("mode", ["forward", "train"])
 def test_cuda_graph_replays_time_every_type(mode):
-    results = benchmark.sweep(["full", "zformer", "fastformer"], [64], widths=[64], heads=[4], batch=2, modes=[mode],
+    results = benchmarks.sweep(["full", "zformer", "fastformer"], [64], widths=[64], heads=[4], batch=2, modes=[mode],
                               device="cuda", dtype="bf16", repeats=2, measure_memory=False, progress=False, graphs=True)
     assert [(r.status, r.graphs) for r in results] == [("ok", True)] * 3, [r.note for r in results]
     assert all(r.time_ms > 0 for r in results)
@@ -380,7 +380,7 @@ def test_linear_script_times_both_forms_and_marks_the_plain_cells(tmp_path, caps
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     output = tmp_path / "linear.md"
-    module.main(["--shapes", "16x32", "32x16", "--rows", "1", "4", "5", "--repeats", "1", "--weights-mb", "0.01",
+    module.main(["--shapes", "16x32", "32x16", "--rows", "1", "4", "5", "--repeats", "1", "--weights_mb", "0.01",
                  "--output", str(output)])  # no --threads: it would change the thread count of later tests
     table = output.read_text().splitlines()
     assert capsys.readouterr().out.startswith(table[0])
@@ -392,11 +392,11 @@ def test_linear_script_times_both_forms_and_marks_the_plain_cells(tmp_path, caps
         for cell in cells:
             plain, ours = (float(v) for v in cell.split(" (")[0].split(" / "))
             assert plain > 0 and ours > 0
-    module.main(["--shapes", "32x16", "--rows", "5", "--repeats", "1", "--weights-mb", "0.01",
+    module.main(["--shapes", "32x16", "--rows", "5", "--repeats", "1", "--weights_mb", "0.01",
                  "--form", "transposed", "--output", str(output)])
     assert "transposed product in every cell" in output.read_text() and "=" not in output.read_text().splitlines()[-1]
     assert module.parse_args([]).shapes == [(512, 512), (512, 2048), (2048, 512), (512, 8000)]
-    for bad in (["--shapes", "16x"], ["--rows", "0"], ["--repeats", "0"], ["--weights-mb", "0"]):
+    for bad in (["--shapes", "16x"], ["--rows", "0"], ["--repeats", "0"], ["--weights_mb", "0"]):
         with pytest.raises(SystemExit):
             module.parse_args(bad)
 
@@ -410,26 +410,26 @@ def test_cpu_allocator_retain_is_applied_and_recorded(tmp_path):
 
     prefix = tmp_path / "seq2seq"
     argv = [sys.executable, str(SCRIPT), "--level", "seq2seq", "--widths", "32", "--heads", "4", "--layers", "1",
-            "--ffn", "64", "--vocab", "50", "--batch", "2", "--source-length", "6", "--target-length", "4",
-            "--seq2seq-models", "bart", "zformer", "--repeats", "1", "--no-progress", "--no-plot",
-            "--cpu-allocator", "retain", "--output", str(prefix)]
+            "--ffn", "64", "--vocab", "50", "--batch", "2", "--source_length", "6", "--target_length", "4",
+            "--seq2seq_models", "bart", "zformer", "--repeats", "1", "--no_progress", "--no_plot",
+            "--cpu_allocator", "retain", "--output", str(prefix)]
     environment = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")}
     subprocess.run(argv, check=True, env=environment, capture_output=True)
     header = Path(f"{prefix}.md").read_text()
-    assert "C allocator retains freed memory (--cpu-allocator retain)" in header
+    assert "C allocator retains freed memory (--cpu_allocator retain)" in header
     assert json.loads(Path(f"{prefix}.json").read_text())["metadata"]["args"]["cpu_allocator"] == "retain"
     refused = subprocess.run(argv, env={**environment, "MALLOC_TRIM_THRESHOLD_": "0"}, capture_output=True, text=True)
-    assert refused.returncode != 0 and "--cpu-allocator retain: not applied" in refused.stderr
+    assert refused.returncode != 0 and "--cpu_allocator retain: not applied" in refused.stderr
 
 
 def test_paired_ratio_interval_pairs_rounds():
     base = [10.0, 12.0, 30.0, 11.0, 10.5, 13.0]  # round 3 ran under load: both calls slow
     other = [5.0, 6.0, 15.0, 5.5, 5.25, 6.5]  # twice as fast in every round
-    assert benchmark.paired_ratio_interval(base, other) == (2.0, 2.0, 2.0)
+    assert benchmarks.paired_ratio_interval(base, other) == (2.0, 2.0, 2.0)
     # the same times give the same interval (fixed seed), and the interval holds the median
     mixed = [9.0, 12.5, 29.0, 11.5, 10.0, 14.0]
-    first = benchmark.paired_ratio_interval(base, mixed)
-    assert first == benchmark.paired_ratio_interval(base, mixed)
+    first = benchmarks.paired_ratio_interval(base, mixed)
+    assert first == benchmarks.paired_ratio_interval(base, mixed)
     median, low, high = first
     assert low <= median <= high and low < high
     ratios = sorted(b / m for b, m in zip(base, mixed))
@@ -444,12 +444,12 @@ def test_paired_ratio_interval_pairs_rounds():
 ])
 def test_paired_ratio_interval_refuses_bad_input(base, other, confidence, message):
     with pytest.raises(ValueError, match=message):
-        benchmark.paired_ratio_interval(base, other, confidence=confidence)
+        benchmarks.paired_ratio_interval(base, other, confidence=confidence)
 
 
 def test_seq2seq_report_shows_paired_ratios(tmp_path):
     def result(model, train, generate):
-        return benchmark.Seq2SeqResult(
+        return benchmarks.Seq2SeqResult(
             model=model, description=model, parameters=10, batch=1, source_length=4, target_length=4, width=8,
             layers=1, heads=2, ffn=16, vocab=20, dtype="fp32", device="cpu", train_step_ms=train[0],
             train_tokens_per_s=1.0, generate_ms=generate[0], sentences_per_s=1.0, train_flops=1, generate_flops=1,
@@ -457,23 +457,23 @@ def test_seq2seq_report_shows_paired_ratios(tmp_path):
     rounds = [10.0, 11.0, 30.0, 10.5, 12.0]
     bart = result("bart", rounds, [2 * t for t in rounds])
     ours = result("zformer", [t / 1.25 for t in rounds], [2 * t / 0.8 for t in rounds])
-    text = benchmark.seq2seq_markdown([bart, ours])
+    text = benchmarks.seq2seq_markdown([bart, ours])
     assert "Paired per round (5 rounds)" in text
     assert "| zformer | 1.250x [1.250, 1.250] | 0.800x [0.800, 0.800] |" in text
     # too few rounds for an interval: no paired table
     short = [result("bart", rounds[:2], rounds[:2]), result("zformer", rounds[:2], rounds[:2])]
-    assert "Paired" not in benchmark.seq2seq_markdown(short)
+    assert "Paired" not in benchmarks.seq2seq_markdown(short)
 
 
 def test_executed_flops_follow_the_form_each_device_and_backend_runs():
     """bf16 on CUDA folds zformer at N > D (the `auto` backend); `zformer_kernels` and CPUs keep the plain form."""
     def executed(attention_type, device):
-        case = benchmark.BenchCase("attention", attention_type, "forward", 2, 1024, 512, 8, "bf16", device, False)
-        return benchmark.case_flops(case)[1]
+        case = benchmarks.BenchCase("attention", attention_type, "forward", 2, 1024, 512, 8, "bf16", device, False)
+        return benchmarks.case_flops(case)[1]
 
     b, n, d = 2, 1024, 512
     folded = 4 * b * n * d * d + 2 * b * d * (d + 1) ** 2 + 4 * b * d * (d + 1) * (d // 8)
     assert executed("zformer", "cuda") == folded
     assert executed("zformer_kernels", "cuda") == executed("zformer", "cpu") == 6 * b * n * d * d + 4 * b * n * d * (d // 8)
-    assert benchmark.cases.attention_of("fastformer_kernels") == "fastformer"
-    assert benchmark.cases.kernel_backend_of("fastformer_kernels") == "triton"
+    assert benchmarks.cases.attention_of("fastformer_kernels") == "fastformer"
+    assert benchmarks.cases.kernel_backend_of("fastformer_kernels") == "triton"

@@ -767,7 +767,7 @@ def test_benchmark_reports_never_overwrite_a_users_file(tmp_path):
     (folder / "todo.txt").write_text("mine")
     (folder / "speed.md").write_text("my own table")
     small = ["--lengths", 8, "--widths", 16, "--heads", 2, "--batch", 1, "--types", "full", "zformer", "--repeats", 1,
-             "--warmup", 0, "--no-memory", "--no-plot", "--no-progress", "--matmul-size", 64]
+             "--warmup", 0, "--no_memory", "--no_plot", "--no_progress", "--matmul_size", 64]
     refused("benchmark_attention.py", *small, "--output", folder / "speed", message="would overwrite speed.md")
     assert (folder / "speed.md").read_text() == "my own table" and not (folder / "speed.json").exists()
     for _ in range(2):  # the second run replaces the reports the first wrote

@@ -65,7 +65,7 @@ def test_wheel_installs_in_a_fresh_environment_and_runs(tmp_path):
     assert wheel.name.startswith(f"hf_zformer-{hf_zformer.__version__}-")
     names = zipfile.ZipFile(wheel).namelist()
     assert "hf_zformer/modeling/attention.py" in names and "hf_zformer/metrics/sacrebleu/sacrebleu.py" in names
-    assert not [n for n in names if n.startswith("hf_zformer/benchmark/")], "the benchmark harness is in the wheel"
+    assert not [n for n in names if n.startswith(("benchmarks/", "hf_zformer/benchmark/"))], "the benchmark harness is in the wheel"
 
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", venv], check=True, timeout=300)
@@ -82,7 +82,7 @@ def test_wheel_installs_in_a_fresh_environment_and_runs(tmp_path):
         from transformers import AutoConfig, AutoModelForSequenceClassification
         assert pathlib.Path(hf_zformer.__file__).is_relative_to({str(venv)!r}), hf_zformer.__file__
         assert hf_zformer.__version__ == {hf_zformer.__version__!r}
-        assert importlib.util.find_spec("hf_zformer.benchmark") is None
+        assert importlib.util.find_spec("hf_zformer.benchmark") is None and importlib.util.find_spec("benchmarks") is None
         config = AutoConfig.for_model("zformer", attention_type="fastformer", vocab_size=100, hidden_size=32,
                                       num_hidden_layers=1, num_attention_heads=4, intermediate_size=64, num_labels=2)
         model = AutoModelForSequenceClassification.from_config(config)

@@ -45,7 +45,6 @@ from .ops import (
     linear_attention,
     normalize,
     normalized_attention_weights,
-    quadratic_order_pays_off,
     softmax_pool,
     with_ones,
 )

@@ -4,14 +4,18 @@ fused AdamW, and `compare`, which times every variant once per round and reports
 ratio to the first with a 95% bootstrap interval. Run the scripts of this folder from the repository
 root, e.g. `python docs/bench/ab/tied_embeddings.py zformer_plain,zformer 150`."""
 import statistics
+import sys
 import time
+from pathlib import Path
 
-import torch
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: benchmarks/ beside hf_zformer/
 
-from hf_zformer.benchmark import paired_ratio_interval
-from hf_zformer.benchmark.seq2seq import Seq2SeqShape, build_seq2seq
-from hf_zformer.memory import retain_freed_memory
-from hf_zformer.modeling import attention as A
+import torch  # noqa: E402
+
+from benchmarks import paired_ratio_interval  # noqa: E402
+from benchmarks.seq2seq import Seq2SeqShape, build_seq2seq  # noqa: E402
+from hf_zformer.memory import retain_freed_memory  # noqa: E402
+from hf_zformer.modeling import attention as A  # noqa: E402
 
 retain_freed_memory()
 torch.set_num_threads(2)

@@ -413,7 +413,7 @@ def markdown_header(metadata: dict) -> str:
         f"{', triton ' + metadata['triton'] if metadata.get('triton') else ''}; {metadata.get('date', '')}"
         f"{'; commit ' + metadata['commit'] if metadata.get('commit') else ''}.",
         f"Environment: {metadata.get('environment') or 'defaults'}"
-        f"{'; C allocator retains freed memory (--cpu-allocator retain)' if allocator == 'retain' else ''}; load average at start "
+        f"{'; C allocator retains freed memory (--cpu_allocator retain)' if allocator == 'retain' else ''}; load average at start "
         f"{metadata.get('load_average')}, at end {metadata.get('load_average_end')}.",
     ]
     if matmul:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.configuration_zformer import ZformerConfig
+from hf_zformer.modeling.configuration_zformer import ZformerConfig
 from .cases import DTYPES
 from .flops import model_flops, step_flops
 from .seq2seq import build_runners, optimizer_step, time_alternating
@@ -101,7 +101,7 @@ def build_classifier(model: str, shape: ClassificationShape):
         return BertForSequenceClassification(config), "transformers BertForSequenceClassification (sdpa)"
     if model not in CLASSIFICATION_MODELS:
         raise ValueError(f"unknown classification model {model!r}; choose from {list(CLASSIFICATION_MODELS)}")
-    from ..modeling.modeling_zformer import ZformerForSequenceClassification
+    from hf_zformer.modeling.modeling_zformer import ZformerForSequenceClassification
 
     description = (f"ZformerForSequenceClassification: {shape.layers} {model} layers, BERT's post-LayerNorm, "
                    "embeddings (LayerNorm, token types, learned positions) and tanh pooler")

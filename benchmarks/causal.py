@@ -11,8 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.configuration_zformer import ZformerConfig
-from ..modeling.modeling_zformer import CACHE_FIELD
+from hf_zformer.modeling.configuration_zformer import ZformerConfig
+from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
 from .cases import DTYPES
 from .flops import dense_flops, layer_flops, token_attention_flops
 from .seq2seq import build_runners, optimizer_step, time_alternating
@@ -79,7 +79,7 @@ def build_causal(model: str, shape: CausalShape):
         return GPT2LMHeadModel(config), "transformers GPT2LMHeadModel (sdpa, learned positions)"
     if model not in CAUSAL_MODELS:
         raise ValueError(f"unknown causal model {model!r}; choose from {list(CAUSAL_MODELS)}")
-    from ..modeling.modeling_zformer import ZformerForCausalLM
+    from hf_zformer.modeling.modeling_zformer import ZformerForCausalLM
 
     config = ZformerConfig(
         vocab_size=shape.vocab, hidden_size=shape.width, num_hidden_layers=shape.layers,

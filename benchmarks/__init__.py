@@ -1,6 +1,7 @@
-"""Speed and memory benchmarks of the attention family against PyTorch's fused attention.
+"""Benchmarks: speed and memory of the attention family against PyTorch's fused attention and transformers' models.
+May import: hf_zformer (any floor), torch, transformers; outside the installed package, nothing in hf_zformer imports it.
 
-Library side of `scripts/benchmark_attention.py` (never shipped with a checkpoint). Three levels:
+The harness of `scripts/benchmark_attention.py` (beside `scripts/` in a checkout; never installed). Levels:
 
 - ``"attention"``: the attention module alone (the timing experiment of the Zformer_Pytorch reference
   code). That code feeds a tensor of shape (n, batch, d); we create it in that layout and transpose
@@ -33,7 +34,7 @@ number comes from the run that writes it.
 The package: `cases` (what is measured), `harness` (machine measurements, timing, memory, the
 side-by-side runs), `flops` (FLOP accounting), `seq2seq` (the encoder-decoder level), `causal` (the
 decoder-only level), `classification` (the sequence-classification level) and `reports`
-(CSV/JSON/markdown/plots). Every public name is importable from `hf_zformer.benchmark`.
+(CSV/JSON/markdown/plots). Every public name is importable from `benchmarks`.
 """
 
 from .cases import BASELINE, DEFAULT_TYPES, DTYPES, LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, make_config

@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from ..modeling.attention import folds_under_autocast, quadratic_order_pays_off
-from ..modeling.ops import use_kernel_backend
+from hf_zformer.modeling.attention import folds_under_autocast
+from hf_zformer.modeling.ops import quadratic_order_pays_off, use_kernel_backend
 from .cases import DTYPES, TYPES, BenchCase, BenchResult, attention_of, kernel_backend_of, make_config
 
 def attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None) -> int:

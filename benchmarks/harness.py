@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 import torch
 
-from ..modeling.ops import use_kernel_backend
+from hf_zformer.modeling.ops import use_kernel_backend
 from .cases import BASELINE, DTYPES, MODES, TYPES, BenchCase, BenchResult, build_module, kernel_backend_of, make_config
 from .flops import case_flops, set_flops_fractions
 
@@ -466,7 +466,7 @@ def sweep(
             if result.status == "oom":
                 stopped[key] = f"out of memory at n={result.length}"
             elif result.status == "ok" and result.time_ms / 1e3 > max_seconds and key not in stopped:
-                stopped[key] = f"n={result.length} took {result.time_ms / 1e3:.1f} s > --max-seconds {max_seconds:g}"
+                stopped[key] = f"n={result.length} took {result.time_ms / 1e3:.1f} s > --max_seconds {max_seconds:g}"
             results.append(result)
         bar.update(len(types))
     bar.close()

@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.attention import ATTENTION_CLASSES
-from ..modeling.configuration_zformer import ZformerConfig
+from hf_zformer.modeling.attention import ATTENTION_CLASSES
+from hf_zformer.modeling.configuration_zformer import ZformerConfig
 
 TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer", "zformer_torch", "fastformer_torch",
          "zformer_kernels", "fastformer_kernels")
@@ -65,7 +65,7 @@ def make_config(attention_type: str, length: int, width: int, heads: int, **over
 
 def build_module(attention_type: str, config: ZformerConfig, level: str, device: torch.device) -> torch.nn.Module:
     """The attention module (initialised like a model's) or a one-layer `ZformerModel`."""
-    from ..modeling.modeling_zformer import ZformerModel
+    from hf_zformer.modeling.modeling_zformer import ZformerModel
 
     model = ZformerModel(config)  # runs the model's _init_weights on every submodule
     if level == "model":

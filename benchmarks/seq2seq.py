@@ -11,14 +11,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..modeling.configuration_zformer import ZformerConfig
+from hf_zformer.modeling.configuration_zformer import ZformerConfig
 from .cases import DTYPES
 from .flops import attention_flops, dense_flops, layer_flops, token_attention_flops
 from .harness import timed_call
 
 SEQ2SEQ_DEFAULT_MODELS = ("bart", "full", "zformer", "fastformer")
 # "fastformer-qv": fastformer with the official code's query-as-value sharing (`fastformer_share_qv`),
-# one D x D projection fewer per layer; measured on request (`--seq2seq-models`).
+# one D x D projection fewer per layer; measured on request (`--seq2seq_models`).
 SEQ2SEQ_MODELS = (*SEQ2SEQ_DEFAULT_MODELS, "fastformer-qv")
 
 
@@ -85,7 +85,7 @@ def build_seq2seq(model: str, shape: Seq2SeqShape):
         return BartForConditionalGeneration(config), "transformers BartForConditionalGeneration (sdpa)"
     if model not in SEQ2SEQ_MODELS:
         raise ValueError(f"unknown seq2seq model {model!r}; choose from {list(SEQ2SEQ_MODELS)}")
-    from ..modeling.modeling_zformer import ZformerForConditionalGeneration
+    from hf_zformer.modeling.modeling_zformer import ZformerForConditionalGeneration
 
     attention, _, cross = _attention_types(model)
     config = ZformerConfig(
