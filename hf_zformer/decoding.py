@@ -27,16 +27,8 @@ from .modeling.cache_zformer import ZformerStateLayer
 from .modeling.modeling_zformer import CACHE_FIELD, ZformerForCausalLM, ZformerForConditionalGeneration
 
 
-def _state_tensors(layer) -> list[torch.Tensor]:
-    """The tensors of a recurrent cache layer's state (Zformer's sum, or Fastformer's two
-    poolings), in a fixed order."""
-    if isinstance(layer, ZformerStateLayer):
-        return [layer.state]
-    return [*layer.query_pool, *layer.key_pool]
-
-
 def _point_at(layer, buffers: list[torch.Tensor]) -> None:
-    """Make a recurrent cache layer hold `buffers` (in `_state_tensors` order) as its state."""
+    """Make a recurrent cache layer hold `buffers` (in the order of its `tensors()`) as its state."""
     if isinstance(layer, ZformerStateLayer):
         (layer.state,) = buffers
     else:
@@ -94,7 +86,7 @@ class StepDecoder:
             raise ValueError(f"StepDecoder: {max_new_tokens} new tokens reach position {self.max_position}, past "
                              f"max_position_embeddings={model.config.max_position_embeddings}")
         self.layers = list(self.cache.layers)
-        self.buffers = [[t.clone() for t in _state_tensors(layer)] for layer in self.layers]
+        self.buffers = [[t.clone() for t in layer.tensors()] for layer in self.layers]
         for layer, buffers in zip(self.layers, self.buffers):
             _point_at(layer, buffers)
         self.steps, self.graph = 0, None
@@ -109,7 +101,7 @@ class StepDecoder:
         self.tokens.copy_(self.model.lm_head(hidden)[:, -1:].argmax(-1))
         self.positions.add_(1)
         for layer, buffers in zip(self.layers, self.buffers):
-            for buffer, tensor in zip(buffers, _state_tensors(layer)):
+            for buffer, tensor in zip(buffers, layer.tensors()):
                 buffer.copy_(tensor)
             _point_at(layer, buffers)
 
