@@ -14,7 +14,9 @@
 # history; PYTHON the interpreter (default python3); STEPS="kernel_tests grid_bf16 ..." runs only the
 # steps named; FLA=1 adds flash-linear-attention's causal kernel against ours and its tests (fla
 # tunes itself on the first call of every shape: minutes more); QUICK=1 runs every step at toy
-# sizes (a dry run of the script itself, also on a CPU).
+# sizes (a dry run of the script itself, also on a CPU). DECODE=4096 MARKS=512,4096 sets the decoding
+# benchmark's length and reported points; TRAIN_STEPS the training scripts' steps (default 300);
+# KERNEL_TESTS / DEVICE_TESTS a pytest -k expression narrowing those two steps.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu_check}
@@ -57,7 +59,7 @@ if [ "${QUICK:-0}" = 1 ]; then
     lengths="64 128"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"
 else
     lengths="128 256 512 1024 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
-    repeats=5; decode=2048; marks="512,1024,2048"
+    repeats=5; decode=${DECODE:-2048}; marks=${MARKS:-512,1024,2048}
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no_plot --no_progress --no_memory --repeats $repeats"
 types="full zformer zformer_kernels zformer_torch fastformer fastformer_kernels fastformer_torch"
@@ -69,18 +71,18 @@ step grid_graphs 120 $bench $graphs --dtype bf16 --batch $batch --widths $width 
     --types $forms --output "$out/attention_grid_bf16_graphs"
 step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
     --output "$out/attention_grid_bf16"
-step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider -k "not fla" tests/test_kernels.py \
+step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider -k "not fla ${KERNEL_TESTS:+and ($KERNEL_TESTS)}" tests/test_kernels.py \
     tests/test_decoding.py "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
 step grid_wide 100 $bench $graphs --dtype bf16 --batch $batch --widths $wide --lengths $lengths \
     --types $forms --output "$out/attention_grid_wide_bf16_graphs"
-step decoding 100 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
+step decoding 150 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
     --max_length $decode --checkpoints $marks --batch_size 8 --output "$out/decoding"
 # the training scripts' throughput (bf16 on the GPU) against full attention: where the data travelled
 # with the checkout into gpu_data/ and `datasets` / `evaluate` import (scripts/gpu_prepare.sh)
 if [ -d gpu_data/imdb ] && [ -d gpu_data/multi30k ] && "$python" -c "import datasets, evaluate" 2> /dev/null; then
     precision=bf16; [ "$device" = cpu ] && precision=no
     if [ "${QUICK:-0}" = 1 ]; then train="--max_train_steps 2 --max_train_samples 64"; cls_length=64; batch_size=8
-    else train="--max_train_steps 300 --max_train_samples 12800"; cls_length=512; batch_size=32; fi
+    else train="--max_train_steps ${TRAIN_STEPS:-300} --max_train_samples 12800"; cls_length=512; batch_size=32; fi
     for kind in full zformer fastformer; do
         step "train_cls_$kind" 90 env ACCELERATE_MIXED_PRECISION=$precision "$python" scripts/run_classification.py \
             --data_dir gpu_data/imdb --attention_type $kind --max_length $cls_length $train --max_eval_samples 64 \
@@ -105,5 +107,5 @@ if [ "${FLA:-0}" = 1 ]; then
         --lengths $lengths --repeats $repeats --output "$out/ops_causal" --operations causal
     step fla_tests 150 "$python" -m pytest -q -p no:cacheprovider -k fla tests/test_kernels.py
 fi
-step device_tests 120 env HF_ZFORMER_TEST_DEVICE=$device "$python" -m pytest -q -p no:cacheprovider -x tests/test_device.py
+step device_tests 120 env HF_ZFORMER_TEST_DEVICE=$device "$python" -m pytest -q -p no:cacheprovider -x ${DEVICE_TESTS:+-k "$DEVICE_TESTS"} tests/test_device.py
 echo "wrote $out/ and $out.tar.gz"
