@@ -109,7 +109,7 @@ def build_classifier(model: str, shape: ClassificationShape):
 
 
 def classification_flops(model: str, kind: str, length: int, shape: ClassificationShape, config=None,
-                         executed: bool = False, dtype: str = "fp32", device: str = "cpu") -> int:
+                         executed: bool = False, dtype: str = "fp32") -> int:
     """FLOPs of one timed call on batch x length tokens: per encoder layer attention
     (`attention_flops`, or with `executed` the `executed_attention_flops` that hf_zformer runs:
     folded zformer/fastformer forms on long fp32 inputs) + output projection 2 B N D^2 (folded
@@ -119,8 +119,7 @@ def classification_flops(model: str, kind: str, length: int, shape: Classificati
     train = 3 x forward. BERT counts as `full`."""
     config = config if config is not None else _zformer_config(model, shape)
     b, d = shape.batch, shape.width
-    layer = model_flops(_attention_type(model), b, length, d, shape.heads, config, executed=executed, dtype=dtype,
-                        device=device)
+    layer = model_flops(_attention_type(model), b, length, d, shape.heads, config, executed=executed, dtype=dtype)
     forward = shape.layers * layer + 2 * b * d * d + 2 * b * d * shape.labels
     return step_flops(forward, kind)
 
@@ -179,7 +178,6 @@ def _result(name, model, description, kind, n, shape, dtype, device, seconds) ->
         vocab=shape.vocab, dtype=dtype, device=device, time_ms=median * 1e3,
         tokens_per_s=shape.batch * n / median,
         flops=classification_flops(name, kind, n, shape, config),
-        executed_flops=classification_flops(name, kind, n, shape, config, executed=True, dtype=dtype,
-                                            device=torch.device(device).type),
+        executed_flops=classification_flops(name, kind, n, shape, config, executed=True, dtype=dtype),
         times_ms=[t * 1e3 for t in seconds],
     )

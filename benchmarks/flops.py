@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import math
 
-import torch
-
-from hf_zformer.modeling.attention import folds_under_autocast
-from hf_zformer.modeling.ops import quadratic_order_pays_off, use_kernel_backend
-from .cases import DTYPES, TYPES, BenchCase, BenchResult, attention_of, kernel_backend_of, make_config
+from hf_zformer.modeling.ops import quadratic_order_pays_off
+from .cases import TYPES, BenchCase, BenchResult, attention_of, make_config
 
 def attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None) -> int:
     """Nominal forward FLOPs of one self-attention call (a multiply-add counts 2), by the equations
@@ -74,35 +71,28 @@ def _hedgehog(config) -> bool:
     return getattr(config, "zformer_feature_map", "identity") == "hedgehog"
 
 
-def folded(attention_type: str, length: int, width: int, config, dtype: str = "fp32", device: str = "cpu",
-           backend: str = "auto") -> bool:
+def folded(attention_type: str, length: int, width: int, config, dtype: str = "fp32") -> bool:
     """Whether hf_zformer's bidirectional zformer/fastformer take their folded form: the model's own
-    rule (`modeling.attention.use_folded_form`: fp32 outside autocast, or bf16 autocast on CUDA with
-    the `auto` backend, `folds_under_autocast`; a bf16 benchmark runs its fp32 inputs under
-    autocast) given each class's test that the folded form does fewer FLOPs. A zformer with a
-    feature map has no folded form."""
-    if attention_type == "zformer" and _hedgehog(config):
+    rule (`modeling.attention.use_folded_form`: fp32 outside autocast; a bf16 benchmark runs its
+    fp32 inputs under autocast, which keeps the plain form) given each class's test that the folded
+    form does fewer FLOPs. A zformer with a feature map has no folded form."""
+    if dtype != "fp32" or (attention_type == "zformer" and _hedgehog(config)):
         return False
     if attention_type == "zformer":
-        pays_off = length > width
-    elif attention_type == "fastformer":
-        pays_off = (_fastformer_projections(config) - 1) * length > width
-    else:
-        return False
-    if dtype == "fp32" or not pays_off:
-        return pays_off
-    with use_kernel_backend(backend):
-        return folds_under_autocast(device, DTYPES[dtype])
+        return length > width
+    if attention_type == "fastformer":
+        return (_fastformer_projections(config) - 1) * length > width
+    return False
 
 
 def executed_attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None,
-                             dtype: str = "fp32", device: str = "cpu", backend: str = "auto") -> int:
+                             dtype: str = "fp32") -> int:
     """Forward FLOPs that hf_zformer's implementation actually executes (matmuls only):
 
     - full, full_eager, and zformer/fastformer in their plain form: as `attention_flops`; zformer
       on short inputs (`quadratic_order_pays_off`: N < d_h) computes (Q K^T) V, 6 B N D^2 + 4 B N^2 D;
       with the hedgehog map (N < 2 d_h) the maps 4 B N D d_h plus 4 B N^2 D + 2 B N^2 (D + H).
-    - zformer folded (`folded`: fp32, or bf16 on CUDA; N > D): Gram matrix 2 B N D^2 + [W_v|b_v] S 2 B D (D+1)^2 + per-head
+    - zformer folded (`folded`: fp32, N > D): Gram matrix 2 B N D^2 + [W_v|b_v] S 2 B D (D+1)^2 + per-head
       products 4 B D (D+1) d_h + x_i A 2 B N D^2.
     - fastformer folded (`folded`; (projections - 1) N > D): 2 score products and 2 poolings
       (2 B H N D each) + W_r diag(k_g) W_v 2 B D^3 + x_i A 2 B N D^2.
@@ -111,7 +101,7 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
     """
     config = config if config is not None else make_config(attention_type, length, width, heads)
     b, n, d = batch, length, width
-    if folded(attention_type, n, d, config, dtype, device, backend):
+    if folded(attention_type, n, d, config, dtype):
         if attention_type == "zformer":
             return 4 * b * n * d * d + 2 * b * d * (d + 1) ** 2 + 4 * b * d * (d + 1) * (d // heads)
         return 8 * b * heads * n * d + 2 * b * d**3 + 2 * b * n * d * d
@@ -128,7 +118,7 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
 
 
 def model_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config,
-                executed: bool = False, dtype: str = "fp32", device: str = "cpu", backend: str = "auto") -> int:
+                executed: bool = False, dtype: str = "fp32") -> int:
     """Forward FLOPs of the one-layer model: attention (`attention_flops`, or
     `executed_attention_flops` when `executed`), the output projection (2 B N D^2), the shrunk
     feed-forward (4 B N D I) and an input convolution of k taps (`encoder_conv_size`), 2 B N D k;
@@ -138,8 +128,8 @@ def model_flops(attention_type: str, batch: int, length: int, width: int, heads:
     convolution = 2 * b * n * d * getattr(config, "encoder_conv_size", 0)
     if not executed:
         return layer_flops(attention_type, b, n, d, heads, config.intermediate_size, config) + convolution
-    attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype, device, backend)
-    folds = folded(attention_type, n, d, config, dtype, device, backend)
+    attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype)
+    folds = folded(attention_type, n, d, config, dtype)
     folded_projection = 2 * b * n * d * d - 2 * b * d**3 if folds and n > d else 0
     return attention + dense_flops(b, n, d, config.intermediate_size) - folded_projection + convolution
 
@@ -157,11 +147,10 @@ def case_flops(case: BenchCase, config=None) -> tuple[int, int]:
     kind = "full_eager" if case.attention_type == "full_eager" else attention_of(case.attention_type)
     shape = (kind, case.batch, case.length, case.width, case.heads, config)
 
-    where = dict(dtype=case.dtype, device=torch.device(case.device).type, backend=kernel_backend_of(case.attention_type))
     if case.level == "model":
-        counts = model_flops(*shape), model_flops(*shape, executed=True, **where)
+        counts = model_flops(*shape), model_flops(*shape, executed=True, dtype=case.dtype)
     else:
-        counts = attention_flops(*shape), executed_attention_flops(*shape, **where)
+        counts = attention_flops(*shape), executed_attention_flops(*shape, dtype=case.dtype)
     return tuple(step_flops(count, case.mode) for count in counts)
 
 

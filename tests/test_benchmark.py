@@ -465,15 +465,16 @@ def test_seq2seq_report_shows_paired_ratios(tmp_path):
     assert "Paired" not in benchmarks.seq2seq_markdown(short)
 
 
-def test_executed_flops_follow_the_form_each_device_and_backend_runs():
-    """bf16 on CUDA folds zformer at N > D (the `auto` backend); `zformer_kernels` and CPUs keep the plain form."""
-    def executed(attention_type, device):
-        case = benchmarks.BenchCase("attention", attention_type, "forward", 2, 1024, 512, 8, "bf16", device, False)
+def test_executed_flops_follow_the_form_each_precision_runs():
+    """fp32 folds zformer at N > D; under bf16 autocast it keeps the plain form, on every device and backend."""
+    def executed(attention_type, device, dtype="bf16"):
+        case = benchmarks.BenchCase("attention", attention_type, "forward", 2, 1024, 512, 8, dtype, device, False)
         return benchmarks.case_flops(case)[1]
 
     b, n, d = 2, 1024, 512
     folded = 4 * b * n * d * d + 2 * b * d * (d + 1) ** 2 + 4 * b * d * (d + 1) * (d // 8)
-    assert executed("zformer", "cuda") == folded
-    assert executed("zformer_kernels", "cuda") == executed("zformer", "cpu") == 6 * b * n * d * d + 4 * b * n * d * (d // 8)
+    plain = 6 * b * n * d * d + 4 * b * n * d * (d // 8)
+    assert executed("zformer", "cuda", "fp32") == executed("zformer", "cpu", "fp32") == folded
+    assert executed("zformer", "cuda") == executed("zformer_kernels", "cuda") == executed("zformer", "cpu") == plain
     assert benchmarks.cases.attention_of("fastformer_kernels") == "fastformer"
     assert benchmarks.cases.kernel_backend_of("fastformer_kernels") == "triton"

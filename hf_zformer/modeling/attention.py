@@ -29,7 +29,6 @@ from .blocks import (
     add_into_fresh,
     at_least_fp32,
     drop_full_mask,
-    kernel_backend,
     masked_softmax,
     merge_heads,
     new_tokens_mask,
@@ -54,26 +53,13 @@ logger = logging.get_logger(__name__)
 
 def use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
     """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
-    `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences), and
-    in a precision that keeps its sums: fp32/fp64 without autocast, or bf16 autocast on a GPU
-    (`folds_under_autocast`). Elsewhere the plain form keeps its low-precision projections and
-    fp32 sequence sums."""
-    if not pays_off:
+    `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences), in
+    fp32/fp64 and outside autocast. Under autocast the plain form keeps its low-precision
+    projections and fp32 sequence sums, which on CUDA run as the fused kernels: in bf16 these beat
+    the folded form's products (benchmark in docs/benchmarks.md, "On a GPU")."""
+    if not pays_off or torch.is_autocast_enabled(hidden_states.device.type):
         return False
-    device = hidden_states.device.type
-    if torch.is_autocast_enabled(device):
-        return folds_under_autocast(device, torch.get_autocast_dtype(device))
     return hidden_states.dtype in (torch.float32, torch.float64)
-
-
-def folds_under_autocast(device: str, dtype: torch.dtype) -> bool:
-    """The folded forms under autocast: bf16 on CUDA with the `auto` backend. Their sums over the
-    sequence are matrix products, which accumulate in fp32 and round once to bf16 (fp32's range);
-    against the plain form with kernels they skip the (B, N, D) queries, keys and values and do
-    fewer FLOPs. fp16 keeps the plain form (a Gram matrix of long inputs overflows fp16's range),
-    CPUs keep it (their bf16 results stay those of the plain form), and so do the `torch` backend
-    (the reference) and `triton` (the kernels wherever they apply, to compare)."""
-    return device == "cuda" and dtype == torch.bfloat16 and kernel_backend() == "auto"
 
 
 def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, output: nn.Module) -> torch.Tensor:

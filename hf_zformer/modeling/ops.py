@@ -31,8 +31,7 @@ chunked kernel where `fla` is installed (`pip install hf_zformer[gpu]`). The sam
 CPU's own fast forms outside this file: `blocks.Linear`'s transposed product for a few rows (AMD
 CPUs) and the tied-embedding gradient of `modeling_zformer.tied_lookups`. `HF_ZFORMER_KERNELS` (read
 at import), `set_kernel_backend` or `use_kernel_backend` chooses (`blocks.py` keeps the choice):
-`auto` (the default: every fast form where it applies, and under bf16 autocast on CUDA the folded
-forms of bidirectional attention where they pay off, `attention.folds_under_autocast`), `torch`
+`auto` (the default: every fast form where it applies), `torch`
 (plain torch everywhere: the reference to compare with) or `triton` (as `auto`, but the plain forms
 with the kernels wherever these apply, also on CPU tensors under `TRITON_INTERPRET=1`, as the tests
 run them). A call a kernel does not cover (a state, causal,
