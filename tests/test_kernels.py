@@ -183,8 +183,115 @@ def test_direction_pool_kernel_extra_padding_changes_nothing(kernels):
 
 
 # ----------------------------------------------------------------------------------------------
+# causal (prefix) softmax pooling
+# ----------------------------------------------------------------------------------------------
+
+
+def _causal_pool_inputs(batch, heads, length, dim, seed, spread=3.0):
+    generator = torch.Generator().manual_seed(seed)
+    values = _heads(batch, length, heads, dim, generator)
+    scores = (torch.randn(batch, heads, length, 1, generator=generator) * spread).to(DEVICE).requires_grad_()
+    return scores, values
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("dim", [16, 24])
+def test_prefix_pool_kernel_matches_fp64(kernels, with_mask, dim):
+    """Three tiles and a partial one; with the mask: left padding, a gap inside, an all-padding row."""
+    batch, heads, length = 3, 2, 150
+    scores, values = _causal_pool_inputs(batch, heads, length, dim, seed=11)
+    mask = None
+    if with_mask:
+        mask = _mask(batch, length, [length, 120, 0])
+        mask[1, :9] = 0  # left padding: positions before the first real token pool to zero
+        mask[1, 70:80] = 0
+    pooled, _ = ops.softmax_pool(scores, values, mask, causal=True)
+    assert pooled.shape == (batch, heads, length, dim) and pooled.dtype == torch.float32
+
+    ops.set_kernel_backend("torch")
+    scores64, values64 = _fp64(scores, values)
+    expected, _ = ops.softmax_pool(scores64, values64, mask, causal=True)
+    assert _relative(pooled, expected) < 1e-6
+    if with_mask:
+        assert pooled[2].abs().max() == 0 and pooled[1, :, :9].abs().max() == 0
+    for got, want in zip(_grads(pooled, [scores, values]), _grads(expected, [scores64, values64])):
+        assert torch.isfinite(got).all()
+        assert _relative(got, want) < 1e-5
+
+
+def test_prefix_pool_kernel_matches_the_naive_reference(kernels):
+    scores, values = _causal_pool_inputs(2, 2, 70, 16, seed=12)
+    mask = _mask(2, 70, [70, 33])
+    pooled, _ = ops.softmax_pool(scores, values, mask, causal=True)
+    expected, _ = ops.softmax_pool_reference(scores.detach().cpu().double(), values.detach().cpu().double(),
+                                             mask.cpu(), causal=True)
+    assert _relative(pooled.cpu(), expected) < 1e-6
+
+
+def test_prefix_pool_kernel_keeps_large_score_ranges_finite(kernels):
+    """Scores spread over hundreds of units (exp would overflow fp32 without the running maximum)."""
+    scores, values = _causal_pool_inputs(1, 2, 200, 16, seed=13, spread=300.0)
+    pooled, _ = ops.softmax_pool(scores, values, None, causal=True)
+    ops.set_kernel_backend("torch")
+    expected = ops.causal_softmax_pool(*_fp64(scores, values), None)  # each row with its own max
+    # fp32 rounding of scores in the hundreds: exp(s - lse) is good to |s| x 6e-8
+    assert torch.isfinite(pooled).all() and _relative(pooled, expected) < 1e-4
+    for grad in _grads(pooled, [scores, values]):
+        assert torch.isfinite(grad).all()
+
+
+def test_prefix_pool_kernel_extra_padding_changes_nothing(kernels):
+    scores, values = _causal_pool_inputs(2, 2, 130, 16, seed=14)
+    mask = _mask(2, 130, [130, 90])
+    pooled, _ = ops.softmax_pool(scores, values, mask, causal=True)
+    pad = torch.nn.functional.pad
+    wide, _ = ops.softmax_pool(pad(scores.detach(), (0, 0, 0, 70)), pad(values.detach(), (0, 0, 0, 70)),
+                               pad(mask, (0, 70)), causal=True)
+    assert torch.equal(wide[:, :, :130], pooled.detach())
+
+
+def test_prefix_pool_kernel_state_continues_as_the_torch_forms(kernels):
+    """A prefill's state (log-sum-exp, pooling) from the kernel, then decoding steps in the torch
+    form: the same outputs as the torch form throughout, a row of padding only included."""
+    scores, values = _causal_pool_inputs(2, 2, 90, 16, seed=15)
+    mask = _mask(2, 90, [90, 0])
+    with torch.no_grad():
+        pooled, state = ops.softmax_pool(scores, values, mask, causal=True, return_state=True)
+        previous = ops.set_kernel_backend("torch")
+        expected, expected_state = ops.softmax_pool(scores, values, mask, causal=True, return_state=True)
+        assert _relative(pooled, expected) < 1e-6
+        torch.testing.assert_close(state[0], expected_state[0], rtol=1e-6, atol=0)
+        torch.testing.assert_close(state[1], expected_state[1], rtol=1e-5, atol=1e-6)
+        step_scores, step_values = _causal_pool_inputs(2, 2, 1, 16, seed=16)
+        step = ops.softmax_pool(step_scores, step_values, None, state, causal=True)[0]
+        want = ops.softmax_pool(step_scores, step_values, None, expected_state, causal=True)[0]
+        ops.set_kernel_backend(previous)
+    torch.testing.assert_close(step, want, rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------------------------
 # the attention classes through the seam, and the dispatch rules
 # ----------------------------------------------------------------------------------------------
+
+
+def _assert_backends_agree(module, x, mask):
+    """The module's outputs at real positions and its parameter gradients under the kernel backend
+    equal the torch forms'."""
+    results = {}
+    for backend in ("torch", "triton"):
+        previous = ops.set_kernel_backend(backend)
+        try:
+            module.zero_grad()
+            out, _ = module(x, mask)
+            out.backward(torch.ones_like(out))
+            results[backend] = (out.detach(), {n: p.grad.clone() for n, p in module.named_parameters()})
+        finally:
+            ops.set_kernel_backend(previous)
+    (torch_out, torch_grads), (kernel_out, kernel_grads) = results["torch"], results["triton"]
+    real = mask.bool()
+    assert _relative(kernel_out[real], torch_out[real]) < 1e-5
+    for name, grad in torch_grads.items():
+        assert _relative(kernel_grads[name], grad) < 1e-4, name
 
 
 @pytest.mark.parametrize("attention, options", [
@@ -205,21 +312,7 @@ def test_attention_modules_give_the_torch_forms_results(attention, options):
         torch.nn.init.normal_(module.key_score)
     x = torch.randn(3, 40, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     mask = _mask(3, 40, [40, 17, 1])
-    results = {}
-    for backend in ("torch", "triton"):
-        previous = ops.set_kernel_backend(backend)
-        try:
-            module.zero_grad()
-            out, _ = module(x, mask)
-            out.backward(torch.ones_like(out))
-            results[backend] = (out.detach(), {n: p.grad.clone() for n, p in module.named_parameters()})
-        finally:
-            ops.set_kernel_backend(previous)
-    (torch_out, torch_grads), (kernel_out, kernel_grads) = results["torch"], results["triton"]
-    real = mask.bool()
-    assert _relative(kernel_out[real], torch_out[real]) < 1e-5
-    for name, grad in torch_grads.items():
-        assert _relative(kernel_grads[name], grad) < 1e-4, name
+    _assert_backends_agree(module, x, mask)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flash-linear-attention's kernels need CUDA")
@@ -242,6 +335,21 @@ def test_causal_linear_attention_through_fla_matches_fp64(kernels, dtype, tolera
         assert _relative(got, want) < tolerance
 
 
+def test_causal_fastformer_module_gives_the_torch_forms_results():
+    """Causal Fastformer attention over three tiles with padding: outputs and parameter gradients
+    through the prefix-pooling kernel equal the torch forms'."""
+    config = tiny_config(attention_type="fastformer", hidden_size=64, num_attention_heads=4,
+                         max_position_embeddings=160)
+    torch.manual_seed(0)
+    module = FastformerAttention(config, is_causal=True).to(DEVICE)
+    if module.additive:
+        torch.nn.init.normal_(module.query_score)
+        torch.nn.init.normal_(module.key_score)
+    x = torch.randn(2, 150, 64, generator=torch.Generator().manual_seed(2)).to(DEVICE)
+    mask = _mask(2, 150, [150, 101])
+    _assert_backends_agree(module, x, mask)
+
+
 def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypatch):
     calls = []
     original = ops.linear_attention_kernel
@@ -253,6 +361,16 @@ def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypat
     ops.linear_attention(query, key, value, causal=True)  # no causal kernel: the torch form
     ops.linear_attention(*_fp64(query, key, value))  # fp64: the torch form
     ops.linear_attention(query, key, value, return_state=True)  # a state for a cache: the torch form
+    pools = []
+    original_pool = ops.prefix_pool_kernel
+    monkeypatch.setattr(ops, "prefix_pool_kernel", lambda *a, **k: pools.append(1) or original_pool(*a, **k))
+    scores = torch.randn(1, 2, 20, 1, device=DEVICE)
+    ops.softmax_pool(scores, query, causal=True)  # causal pooling without a state: the kernel
+    with torch.no_grad():  # a prefill's state outside autograd: the kernel too
+        state = ops.softmax_pool(scores, query, causal=True, return_state=True)[1]
+    ops.softmax_pool(scores[:, :, :1], query[:, :, :1], None, state, causal=True)  # from a state: the torch form
+    ops.softmax_pool(scores, query, causal=True, return_state=True)  # a state under autograd: the torch form
+    assert len(pools) == 2
     wide = [t.repeat(1, 1, 1, 17) for t in (query, key, value)]  # 272: wider than a tile
     ops.linear_attention(*wide)
     # fp16: attention outputs written in fp16 could overflow; the pooling's result is fp32

@@ -24,8 +24,8 @@ Softmax attention (full) runs through transformers' attention functions, with
 `attention.einsum_attention_forward` as its reference.
 
 **Backends.** Each operation has a torch form (below; every device and dtype, fp64 included) and,
-where one exists, a fused Triton kernel (`triton_ops.py`: bidirectional linear attention and
-direction pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
+where one exists, a fused Triton kernel (`triton_ops.py`: bidirectional linear attention,
+direction pooling and causal softmax pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
 is installed; causal linear attention over more than one token runs flash-linear-attention's
 chunked kernel where `fla` is installed (`pip install hf_zformer[gpu]`). The same switch governs the
 CPU's own fast forms outside this file: `blocks.Linear`'s transposed product for a few rows (AMD
@@ -59,7 +59,8 @@ from .blocks import (  # noqa: F401  (the backend's controls are this module's p
 )
 from .triton_ops import AVAILABLE as TRITON_AVAILABLE
 from .triton_ops import INTERPRETED as TRITON_INTERPRETED
-from .triton_ops import direction_pool_kernel, linear_attention_kernel, supported_width
+from .triton_ops import FLOOR as KERNEL_FLOOR
+from .triton_ops import direction_pool_kernel, linear_attention_kernel, prefix_pool_kernel, supported_width
 
 logger = logging.get_logger(__name__)
 
@@ -344,21 +345,38 @@ def softmax_pool(scores, values, mask=None, state=None, *, causal=False, return_
     all real tokens, or (B, H, N, d) with `causal`; the state including these tokens when
     `return_state`, else None). A causal position with no real token yet pools to zero.
 
-    The form: bidirectional, one masked softmax; causal without a state (and none asked for) up to
-    FASTFORMER_CAUSAL_QUADRATIC tokens, a softmax over the causal pattern (`causal_softmax_pool`);
-    otherwise prefix sums from the state (`prefix_pool`, a four-operation update for one new token).
+    The form: bidirectional, one masked softmax; causal without a state, the Triton kernel where
+    kernels apply (`prefix_pool_kernel`, one launch forward and one backward; its state only
+    outside autograd); else up to FASTFORMER_CAUSAL_QUADRATIC tokens without a state (and none asked
+    for) a softmax over the causal pattern (`causal_softmax_pool`); otherwise prefix sums from the
+    state (`prefix_pool`, a four-operation update for one new token).
     """
     if not causal:
         if state is not None or return_state:
             raise ValueError("softmax_pool: a state belongs to the causal form (causal=True)")
         weights = masked_softmax(scores, None if mask is None else mask.bool()[:, None, :, None], dim=2)
         return weights.transpose(-1, -2) @ values, None
+    if state is None and _prefix_kernel_applies(scores, values, return_state):
+        pooled, lse = prefix_pool_kernel(scores, values, mask)
+        if not return_state:
+            return pooled, None
+        last = lse[:, :, -1:, None]  # "nothing seen yet" in the torch form's spelling: the lowest float
+        return pooled, (torch.where(last > KERNEL_FLOOR, last, torch.finfo(last.dtype).min), pooled[:, :, -1:])
     if state is None and not return_state and scores.shape[2] <= FASTFORMER_CAUSAL_QUADRATIC:
         return causal_softmax_pool(scores, values, mask), None
     if mask is not None:
         scores = scores.masked_fill(~mask.bool()[:, None, :, None], float("-inf"))
     pooled, after = prefix_pool(scores, values, state)
     return pooled, after if return_state else None
+
+
+def _prefix_kernel_applies(scores, values, return_state: bool) -> bool:
+    """Whether causal pooling without a state runs the Triton kernel (`prefix_pool_kernel`): where
+    kernels apply, and not for a state that autograd must trace (the kernel's log-sum-exp carries
+    no gradient; a prefill under autograd is rare)."""
+    if return_state and torch.is_grad_enabled() and (scores.requires_grad or values.requires_grad):
+        return False
+    return _kernel_applies("prefix_pool", values)
 
 
 def direction_pool(values, direction=None, mask=None):

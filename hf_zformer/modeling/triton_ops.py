@@ -1,4 +1,4 @@
-"""Fused Triton kernels for the bidirectional sequence operations of `ops.py`, forward and backward.
+"""Fused Triton kernels for sequence operations of `ops.py`, forward and backward.
 
 - `linear_attention_kernel(query, key, value, mask, scale)`: Zformer's bidirectional
   `out_i = scale * q_i sum_j m_j k_j^T v_j`. With enough (sequence, head) pairs to fill the GPU
@@ -13,6 +13,12 @@
   one program per pair over the whole sequence, or per slice with the slices merged in order,
   `_merge_pools`); the backward (`_pool_backward`) reads the values once more:
   dx_j = w_j g + w_j (g . x_j - g . pooled) u, du = sum_j w_j (g . x_j - g . pooled) x_j.
+- `prefix_pool_kernel(scores, values, mask)`: Fastformer's causal pooling
+  `p_i = sum_{j <= i} softmax_j(s) x_j`, one program per pair walking the sequence in tiles: each
+  row's log-sum-exp under its own maximum, the tile's (i, j) weights as one matrix product, the
+  tiles before carried as a log-sum-exp and a pooling (`_prefix_pool`); the backward walks the tiles
+  in reverse with the later rows' sums carried the same way (`_prefix_pool_backward`). Every weight
+  it forms is at most 1, so no score range overflows.
 
 Inputs are read where they lie (the head views of the projections, any strides, bf16/fp16/fp32; a
 mask of any dtype) and every sum over the sequence runs in fp32; outputs come back in the inputs'
@@ -38,6 +44,9 @@ except ImportError:  # CPU installs: the torch forms of ops.py run instead
 
 AVAILABLE = triton is not None
 
+# the log-sum-exp of an online softmax before any real score (finite: no NaN)
+FLOOR = -1.0e38
+
 # The Triton interpreter multiplies 16-bit tiles wrongly (numpy has no bf16 product): it takes the
 # fp32 product of the same tiles, as fp32 inputs do anyway.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -45,7 +54,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 if AVAILABLE:
     # the running maximum of an online softmax before any real score (finite: no NaN); a constexpr,
     # the only kind of global a compiled kernel may read
-    _FLOOR = tl.constexpr(-1.0e38)
+    _FLOOR = tl.constexpr(FLOOR)
 
     @triton.jit
     def _kept(M, smb, smn, b, rows, length, HAS_MASK: tl.constexpr):
@@ -298,6 +307,86 @@ if AVAILABLE:
         if HAS_DIRECTION:
             tl.store(DU + (bh * tl.num_programs(0) + part) * BD + rd, du)
 
+
+    @triton.jit
+    def _prefix_pool(S, X, M, P, L, length, ssb, ssh, ssn, sxb, sxh, sxn, sxd, smb, smn, spb, sph, spn,
+                     heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
+                     HAS_MASK: tl.constexpr):
+        """Causal softmax pooling of one (sequence, head), tile by tile in order: lse_i, the
+        log-sum-exp of the real scores s_j, j <= i (the floor before any), and
+        p_i = sum_{j <= i} exp(s_j - lse_i) x_j, as the tile's (i, j) weights times its rows plus the
+        pooling carried from the tiles before, exp(lse_carry - lse_i) p_carry. Every weight is at
+        most 1."""
+        bh = tl.program_id(0)
+        b, h = bh // heads, bh % heads
+        rd, local = tl.arange(0, BD), tl.arange(0, BLOCK_N)
+        causal = local[:, None] >= local[None, :]
+        last = local == BLOCK_N - 1
+        carry_lse = tl.max(tl.full((BLOCK_N,), _FLOOR, tl.float32), axis=0)
+        carry = tl.zeros((BD,), dtype=tl.float32)
+        for offset in range(0, length, BLOCK_N):
+            rows = offset + local
+            inside = rows < length
+            keep = _kept(M, smb, smn, b, rows, length, HAS_MASK)
+            s = tl.load(S + b * ssb + h * ssh + rows * ssn, mask=keep, other=float("-inf")).to(tl.float32)
+            x = _rows(X + b * sxb + h * sxh, rows, keep, rd, D, sxn, sxd).to(tl.float32)
+            # the tile's log-sum-exp up to each row, each row under its own maximum (no underflow
+            # against a later, larger score); -inf before the tile's first real row
+            logits = tl.where(causal, s[None, :], float("-inf"))  # (i, j), j <= i
+            top = tl.maximum(tl.max(logits, axis=1), _FLOOR)
+            within = top + tl.log(tl.sum(tl.exp(logits - top[:, None]), axis=1))
+            high = tl.maximum(within, carry_lse)
+            lse = high + tl.log(tl.exp(within - high) + tl.exp(carry_lse - high))
+            weights = tl.exp(logits - lse[:, None])
+            pooled = tl.dot(weights, x, input_precision="ieee") + tl.exp(carry_lse - lse)[:, None] * carry[None, :]
+            tl.store(P + b * spb + h * sph + rows[:, None] * spn + rd[None, :], pooled,
+                     mask=inside[:, None] & (rd[None, :] < D))
+            tl.store(L + bh * length + rows, lse, mask=inside)
+            carry_lse = tl.sum(tl.where(last, lse, 0.0), axis=0)
+            carry = tl.sum(tl.where(last[:, None], pooled, 0.0), axis=0)
+
+    @triton.jit
+    def _prefix_pool_backward(S, X, M, P, L, G, GX, GS, length, ssb, ssh, ssn, sxb, sxh, sxn, sxd, smb, smn,
+                              spb, sph, spn, sgb, sgh, sgn, sgd, heads: tl.constexpr, D: tl.constexpr,
+                              BD: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr):
+        """The tiles in reverse: with a_ij = exp(s_j - lse_i) (j <= i), dx_j = sum_{i >= j} a_ij g_i
+        and ds_j = x_j . dx_j - sum_{i >= j} a_ij (g_i . p_i). The later tiles enter through sums
+        carried against the log-sum-exp at their first row (the smallest of theirs: lse never
+        decreases), r = sum_i exp(ref - lse_i) g_i and c = sum_i exp(ref - lse_i) g_i . p_i, which a
+        row j reaches with weight exp(s_j - ref) <= 1."""
+        bh = tl.program_id(0)
+        b, h = bh // heads, bh % heads
+        rd, local = tl.arange(0, BD), tl.arange(0, BLOCK_N)
+        causal = local[:, None] >= local[None, :]
+        first = local == 0
+        ref = tl.max(tl.full((BLOCK_N,), float("inf"), tl.float32), axis=0)  # nothing carried yet: weight 0
+        carry_r = tl.zeros((BD,), dtype=tl.float32)
+        carry_c = tl.sum(tl.zeros((BLOCK_N,), dtype=tl.float32), axis=0)
+        tiles = tl.cdiv(length, BLOCK_N)
+        for back in range(0, tiles):
+            rows = (tiles - 1 - back) * BLOCK_N + local
+            inside = rows < length
+            keep = _kept(M, smb, smn, b, rows, length, HAS_MASK)
+            s = tl.load(S + b * ssb + h * ssh + rows * ssn, mask=keep, other=float("-inf")).to(tl.float32)
+            x = _rows(X + b * sxb + h * sxh, rows, keep, rd, D, sxn, sxd).to(tl.float32)
+            lse = tl.load(L + bh * length + rows, mask=inside, other=float("inf"))
+            g = _rows(G + b * sgb + h * sgh, rows, inside, rd, D, sgn, sgd).to(tl.float32)
+            p = _rows(P + b * spb + h * sph, rows, inside, rd, D, spn, 1)
+            gp = tl.sum(g * p, axis=1)
+            weights = tl.exp(tl.where(causal, s[None, :] - lse[:, None], float("-inf")))  # (i, j), j <= i
+            reach = tl.exp(s - ref)
+            dx = tl.dot(tl.trans(weights), g, input_precision="ieee") + reach[:, None] * carry_r[None, :]
+            dc = tl.sum(weights * gp[:, None], axis=0) + reach * carry_c
+            ds = tl.sum(x * dx, axis=1) - dc
+            tl.store(GX + b * sxb + h * sxh + rows[:, None] * sxn + rd[None, :] * sxd, dx,
+                     mask=inside[:, None] & (rd[None, :] < D))
+            tl.store(GS + b * ssb + h * ssh + rows * ssn, ds, mask=inside)
+            new_ref = tl.sum(tl.where(first, lse, 0.0), axis=0)
+            decay = tl.exp(new_ref - lse)
+            moved = tl.exp(new_ref - ref)
+            carry_r = tl.sum(decay[:, None] * g, axis=0) + moved * carry_r
+            carry_c = tl.sum(decay * gp, axis=0) + moved * carry_c
+            ref = new_ref
 
 # Rows per tile, and rows per slice of a split sum over the sequence: a fixed slice (whatever the
 # length) keeps every real row in the same tile and slice when padding is appended.
@@ -571,3 +660,51 @@ def direction_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     if _needs_graph(values, direction):
         return _DirectionPool.apply(values, direction, mask)
     return _pool_forward(values, direction, mask)[0]  # inference: no autograd node
+
+
+def _prefix_pool_forward(scores, values, mask):
+    """(pooled (B, H, N, d) fp32, log-sum-exp (B, H, N) fp32, the floor before any real token)."""
+    batch, heads, length, dim = values.shape
+    pooled = torch.empty(batch, heads, length, dim, dtype=torch.float32, device=values.device)
+    lse = torch.empty(batch, heads, length, dtype=torch.float32, device=values.device)
+    mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
+    _prefix_pool[(batch * heads,)](
+        scores, values, mask_ptr, pooled, lse, length, *scores.stride()[:3], *values.stride(), smb, smn,
+        *pooled.stride()[:3], heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
+    )
+    return pooled, lse
+
+
+class _PrefixPool(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, scores, values, mask):
+        pooled, lse = _prefix_pool_forward(scores, values, mask)
+        ctx.save_for_backward(scores, values, mask, pooled, lse)
+        ctx.mark_non_differentiable(lse)
+        return pooled, lse
+
+    @staticmethod
+    def backward(ctx, grad, _):
+        scores, values, mask, pooled, lse = ctx.saved_tensors
+        batch, heads, length, dim = values.shape
+        # contiguous inputs: the gradients, laid out alike, share their strides
+        scores_in, values_in = scores.contiguous(), values.contiguous()
+        grad_scores = torch.empty_like(scores_in, dtype=torch.float32)
+        grad_values = torch.empty_like(values_in, dtype=torch.float32)
+        mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
+        _prefix_pool_backward[(batch * heads,)](
+            scores_in, values_in, mask_ptr, pooled, lse, grad, grad_values, grad_scores, length,
+            *scores_in.stride()[:3], *values_in.stride(), smb, smn, *pooled.stride()[:3], *grad.stride(),
+            heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
+        )
+        return grad_scores.to(scores.dtype), grad_values.to(values.dtype), None
+
+
+def prefix_pool_kernel(scores, values, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal `ops.softmax_pool` without a state: output i is sum_{j <= i} softmax_j(scores) values_j
+    over the real positions j <= i, zero where there is none yet. scores (B, H, N, 1), values
+    (B, H, N, d), mask (B, N) or None. Returns (pooled (B, H, N, d) fp32, log-sum-exp of the scores
+    up to each position (B, H, N) fp32, `FLOOR` where there is no real token yet)."""
+    if _needs_graph(scores, values):
+        return _PrefixPool.apply(scores, values, mask)
+    return _prefix_pool_forward(scores, values, mask)
