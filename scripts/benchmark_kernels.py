@@ -29,7 +29,8 @@ from hf_zformer import flags, folders  # noqa: E402
 from hf_zformer.modeling import ops  # noqa: E402
 
 DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
-OPERATIONS = {"bidirectional": "zformer bidirectional", "pooling": "fastformer pooling", "causal": "zformer causal"}
+OPERATIONS = {"bidirectional": "zformer bidirectional", "pooling": "fastformer pooling",
+              "causal_pooling": "fastformer causal pooling", "causal": "zformer causal"}
 
 
 def parse_args(argv=None):
@@ -105,7 +106,10 @@ def operations(batch, length, heads, dim, dtype, device):
     """[(name, function of the input list, inputs, (B, N, D) tensors moved at least forward / forward
     and backward, backends)], and the scale. Linear attention reads Q, K, V and writes the output
     (4), then reads them and the output's gradient and writes three gradients (7 more); the pooling
-    reads the values (1), then reads them again and writes their gradient (2 more)."""
+    reads the values (1), then reads them again and writes their gradient (2 more); the causal
+    pooling, as the causal class runs it on fp32 values, reads them and writes one pooling per
+    position (2), then reads the values, poolings and their gradient and writes two gradients (5
+    more)."""
     generator = torch.Generator().manual_seed(0)
     q, k, v = _projections(batch, length, heads, dim, dtype, 3, generator, device)
     mask = torch.ones(batch, length, dtype=torch.long, device=device)
@@ -119,12 +123,17 @@ def operations(batch, length, heads, dim, dtype, device):
     def pool(inputs):
         return ops.direction_pool(inputs[0], direction, mask)
 
+    def causal_pool(inputs):
+        values = inputs[0].float()
+        return ops.softmax_pool(ops.direction_scores(values, direction), values, mask, causal=True)[0]
+
     def causal(inputs):
         return ops.linear_attention(*inputs, causal=True, scale=scale)[0]
 
     cases = [
         ("zformer bidirectional", bidirectional, [q, k, v], (4, 11), ("triton", "torch")),
         ("fastformer pooling", pool, [q], (1, 3), ("triton", "torch")),
+        ("fastformer causal pooling", causal_pool, [q], (2, 7), ("triton", "torch")),
         ("zformer causal", causal, [q, k, v], (4, 11), ("torch", "fla")),
     ]
     return cases, scale

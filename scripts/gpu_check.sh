@@ -97,7 +97,7 @@ else
     echo "training steps skipped: no gpu_data/ (scripts/gpu_prepare.sh) or no datasets/evaluate" | tee -a "$summary"
 fi
 step ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
-    --lengths $lengths --repeats $repeats --output "$out/ops" --operations bidirectional pooling
+    --lengths $lengths --repeats $repeats --output "$out/ops" --operations bidirectional pooling causal_pooling
 step grid_fp32 90 $bench $graphs --dtype fp32 --batch $batch --widths $width --lengths $lengths \
     --types full zformer fastformer --output "$out/attention_grid_fp32_graphs"
 step long_bf16 120 $bench $graphs --dtype bf16 --batch 4 --widths $width --lengths $long \
