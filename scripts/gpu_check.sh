@@ -56,9 +56,9 @@ except ImportError as error: print('fla missing:', error)
 [ "$device" = cuda ] && nvidia-smi >> "$out/environment.log" 2>&1
 
 if [ "${QUICK:-0}" = 1 ]; then
-    lengths="64 128"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"
+    lengths="64 128"; profiled="64"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"
 else
-    lengths="128 256 512 1024 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
+    lengths="128 256 512 1024 2048"; profiled="512 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
     repeats=5; decode=${DECODE:-2048}; marks=${MARKS:-512,1024,2048}
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no_plot --no_progress --no_memory --repeats $repeats"
@@ -69,6 +69,10 @@ graphs=""; [ "$device" = cuda ] && graphs="--cuda_graphs"
 
 step grid_graphs 120 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
     --types $forms --output "$out/attention_grid_bf16_graphs"
+# where each module's GPU time goes (torch.profiler, self CUDA time per operation and kernel), at a
+# short and a long length of the grid, eager calls
+step profile 90 $bench --dtype bf16 --batch $batch --widths $width --lengths $profiled --types full zformer fastformer \
+    --profile --output "$out/profile_bf16"
 step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
     --output "$out/attention_grid_bf16"
 step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider -k "not fla ${KERNEL_TESTS:+and ($KERNEL_TESTS)}" tests/test_kernels.py \
