@@ -85,16 +85,20 @@ step decoding 150 "$python" scripts/benchmark_generation.py --device $device $gr
 # with the checkout into gpu_data/ and `datasets` / `evaluate` import (scripts/gpu_prepare.sh)
 if [ -d gpu_data/imdb ] && [ -d gpu_data/multi30k ] && "$python" -c "import datasets, evaluate" 2> /dev/null; then
     precision=bf16; [ "$device" = cpu ] && precision=no
-    if [ "${QUICK:-0}" = 1 ]; then train="--max_train_steps 2 --max_train_samples 64"; cls_length=64; batch_size=8
-    else train="--max_train_steps ${TRAIN_STEPS:-300} --max_train_samples 12800"; cls_length=512; batch_size=32; fi
+    if [ "${QUICK:-0}" = 1 ]; then
+        train="--max_train_steps 2 --max_train_samples 64 --max_eval_samples 8"; cls_length=64; batch_size=8; mt_batch=8
+    else
+        train="--max_train_steps ${TRAIN_STEPS:-300} --max_train_samples 12800 --max_eval_samples 64"
+        cls_length=512; batch_size=32; mt_batch=128
+    fi
     for kind in full zformer fastformer; do
         step "train_cls_$kind" 90 env ACCELERATE_MIXED_PRECISION=$precision "$python" scripts/run_classification.py \
-            --data_dir gpu_data/imdb --attention_type $kind --max_length $cls_length $train --max_eval_samples 64 \
+            --data_dir gpu_data/imdb --attention_type $kind --max_length $cls_length $train \
             --per_device_train_batch_size $batch_size --skip_test --output_dir "$out/train/cls_$kind" \
             --results_file "$out/training_records.json"
         step "train_mt_$kind" 90 env ACCELERATE_MIXED_PRECISION=$precision "$python" scripts/run_translation.py \
             --data_dir gpu_data/multi30k --attention_type $kind --decoder_attention_type $kind $train \
-            --max_eval_samples 64 --per_device_train_batch_size $((4 * batch_size)) --num_beams 1 --eval_num_beams 1 \
+            --per_device_train_batch_size $mt_batch --num_beams 1 --eval_num_beams 1 \
             --output_dir "$out/train/mt_$kind" --results_file "$out/training_records.json"
     done
 else
