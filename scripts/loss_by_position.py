@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from hf_zformer import flags, folders  # noqa: E402
 from hf_zformer.training import language_modeling  # noqa: E402
+from hf_zformer.training.arguments import DataArguments  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -70,14 +71,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def validation_documents(args) -> list[str]:
     """The texts of run_clm.py's validation documents for the same data arguments."""
-    data_args = argparse.Namespace(
-        data_dir=args.data_dir, train_file=args.train_file, dataset_name=args.dataset_name,
-        dataset_config_name=args.dataset_config_name, validation_file=args.validation_file,
-        text_column=args.text_column, validation_split_percentage=args.validation_split_percentage,
-        group_column=args.group_column, split_seed=args.split_seed, seed=args.split_seed,
-        max_train_samples=None, max_eval_samples=args.max_eval_samples,
-    )
-    return list(language_modeling.load_documents(data_args)["validation"]["text"])
+    data = DataArguments(data_dir=args.data_dir, dataset_name=args.dataset_name,
+                         dataset_config_name=args.dataset_config_name, max_eval_samples=args.max_eval_samples)
+    documents = language_modeling.DocumentArguments(
+        train_file=args.train_file, validation_file=args.validation_file, text_column=args.text_column,
+        validation_split_percentage=args.validation_split_percentage, group_column=args.group_column)
+    raw = language_modeling.load_documents(data, documents, split_seed=args.split_seed, seed=args.split_seed)
+    return list(raw["validation"]["text"])
 
 
 @torch.no_grad()

@@ -11,11 +11,10 @@ Writes the model (loads with ``trust_remote_code=True``), tokenizer, ``all_resul
 (``eval_accuracy``) and a model card into ``--output_dir``.
 """
 
-from __future__ import annotations
-
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -24,22 +23,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from hf_zformer import flags  # noqa: E402
+from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # noqa: E402  (the loader's default too)
 from hf_zformer.training import arguments, batching, loop, run  # noqa: E402
 from hf_zformer.training.scoring import score_accuracy  # noqa: E402
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+@dataclass
+class ClassificationArguments:
+    """The columns, classes, truncation and test split of a classification run (:func:`add_label_args`)
+    and its teacher (:func:`add_teacher_args`); checked when built (``ValueError``), which settles
+    the teacher's defaults, ``label_names`` as a list and ``num_labels`` from them."""
+
+    text_column: str = "text"
+    label_column: str = "label"
+    num_labels: int | None = None
+    max_length: int = 256
+    truncation_side: str | None = None
+    label_names: str | list[str] | None = None
+    skip_test: bool = False
+    group_column: str = DEFAULT_GROUP_COLUMN
+    teacher_model_name_or_path: str | None = None
+    distill_alpha: float | None = None
+    distill_temperature: float | None = None
+    unlabeled_file: str | None = None
+    max_unlabeled_samples: int | None = None
+
+    def __post_init__(self) -> None:
+        check_teacher_args(self)
+        check_label_args(self)
+
+
+def parse_args(argv=None) -> arguments.RunArguments:
     parser = flags.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     arguments.add_data_args(parser)
     add_label_args(parser)
     arguments.add_model_args(parser, seq2seq=False)
     arguments.add_training_args(parser)
     add_teacher_args(parser)
-    args = parser.parse_args(argv)
-    arguments.check_finite_floats(parser, args)
-    check_teacher_args(parser, args)
-    check_label_args(parser, args)
-    return arguments.validate_args(parser, args, seq2seq=False)
+    return arguments.parse_run_args(parser, argv, seq2seq=False, task=ClassificationArguments)
 
 
 def add_label_args(parser: argparse.ArgumentParser) -> None:
@@ -72,8 +93,6 @@ def add_label_args(parser: argparse.ArgumentParser) -> None:
         help="Do not score the test split at the end (by default a labelled test split beside the validation one "
         "is scored once, on the final model: IMDB's 25,000 reviews take minutes on a CPU).",
     )
-    from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # the loader's default too
-
     parser.add_argument(
         "--group_column", default=DEFAULT_GROUP_COLUMN,
         help='When the data has this column, the validation split carved from train keeps each group (IMDB: each '
@@ -102,79 +121,80 @@ def add_teacher_args(parser: argparse.ArgumentParser) -> None:
                        help="Use a seeded random N texts of --unlabeled_file (--seed).")
 
 
-def check_teacher_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """The teacher flags' defaults and ranges; every one of them needs the teacher."""
+def check_teacher_args(task: ClassificationArguments) -> None:
+    """The teacher flags' defaults and ranges (``ValueError``); every one of them needs the teacher."""
     for name, default in (("distill_alpha", 0.5), ("distill_temperature", 2.0)):
-        if getattr(args, name) is not None and not args.teacher_model_name_or_path:
-            parser.error(f"--{name} {getattr(args, name)} weighs a teacher's predictions, but no "
-                         "--teacher_model_name_or_path is given: pass the teacher, or drop the flag")
-        if getattr(args, name) is None:
-            setattr(args, name, default)
-    if not 0.0 <= args.distill_alpha <= 1.0:
-        parser.error(f"--distill_alpha must be in [0, 1], got {args.distill_alpha}")
+        if getattr(task, name) is not None and not task.teacher_model_name_or_path:
+            raise ValueError(f"--{name} {getattr(task, name)} weighs a teacher's predictions, but no "
+                             "--teacher_model_name_or_path is given: pass the teacher, or drop the flag")
+        if getattr(task, name) is None:
+            setattr(task, name, default)
+    if not 0.0 <= task.distill_alpha <= 1.0:
+        raise ValueError(f"--distill_alpha must be in [0, 1], got {task.distill_alpha}")
     from hf_zformer.conversion.teacher import temperature_problem
 
-    if temperature_problem(args.distill_temperature):
-        parser.error(f"--distill_temperature {temperature_problem(args.distill_temperature)}")
-    if args.unlabeled_file is not None:
-        if not args.teacher_model_name_or_path:
-            parser.error("--unlabeled_file texts learn from the teacher only: pass --teacher_model_name_or_path too")
-        if not Path(args.unlabeled_file).expanduser().is_file():
-            parser.error(f"--unlabeled_file {args.unlabeled_file!r} is not a file")
-    if args.max_unlabeled_samples is not None and args.max_unlabeled_samples < 1:
-        parser.error(f"--max_unlabeled_samples must be >= 1, got {args.max_unlabeled_samples}")
+    if temperature_problem(task.distill_temperature):
+        raise ValueError(f"--distill_temperature {temperature_problem(task.distill_temperature)}")
+    if task.unlabeled_file is not None:
+        if not task.teacher_model_name_or_path:
+            raise ValueError("--unlabeled_file texts learn from the teacher only: pass --teacher_model_name_or_path too")
+        if not Path(task.unlabeled_file).expanduser().is_file():
+            raise ValueError(f"--unlabeled_file {task.unlabeled_file!r} is not a file")
+    if task.max_unlabeled_samples is not None and task.max_unlabeled_samples < 1:
+        raise ValueError(f"--max_unlabeled_samples must be >= 1, got {task.max_unlabeled_samples}")
 
 
-def check_label_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """--max_length, --label_names (a list, which fixes --num_labels) and --num_labels."""
-    if args.max_length < 2:
-        parser.error(f"--max_length must be >= 2, got {args.max_length}")
-    if args.label_names is not None:
-        args.label_names = [name.strip() for name in args.label_names.split(",")]
-        if not all(args.label_names) or len(set(args.label_names)) < len(args.label_names):
-            parser.error(f"--label_names must be distinct non-empty names separated by commas, got {args.label_names}")
-        if args.num_labels is None:  # the names declare the classes: other labels are errors
-            args.num_labels = len(args.label_names)
-        elif args.num_labels != len(args.label_names):
-            parser.error(f"--num_labels {args.num_labels} but {len(args.label_names)} --label_names {args.label_names}")
-    if args.num_labels is not None and args.num_labels < 2:
-        parser.error(f"--num_labels must be >= 2, got {args.num_labels}")
+def check_label_args(task: ClassificationArguments) -> None:
+    """--max_length, --label_names (a list, which fixes --num_labels) and --num_labels (``ValueError``)."""
+    if task.max_length < 2:
+        raise ValueError(f"--max_length must be >= 2, got {task.max_length}")
+    if isinstance(task.label_names, str):
+        task.label_names = [name.strip() for name in task.label_names.split(",")]
+        if not all(task.label_names) or len(set(task.label_names)) < len(task.label_names):
+            raise ValueError(f"--label_names must be distinct non-empty names separated by commas, got {task.label_names}")
+        if task.num_labels is None:  # the names declare the classes: other labels are errors
+            task.num_labels = len(task.label_names)
+        elif task.num_labels != len(task.label_names):
+            raise ValueError(f"--num_labels {task.num_labels} but {len(task.label_names)} --label_names {task.label_names}")
+    if task.num_labels is not None and task.num_labels < 2:
+        raise ValueError(f"--num_labels must be >= 2, got {task.num_labels}")
 
 
-def load_data(args: argparse.Namespace):
+def load_data(args: arguments.RunArguments):
     """The splits and the name of the evaluation one. The validation split carved from train
     (grouped by ``--group_column`` when present) and its ``--max_eval_samples`` subset depend on
     ``--split_seed`` only, so runs with different ``--seed`` validate on the same rows."""
     from hf_zformer.data import load_classification_dataset
 
+    data, task, split_seed = args.data, args.task, args.evaluation.split_seed
     raw = load_classification_dataset(
-        args.data_dir or args.dataset_name,
-        text_column=args.text_column,
-        label_column=args.label_column,
-        seed=args.split_seed,
-        group_column=args.group_column or None,
-        config_name=args.dataset_config_name,
-        num_labels=args.num_labels,
-        allow_negative_labels=bool(args.dataset_name),  # Hub test splits use -1 for "no label"
+        data.data_dir or data.dataset_name,
+        text_column=task.text_column,
+        label_column=task.label_column,
+        seed=split_seed,
+        group_column=task.group_column or None,
+        config_name=data.dataset_config_name,
+        num_labels=task.num_labels,
+        allow_negative_labels=bool(data.dataset_name),  # Hub test splits use -1 for "no label"
     )
     eval_split = "validation" if "validation" in raw else "test"
-    run.subsample(raw, {"train": args.max_train_samples}, args.seed)
-    run.subsample(raw, {s: args.max_eval_samples for s in ("validation", "test") if s in raw}, args.split_seed)
+    run.subsample(raw, {"train": data.max_train_samples}, args.training.seed)
+    run.subsample(raw, {s: data.max_eval_samples for s in ("validation", "test") if s in raw}, split_seed)
     return raw, eval_split
 
 
-def load_unlabeled(args: argparse.Namespace):
-    """The texts of ``--unlabeled_file`` (a seeded ``--max_unlabeled_samples`` of them) as a split
-    with the label -100 (:data:`hf_zformer.conversion.teacher.IGNORE_LABEL`); None without the file."""
-    if args.unlabeled_file is None:
+def load_unlabeled(task: ClassificationArguments, seed: int):
+    """The texts of ``--unlabeled_file`` (a ``--max_unlabeled_samples`` of them, drawn with ``seed``)
+    as a split with the label -100 (:data:`hf_zformer.conversion.teacher.IGNORE_LABEL`); None without the file."""
+    if task.unlabeled_file is None:
         return None
     from hf_zformer.data import load_text_dataset
     from hf_zformer.conversion.teacher import IGNORE_LABEL
 
-    texts = {"train": load_text_dataset(args.unlabeled_file, text_column=args.text_column, validation_size=None)["train"]}
+    texts = {"train": load_text_dataset(task.unlabeled_file, text_column=task.text_column, validation_size=None)["train"]}
     if len(texts["train"]) == 0:
-        raise ValueError(f"--unlabeled_file {args.unlabeled_file}: no texts in it (only blank lines or empty texts)")
-    run.subsample(texts, {"train": args.max_unlabeled_samples}, args.seed)
+        raise ValueError(f"--unlabeled_file {task.unlabeled_file}: no texts in it (only blank lines or empty texts)")
+    run.subsample(texts, {"train": task.max_unlabeled_samples}, seed)
     return texts["train"].map(lambda batch: {"label": [IGNORE_LABEL] * len(batch["text"])}, batched=True)
 
 
@@ -201,12 +221,12 @@ def example_text(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit].rsplit(" ", 1)[0] + " ..."
 
 
-def label_mapping(args, raw, splits, source, logger) -> tuple[int, dict[int, str] | None]:
+def label_mapping(task: ClassificationArguments, raw, splits, source, logger) -> tuple[int, dict[int, str] | None]:
     """``(num_labels, id2label)``. The class names are ``--label_names``, else the names of a
     ``ClassLabel`` label column (Hub datasets), else none (a new model then says LABEL_<i>); K is
     ``--num_labels``, else one per name, else :func:`class_count`."""
-    names = args.label_names or getattr(raw["train"].features["label"], "names", None)
-    num_labels = args.num_labels or (len(names) if names else class_count(raw, splits, source, logger))
+    names = task.label_names or getattr(raw["train"].features["label"], "names", None)
+    num_labels = task.num_labels or (len(names) if names else class_count(raw, splits, source, logger))
     if names and len(names) != num_labels:
         raise ValueError(f"{len(names)} label names {names} for {num_labels} classes: give one name per class")
     return num_labels, dict(enumerate(names)) if names else None
@@ -224,77 +244,82 @@ class Data(NamedTuple):
     unlabeled: Any
 
 
-def read_data(args: argparse.Namespace, logger) -> Data:
+def read_data(args: arguments.RunArguments, logger) -> Data:
     """The splits and classes; bad data is a message naming file and line, before any training."""
+    source, task = args.data.data_dir or args.data.dataset_name, args.task
     with run.data_errors():
-        logger.info(f"reading {args.data_dir or args.dataset_name}")
+        logger.info(f"reading {source}")
         raw, eval_split = load_data(args)
         logger.info("read " + ", ".join(f"{len(raw[split]):,} {split}" for split in raw) + " texts")
         # a test split next to validation is scored once at the end, if labelled (Hub test splits may hold -1)
-        labelled_test = ("test" in raw and eval_split != "test" and not args.skip_test
+        labelled_test = ("test" in raw and eval_split != "test" and not task.skip_test
                          and min(raw["test"]["label"], default=-1) >= 0)
         eval_splits = [eval_split, *(["test"] if labelled_test else [])]
-        num_labels, id2label = label_mapping(args, raw, ("train", *eval_splits), args.data_dir or args.dataset_name, logger)
-        return Data(raw, eval_split, eval_splits, num_labels, id2label, load_unlabeled(args))
+        num_labels, id2label = label_mapping(task, raw, ("train", *eval_splits), source, logger)
+        return Data(raw, eval_split, eval_splits, num_labels, id2label, load_unlabeled(task, args.training.seed))
 
 
-def build_model(args: argparse.Namespace, accelerator, data: Data, logger):
+def build_model(args: arguments.RunArguments, accelerator, data: Data, logger):
     """``(tokenizer, model, max_length)``: a pretrained classifier (a new head when the classes
     differ) or a new one from the config flags; ``max_length`` is what the positions hold."""
     from transformers import AutoConfig, AutoModelForSequenceClassification
 
-    base, num_labels, id2label = args.model_name_or_path, data.num_labels, data.id2label
-    tokenizer = run.load_tokenizer(args, accelerator, data.raw, model_max_length=args.max_length)
-    if args.truncation_side:
-        tokenizer.truncation_side = args.truncation_side
+    flags, task = args.model, args.task
+    base, trust, num_labels, id2label = flags.model_name_or_path, flags.trust_remote_code, data.num_labels, data.id2label
+    tokenizer = run.load_tokenizer(args, accelerator, data.raw, model_max_length=task.max_length)
+    if task.truncation_side:
+        tokenizer.truncation_side = task.truncation_side
     if base:
-        config = AutoConfig.from_pretrained(base, trust_remote_code=args.trust_remote_code)
+        config = AutoConfig.from_pretrained(base, trust_remote_code=trust)
         if getattr(config, "num_labels", None) != num_labels:
             logger.warning(f"{base} has {config.num_labels} labels, the data {num_labels}: new classifier head")
         names = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}} if id2label else {}
         model = run.load_pretrained(
-            AutoModelForSequenceClassification, base, num_labels=num_labels, ignore_mismatched_sizes=True, trust_remote_code=args.trust_remote_code,
+            AutoModelForSequenceClassification, base, num_labels=num_labels, ignore_mismatched_sizes=True, trust_remote_code=trust,
             dtype=torch.float32, **names,
         )
     else:
         id2label = id2label or {i: f"LABEL_{i}" for i in range(num_labels)}
+        positions = {} if "max_position_embeddings" in flags.config_kwargs else {"max_position_embeddings": max(512, task.max_length)}
         config = arguments.build_config(
-            args,
+            flags,
             vocab_size=len(tokenizer),
             seq2seq=False,
             num_labels=num_labels,
             id2label=id2label,
             label2id={v: k for k, v in id2label.items()},
-            **({"max_position_embeddings": max(512, args.max_length)} if "max_position_embeddings" not in args.config_kwargs else {}),
+            **positions,
         )
         model = AutoModelForSequenceClassification.from_config(config)
     # a converted RoBERTa's positions start at position_offset = 2: 514 positions hold 512 tokens
-    max_length = min(args.max_length, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
+    max_length = min(task.max_length, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
     tokenizer.model_max_length = max_length  # saved with the model: evaluate_model.py truncates where training did
     return tokenizer, model, max_length
 
 
-def teacher_loss(args: argparse.Namespace, accelerator, model, max_length: int):
+def teacher_loss(args: arguments.RunArguments, accelerator, model, max_length: int):
     """The loss with ``--teacher_model_name_or_path`` (:class:`hf_zformer.conversion.teacher.TeacherLoss`),
     else None (the model's own). Built before any tokenizing: a mismatched teacher is refused at once."""
-    if not args.teacher_model_name_or_path:
+    task = args.task
+    if not task.teacher_model_name_or_path:
         return None
     from hf_zformer.conversion.teacher import TeacherLoss, load_teacher
 
     try:
-        teacher = load_teacher(args.teacher_model_name_or_path, model.config, accelerator.device,
-                               max_length=max_length, trust_remote_code=args.trust_remote_code)
+        teacher = load_teacher(task.teacher_model_name_or_path, model.config, accelerator.device,
+                               max_length=max_length, trust_remote_code=args.model.trust_remote_code)
     except ValueError as error:  # no model, no classifier, another tokenizer, classes or length: named
         run.usage_error(str(error))
-    return TeacherLoss(teacher, alpha=args.distill_alpha, temperature=args.distill_temperature,
+    return TeacherLoss(teacher, alpha=task.distill_alpha, temperature=task.distill_temperature,
                        autocast=accelerator.autocast)  # the teacher in the run's mixed precision too
 
 
-def tokenize_splits(args: argparse.Namespace, accelerator, tokenizer, data: Data, max_length: int, logger) -> dict:
+def tokenize_splits(args: arguments.RunArguments, accelerator, tokenizer, data: Data, max_length: int, logger) -> dict:
     """The training and evaluation splits as token ids and labels; the unlabeled texts join train."""
     from datasets import concatenate_datasets
 
     raw, unlabeled, splits = data.raw, data.unlabeled, ("train", *data.eval_splits)
+    num_proc = args.data.preprocessing_num_workers
 
     def tokenize(batch):
         encoded = tokenizer(batch["text"], truncation=True, max_length=max_length)
@@ -305,34 +330,34 @@ def tokenize_splits(args: argparse.Namespace, accelerator, tokenizer, data: Data
     with accelerator.main_process_first():
         processed = {
             split: raw[split].map(tokenize, batched=True, remove_columns=raw[split].column_names,
-                                  num_proc=args.preprocessing_num_workers, desc=f"tokenize {split}")
+                                  num_proc=num_proc, desc=f"tokenize {split}")
             for split in splits
         }
         if unlabeled is not None:
             processed["train"] = concatenate_datasets([
                 processed["train"],
                 unlabeled.map(tokenize, batched=True, remove_columns=unlabeled.column_names,
-                              num_proc=args.preprocessing_num_workers, desc="tokenize unlabeled")
+                              num_proc=num_proc, desc="tokenize unlabeled")
                 .cast(processed["train"].features),
             ])
-            logger.info(f"{len(unlabeled)} unlabeled texts of {args.unlabeled_file} join the "
+            logger.info(f"{len(unlabeled)} unlabeled texts of {args.task.unlabeled_file} join the "
                         f"{len(raw['train'])} labelled ones: they learn from the teacher only")
     return processed
 
 
-def train_and_score(args, accelerator, model, tokenizer, processed: dict, train_lengths: list[int], data: Data, loss_fn,
+def train_and_score(args: arguments.RunArguments, accelerator, model, tokenizer, processed: dict, train_lengths: list[int], data: Data, loss_fn,
                     logger):
     """Train, then score the final (with --save_best: best) model: ``(model, results, hits)``, ``hits``
     per split and example of its latest evaluation (for the bootstrap intervals)."""
-    eval_split, eval_splits = data.eval_split, data.eval_splits
+    eval_split, eval_splits, training = data.eval_split, data.eval_splits, args.training
     collate = batching.pad_collate(tokenizer.pad_token_id)
     train_dataloader, train_sampler = batching.make_dataloader(
-        processed["train"], train_lengths, args.per_device_train_batch_size, collate, shuffle=True, seed=args.seed
+        processed["train"], train_lengths, training.per_device_train_batch_size, collate, shuffle=True, seed=training.seed
     )
     eval_dataloaders = batching.make_eval_dataloaders(
-        processed, eval_splits, args.per_device_eval_batch_size, collate, seed=args.seed
+        processed, eval_splits, training.per_device_eval_batch_size, collate, seed=training.seed
     )
-    optimizer = loop.make_optimizer(model, args)
+    optimizer = loop.make_optimizer(model, training)
     model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
     eval_dataloaders = {split: accelerator.prepare(loader) for split, loader in eval_dataloaders.items()}
     hits: dict[str, list[bool]] = {}
@@ -349,7 +374,7 @@ def train_and_score(args, accelerator, model, tokenizer, processed: dict, train_
     results["eval_split"] = eval_split
     if data.unlabeled is not None:  # the texts the teacher taught (records of a later evaluation read it)
         results["unlabeled_examples"] = len(data.unlabeled)
-    if args.save_best and args.results_file:  # hits of the best model (the final one) for the interval
+    if args.evaluation.save_best and args.evaluation.results_file:  # hits of the best model (the final one) for the interval
         evaluate()
     if "test" in eval_splits and eval_split != "test":  # once, on the final (with --save_best: best) model
         logger.info(f"scoring the final model on the {len(data.raw['test']):,} texts of the test split (--skip_test: don't)")
@@ -357,31 +382,32 @@ def train_and_score(args, accelerator, model, tokenizer, processed: dict, train_
     return model, results, hits
 
 
-def write_records(args, model, results: dict, hits: dict, data: Data, max_length: int, wall_time_s: float,
+def write_records(args: arguments.RunArguments, model, results: dict, hits: dict, data: Data, max_length: int, wall_time_s: float,
                   tokens_per_epoch: int, logger) -> None:
     """One --results_file record per scored split, with its bootstrap interval."""
     from hf_zformer.training import results as records
 
+    flags, seed, results_file = args.flags(), args.training.seed, args.evaluation.results_file
     common = records.run_fields(
-        args, model.config, results, max_length=max_length, wall_time_s=wall_time_s,
+        flags, model.config, results, max_length=max_length, wall_time_s=wall_time_s,
         tokens_per_epoch=tokens_per_epoch, train_examples=len(data.raw["train"]),
     )
-    if args.teacher_model_name_or_path:
-        common["teacher"] = records.teacher_of(args, len(data.unlabeled) if data.unlabeled is not None else 0)
+    if args.task.teacher_model_name_or_path:
+        common["teacher"] = records.teacher_of(flags, len(data.unlabeled) if data.unlabeled is not None else 0)
     rows = [
         {**common, "split": split, "metric": "accuracy", "beams": None, "samples": len(hits[split]),
-         "value": round(100.0 * results[f"{prefix}_accuracy"], 4), "ci95": records.accuracy_ci(hits[split], seed=args.seed)}
+         "value": round(100.0 * results[f"{prefix}_accuracy"], 4), "ci95": records.accuracy_ci(hits[split], seed=seed)}
         for split, prefix in zip(data.eval_splits, ("eval", "test"))
     ]
-    records.append_records(args.results_file, rows)
-    logger.info(f"{len(rows)} result records appended to {args.results_file}; the model is in {args.output_dir}")
+    records.append_records(results_file, rows)
+    logger.info(f"{len(rows)} result records appended to {results_file}; the model is in {args.training.output_dir}")
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     started = time.perf_counter()
 
-    accelerator, logger = run.start_run(args, __name__)
+    accelerator, logger = run.start_run(args.training, __name__)
     data = read_data(args, logger)
     tokenizer, model, max_length = build_model(args, accelerator, data, logger)
     loss_fn = teacher_loss(args, accelerator, model, max_length)
@@ -391,7 +417,7 @@ def main(argv=None) -> dict:
                                            logger)
     card = dict(task="text-classification", metric_name="accuracy", example=example_text(data.raw[data.eval_split][0]["text"]))
     run.finish_run(args, accelerator, model, tokenizer, results, card_kwargs=card, logger=logger)
-    if args.results_file and accelerator.is_main_process:
+    if args.evaluation.results_file and accelerator.is_main_process:
         write_records(args, accelerator.unwrap_model(model), results, hits, data, max_length,
                       time.perf_counter() - started, sum(train_lengths), logger)
     return results

@@ -30,29 +30,37 @@ from hf_zformer.modeling.configuration_zformer import CAUSAL_ATTENTION_TYPES  # 
 from hf_zformer.training.scoring import score_perplexity  # noqa: E402
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None) -> arguments.RunArguments:
     parser = flags.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     arguments.add_data_args(parser)
     language_modeling.add_document_args(parser)
     arguments.add_model_args(parser, seq2seq=False)
     arguments.add_training_args(parser)
-    args = parser.parse_args(argv)
-    language_modeling.check_document_args(parser, args)
-    if args.attention_type and not args.model_name_or_path:
-        layers = arguments.parse_config_overrides(args.config_overrides).get("attention_type", args.attention_type)
-        for kind in [layers] if isinstance(layers, str) else layers:
-            if kind not in CAUSAL_ATTENTION_TYPES:
-                parser.error(f"attention type {kind!r} has no causal form; a causal language model takes "
+    return arguments.parse_run_args(parser, argv, seq2seq=False, task=language_modeling.DocumentArguments,
+                                    check=check_causal)
+
+
+def check_causal(args: arguments.RunArguments) -> None:
+    """A new model's attention (every layer's) must have a causal form (``ValueError``)."""
+    model = args.model
+    if not model.attention_type or model.model_name_or_path:
+        return
+    try:
+        layers = arguments.parse_config_overrides(model.config_overrides).get("attention_type", model.attention_type)
+    except ValueError:  # named by the validation of the model arguments
+        return
+    for kind in [layers] if isinstance(layers, str) else layers:
+        if kind not in CAUSAL_ATTENTION_TYPES:
+            raise ValueError(f"attention type {kind!r} has no causal form; a causal language model takes "
                              f"{list(CAUSAL_ATTENTION_TYPES)} (or a per-layer list of them)")
-    return arguments.validate_args(parser, args, seq2seq=False)
 
 
-def usable_tokenizer(args: argparse.Namespace):
+def usable_tokenizer(model: arguments.ModelArguments):
     """The check of the tokenizer: it needs an EOS token (it separates the documents of a block);
     a missing pad token becomes EOS (batched generation pads)."""
     def check(tokenizer) -> None:
         if tokenizer.eos_token_id is None:
-            raise SystemExit(f"error: the tokenizer of {args.tokenizer_name or args.model_name_or_path} has no EOS "
+            raise SystemExit(f"error: the tokenizer of {model.tokenizer_name or model.model_name_or_path} has no EOS "
                              "token, which separates the documents of a language-modelling block")
         if tokenizer.pad_token is None:
             tokenizer.pad_token = tokenizer.eos_token
@@ -64,7 +72,7 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     from transformers import AutoModelForCausalLM
 
-    lm = language_modeling.build_blocks(args, AutoModelForCausalLM, __name__, usable_tokenizer(args))
+    lm = language_modeling.build_blocks(args, AutoModelForCausalLM, __name__, usable_tokenizer(args.model))
     lm.logger.info(f"{len(lm.processed['train'])} training and {len(lm.processed['validation'])} validation "
                     f"blocks of {lm.block_size} tokens")
     return language_modeling.train_on_blocks(

@@ -20,11 +20,10 @@ the model (loads with ``AutoModelForMaskedLM`` / ``pipeline("fill-mask")``, also
 encoder and a new head), tokenizer, ``all_results.json`` and a model card into ``--output_dir``.
 """
 
-from __future__ import annotations
-
 import argparse
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -34,7 +33,19 @@ from hf_zformer.training import arguments, batching, language_modeling  # noqa: 
 from hf_zformer.training.scoring import score_masked_lm  # noqa: E402
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+@dataclass
+class MaskedDocumentArguments(language_modeling.DocumentArguments):
+    """The documents, and the share of each block's positions that is masked and scored."""
+
+    mlm_probability: float = 0.15
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 < self.mlm_probability < 1.0:
+            raise ValueError(f"--mlm_probability must be between 0 and 1 (exclusive), got {self.mlm_probability}")
+
+
+def parse_args(argv=None) -> arguments.RunArguments:
     parser = flags.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter, allow_abbrev=False)
     arguments.add_data_args(parser)
     language_modeling.add_document_args(parser)
@@ -44,11 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     arguments.add_model_args(parser, seq2seq=False)
     arguments.add_training_args(parser)
-    args = parser.parse_args(argv)
-    language_modeling.check_document_args(parser, args)
-    if not 0.0 < args.mlm_probability < 1.0:
-        parser.error(f"--mlm_probability must be between 0 and 1 (exclusive), got {args.mlm_probability}")
-    return arguments.validate_args(parser, args, seq2seq=False)
+    return arguments.parse_run_args(parser, argv, seq2seq=False, task=MaskedDocumentArguments)
 
 
 def first_ordinary_id(tokenizer) -> int:
@@ -58,10 +65,10 @@ def first_ordinary_id(tokenizer) -> int:
     return len(specials) if specials == list(range(len(specials))) else 0
 
 
-def usable_tokenizer(args: argparse.Namespace):
+def usable_tokenizer(model: arguments.ModelArguments):
     """The check of the tokenizer: masked-language modelling needs a mask token and an EOS token
     (it separates the documents of a block)."""
-    source = args.tokenizer_name or args.model_name_or_path or "the trained tokenizer"
+    source = model.tokenizer_name or model.model_name_or_path or "the trained tokenizer"
 
     def check(tokenizer) -> None:
         for name in ("mask", "eos"):
@@ -76,16 +83,16 @@ def main(argv=None) -> dict:
     started = time.perf_counter()
     from transformers import AutoModelForMaskedLM
 
-    lm = language_modeling.build_blocks(args, AutoModelForMaskedLM, __name__, usable_tokenizer(args))
+    lm = language_modeling.build_blocks(args, AutoModelForMaskedLM, __name__, usable_tokenizer(args.model))
     tokenizer, block_size, processed = lm.tokenizer, lm.block_size, lm.processed
     masking = dict(mask_token_id=tokenizer.mask_token_id, vocab_size=min(len(tokenizer), lm.model.config.vocab_size),
-                   probability=args.mlm_probability, first_ordinary_id=first_ordinary_id(tokenizer))
-    train_collate = batching.MaskedLMCollator(**masking, seed=args.seed)  # new masks every epoch (its sampler's)
+                   probability=args.task.mlm_probability, first_ordinary_id=first_ordinary_id(tokenizer))
+    train_collate = batching.MaskedLMCollator(**masking, seed=args.training.seed)  # new masks every epoch (its sampler's)
     lm.logger.info(f"{len(processed['train'])} training and {len(processed['validation'])} validation blocks of "
                     f"{block_size} tokens, {train_collate.scored_per_block(block_size)} masked in each")
     return language_modeling.train_on_blocks(
         args, lm.accelerator, lm.logger, lm.model, tokenizer, processed, train_collate=train_collate,
-        eval_collate=batching.MaskedLMCollator(**masking, seed=args.split_seed), score=score_masked_lm,
+        eval_collate=batching.MaskedLMCollator(**masking, seed=args.evaluation.split_seed), score=score_masked_lm,
         record_metric="mlm_perplexity",
         card_kwargs=dict(task="fill-mask", metric_name="perplexity",
                          example=" ".join([*lm.raw["validation"][0]["text"].split()[:6], tokenizer.mask_token]) + "."),

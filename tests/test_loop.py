@@ -201,6 +201,44 @@ def test_resume_keeps_best_and_history(clf_common, clf_best_run, tmp_path):
     assert _same_weights(other, reference) and _same_weights(other, other / "best")
 
 
+# The run_args of clf_common's run as checkpoints stored them before the arguments were typed
+# (argparse's flat Namespace: every flag but the resumable ones, by flag name; "MOVIES": --data_dir).
+FLAT_RUN_ARGS = {
+    "attention_type": "fastformer", "config_overrides": TINY_CLF, "data_dir": "MOVIES", "dataset_config_name": None,
+    "dataset_name": None, "distill_alpha": 0.5, "distill_temperature": 2.0, "eval_steps": 3,
+    "gradient_accumulation_steps": 1, "group_column": "movie", "label_column": "label", "label_names": None,
+    "learning_rate": 0.003, "lowercase": False, "lr_scheduler_type": "linear", "max_eval_samples": None,
+    "max_grad_norm": 1.0, "max_length": 32, "max_train_samples": None, "max_train_steps": None,
+    "max_unlabeled_samples": None, "model_name_or_path": None, "num_labels": None, "num_train_epochs": 2,
+    "num_warmup_steps": 0, "per_device_train_batch_size": 16, "save_best": True, "seed": 42, "split_seed": 42,
+    "teacher_model_name_or_path": None, "text_column": "text", "tokenizer_name": None, "truncation_side": None,
+    "unlabeled_file": None, "vocab_size": 120, "weight_decay": 0.01,
+}
+
+
+def test_resume_from_a_checkpoint_with_flat_run_args(clf_common, clf_best_run, movie_data, tmp_path, capsys):
+    """A checkpoint whose run_args are the flat flag dict written before the typed arguments
+    resumes to the uninterrupted run's results; other arguments than its own are still refused."""
+    reference, _ = clf_best_run
+    out = tmp_path / "out"
+    shutil.copytree(reference, out)
+    state_file = out / "step_8" / "training_state.json"
+    state = json.loads(state_file.read_text())
+    flat = {**FLAT_RUN_ARGS, "data_dir": str(movie_data)}
+    assert state["run_args"] == flat  # what the typed arguments store is that same flat form
+    state_file.write_text(json.dumps({**state, "run_args": flat}, indent=2))
+    script = load_script("run_classification.py")
+    with pytest.raises(SystemExit):
+        script.parse_args([str(a) for a in clf_common] + ["--learning_rate", "1e-3", "--output_dir", str(out),
+                                                          "--resume_from_checkpoint", str(out / "step_8")])
+    assert "--learning_rate 0.003 there, 0.001 now" in capsys.readouterr().err
+    run_script("run_classification.py", *clf_common, "--resume_from_checkpoint", out / "step_8", "--output_dir", out)
+    resumed, uninterrupted = (json.loads((d / "all_results.json").read_text()) for d in (out, reference))
+    for key in ("best_step", "eval_accuracy", "last_eval_accuracy", "train_steps"):
+        assert resumed[key] == uninterrupted[key], key
+    assert json.loads((out / "training_args.json").read_text()) == flat
+
+
 def test_eval_arguments_fail_before_training(tiny_data, tmp_path, capsys):  # noqa: F811
     for script, extra, message in (
         ("run_classification.py", ["--data_dir", str(tiny_data / "clf"), "--eval_steps", "0"], "--eval_steps"),
@@ -211,8 +249,9 @@ def test_eval_arguments_fail_before_training(tiny_data, tmp_path, capsys):  # no
         assert message in capsys.readouterr().err
     args = load_script("run_translation.py").parse_args(
         ["--data_dir", str(tiny_data / "mt"), "--attention_type", "full", "--output_dir", str(tmp_path)])
-    assert args.eval_steps is None and args.eval_num_beams == 1 and not args.save_best and args.split_seed == 42
-    assert args.results_file is None
+    evaluation = args.evaluation
+    assert evaluation.eval_steps is None and args.task.eval_num_beams == 1 and not evaluation.save_best
+    assert evaluation.split_seed == 42 and evaluation.results_file is None
     with pytest.raises(SystemExit):
         load_script("run_classification.py").parse_args(["--help"])
     assert "bleu for translation, accuracy for classification" in " ".join(capsys.readouterr().out.split())
@@ -450,8 +489,8 @@ def test_retain_freed_memory_avoids_refaulting_a_steps_activations():
 def test_cpu_allocator_argument(tiny_data):
     script = load_script("run_classification.py")
     common = ["--data_dir", str(tiny_data / "clf"), "--output_dir", "x", "--attention_type", "full"]
-    assert script.parse_args(common).cpu_allocator == "retain"
-    assert script.parse_args(common + ["--cpu_allocator", "system"]).cpu_allocator == "system"
+    assert script.parse_args(common).training.cpu_allocator == "retain"
+    assert script.parse_args(common + ["--cpu_allocator", "system"]).training.cpu_allocator == "system"
     with pytest.raises(SystemExit):
         script.parse_args(common + ["--cpu_allocator", "bogus"])
 

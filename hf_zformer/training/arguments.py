@@ -1,14 +1,22 @@
 """Command-line arguments of the training scripts (library side, never shipped).
 
-* argument groups and their validation (:func:`add_data_args`, :func:`add_model_args`,
-  :func:`add_training_args`, :func:`validate_args`) so that bad arguments fail before any training;
+* one dataclass per concern -- :class:`ModelArguments`, :class:`DataArguments`,
+  :class:`TrainingArguments`, :class:`EvaluationArguments` -- and :class:`RunArguments`, which holds
+  them with the script's own arguments (its ``task`` dataclass) and gives the flat flag form back
+  (:meth:`RunArguments.flags`: what checkpoints and ``training_args.json`` store);
+* argument groups (:func:`add_data_args`, :func:`add_model_args`, :func:`add_training_args`) and
+  :func:`parse_run_args`, which builds a :class:`RunArguments` from the command line and validates it
+  once (:func:`validate_args`), so that bad arguments fail before any training;
 * :func:`parse_config_overrides` / :func:`build_config`: ``"k=v,..."`` typed by the config field.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +27,11 @@ from .evaluation import add_evaluation_args
 
 __all__ = [
     "SCHEDULER_TYPES",
+    "DataArguments",
+    "EvaluationArguments",
+    "ModelArguments",
+    "RunArguments",
+    "TrainingArguments",
     "add_data_args",
     "add_model_args",
     "add_training_args",
@@ -26,6 +39,8 @@ __all__ = [
     "check_finite_floats",
     "earlier_run_files",
     "parse_config_overrides",
+    "parse_run_args",
+    "resume_conflicts",
     "validate_args",
 ]
 
@@ -38,6 +53,140 @@ SCHEDULER_TYPES = (
     "constant_with_warmup",
     "inverse_sqrt",
 )
+
+
+@dataclass
+class ModelArguments:
+    """The model a run trains: a pretrained one, or a new one from its attention and config flags."""
+
+    model_name_or_path: str | None = None
+    attention_type: str | None = None
+    decoder_attention_type: str | None = None  # seq2seq scripts only, where it defaults to "full"
+    config_overrides: str | None = None
+    tokenizer_name: str | None = None
+    vocab_size: int = 8000
+    lowercase: bool = False
+    trust_remote_code: bool = False
+    #: the parsed ``--config_overrides`` of a new model (filled in by :func:`validate_args`)
+    config_kwargs: dict[str, Any] = field(default_factory=dict, init=False, repr=False)
+
+
+@dataclass
+class DataArguments:
+    """Where the data comes from and how much of it is used."""
+
+    dataset_name: str | None = None
+    dataset_config_name: str | None = None
+    data_dir: str | None = None
+    max_train_samples: int | None = None
+    max_eval_samples: int | None = None
+    preprocessing_num_workers: int | None = None
+
+
+@dataclass
+class TrainingArguments:
+    """The loop: output folder, batches, optimizer and schedule, checkpoints, logging, the Hub."""
+
+    output_dir: str
+    per_device_train_batch_size: int = 32
+    per_device_eval_batch_size: int = 64
+    learning_rate: float = 5e-4
+    weight_decay: float = 0.01
+    max_grad_norm: float = 1.0
+    num_train_epochs: int = 3
+    max_train_steps: int | None = None
+    gradient_accumulation_steps: int = 1
+    lr_scheduler_type: str = "linear"
+    num_warmup_steps: int = 0
+    seed: int = 42
+    checkpointing_steps: int | str | None = None  # optimizer steps, or "epoch"
+    resume_from_checkpoint: str | None = None
+    overwrite_output_dir: bool = False
+    with_tracking: bool = False
+    report_to: str = "tensorboard"
+    logging_steps: int = 50
+    verbose: bool = False
+    cpu_allocator: str = "retain"
+    push_to_hub: bool = False
+    hub_model_id: str | None = None
+    hub_token: str | None = None
+
+
+@dataclass
+class EvaluationArguments:
+    """Validation during training, the split it is carved with and the result records."""
+
+    eval_steps: int | None = None
+    save_best: bool = False
+    split_seed: int = 42
+    results_file: str | None = None
+
+
+_CONCERNS = {"model": ModelArguments, "data": DataArguments, "training": TrainingArguments,
+             "evaluation": EvaluationArguments}
+
+
+def _flag_names(cls) -> list[str]:
+    return [f.name for f in dataclasses.fields(cls) if f.init]
+
+
+@dataclass
+class RunArguments:
+    """Everything a training script was asked to do: the shared concerns and the script's own
+    ``task`` arguments (a dataclass of the script, or None)."""
+
+    model: ModelArguments
+    data: DataArguments
+    training: TrainingArguments
+    evaluation: EvaluationArguments
+    task: Any = None
+
+    @classmethod
+    def from_flags(cls, flags: dict[str, Any], task: type | None = None) -> RunArguments:
+        """Split the flat ``{flag name: value}`` of a parsed command line into the concerns; the
+        flags no concern names go to ``task`` (a dataclass, whose ``__post_init__`` validates them:
+        ``ValueError``)."""
+        parts = {name: concern(**{k: flags[k] for k in _flag_names(concern) if k in flags})
+                 for name, concern in _CONCERNS.items()}
+        shared = {k for concern in _CONCERNS.values() for k in _flag_names(concern)}
+        own = {k: v for k, v in flags.items() if k not in shared}
+        if own and task is None:
+            raise TypeError(f"flags without a concern and no task class: {sorted(own)}")
+        return cls(**parts, task=task(**own) if task is not None else None)
+
+    def flags(self) -> dict[str, Any]:
+        """The run's arguments flat, by flag name, as the command line gave them (after validation):
+        the form checkpoints (``run_args``) and ``training_args.json`` store."""
+        flat: dict[str, Any] = {}
+        for part in (self.data, self.task, self.model, self.training, self.evaluation):
+            if part is not None:
+                flat.update({name: getattr(part, name) for name in _flag_names(type(part))})
+        if flat.get("decoder_attention_type") is None:  # no such flag outside the seq2seq scripts
+            flat.pop("decoder_attention_type", None)
+        return flat
+
+    def identity(self) -> dict[str, Any]:
+        """The arguments that define the run (``checkpoints.run_identity``), stored in every checkpoint."""
+        return run_identity(self.flags())
+
+
+def parse_run_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None, *, seq2seq: bool,
+                   task: type | None = None,
+                   check: Callable[[RunArguments], None] | None = None) -> RunArguments:
+    """Parse ``argv`` with ``parser`` (built with :func:`add_data_args`, :func:`add_model_args`,
+    :func:`add_training_args` and the script's own flags, those of the ``task`` dataclass) into a
+    :class:`RunArguments`, validated once: the task's own checks and ``check`` (the script's checks
+    across concerns) raise ``ValueError``, which becomes ``parser.error`` (exit code 2), then
+    :func:`validate_args`."""
+    namespace = parser.parse_args(argv)
+    check_finite_floats(parser, namespace)
+    try:
+        args = RunArguments.from_flags(vars(namespace), task)
+        if check is not None:
+            check(args)
+    except ValueError as error:
+        parser.error(str(error))
+    return validate_args(parser, args, seq2seq)
 
 
 def add_data_args(parser: argparse.ArgumentParser) -> None:
@@ -129,138 +278,147 @@ def add_training_args(parser: argparse.ArgumentParser) -> None:
     add_evaluation_args(parser.add_argument_group("evaluation"))
 
 
-def validate_args(parser: argparse.ArgumentParser, args: argparse.Namespace, seq2seq: bool) -> argparse.Namespace:
+def validate_args(parser: argparse.ArgumentParser, args: RunArguments, seq2seq: bool) -> RunArguments:
     """Check the arguments shared by the scripts; ``parser.error`` (exit code 2) with a clear
     message on the first problem. Also builds the model config of a new model once, so invalid
-    model settings (``ValueError`` of the config class) surface here, before any data is read."""
+    model settings (``ValueError`` of the config class) surface here, before any data is read.
+    What it settles stays in ``args``: ``--checkpointing_steps`` as an int (or "epoch"),
+    ``--output_dir`` as checked, the parsed ``--config_overrides`` (``args.model.config_kwargs``)."""
     _check_data_source(parser, args)
     _check_ranges(parser, args)
-    check_finite_floats(parser, args)
     _check_outputs(parser, args)
     _check_inputs(parser, args)
     _check_new_model(parser, args, seq2seq)
-    args.run_args = run_identity(args)
     _check_run_folder(parser, args)
     return args
 
 
-def _check_data_source(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """One data source, and the folder or files it names exist."""
-    sources = [f"--{name}" for name in ("dataset_name", "data_dir", "train_file") if getattr(args, name, None)]
+def _check_data_source(parser: argparse.ArgumentParser, args: RunArguments) -> None:
+    """One data source, and the folder or files it names exist (``--train_file`` and
+    ``--validation_file``: the language-modelling scripts' documents, in their ``task``)."""
+    data, files = args.data, {name: getattr(args.task, name, None) for name in ("train_file", "validation_file")}
+    given = {"dataset_name": data.dataset_name, "data_dir": data.data_dir, "train_file": files["train_file"]}
+    sources = [f"--{name}" for name, value in given.items() if value]
     if len(sources) > 1:
         parser.error(f"{' and '.join(sources)} are exclusive: give one dataset source")
     if not sources:
-        files = " or --train_file (local file)" if hasattr(args, "train_file") else ""
-        parser.error(f"no data: pass --dataset_name (Hub) or --data_dir (local folder){files}")
-    if args.data_dir and not Path(args.data_dir).expanduser().is_dir():
-        parser.error(f"--data_dir {args.data_dir!r} is not a directory")
-    for name in ("train_file", "validation_file"):
-        if getattr(args, name, None) and not Path(getattr(args, name)).expanduser().is_file():
-            parser.error(f"--{name} {getattr(args, name)!r} is not a file")
+        named = " or --train_file (local file)" if hasattr(args.task, "train_file") else ""
+        parser.error(f"no data: pass --dataset_name (Hub) or --data_dir (local folder){named}")
+    if data.data_dir and not Path(data.data_dir).expanduser().is_dir():
+        parser.error(f"--data_dir {data.data_dir!r} is not a directory")
+    for name, value in files.items():
+        if value and not Path(value).expanduser().is_file():
+            parser.error(f"--{name} {value!r} is not a file")
 
 
-def _check_ranges(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _at_least(parser: argparse.ArgumentParser, least: int, **values: int | None) -> None:
+    """``parser.error`` for the first of ``values`` (by flag name) that is set and below ``least``."""
+    for name, value in values.items():
+        if value is not None and value < least:
+            parser.error(f"--{name} must be >= {least}, got {value}")
+
+
+def _check_ranges(parser: argparse.ArgumentParser, args: RunArguments) -> None:
     """Counts, seeds, rates and --checkpointing_steps (an int from here on, or "epoch")."""
-    for name in (
-        "per_device_train_batch_size",
-        "per_device_eval_batch_size",
-        "gradient_accumulation_steps",
-        "num_train_epochs",
-        "vocab_size",
-        "logging_steps",
-    ):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name in ("max_train_steps", "max_train_samples", "max_eval_samples", "eval_steps"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name in ("seed", "split_seed"):  # numpy's generators take 0 .. 2**32 - 1
-        if not 0 <= getattr(args, name) < 2**32:
-            parser.error(f"--{name} must be in 0..{2**32 - 1}, got {getattr(args, name)}")
-    if not (args.tokenizer_name or args.model_name_or_path):  # a tokenizer is trained on the data
+    model, data, training, evaluation = args.model, args.data, args.training, args.evaluation
+    _at_least(parser, 1, per_device_train_batch_size=training.per_device_train_batch_size,
+              per_device_eval_batch_size=training.per_device_eval_batch_size,
+              gradient_accumulation_steps=training.gradient_accumulation_steps,
+              num_train_epochs=training.num_train_epochs, vocab_size=model.vocab_size,
+              logging_steps=training.logging_steps, max_train_steps=training.max_train_steps,
+              max_train_samples=data.max_train_samples, max_eval_samples=data.max_eval_samples,
+              eval_steps=evaluation.eval_steps)
+    for name, value in (("seed", training.seed), ("split_seed", evaluation.split_seed)):  # numpy: 0 .. 2**32 - 1
+        if not 0 <= value < 2**32:
+            parser.error(f"--{name} must be in 0..{2**32 - 1}, got {value}")
+    if not (model.tokenizer_name or model.model_name_or_path):  # a tokenizer is trained on the data
         from ..tokenization import SPECIAL_TOKENS
 
-        if args.vocab_size <= len(SPECIAL_TOKENS):
+        if model.vocab_size <= len(SPECIAL_TOKENS):
             parser.error(f"--vocab_size must be > {len(SPECIAL_TOKENS)} (the special tokens) for the tokenizer trained "
-                         f"on the data, got {args.vocab_size}")
-    if args.num_warmup_steps < 0:
-        parser.error(f"--num_warmup_steps must be >= 0, got {args.num_warmup_steps}")
-    if args.learning_rate <= 0:
-        parser.error(f"--learning_rate must be > 0, got {args.learning_rate}")
+                         f"on the data, got {model.vocab_size}")
+    if training.num_warmup_steps < 0:
+        parser.error(f"--num_warmup_steps must be >= 0, got {training.num_warmup_steps}")
+    if training.learning_rate <= 0:
+        parser.error(f"--learning_rate must be > 0, got {training.learning_rate}")
     for name in ("weight_decay", "max_grad_norm"):  # a negative decay grows the weights; a negative norm means nothing
-        if getattr(args, name) < 0:
-            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
-    if args.checkpointing_steps is not None:
-        if args.checkpointing_steps != "epoch":
-            if not args.checkpointing_steps.isdigit() or int(args.checkpointing_steps) < 1:
-                parser.error(f'--checkpointing_steps must be a positive integer or "epoch", got {args.checkpointing_steps!r}')
-            args.checkpointing_steps = int(args.checkpointing_steps)
+        if getattr(training, name) < 0:
+            parser.error(f"--{name} must be >= 0, got {getattr(training, name)}")
+    steps = training.checkpointing_steps
+    if steps is not None and steps != "epoch" and not isinstance(steps, int):
+        if not steps.isdigit() or int(steps) < 1:
+            parser.error(f'--checkpointing_steps must be a positive integer or "epoch", got {steps!r}')
+        training.checkpointing_steps = int(steps)
 
 
-def _check_outputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_outputs(parser: argparse.ArgumentParser, args: RunArguments) -> None:
     """--output_dir, --results_file and --resume_from_checkpoint, before any work."""
+    training = args.training
     try:  # new, empty or the library's; never an input of the run (folders.check_output_dir)
-        args.output_dir = str(check_output_dir(
-            args.output_dir, overwrite=args.overwrite_output_dir, name="--output_dir", whole=False,
-            resume=bool(args.resume_from_checkpoint), inputs=run_inputs(args)))
+        training.output_dir = str(check_output_dir(
+            training.output_dir, overwrite=training.overwrite_output_dir, name="--output_dir", whole=False,
+            resume=bool(training.resume_from_checkpoint), inputs=run_inputs(args.flags())))
     except ValueError as error:
         parser.error(str(error))
-    if getattr(args, "results_file", None):  # found at the end of a long run otherwise
+    if args.evaluation.results_file:  # found at the end of a long run otherwise
         from .results import check_results_file
 
         try:
-            check_results_file(args.results_file)
+            check_results_file(args.evaluation.results_file)
         except ValueError as error:
             parser.error(f"--results_file: {error}")
-    if args.resume_from_checkpoint and args.resume_from_checkpoint != "latest":
-        if not (Path(args.resume_from_checkpoint) / TRAINING_STATE_FILE).is_file():
-            parser.error(
-                f"--resume_from_checkpoint {args.resume_from_checkpoint!r} is not a checkpoint folder "
-                f"(no {TRAINING_STATE_FILE}); checkpoints are the step_N/epoch_N folders of --output_dir"
-            )
+    resume = training.resume_from_checkpoint
+    if resume and resume != "latest" and not (Path(resume) / TRAINING_STATE_FILE).is_file():
+        parser.error(
+            f"--resume_from_checkpoint {resume!r} is not a checkpoint folder "
+            f"(no {TRAINING_STATE_FILE}); checkpoints are the step_N/epoch_N folders of --output_dir"
+        )
 
 
-def _check_inputs(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def _check_inputs(parser: argparse.ArgumentParser, args: RunArguments) -> None:
     """Tracking, the Hub repository, the tokenizer's source and the saved configs the run reads."""
-    if args.with_tracking:
-        problem = _tracker_problem(args.report_to)
+    model, training = args.model, args.training
+    if training.with_tracking:
+        problem = _tracker_problem(training.report_to)
         if problem:
             parser.error(problem)
-    if args.push_to_hub and not args.hub_model_id:
+    if training.push_to_hub and not training.hub_model_id:
         parser.error("--push_to_hub needs --hub_model_id (the repository to create, e.g. your-name/imdb-zformer)")
-    brought = args.tokenizer_name or args.model_name_or_path
-    if getattr(args, "lowercase", False) and brought:
-        flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"
+    brought = model.tokenizer_name or model.model_name_or_path
+    if model.lowercase and brought:
+        flag = "--tokenizer_name" if model.tokenizer_name else "--model_name_or_path"
         parser.error(f"--lowercase trains an uncased tokenizer, but {flag} {brought!r} brings its own tokenizer: drop one")
-    for flag, folder in run_inputs(args).items():  # a saved config that fails validation: named, before any work
+    for flag, folder in run_inputs(args.flags()).items():  # a saved config that fails validation: named, before any work
         if flag != "--tokenizer_name" and Path(folder).expanduser().is_dir():
-            _check_saved_config(parser, flag, folder, args.trust_remote_code)
+            _check_saved_config(parser, flag, folder, model.trust_remote_code)
 
 
-def _check_new_model(parser: argparse.ArgumentParser, args: argparse.Namespace, seq2seq: bool) -> None:
+def _check_new_model(parser: argparse.ArgumentParser, args: RunArguments, seq2seq: bool) -> None:
     """A pretrained model, or the flags of a new one: its config is built once here, so an invalid
     setting is named before any data is read."""
-    if args.model_name_or_path:
-        if args.attention_type or args.config_overrides or (seq2seq and args.decoder_attention_type != "full"):
+    model = args.model
+    if model.model_name_or_path:
+        if model.attention_type or model.config_overrides or (seq2seq and model.decoder_attention_type != "full"):
             parser.error(
                 "--model_name_or_path fine-tunes an existing model; --attention_type, --decoder_attention_type and "
                 "--config_overrides only describe a new model: drop one side"
             )
     else:
-        if not args.attention_type:
+        if not model.attention_type:
             parser.error(f"pass --model_name_or_path, or --attention_type (one of {list(ATTENTION_TYPES)}) for a new model")
         try:
-            args.config_kwargs = parse_config_overrides(args.config_overrides)
-            build_config(args, vocab_size=max(args.vocab_size, 8), seq2seq=seq2seq)
+            model.config_kwargs = parse_config_overrides(model.config_overrides)
+            build_config(model, vocab_size=max(model.vocab_size, 8), seq2seq=seq2seq)
         except ValueError as error:
             parser.error(f"invalid model configuration: {error}")
 
 
-def run_inputs(args: argparse.Namespace) -> dict[str, Any]:
-    """The model folders a run reads (``{"--flag": value}``), which its ``--output_dir`` must not be
-    or hold (the data needs no entry: a data folder is never empty, and has no marker)."""
+def run_inputs(flags: dict[str, Any]) -> dict[str, Any]:
+    """The model folders a run reads (``{"--flag": value}``, from its flat ``flags``), which its
+    ``--output_dir`` must not be or hold (the data needs no entry: a data folder is never empty,
+    and has no marker)."""
     names = ("model_name_or_path", "teacher_model_name_or_path", "tokenizer_name")
-    return {f"--{name}": getattr(args, name) for name in names if getattr(args, name, None)}
+    return {f"--{name}": flags[name] for name in names if flags.get(name)}
 
 
 def _check_saved_config(parser: argparse.ArgumentParser, flag: str, folder: str, trust_remote_code: bool) -> None:
@@ -278,8 +436,8 @@ def _check_saved_config(parser: argparse.ArgumentParser, flag: str, folder: str,
 
 
 def check_finite_floats(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """``parser.error`` when any float argument of ``parser`` is NaN or infinite (``--learning_rate
-    inf`` would pass a ``> 0`` check and train to NaN)."""
+    """``parser.error`` when any float argument of ``parser`` is NaN or infinite in the parsed
+    ``args`` (``--learning_rate inf`` would pass a ``> 0`` check and train to NaN)."""
     for action in parser._actions:
         if action.type is not float:
             continue
@@ -301,34 +459,41 @@ def earlier_run_files(output_dir: str | Path) -> list[Path]:
     return found + [folder / name for name in (BEST_DIR, HISTORY_FILE) if (folder / name).exists()]
 
 
-def _check_run_folder(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+def resume_conflicts(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The arguments on which a checkpoint's stored ``run_args`` (flat, by flag name, of any
+    version) and this run's identity (:meth:`RunArguments.identity`) differ, one line each; a flag
+    one side lacks counts as ``None`` there."""
+    keys = sorted((set(saved) | set(now)) - RESUMABLE_ARGS)
+    return [f"--{k} {saved.get(k)!r} there, {now.get(k)!r} now" for k in keys if saved.get(k) != now.get(k)]
+
+
+def _check_run_folder(parser: argparse.ArgumentParser, args: RunArguments) -> None:
     """Before any work: a resumed checkpoint must belong to a run with these arguments, and a new
     run must not start in a folder that holds an earlier run (unless --overwrite_output_dir)."""
-    if args.resume_from_checkpoint:
-        path = Path(args.resume_from_checkpoint)
-        if args.resume_from_checkpoint == "latest":
-            path = latest_checkpoint(args.output_dir)
+    training = args.training
+    if training.resume_from_checkpoint:
+        path = Path(training.resume_from_checkpoint)
+        if training.resume_from_checkpoint == "latest":
+            path = latest_checkpoint(training.output_dir)
             if path is None:
-                parser.error(f"--resume_from_checkpoint latest: --output_dir {args.output_dir!r} holds no checkpoint "
-                             "yet (they are written every --checkpointing_steps); start the run without it")
+                parser.error(f"--resume_from_checkpoint latest: --output_dir {training.output_dir!r} holds no "
+                             "checkpoint yet (they are written every --checkpointing_steps); start the run without it")
         try:  # a damaged checkpoint (its state, a missing or truncated file) is named before any work
             saved = check_checkpoint(path).get("run_args")
         except ValueError as error:
             parser.error(f"--resume_from_checkpoint {str(path)!r} cannot be resumed: {error}")
         if saved is None:  # written before checkpoints carried their run's arguments
             return
-        keys = sorted((set(saved) | set(args.run_args)) - RESUMABLE_ARGS)
-        differ = [f"--{k} {saved.get(k)!r} there, {args.run_args.get(k)!r} now" for k in keys
-                  if saved.get(k) != args.run_args.get(k)]
+        differ = resume_conflicts(saved, args.identity())
         if differ:
             parser.error(f"--resume_from_checkpoint {str(path)!r} belongs to a run with other arguments: "
                          f"{'; '.join(differ)}. Resume with that run's arguments, or start a new run in another "
                          "--output_dir")
         return
-    earlier = earlier_run_files(args.output_dir)
-    if earlier and not args.overwrite_output_dir:
+    earlier = earlier_run_files(training.output_dir)
+    if earlier and not training.overwrite_output_dir:
         names = ", ".join(p.name for p in earlier[:4]) + (", ..." if len(earlier) > 4 else "")
-        parser.error(f"--output_dir {args.output_dir!r} holds an earlier run ({names}): resume it with "
+        parser.error(f"--output_dir {training.output_dir!r} holds an earlier run ({names}): resume it with "
                      "--resume_from_checkpoint latest, pass --overwrite_output_dir to delete it and start anew, "
                      "or choose another folder")
 
@@ -422,12 +587,11 @@ def parse_config_overrides(overrides: str | None, config_class=ZformerConfig) ->
     return result
 
 
-def build_config(args: argparse.Namespace, vocab_size: int, seq2seq: bool, **extra: Any) -> ZformerConfig:
+def build_config(model: ModelArguments, vocab_size: int, seq2seq: bool, **extra: Any) -> ZformerConfig:
     """The config of a new model: ``--attention_type`` (+ ``--decoder_attention_type``), the parsed
     ``--config_overrides`` (which win), the tokenizer's vocabulary size and ``extra`` task fields."""
-    kwargs: dict[str, Any] = {"attention_type": args.attention_type, "vocab_size": vocab_size, **extra}
+    kwargs: dict[str, Any] = {"attention_type": model.attention_type, "vocab_size": vocab_size, **extra}
     if seq2seq:
-        kwargs["decoder_attention_type"] = args.decoder_attention_type
-    kwargs.update(getattr(args, "config_kwargs", None) or parse_config_overrides(args.config_overrides))
+        kwargs["decoder_attention_type"] = model.decoder_attention_type
+    kwargs.update(model.config_kwargs or parse_config_overrides(model.config_overrides))
     return ZformerConfig(**kwargs)
-

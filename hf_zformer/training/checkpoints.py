@@ -5,7 +5,6 @@
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import errno
 import json
@@ -42,7 +41,7 @@ RESUMABLE_ARGS = frozenset({
     "resume_from_checkpoint", "output_dir", "overwrite_output_dir", "checkpointing_steps", "logging_steps",
     "with_tracking", "report_to", "verbose", "skip_test",
     "push_to_hub", "hub_model_id", "hub_token", "preprocessing_num_workers", "per_device_eval_batch_size",
-    "cpu_allocator", "results_file", "trust_remote_code", "config_kwargs", "run_args",
+    "cpu_allocator", "results_file", "trust_remote_code",
 })
 
 
@@ -213,7 +212,8 @@ def _json(value: Any) -> Any:
     return json.loads(json.dumps(value, default=str))
 
 
-def run_identity(args: argparse.Namespace) -> dict[str, Any]:
-    """The arguments that define a run (all but :data:`RESUMABLE_ARGS`), as JSON values. Stored in
-    every checkpoint; resuming with other values is refused (``arguments.validate_args``)."""
-    return {key: _json(value) for key, value in sorted(vars(args).items()) if key not in RESUMABLE_ARGS}
+def run_identity(flags: dict[str, Any]) -> dict[str, Any]:
+    """The arguments that define a run (all of its flat ``{flag name: value}`` but
+    :data:`RESUMABLE_ARGS`), as JSON values. Stored in every checkpoint as ``run_args``; resuming
+    with other values is refused (``arguments.validate_args``)."""
+    return {key: _json(value) for key, value in sorted(flags.items()) if key not in RESUMABLE_ARGS}

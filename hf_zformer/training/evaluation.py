@@ -69,14 +69,14 @@ def read_history(output_dir: str | os.PathLike) -> list[dict[str, Any]]:
 class EvalTracker:
     """Evaluation schedule, history and best checkpoint of one training run (see the module doc).
 
-    ``metric`` names the key of ``evaluate_fn()``'s result that ``--save_best`` optimises: maximises
+    ``args``: the run's :class:`~.arguments.RunArguments` (output folder, tracking,
+    ``--eval_steps``, ``--save_best``). ``metric`` names the key of ``evaluate_fn()``'s result that ``--save_best`` optimises: maximises
     (``"bleu"``, ``"accuracy"``) or, with ``greater_is_better=False``, minimises (``"perplexity"``);
     ``tokenizer`` is saved next to the best model."""
 
     def __init__(self, args, accelerator, model, evaluate_fn: Callable[[], dict[str, float]], *,
                  metric: str | None, greater_is_better: bool = True, tokenizer=None, updates_per_epoch: int = 1,
                  logger=None):
-        self.args = args
         self.accelerator = accelerator
         self.model = model
         self.evaluate_fn = evaluate_fn
@@ -85,9 +85,10 @@ class EvalTracker:
         self.tokenizer = tokenizer
         self.updates_per_epoch = max(updates_per_epoch, 1)
         self.logger = logger
-        self.output_dir = Path(args.output_dir)
-        self.eval_steps = getattr(args, "eval_steps", None)
-        self.save_best = bool(getattr(args, "save_best", False))
+        self.output_dir = Path(args.training.output_dir)
+        self.with_tracking = args.training.with_tracking
+        self.eval_steps = args.evaluation.eval_steps
+        self.save_best = args.evaluation.save_best
         if self.save_best and not metric:
             raise ValueError("--save_best needs the name of the validation metric to optimise")
         self.best_value: float | None = None
@@ -163,7 +164,7 @@ class EvalTracker:
                     self._save_best()
         self.last_metrics = metrics
         self.eval_runtime_s += time.perf_counter() - started
-        if getattr(self.args, "with_tracking", False):
+        if self.with_tracking:
             self.accelerator.log(prefixed, step=completed_steps)
         return metrics
 

@@ -6,24 +6,26 @@
 
 from __future__ import annotations
 
-import argparse
 import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import torch
 
 from .batching import LengthGroupedBatchSampler
-from .checkpoints import TrainingDiverged, latest_checkpoint, load_checkpoint, require_finite, run_identity, save_checkpoint
+from .checkpoints import TrainingDiverged, latest_checkpoint, load_checkpoint, require_finite, save_checkpoint
 from .evaluation import EvalTracker
 from .feedback import show_bars, speed_line
+
+if TYPE_CHECKING:
+    from .arguments import RunArguments, TrainingArguments
 
 __all__ = ["make_optimizer", "train"]
 
 
-def make_optimizer(model, args) -> torch.optim.Optimizer:
+def make_optimizer(model, training: TrainingArguments) -> torch.optim.Optimizer:
     """AdamW without weight decay on biases, norms and the Zformer scale (as in the examples), in
     PyTorch's fused implementation where the parameters' device has one (CPU and CUDA): one kernel
     per step instead of ~10 per parameter tensor, 25-39 -> 7 ms per step for the d=256 3+3
@@ -33,14 +35,14 @@ def make_optimizer(model, args) -> torch.optim.Optimizer:
         if not param.requires_grad:
             continue
         (no_decay if param.ndim < 2 else decay).append(param)
-    groups = [{"params": decay, "weight_decay": args.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+    groups = [{"params": decay, "weight_decay": training.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     device_types = {param.device.type for group in groups for param in group["params"]}
     fused = bool(device_types) and device_types <= {"cpu", "cuda"}
-    return torch.optim.AdamW(groups, lr=args.learning_rate, fused=fused or None)
+    return torch.optim.AdamW(groups, lr=training.learning_rate, fused=fused or None)
 
 
 def train(
-    args: argparse.Namespace,
+    args: RunArguments,
     accelerator,
     model,
     optimizer,
@@ -66,63 +68,76 @@ def train(
     last one's as ``last_eval_``, and the final model holds the best weights) plus ``best_step``,
     ``train_loss``, ``train_steps``, ``epoch``, ``train_runtime_s``, ``eval_runtime_s``.
     """
-    run_args = getattr(args, "run_args", None) or run_identity(args)  # before the step plan fills in args
-    updates_per_epoch = _plan_steps(args, len(train_dataloader))
-    lr_scheduler = _make_scheduler(args, accelerator, optimizer)
-    if args.with_tracking:
-        accelerator.init_trackers(Path(args.output_dir).name or "run", _tracker_config(args))
-    _log_plan(args, accelerator, len(train_sampler.lengths), logger)
+    training = args.training
+    plan = _plan_steps(training, len(train_dataloader))
+    lr_scheduler = _make_scheduler(training, plan, accelerator, optimizer)
+    if training.with_tracking:
+        accelerator.init_trackers(Path(training.output_dir).name or "run", _tracker_config(args, plan))
+    _log_plan(training, plan, accelerator, len(train_sampler.lengths), logger)
     tracker = EvalTracker(args, accelerator, model, evaluate_fn, metric=best_metric,
                           greater_is_better=greater_is_better, tokenizer=tokenizer,
-                          updates_per_epoch=updates_per_epoch, logger=logger)
-    loop = _Loop(args, accelerator, model, optimizer, lr_scheduler, tracker, logger, loss_fn, run_args)
-    if args.resume_from_checkpoint:
-        loop.resume(args.resume_from_checkpoint, len(train_dataloader))
+                          updates_per_epoch=plan.updates_per_epoch, logger=logger)
+    loop = _Loop(training, plan, accelerator, model, optimizer, lr_scheduler, tracker, logger, loss_fn,
+                 args.identity())
+    if training.resume_from_checkpoint:
+        loop.resume(training.resume_from_checkpoint, len(train_dataloader))
     loop.start()
     metrics: dict[str, Any] = {}
     try:
-        for epoch in range(loop.start_epoch, args.num_train_epochs):
-            if loop.completed_steps >= args.max_train_steps:
+        for epoch in range(loop.start_epoch, plan.num_train_epochs):
+            if loop.completed_steps >= plan.max_train_steps:
                 break
             metrics = loop.run_epoch(epoch, train_dataloader, train_sampler)
-        return loop.finish(metrics, updates_per_epoch)
+        return loop.finish(metrics, plan.updates_per_epoch)
     except TrainingDiverged as error:  # the run stops; what was saved before the divergence stays
         raise SystemExit(f"error: training diverged: {error}") from None
 
 
-def _plan_steps(args: argparse.Namespace, batches_per_epoch: int) -> int:
-    """Optimizer steps per epoch; fills in ``--max_train_steps`` from the epochs, or the epochs from it."""
-    updates_per_epoch = math.ceil(batches_per_epoch / args.gradient_accumulation_steps)
-    if args.max_train_steps is None:
-        args.max_train_steps = args.num_train_epochs * updates_per_epoch
-    args.num_train_epochs = math.ceil(args.max_train_steps / updates_per_epoch)
-    return updates_per_epoch
+class _Plan(NamedTuple):
+    """How long a run trains: ``--max_train_steps`` (from the epochs when not given) and the
+    epochs that takes."""
+
+    updates_per_epoch: int
+    max_train_steps: int
+    num_train_epochs: int
 
 
-def _make_scheduler(args: argparse.Namespace, accelerator, optimizer):
+def _plan_steps(training: TrainingArguments, batches_per_epoch: int) -> _Plan:
+    """Optimizer steps per epoch; ``--max_train_steps`` from the epochs, or the epochs from it."""
+    updates_per_epoch = math.ceil(batches_per_epoch / training.gradient_accumulation_steps)
+    max_train_steps = training.max_train_steps
+    if max_train_steps is None:
+        max_train_steps = training.num_train_epochs * updates_per_epoch
+    return _Plan(updates_per_epoch, max_train_steps, math.ceil(max_train_steps / updates_per_epoch))
+
+
+def _make_scheduler(training: TrainingArguments, plan: _Plan, accelerator, optimizer):
     from transformers import get_scheduler
 
     # A prepared scheduler steps once per process per optimizer step (the examples' convention).
     lr_scheduler = get_scheduler(
-        args.lr_scheduler_type,
+        training.lr_scheduler_type,
         optimizer=optimizer,
-        num_warmup_steps=args.num_warmup_steps * accelerator.num_processes,
-        num_training_steps=args.max_train_steps * accelerator.num_processes,
+        num_warmup_steps=training.num_warmup_steps * accelerator.num_processes,
+        num_training_steps=plan.max_train_steps * accelerator.num_processes,
     )
     return accelerator.prepare(lr_scheduler)
 
 
-def _log_plan(args: argparse.Namespace, accelerator, examples: int, logger) -> None:
-    total_batch = args.per_device_train_batch_size * accelerator.num_processes * args.gradient_accumulation_steps
+def _log_plan(training: TrainingArguments, plan: _Plan, accelerator, examples: int, logger) -> None:
+    batch, accumulation = training.per_device_train_batch_size, training.gradient_accumulation_steps
+    total_batch = batch * accelerator.num_processes * accumulation
     logger.info(
-        f"Training: {examples} examples, {args.num_train_epochs} epochs, {args.max_train_steps} "
-        f"optimizer steps, batch {args.per_device_train_batch_size}/device x {accelerator.num_processes} processes x "
-        f"{args.gradient_accumulation_steps} accumulation = {total_batch}"
+        f"Training: {examples} examples, {plan.num_train_epochs} epochs, {plan.max_train_steps} "
+        f"optimizer steps, batch {batch}/device x {accelerator.num_processes} processes x "
+        f"{accumulation} accumulation = {total_batch}"
     )
 
 
-def _tracker_config(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in vars(args).items() if k != "hub_token"}
+def _tracker_config(args: RunArguments, plan: _Plan) -> dict[str, Any]:
+    """The run's flags for the trackers, with the planned steps and epochs; never the Hub token."""
+    flags = {**args.flags(), "max_train_steps": plan.max_train_steps, "num_train_epochs": plan.num_train_epochs}
+    return {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in flags.items() if k != "hub_token"}
 
 
 class _Loop:
@@ -130,9 +145,9 @@ class _Loop:
     (carried by checkpoints over resumed segments) and the steps of an epoch: accumulate a batch,
     then after each optimizer update log, evaluate and checkpoint."""
 
-    def __init__(self, args, accelerator, model, optimizer, lr_scheduler, tracker: EvalTracker, logger, loss_fn=None,
-                 run_args: dict[str, Any] | None = None):
-        self.args, self.accelerator, self.model = args, accelerator, model
+    def __init__(self, training: TrainingArguments, plan: _Plan, accelerator, model, optimizer, lr_scheduler,
+                 tracker: EvalTracker, logger, loss_fn=None, run_args: dict[str, Any] | None = None):
+        self.training, self.plan, self.accelerator, self.model = training, plan, accelerator, model
         self.run_args = run_args or {}  # stored in every checkpoint: resuming with other arguments is refused
         self.loss_fn = loss_fn or (lambda model, batch: model(**batch).loss)
         self.optimizer, self.lr_scheduler, self.tracker, self.logger = optimizer, lr_scheduler, tracker, logger
@@ -142,9 +157,9 @@ class _Loop:
     def resume(self, path, batches_per_epoch: int) -> None:
         """Restore the checkpoint ``path`` (``"latest"``: the newest in ``--output_dir``)."""
         if path == "latest":
-            path = latest_checkpoint(self.args.output_dir)
+            path = latest_checkpoint(self.training.output_dir)
             if path is None:
-                raise FileNotFoundError(f"--resume_from_checkpoint latest: no checkpoint in {self.args.output_dir}")
+                raise FileNotFoundError(f"--resume_from_checkpoint latest: no checkpoint in {self.training.output_dir}")
         state = load_checkpoint(self.accelerator, path)
         self.completed_steps, self.start_epoch = state["completed_steps"], state["epoch"]
         self.resume_batches = state["batches_done"]
@@ -161,7 +176,7 @@ class _Loop:
         from tqdm.auto import tqdm
 
         self.bars = show_bars()
-        self.progress = tqdm(range(self.args.max_train_steps), desc="train",
+        self.progress = tqdm(range(self.plan.max_train_steps), desc="train",
                              disable=not self.accelerator.is_local_main_process or not self.bars)
         self.progress.update(self.completed_steps)
         self.started, self.first_step = time.perf_counter(), self.completed_steps
@@ -179,26 +194,26 @@ class _Loop:
             if not self.accumulate(batch):
                 continue
             self.after_update(epoch, batches_done)
-            if self.completed_steps >= self.args.max_train_steps:
+            if self.completed_steps >= self.plan.max_train_steps:
                 break
         self.tracker.evaluate(self.completed_steps, epoch)  # no-op when --eval_steps just evaluated this step
         metrics = {f"eval_{k}": v for k, v in self.tracker.last_metrics.items()}
-        if self.args.with_tracking:
+        if self.training.with_tracking:
             self.accelerator.log({"epoch": epoch}, step=self.completed_steps)
-        if self.args.checkpointing_steps == "epoch":
+        if self.training.checkpointing_steps == "epoch":
             self.checkpoint(f"epoch_{epoch}", epoch=epoch + 1, batches_done=0)
         return metrics
 
     def accumulate(self, batch) -> bool:
         """Forward and backward one batch (an optimizer step when the accumulation is complete);
         whether an optimizer step was taken."""
-        accelerator, args = self.accelerator, self.args
+        accelerator, max_grad_norm = self.accelerator, self.training.max_grad_norm
         with accelerator.accumulate(self.model):
             loss = self.loss_fn(self.model, batch)
             self.check_loss(loss)
             accelerator.backward(loss)
-            if accelerator.sync_gradients and args.max_grad_norm > 0:
-                accelerator.clip_grad_norm_(self.model.parameters(), args.max_grad_norm)
+            if accelerator.sync_gradients and max_grad_norm > 0:
+                accelerator.clip_grad_norm_(self.model.parameters(), max_grad_norm)
             self.optimizer.step()
             self.lr_scheduler.step()
             self.optimizer.zero_grad()
@@ -228,26 +243,26 @@ class _Loop:
         self.completed_steps += 1
         self.progress.update(1)
         steps = self.completed_steps
-        if steps % self.args.logging_steps == 0 or steps == self.args.max_train_steps:
+        if steps % self.training.logging_steps == 0 or steps == self.plan.max_train_steps:
             self.log_loss()
         if self.tracker.due(steps):
             self.tracker.evaluate(steps)
-        if isinstance(self.args.checkpointing_steps, int) and steps % self.args.checkpointing_steps == 0:
+        every = self.training.checkpointing_steps
+        if isinstance(every, int) and steps % every == 0:
             self.checkpoint(f"step_{steps}", epoch=epoch, batches_done=batches_done)
 
     def log_loss(self) -> None:
         """The mean loss since the last log line (over every process), with the learning rate."""
-        args, steps = self.args, self.completed_steps
+        steps, max_steps = self.completed_steps, self.plan.max_train_steps
         loss = self.accelerator.gather(self.running_loss).mean().item() / self.running_count
         self.running_loss.zero_()
         self.running_count = 0
         lr = self.lr_scheduler.get_last_lr()[0]
         self.progress.set_postfix(loss=f"{loss:.4f}", lr=f"{lr:.2e}")
         if not self.bars:
-            speed = speed_line(steps, args.max_train_steps, time.perf_counter() - self.started, "steps",
-                               new=steps - self.first_step)
-            self.logger.info(f"step {steps}/{args.max_train_steps}: loss {loss:.4f}, lr {lr:.3e}, {speed}")
-        if args.with_tracking:
+            speed = speed_line(steps, max_steps, time.perf_counter() - self.started, "steps", new=steps - self.first_step)
+            self.logger.info(f"step {steps}/{max_steps}: loss {loss:.4f}, lr {lr:.3e}, {speed}")
+        if self.training.with_tracking:
             self.accelerator.log({"train_loss": loss, "lr": lr}, step=steps)
 
     def run_state(self, **position: int) -> dict[str, Any]:
@@ -259,7 +274,7 @@ class _Loop:
     def checkpoint(self, name: str, *, epoch: int, batches_done: int) -> None:
         require_finite(self.model, f"checkpoint {name}")
         state = self.run_state(completed_steps=self.completed_steps, epoch=epoch, batches_done=batches_done)
-        save_checkpoint(self.accelerator, self.args.output_dir, name,
+        save_checkpoint(self.accelerator, self.training.output_dir, name,
                         {**state, **self.tracker.state(), "run_args": self.run_args})
 
     def finish(self, metrics: dict[str, Any], updates_per_epoch: int) -> dict[str, Any]:
@@ -274,7 +289,7 @@ class _Loop:
         if tracker.load_best():
             metrics = {**{f"last_{k}": v for k, v in metrics.items()},
                        **{f"eval_{k}": v for k, v in tracker.best_metrics.items()}}
-        if self.args.with_tracking:
+        if self.training.with_tracking:
             accelerator.end_training()
         return {
             **metrics,

@@ -24,7 +24,7 @@ import os
 import platform
 import subprocess
 import tempfile
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -243,15 +243,23 @@ def machine(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
     return cpu
 
 
+def _flags(args) -> dict[str, Any]:
+    """A run's arguments flat, by flag name: ``args`` is that mapping already (``RunArguments.flags()``,
+    a stored ``training_args.json``) or a namespace of them (``evaluate_model.py``'s)."""
+    return args if isinstance(args, Mapping) else vars(args)
+
+
 def task_name(args) -> str:
     """``--data_dir``'s folder name, ``--train_file``'s folder and name (``imdb-unsup`` for
-    ``imdb/unsup.jsonl.gz``) or ``--dataset_name``'s last part (``multi30k``, ``imdb``)."""
-    if getattr(args, "data_dir", None):
-        return Path(args.data_dir).expanduser().resolve().name
-    if getattr(args, "train_file", None):
-        path = Path(args.train_file).expanduser().resolve()
+    ``imdb/unsup.jsonl.gz``) or ``--dataset_name``'s last part (``multi30k``, ``imdb``); ``args``
+    as :func:`_flags` takes them."""
+    flags = _flags(args)
+    if flags.get("data_dir"):
+        return Path(flags["data_dir"]).expanduser().resolve().name
+    if flags.get("train_file"):
+        path = Path(flags["train_file"]).expanduser().resolve()
         return f"{path.parent.name}-{path.name.split('.')[0]}"
-    return str(args.dataset_name).rstrip("/").split("/")[-1]
+    return str(flags.get("dataset_name")).rstrip("/").split("/")[-1]
 
 
 def _card_metadata(name_or_path: str | None) -> dict:
@@ -327,15 +335,16 @@ def _model_fields(args, config) -> dict[str, Any]:
     what the model is (attention, config, the folder it came from, its base model and distillation)
     and where it was measured (commit, date, machine)."""
     seq2seq = bool(getattr(config, "is_encoder_decoder", False))
+    flags = _flags(args)
     return {
-        "task": task_name(args),
+        "task": task_name(flags),
         "attention": _layer_types(getattr(config, "attention_type", None)),
         "decoder_attention": _layer_types(getattr(config, "decoder_attention_type", None)) if seq2seq else None,
-        "split_seed": getattr(args, "split_seed", None),
+        "split_seed": flags.get("split_seed"),
         "commit": git_commit(),
-        "base_model": base_model_of(args.model_name_or_path),
-        "distillation": distillation_of(args.model_name_or_path),  # of a converted folder (its model card)
-        "model_name_or_path": args.model_name_or_path,  # the folder or id the run loaded
+        "base_model": base_model_of(flags["model_name_or_path"]),
+        "distillation": distillation_of(flags["model_name_or_path"]),  # of a converted folder (its model card)
+        "model_name_or_path": flags["model_name_or_path"],  # the folder or id the run loaded
         "config": config_summary(config),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "machine": machine(),
@@ -347,7 +356,7 @@ def teacher_of(args, unlabeled_examples: int | None = None) -> dict[str, Any] | 
     the unlabeled texts added (``unlabeled_examples``, their count; default ``--max_unlabeled_samples``,
     else 0 without ``--unlabeled_file``). ``args``: the run's arguments, a namespace or the mapping
     :func:`save_training_args` stored. None for a run without ``--teacher_model_name_or_path``."""
-    get = args.get if isinstance(args, dict) else lambda key: getattr(args, key, None)
+    get = _flags(args).get
     if not get("teacher_model_name_or_path"):
         return None
     if unlabeled_examples is None:
@@ -358,13 +367,15 @@ def teacher_of(args, unlabeled_examples: int | None = None) -> dict[str, Any] | 
 
 
 def save_training_args(args, output_dir: str | os.PathLike | None = None) -> Path:
-    """Store the arguments that define a training run (``checkpoints.run_identity``: all but where it
-    is written, logged and pushed; never a token) as :data:`TRAINING_ARGS_FILE` in its output folder,
-    so that an evaluation of the folder can record how the model was trained."""
+    """Store the arguments that define a training run (``args`` as :func:`_flags` takes them;
+    ``checkpoints.run_identity``: all but where it is written, logged and pushed; never a token) as
+    :data:`TRAINING_ARGS_FILE` in its output folder (``output_dir``, default ``--output_dir``), so
+    that an evaluation of the folder can record how the model was trained."""
     from .checkpoints import run_identity
 
-    path = Path(output_dir if output_dir is not None else args.output_dir) / TRAINING_ARGS_FILE
-    stored = getattr(args, "run_args", None) or run_identity(args)
+    flags = _flags(args)
+    path = Path(output_dir if output_dir is not None else flags["output_dir"]) / TRAINING_ARGS_FILE
+    stored = run_identity(flags)
     path.write_text(json.dumps(stored, indent=2, sort_keys=True) + "\n")
     return path
 
@@ -397,7 +408,7 @@ def evaluation_fields(args, config) -> dict[str, Any]:
     the recipe a training record of that run carries: base model and distillation of the folder it
     started from, teacher, mixed precision, seed, learning rate, epochs, steps and best step. A
     folder no run wrote (a converted checkpoint, a Hub id) names its own base model and distillation."""
-    folder, trained_args, trained = training_run_of(args.model_name_or_path)
+    folder, trained_args, trained = training_run_of(_flags(args)["model_name_or_path"])
     fields = _model_fields(args, config)
     if trained_args:  # the folder the run started from (None: from scratch) names them
         origin = trained_args.get("model_name_or_path")
@@ -417,6 +428,7 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
     more or less data can be told apart and plotted. ``tokens_per_s`` is estimated as
     ``tokens_per_epoch`` (non-padding training tokens, source + target for translation) times the
     epochs trained, over the loop's time minus its evaluations."""
+    flags = _flags(args)
     tokens_per_s = None
     train_time = (results.get("train_runtime_s") or 0.0) - (results.get("eval_runtime_s") or 0.0)
     if tokens_per_epoch and results.get("epoch") and train_time > 0:
@@ -426,13 +438,13 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
         "epochs": results.get("epoch"),  # fractional: optimizer steps / steps per epoch
         "train_steps": results.get("train_steps"),
         "train_examples": train_examples,
-        "seed": args.seed,
-        "learning_rate": getattr(args, "learning_rate", None),  # runs of one comparison may differ only in it
+        "seed": flags["seed"],
+        "learning_rate": flags.get("learning_rate"),  # runs of one comparison may differ only in it
         "max_length": max_length,
-        **({"truncation_side": args.truncation_side} if getattr(args, "truncation_side", None) else {}),
+        **({"truncation_side": flags["truncation_side"]} if flags.get("truncation_side") else {}),
         "best_step": results.get("best_step"),
         "wall_time_s": round(wall_time_s, 1),
         "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),
         "mixed_precision": results.get("mixed_precision"),  # "no", "bf16" or "fp16": runs differ in it
-        "output_dir": str(args.output_dir),
+        "output_dir": str(flags["output_dir"]),
     }

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import json
@@ -22,7 +21,7 @@ import shlex
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -31,6 +30,9 @@ from .checkpoints import TrainingDiverged, require_finite
 from .feedback import get_logger, setup_logging, show_bars
 from ..memory import retain_freed_memory
 from .results import save_training_args
+
+if TYPE_CHECKING:
+    from .arguments import ModelArguments, RunArguments, TrainingArguments
 
 __all__ = [
     "command_line",
@@ -47,7 +49,7 @@ __all__ = [
 LOCK_FILE = ".lock"  # in --output_dir; holds the pid of the run that owns the folder
 
 
-def make_accelerator(args: argparse.Namespace):
+def make_accelerator(training: TrainingArguments):
     """The scripts' ``Accelerator``. A multi-process launch on a machine without accelerator
     (``accelerate launch --multi_gpu --num_processes N`` on CPU) becomes DDP over gloo: accelerate
     only picks its MULTI_CPU mode when asked for ``cpu=True``, and would otherwise run N
@@ -58,47 +60,28 @@ def make_accelerator(args: argparse.Namespace):
     multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
     return Accelerator(
         cpu=multi_process and not has_accelerator,
-        gradient_accumulation_steps=args.gradient_accumulation_steps,
-        log_with=args.report_to if args.with_tracking else None,
-        project_dir=args.output_dir,
+        gradient_accumulation_steps=training.gradient_accumulation_steps,
+        log_with=training.report_to if training.with_tracking else None,
+        project_dir=training.output_dir,
     )
 
 
 
-def start_run(args: argparse.Namespace, logger_name: str):
+def start_run(training: TrainingArguments, logger_name: str):
     """What every script does first: the Accelerator, logging (quiet on non-main processes), the
     seed, and the output directory (created by the main process, seen by all). Returns
     ``(accelerator, logger)``."""
     from accelerate.utils import set_seed
 
-    accelerator = make_accelerator(args)
+    accelerator = make_accelerator(training)
     setup_logging(accelerator)
-    verbose = getattr(args, "verbose", False)
-    logger = get_logger(logger_name, accelerator, verbose)
-    if accelerator.num_processes > 1 or verbose:  # accelerate's environment, worth reading with several processes
+    logger = get_logger(logger_name, accelerator, training.verbose)
+    if accelerator.num_processes > 1 or training.verbose:  # accelerate's environment, worth reading with several processes
         logger.info(accelerator.state, main_process_only=True)
-    if getattr(args, "cpu_allocator", "system") == "retain" and retain_freed_memory():
+    if training.cpu_allocator == "retain" and retain_freed_memory():
         logger.info("C allocator: freed memory is kept for reuse (--cpu_allocator retain)", main_process_only=True)
-    set_seed(args.seed)
-    problem = None  # checked by the main process, raised by all (no process is left waiting)
-    if accelerator.is_main_process:
-        try:
-            Path(args.output_dir).mkdir(parents=True, exist_ok=True)
-            if not folders.files_under(args.output_dir):  # marked before the lock file makes it non-empty,
-                folders.record(args.output_dir)  # so the other processes' check never sees a foreign folder
-            lock_output_dir(args.output_dir)
-            folders.recover(args.output_dir, logger=logger)
-            if args.resume_from_checkpoint and folders.read_marker(args.output_dir) is None:
-                adopt_earlier_run(args.output_dir)
-            if getattr(args, "overwrite_output_dir", False) and not args.resume_from_checkpoint:
-                clear_earlier_run(args.output_dir, logger)
-            folders.record(args.output_dir, LOCK_FILE)
-            if args.push_to_hub:
-                from ..hub import check_push_access
-
-                check_push_access(args.hub_model_id, token=args.hub_token)
-        except (RuntimeError, OSError) as error:
-            problem = str(error)
+    set_seed(training.seed)
+    problem = _prepare_output_dir(training, accelerator, logger)
     from accelerate.utils import broadcast_object_list
 
     problem = broadcast_object_list([problem])[0]
@@ -106,6 +89,33 @@ def start_run(args: argparse.Namespace, logger_name: str):
         raise SystemExit(f"error: {problem}")
     accelerator.wait_for_everyone()
     return accelerator, logger
+
+
+def _prepare_output_dir(training: TrainingArguments, accelerator, logger) -> str | None:
+    """The main process creates, marks, locks and recovers ``--output_dir`` (adopting or clearing
+    an earlier run) and checks the Hub repository; what went wrong, for every process to raise
+    (no process is left waiting), or None."""
+    if not accelerator.is_main_process:
+        return None
+    output_dir = training.output_dir
+    try:
+        Path(output_dir).mkdir(parents=True, exist_ok=True)
+        if not folders.files_under(output_dir):  # marked before the lock file makes it non-empty,
+            folders.record(output_dir)  # so the other processes' check never sees a foreign folder
+        lock_output_dir(output_dir)
+        folders.recover(output_dir, logger=logger)
+        if training.resume_from_checkpoint and folders.read_marker(output_dir) is None:
+            adopt_earlier_run(output_dir)
+        if training.overwrite_output_dir and not training.resume_from_checkpoint:
+            clear_earlier_run(output_dir, logger)
+        folders.record(output_dir, LOCK_FILE)
+        if training.push_to_hub:
+            from ..hub import check_push_access
+
+            check_push_access(training.hub_model_id, token=training.hub_token)
+    except (RuntimeError, OSError) as error:
+        return str(error)
+    return None
 
 
 def clear_earlier_run(output_dir: str | os.PathLike, logger=None) -> None:
@@ -195,7 +205,7 @@ def subsample(raw, limits: dict[str, int | None], seed: int) -> None:
             raw[split] = raw[split].shuffle(seed=seed).select(range(limit))
 
 
-def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
+def load_tokenizer(args: RunArguments, accelerator, raw, **train_kwargs):
     """``--tokenizer_name`` or the base model's tokenizer; without either, one trained on ``raw``
     by the main process (:func:`hf_zformer.tokenization.train_tokenizer` with ``train_kwargs``)
     and saved in ``--output_dir``, where every process loads it from."""
@@ -203,18 +213,19 @@ def load_tokenizer(args: argparse.Namespace, accelerator, raw, **train_kwargs):
 
     from ..tokenization import train_tokenizer
 
-    source = args.tokenizer_name or args.model_name_or_path
+    model, output_dir = args.model, args.training.output_dir
+    source = model.tokenizer_name or model.model_name_or_path
     if source:
-        return pretrained_tokenizer(args, source)
+        return pretrained_tokenizer(model, source)
     if accelerator.is_main_process:
-        logging.getLogger(__name__).info(f"training a {args.vocab_size}-token tokenizer on the training texts")
+        logging.getLogger(__name__).info(f"training a {model.vocab_size}-token tokenizer on the training texts")
         started = time.perf_counter()
-        with folders.recording(args.output_dir):
-            train_tokenizer(raw, vocab_size=args.vocab_size, save_dir=args.output_dir, show_progress=show_bars(),
-                            lowercase=getattr(args, "lowercase", False), **train_kwargs)
+        with folders.recording(output_dir):
+            train_tokenizer(raw, vocab_size=model.vocab_size, save_dir=output_dir, show_progress=show_bars(),
+                            lowercase=model.lowercase, **train_kwargs)
         logging.getLogger(__name__).info(f"tokenizer trained in {time.perf_counter() - started:.0f} s")
     accelerator.wait_for_everyone()
-    return AutoTokenizer.from_pretrained(args.output_dir)
+    return AutoTokenizer.from_pretrained(output_dir)
 
 
 
@@ -228,7 +239,7 @@ def usage_error(message: str):
     raise SystemExit(2)
 
 
-def pretrained_tokenizer(args: argparse.Namespace, source: str):
+def pretrained_tokenizer(model: ModelArguments, source: str):
     """The tokenizer of ``source`` (``--tokenizer_name`` or ``--model_name_or_path``), refused with
     a clear error when the folder has none (a folder written by ``model.save_pretrained`` alone)
     or when it cannot be the model's (far fewer tokens than the model's vocabulary)."""
@@ -236,20 +247,20 @@ def pretrained_tokenizer(args: argparse.Namespace, source: str):
 
     from ..tokenization import fits_vocabulary
 
-    flag = "--tokenizer_name" if args.tokenizer_name else "--model_name_or_path"
+    flag = "--tokenizer_name" if model.tokenizer_name else "--model_name_or_path"
     folder = Path(source).expanduser()
     if folder.is_dir() and not any((folder / name).exists() for name in TOKENIZER_FILES):
         usage_error(f"{flag} {source!r} has no tokenizer files ({', '.join(TOKENIZER_FILES[:3])}, ...): save the "
                     "tokenizer into it (tokenizer.save_pretrained) or pass --tokenizer_name with the tokenizer the "
                     "model was trained with")
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=args.trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=model.trust_remote_code)
     except (OSError, ValueError) as error:
         usage_error(f"{flag} {source!r}: no tokenizer could be loaded ({str(error).splitlines()[0]})")
-    if args.model_name_or_path:
+    if model.model_name_or_path:
         with contextlib.suppress(OSError, ValueError):
-            vocab_size = AutoConfig.from_pretrained(args.model_name_or_path,
-                                                    trust_remote_code=args.trust_remote_code).vocab_size
+            vocab_size = AutoConfig.from_pretrained(model.model_name_or_path,
+                                                    trust_remote_code=model.trust_remote_code).vocab_size
             if not fits_vocabulary(tokenizer, vocab_size):
                 usage_error(f"{flag} {source!r}: its tokenizer has {len(tokenizer)} tokens for a model vocabulary "
                             f"of {vocab_size}, so it is not the model's; pass --tokenizer_name with the tokenizer "
@@ -324,7 +335,7 @@ def results_to_write(results: dict[str, Any], path: Path, logger) -> dict[str, A
 
 
 def finish_run(
-    args: argparse.Namespace,
+    args: RunArguments,
     accelerator,
     model,
     tokenizer,
@@ -347,13 +358,14 @@ def finish_run(
         require_finite(model, "the final model")
     except TrainingDiverged as error:
         raise SystemExit(f"error: {error}") from None
-    with folders.recording(args.output_dir) if accelerator.is_main_process else contextlib.nullcontext():
+    training = args.training
+    with folders.recording(training.output_dir) if accelerator.is_main_process else contextlib.nullcontext():
         _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_kwargs, logger)
-    if accelerator.is_main_process and args.push_to_hub:
-        url = hub.push_to_hub(args.output_dir, args.hub_model_id, token=args.hub_token)
+    if accelerator.is_main_process and training.push_to_hub:
+        url = hub.push_to_hub(training.output_dir, training.hub_model_id, token=training.hub_token)
         logger.info(f"pushed to {url}")
     if accelerator.is_main_process:
-        logger.info(f"saved the model, tokenizer, results and model card to {args.output_dir}")
+        logger.info(f"saved the model, tokenizer, results and model card to {training.output_dir}")
     accelerator.wait_for_everyone()
 
 
@@ -361,29 +373,31 @@ def _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_k
     """The writing part of :func:`finish_run`: model, tokenizer, ``all_results.json``, model card."""
     from .. import hub
 
+    output_dir, data = args.training.output_dir, args.data
     unwrapped.save_pretrained(
-        args.output_dir,
+        output_dir,
         is_main_process=accelerator.is_main_process,
         save_function=accelerator.save,
         state_dict=accelerator.get_state_dict(model),
     )
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(args.output_dir)
-        save_training_args(args)  # an evaluation of the folder records how it was trained
-        results = results_to_write(results, Path(args.output_dir) / "all_results.json", logger)
-        with open(Path(args.output_dir) / "all_results.json", "w") as f:
+        tokenizer.save_pretrained(output_dir)
+        save_training_args(args.flags())  # an evaluation of the folder records how it was trained
+        results = results_to_write(results, Path(output_dir) / "all_results.json", logger)
+        with open(Path(output_dir) / "all_results.json", "w") as f:
             json.dump(results, f, indent=2, allow_nan=False)
+        hub_model_id = args.training.hub_model_id
         card = hub.model_card(
             config=unwrapped.config,
             results=results,
-            command=command_line(args.hub_token),
-            dataset_name=args.dataset_name or Path(args.data_dir or getattr(args, "train_file", None)).name,
-            dataset_config=args.dataset_config_name,
-            model_name=args.hub_model_id or Path(args.output_dir).name,
-            model_id=args.hub_model_id or args.output_dir,  # the usage snippet loads this as written
-            hub_dataset=bool(args.dataset_name),  # a --data_dir folder name is no Hub dataset id
-            base_model=args.model_name_or_path,
+            command=command_line(args.training.hub_token),
+            dataset_name=data.dataset_name or Path(data.data_dir or getattr(args.task, "train_file", None)).name,
+            dataset_config=data.dataset_config_name,
+            model_name=hub_model_id or Path(output_dir).name,
+            model_id=hub_model_id or output_dir,  # the usage snippet loads this as written
+            hub_dataset=bool(data.dataset_name),  # a --data_dir folder name is no Hub dataset id
+            base_model=args.model.model_name_or_path,
             **card_kwargs,
         )
-        (Path(args.output_dir) / "README.md").write_text(card)
+        (Path(output_dir) / "README.md").write_text(card)
         logger.info(f"results: {json.dumps(results)}")
