@@ -47,8 +47,15 @@ PROMPTS = ("The history of the city begins", "This movie was")
 MODELS = ("source", "converted", "init_model", "transferred", "finetuned")
 
 
-def parse_args(argv=None):
-    from hf_zformer.conversion.decoder_finetune import FINETUNE_METHODS, LORA_TARGETS, peft_available
+def parse_args(argv=None) -> argparse.Namespace:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_args(parser, args)
+    return args
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from hf_zformer.conversion.decoder_finetune import FINETUNE_METHODS, LORA_TARGETS
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[1],
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -89,7 +96,14 @@ def parse_args(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="auto",
                         help='"cpu", "cuda", "cuda:N", or "auto" (the GPU when there is one; fp32 with TF32 matmuls there).')
-    args = parser.parse_args(argv)
+    return parser
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Counts, rates and weights, stage 2's default learning rate, peft, the device and the
+    evaluation texts' names; ``parser.error`` on the first problem."""
+    from hf_zformer.conversion.decoder_finetune import peft_available
+
     for name in ("batch_size", "block_size", "eval_block_size", "eval_blocks", "log_every", "checkpoint_every",
                  "lora_rank"):
         if getattr(args, name) < 1:
@@ -108,18 +122,21 @@ def parse_args(argv=None):
         parser.error("--finetune_method lora needs the peft package (pip install peft, or hf_zformer[decoders]); "
                      "--finetune_method full needs none")
     if args.device != "auto":
-        import torch
-
-        try:
-            device = torch.device(args.device)
-        except RuntimeError:
-            parser.error(f"--device {args.device!r} is not a device (cpu, cuda, cuda:N, auto)")
-        if device.type == "cuda" and not torch.cuda.is_available():
-            parser.error(f"--device {args.device}: CUDA is not available here")
+        check_device(parser, args.device)
     names = [evaluation_name(path) for path in args.eval_file]
     if len(set(names)) < len(names):
         parser.error(f"--eval_file {' '.join(args.eval_file)}: two files share the name {names} (folder/file)")
-    return args
+
+
+def check_device(parser: argparse.ArgumentParser, name: str) -> None:
+    import torch
+
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        parser.error(f"--device {name!r} is not a device (cpu, cuda, cuda:N, auto)")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error(f"--device {name}: CUDA is not available here")
 
 
 def evaluation_name(path: str) -> str:
@@ -204,48 +221,63 @@ def write_results(path: Path, results: dict) -> None:
     folders.record(path.parent, path.name)
 
 
-def main(argv=None):
-    args = parse_args(argv)
+def error(message: str):
+    sys.exit(f"linearize_decoder.py: error: {message}")
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """The training and evaluation files and --init_model exist, before the source is loaded."""
     for name, path in [("train_file", args.train_file), ("init_model", args.init_model)] + [
-            ("eval_file", path) for path in args.eval_file]:  # before the source is loaded
+            ("eval_file", path) for path in args.eval_file]:
         if path is not None and not (Path(path).is_dir() if name == "init_model" else Path(path).is_file()):
-            sys.exit(f"linearize_decoder.py: error: --{name} {path} is not a {'folder' if name == 'init_model' else 'file'}")
+            error(f"--{name} {path} is not a {'folder' if name == 'init_model' else 'file'}")
+
+
+def pick_device(args: argparse.Namespace):
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from hf_zformer.training.arguments import parse_config_overrides
-    from hf_zformer.conversion.convert_decoder import convert_causal_lm, full_attention_copy
-    from hf_zformer.conversion.decoder_finetune import Finetuning
-    from hf_zformer.conversion.decoder_transfer import AttentionTransfer, perplexity
-    from hf_zformer.modeling import ZformerLlamaConfig, ZformerLlamaForCausalLM
-    from hf_zformer.training.results import git_commit, machine, perplexity_ci
-
-    from hf_zformer import folders
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
                           "cpu" if args.device == "auto" else args.device)
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True  # fp32 weights, TF32 matrix products
+    return device
+
+
+def prepare_output_dir(args: argparse.Namespace) -> Path:
+    """--output_dir checked (new, empty, or a folder this library wrote: a run to resume, with the
+    same arguments), created and marked, with this run's arguments in run_args.json."""
+    import torch
+
+    from hf_zformer import folders
+
     inputs = {"--model_name_or_path": args.model_name_or_path, "--train_file": args.train_file,
               **{f"--eval_file {path}": path for path in args.eval_file}}
     if args.init_model:
         inputs["--init_model"] = args.init_model
-    try:  # new, empty, or a folder this library wrote (a run to resume); never a folder of other files
+    try:  # never a folder of other files
         output_dir = folders.check_output_dir(args.output_dir, name="--output_dir", whole=False, inputs=inputs)
-    except ValueError as error:
-        sys.exit(f"linearize_decoder.py: error: {error}")
+    except ValueError as problem:
+        error(str(problem))
     torch.manual_seed(args.seed)
     output_dir.mkdir(parents=True, exist_ok=True)
     folders.record(output_dir)
     identity = {k: v for k, v in vars(args).items() if k not in RESUMABLE}
     identity_file = output_dir / "run_args.json"
     if identity_file.exists() and json.loads(identity_file.read_text()) != identity:
-        sys.exit(f"linearize_decoder.py: error: {output_dir} holds a run with other arguments "
-                 f"({identity_file}); choose another --output_dir")
+        error(f"{output_dir} holds a run with other arguments ({identity_file}); choose another --output_dir")
     identity_file.write_text(json.dumps(identity, indent=1) + "\n")
     folders.record(output_dir, identity_file.name)
-    results_file = output_dir / "results.json"
-    results = json.loads(results_file.read_text()) if results_file.exists() else {
+    return output_dir
+
+
+def initial_results(args: argparse.Namespace, device) -> dict:
+    """What results.json records before any number: the source, the recipe of each stage, where it runs."""
+    import torch
+
+    from hf_zformer.training.results import git_commit, machine
+
+    lora = {"rank": args.lora_rank, "alpha": args.lora_alpha, "targets": args.lora_targets}
+    return {
         "source": args.model_name_or_path + (f" ({args.gguf_file})" if args.gguf_file else ""),
         "init_model": args.init_model, "attention_type": args.attention_type,
         "config_overrides": args.config_overrides, "train_file": args.train_file, "eval_file": args.eval_file,
@@ -255,13 +287,24 @@ def main(argv=None):
         "finetune": {"steps": args.finetune_steps, "batch_size": args.batch_size, "block_size": args.block_size,
                      "tokens": args.finetune_steps * args.batch_size * args.block_size,
                      "method": args.finetune_method, "learning_rate": args.finetune_learning_rate,
-                     "lora": ({"rank": args.lora_rank, "alpha": args.lora_alpha, "targets": args.lora_targets}
-                              if args.finetune_method == "lora" else None),
+                     "lora": lora if args.finetune_method == "lora" else None,
                      "new_attention": args.finetune_new_attention, "distill_weight": args.distill_weight,
                      "distill_temperature": args.distill_temperature},
-        "device": str(device), "precision": "fp32, TF32 matmuls" if device.type == "cuda" else "fp32", "commit": git_commit(Path(__file__).resolve().parents[1]), "machine": machine(),
+        "device": str(device), "precision": "fp32, TF32 matmuls" if device.type == "cuda" else "fp32",
+        "commit": git_commit(Path(__file__).resolve().parents[1]), "machine": machine(),
         "threads": torch.get_num_threads(), "perplexity": {}, "greedy_samples": {},
     }
+
+
+def load_models(args: argparse.Namespace, device):
+    """``(tokenizer, source, model, start)``: the source, and the model to train on ``device``,
+    converted from it or --init_model (``start`` names which)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from hf_zformer.conversion.convert_decoder import convert_causal_lm
+    from hf_zformer.modeling import ZformerLlamaConfig, ZformerLlamaForCausalLM
+    from hf_zformer.training.arguments import parse_config_overrides
 
     started = time.time()
     load = dict(gguf_file=args.gguf_file) if args.gguf_file else {}
@@ -272,9 +315,9 @@ def main(argv=None):
     if args.init_model:
         try:
             model = ZformerLlamaForCausalLM.from_pretrained(args.init_model, dtype=torch.float32).eval()
-        except Exception as error:  # not a folder of a converted model: name it and the cause
-            sys.exit(f"linearize_decoder.py: error: --init_model {args.init_model} holds no converted model "
-                     f"({type(error).__name__}: {str(error).splitlines()[0]})")
+        except Exception as problem:  # not a folder of a converted model: name it and the cause
+            error(f"--init_model {args.init_model} holds no converted model "
+                  f"({type(problem).__name__}: {str(problem).splitlines()[0]})")
         start = "init_model"
     else:
         attention_type = args.attention_type[0] if len(args.attention_type) == 1 else args.attention_type
@@ -282,20 +325,32 @@ def main(argv=None):
         model = convert_causal_lm(args.model_name_or_path, attention_type, source=source, tokenizer=tokenizer,
                                   **overrides)
         start = "converted"
-    source, model = source.to(device), model.to(device)
-    results["config"] = {key: getattr(model.config, key) for key in (
-        "attention_type", "zformer_feature_map", "attention_window", "num_hidden_layers", "hidden_size",
-        "num_attention_heads", "num_key_value_heads")}
+    return tokenizer, source.to(device), model.to(device), start
 
-    needed = args.eval_blocks * args.eval_block_size
-    evaluations = {evaluation_name(path): evaluation_tokens(path, tokenizer, args.text_column, needed)
-                   for path in args.eval_file}
-    for name, ids in evaluations.items():
-        log(f"evaluation text {name}: {ids.numel()} tokens; scoring the first {args.eval_blocks} blocks of "
-            f"{args.eval_block_size}")
 
-    def score(name, scored_model):
-        for text, ids in evaluations.items():
+class Run:
+    """One run's output folder, results, tokenizer and evaluation texts: scoring, saving and the
+    training loop both stages share."""
+
+    def __init__(self, args: argparse.Namespace, device, output_dir: Path, tokenizer):
+        self.args, self.device, self.output_dir, self.tokenizer = args, device, output_dir, tokenizer
+        self.results_file = output_dir / "results.json"
+        self.results = (json.loads(self.results_file.read_text()) if self.results_file.exists()
+                        else initial_results(args, device))
+        needed = args.eval_blocks * args.eval_block_size
+        self.evaluations = {evaluation_name(path): evaluation_tokens(path, tokenizer, args.text_column, needed)
+                            for path in args.eval_file}
+        for name, ids in self.evaluations.items():
+            log(f"evaluation text {name}: {ids.numel()} tokens; scoring the first {args.eval_blocks} blocks of "
+                f"{args.eval_block_size}")
+
+    def score(self, name: str, model) -> None:
+        """The perplexity of ``model`` on each evaluation text not scored yet, and its greedy samples."""
+        from hf_zformer.conversion.decoder_transfer import perplexity
+        from hf_zformer.training.results import perplexity_ci
+
+        args, results = self.args, self.results
+        for text, ids in self.evaluations.items():
             if name in args.skip_scores or text in results["perplexity"].get(name, {}):
                 continue
             begin = time.time()
@@ -304,27 +359,34 @@ def main(argv=None):
                 if done % 8 == 0 or done == total:
                     log(f"perplexity of {name} on {text}: block {done}/{total}")
 
-            value, losses = perplexity(scored_model, ids, args.eval_block_size, args.eval_blocks, progress)
+            value, losses = perplexity(model, ids, args.eval_block_size, args.eval_blocks, progress)
             results["perplexity"].setdefault(name, {})[text] = {
                 "value": round(value, 3), "ci95": perplexity_ci(losses), "tokens": len(losses) * (args.eval_block_size - 1),
                 "seconds": round(time.time() - begin, 1)}
-            write_results(results_file, results)
+            write_results(self.results_file, results)
             log(f"perplexity of {name} on {text}: {value:.3f}")
         for prompt in PROMPTS:
             if name not in results["greedy_samples"].get(prompt, {}):
-                encoded = tokenizer(prompt, return_tensors="pt").to(device)
-                tokens = scored_model.generate(**encoded, max_new_tokens=30, do_sample=False)
-                results["greedy_samples"].setdefault(prompt, {})[name] = tokenizer.decode(
+                encoded = self.tokenizer(prompt, return_tensors="pt").to(self.device)
+                tokens = model.generate(**encoded, max_new_tokens=30, do_sample=False)
+                results["greedy_samples"].setdefault(prompt, {})[name] = self.tokenizer.decode(
                     tokens[0, encoded["input_ids"].shape[1]:], skip_special_tokens=True)
-        write_results(results_file, results)
+        write_results(self.results_file, results)
 
-    def save(name, saved_model):
-        with folders.recording(output_dir):
-            saved_model.save_pretrained(output_dir / name)
-            tokenizer.save_pretrained(output_dir / name)
-        log(f"saved {output_dir / name}")
+    def save(self, name: str, model) -> None:
+        from hf_zformer import folders
 
-    def train(stage, trainer, blocks, total, state_file, describe):
+        with folders.recording(self.output_dir):
+            model.save_pretrained(self.output_dir / name)
+            self.tokenizer.save_pretrained(self.output_dir / name)
+        log(f"saved {self.output_dir / name}")
+
+    def train(self, stage: str, trainer, blocks, total: int, state_file: Path, describe):
+        """Run ``trainer`` to ``total`` steps on ``blocks`` (resuming ``state_file``, saved every
+        --checkpoint_every steps); the last step's output."""
+        import torch
+
+        args, device = self.args, self.device
         if state_file.exists():
             trainer.load_state_dict(torch.load(state_file, weights_only=False))
             log(f"{stage}: resumed from {state_file} at step {trainer.completed}")
@@ -340,58 +402,93 @@ def main(argv=None):
             if done % args.checkpoint_every == 0 or done == total:
                 save_atomically(trainer.state_dict(), state_file)
         key = f"{stage.replace(' ', '_')}_seconds"
-        results[key] = results.get(key, 0) + round(time.time() - begin, 1)
+        self.results[key] = self.results.get(key, 0) + round(time.time() - begin, 1)
         return last
 
-    score("source", source)
-    score(start, model)
-    documents = read_documents(args.train_file, args.text_column, args.seed)
-    used = 0
-    if args.steps:
-        transfer = AttentionTransfer(model, full_attention_copy(model).to(device), steps=args.steps,
-                                     learning_rate=args.learning_rate)
-        blocks, used = training_blocks(tokenizer, documents, args.steps * args.batch_size, args.block_size)
-        log(f"attention transfer: {len(transfer.parameters)} tensors "
-            f"({sum(p.numel() for p in transfer.parameters.values()) / 1e6:.2f}M parameters), {args.steps} steps of "
-            f"{args.batch_size} x {args.block_size} tokens")
-        errors = train("attention transfer", transfer, blocks, args.steps, output_dir / "transfer_state.pt",
+
+def transfer_attention(run: Run, model, documents: list[str]) -> int:
+    """Stage 1: fit the new attention to the softmax attention layer by layer; the documents it took."""
+    from hf_zformer.conversion.convert_decoder import full_attention_copy
+    from hf_zformer.conversion.decoder_transfer import AttentionTransfer
+
+    args = run.args
+    transfer = AttentionTransfer(model, full_attention_copy(model).to(run.device), steps=args.steps,
+                                 learning_rate=args.learning_rate)
+    blocks, used = training_blocks(run.tokenizer, documents, args.steps * args.batch_size, args.block_size)
+    log(f"attention transfer: {len(transfer.parameters)} tensors "
+        f"({sum(p.numel() for p in transfer.parameters.values()) / 1e6:.2f}M parameters), {args.steps} steps of "
+        f"{args.batch_size} x {args.block_size} tokens")
+    errors = run.train("attention transfer", transfer, blocks, args.steps, run.output_dir / "transfer_state.pt",
                        lambda e: f"error {sum(e) / len(e):.4f} (layers {min(e):.3f}-{max(e):.3f})")
-        if errors is not None:
-            results["last_step_layer_errors"] = [round(e, 4) for e in errors]
-        del transfer
-        save("transferred", model)
-        score("transferred", model)
-    if args.finetune_steps:
-        finetuning = Finetuning(
-            model, steps=args.finetune_steps, learning_rate=args.finetune_learning_rate, method=args.finetune_method,
-            lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
-            new_attention=args.finetune_new_attention, teacher=source if args.distill_weight > 0 else None,
-            distill_weight=args.distill_weight, temperature=args.distill_temperature)
-        blocks, from_end = training_blocks(tokenizer, documents[::-1], args.finetune_steps * args.batch_size,
-                                           args.block_size)
-        if used + from_end > len(documents):
-            sys.exit(f"linearize_decoder.py: error: {args.train_file} holds too little text for both stages: "
-                     f"stage 1 takes {used} of its {len(documents)} documents and stage 2 {from_end}")
-        log(f"fine-tuning ({args.finetune_method}): {finetuning.trainable_count() / 1e6:.2f}M trained parameters, "
-            f"{args.finetune_steps} steps of {args.batch_size} x {args.block_size} tokens"
-            + (f", distilling the source's logits (weight {args.distill_weight}, T={args.distill_temperature})"
-               if args.distill_weight else ""))
+    if errors is not None:
+        run.results["last_step_layer_errors"] = [round(e, 4) for e in errors]
+    del transfer
+    run.save("transferred", model)
+    run.score("transferred", model)
+    return used
 
-        def describe(losses):
-            extra = f", distillation {losses['distillation']:.4f}" if losses["distillation"] is not None else ""
-            return f"loss {losses['loss']:.4f} (next-token {losses['next_token']:.4f}{extra})"
 
-        losses = train("fine-tuning", finetuning, blocks, args.finetune_steps, output_dir / "finetune_state.pt",
-                       describe)
-        if losses is not None:
-            results["last_step_finetune_losses"] = {k: None if v is None else round(v, 4) for k, v in losses.items()}
-        model = finetuning.merged_model()
-        del finetuning
-        save("finetuned", model)
-        score("finetuned", model)
+def describe_losses(losses: dict) -> str:
+    extra = f", distillation {losses['distillation']:.4f}" if losses["distillation"] is not None else ""
+    return f"loss {losses['loss']:.4f} (next-token {losses['next_token']:.4f}{extra})"
+
+
+def finetune(run: Run, model, source, documents: list[str], used: int):
+    """Stage 2: next-token loss (and the source's logits) on the documents stage 1 did not take
+    (``used``: how many it took); the fine-tuned model, LoRA folded in."""
+    from hf_zformer.conversion.decoder_finetune import Finetuning
+
+    args = run.args
+    finetuning = Finetuning(
+        model, steps=args.finetune_steps, learning_rate=args.finetune_learning_rate, method=args.finetune_method,
+        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
+        new_attention=args.finetune_new_attention, teacher=source if args.distill_weight > 0 else None,
+        distill_weight=args.distill_weight, temperature=args.distill_temperature)
+    blocks, from_end = training_blocks(run.tokenizer, documents[::-1], args.finetune_steps * args.batch_size,
+                                       args.block_size)
+    if used + from_end > len(documents):
+        error(f"{args.train_file} holds too little text for both stages: "
+              f"stage 1 takes {used} of its {len(documents)} documents and stage 2 {from_end}")
+    log(f"fine-tuning ({args.finetune_method}): {finetuning.trainable_count() / 1e6:.2f}M trained parameters, "
+        f"{args.finetune_steps} steps of {args.batch_size} x {args.block_size} tokens"
+        + (f", distilling the source's logits (weight {args.distill_weight}, T={args.distill_temperature})"
+           if args.distill_weight else ""))
+    losses = run.train("fine-tuning", finetuning, blocks, args.finetune_steps, run.output_dir / "finetune_state.pt",
+                       describe_losses)
+    if losses is not None:
+        run.results["last_step_finetune_losses"] = {k: None if v is None else round(v, 4) for k, v in losses.items()}
+    model = finetuning.merged_model()
+    del finetuning
+    run.save("finetuned", model)
+    run.score("finetuned", model)
+    return model
+
+
+def report(run: Run, started: float) -> None:
+    results = run.results
     results["wall_time_s"] = results.get("wall_time_s", 0) + round(time.time() - started, 1)
-    write_results(results_file, results)
+    write_results(run.results_file, results)
     log(f"done: {json.dumps({m: {t: e['value'] for t, e in p.items()} for m, p in results['perplexity'].items()})}")
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    check_inputs(args)
+    device = pick_device(args)
+    output_dir = prepare_output_dir(args)
+    started = time.time()
+    tokenizer, source, model, start = load_models(args, device)
+    run = Run(args, device, output_dir, tokenizer)
+    run.results["config"] = {key: getattr(model.config, key) for key in (
+        "attention_type", "zformer_feature_map", "attention_window", "num_hidden_layers", "hidden_size",
+        "num_attention_heads", "num_key_value_heads")}
+    run.score("source", source)
+    run.score(start, model)
+    documents = read_documents(args.train_file, args.text_column, args.seed)
+    used = transfer_attention(run, model, documents) if args.steps else 0
+    if args.finetune_steps:
+        model = finetune(run, model, source, documents, used)
+    report(run, started)
 
 
 if __name__ == "__main__":

@@ -517,18 +517,16 @@ def _tracker_problem(report_to: str) -> str | None:
 
 def _config_fields(config_class=ZformerConfig) -> dict[str, Any]:
     """``{field: default}`` of every dataclass field of ``config_class``."""
-    import dataclasses
-
     fields = {}
-    for field in dataclasses.fields(config_class):
-        if field.name.startswith("_") or not field.init:
+    for entry in dataclasses.fields(config_class):
+        if entry.name.startswith("_") or not entry.init:
             continue
-        if field.default is not dataclasses.MISSING:
-            fields[field.name] = field.default
-        elif field.default_factory is not dataclasses.MISSING:
-            fields[field.name] = field.default_factory()
+        if entry.default is not dataclasses.MISSING:
+            fields[entry.name] = entry.default
+        elif entry.default_factory is not dataclasses.MISSING:
+            fields[entry.name] = entry.default_factory()
         else:
-            fields[field.name] = None
+            fields[entry.name] = None
     return fields
 
 
