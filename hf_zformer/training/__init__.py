@@ -5,7 +5,9 @@ The scripts follow transformers' ``examples/pytorch/*_no_trainer.py``: a plain A
 runs unchanged on one process, N GPUs (DDP, FSDP, DeepSpeed) or N CPU processes (gloo), with mixed
 precision and the process count chosen by ``accelerate launch``. A script reads as:
 
-* :mod:`.arguments` -- argument groups, validation, ``--config_overrides``, the config;
+* :mod:`.arguments` -- the typed arguments (one dataclass per concern, held by ``RunArguments``),
+  argument groups, :func:`~.arguments.parse_run_args` (built and validated once),
+  ``--config_overrides``, the config;
 * :mod:`.run` -- :func:`~.run.start_run` (accelerator, logging, seed, output directory), data and
   tokenizer helpers, :func:`~.run.finish_run` (model, results, card);
 * :mod:`.batching` -- length-grouped batches with dynamic padding;
