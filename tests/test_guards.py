@@ -363,7 +363,8 @@ def test_training_refuses_meaningless_optimiser_values_and_distillation_without_
             clf.parse_args([*base, *extra])
         assert stop.value.code == 2 and message in capsys.readouterr().err
     args = clf.parse_args(base)
-    assert (args.distill_alpha, args.distill_temperature) == (0.5, 2.0)  # recorded in the run's arguments as before
+    recorded = args.identity()
+    assert (recorded["distill_alpha"], recorded["distill_temperature"]) == (0.5, 2.0)  # in the run's arguments as before
 
 
 def test_a_config_with_an_option_of_an_earlier_version_is_refused_by_name(tmp_path):
