@@ -33,7 +33,8 @@ number comes from the run that writes it.
 
 The package: `cases` (what is measured), `harness` (machine measurements, timing, memory, the
 side-by-side runs), `flops` (FLOP accounting), `seq2seq` (the encoder-decoder level), `causal` (the
-decoder-only level), `classification` (the sequence-classification level) and `reports`
+decoder-only level), `generation` (pretrained causal LMs decoding in lockstep, one process each, for
+time per token and resident memory), `classification` (the sequence-classification level) and `reports`
 (CSV/JSON/markdown/plots). Every public name is importable from `benchmarks`.
 """
 
@@ -69,6 +70,7 @@ from .flops import (
     step_flops,
     token_attention_flops,
 )
+from .generation import CausalStepper, LockstepModels, greedy_samples, load_causal_lm, memory_status, reset_peak
 from .harness import (
     TIMING_ENVIRONMENT,
     add_speedups,
@@ -109,7 +111,7 @@ __all__ = [
     "BASELINE", "CAUSAL_KINDS", "CAUSAL_MODELS", "CLASSIFICATION_KINDS", "CLASSIFICATION_MODELS", "CSV_FIELDS",
     "DEFAULT_TYPES", "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_DEFAULT_MODELS", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase",
     "BenchResult",
-    "CausalResult", "CausalShape", "ClassificationResult", "ClassificationShape", "Seq2SeqResult", "Seq2SeqShape",
+    "CausalResult", "CausalStepper", "LockstepModels", "greedy_samples", "load_causal_lm", "memory_status", "reset_peak", "CausalShape", "ClassificationResult", "ClassificationShape", "Seq2SeqResult", "Seq2SeqShape",
     "add_speedups", "attention_flops", "available_memory_bytes", "build_causal", "build_classifier", "build_module",
     "build_seq2seq", "cache_bytes", "case_flops", "causal_benchmark", "causal_flops", "causal_markdown",
     "classification_benchmark", "classification_flops", "classification_markdown", "classification_plot",

@@ -7,6 +7,14 @@ The decoders step in lockstep (one token of each type in turn, same source, same
 machine noise hits them alike and their ratio is measured side by side.
 
     python scripts/benchmark_generation.py --max_length 4096 --output docs/bench/generation
+
+With --model_name_or_path, pretrained causal LMs instead (a transformers Llama and the models
+converted from it, say), batch 1, greedy from --prompt: each model in a process of its own, stepped
+in lockstep, with the bytes its cache holds and the resident memory its process gains at every
+checkpoint, and with --samples N greedy continuations of the same prompts side by side.
+
+    python scripts/benchmark_generation.py --model_name_or_path SOURCE CONVERTED --names source,converted \
+        --max_length 4096 --checkpoints 512,4096 --threads 1 --samples 30
 """
 
 import argparse
@@ -27,10 +35,29 @@ from hf_zformer import flags, folders  # noqa: E402
 from hf_zformer.decoding import StepDecoder  # noqa: E402
 from hf_zformer.modeling.modeling_zformer import CACHE_FIELD  # noqa: E402
 
+# sample prompts: two short ones, and one longer than a 64-token softmax window
+PROMPTS = (
+    "The history of the city begins",
+    "This movie was",
+    "The Amazon is the largest rainforest on Earth. It covers much of the Amazon basin of South America, an area "
+    "of about seven million square kilometres, of which five and a half million are covered by the forest. The "
+    "region includes territory belonging to nine nations: Brazil holds about sixty percent of it, followed by "
+    "Peru and Colombia. The forest is home to",
+)
+
 
 def parse_args(argv=None):
     parser = flags.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter, allow_abbrev=False)
     parser.add_argument("--decoders", default="full,zformer,fastformer", help="decoder attention types, comma-separated")
+    parser.add_argument("--model_name_or_path", nargs="+", default=None,
+                        help="pretrained causal LMs (folders or Hub ids) to decode instead of the encoder-decoders; "
+                             "the first is the baseline of the ratios")
+    parser.add_argument("--names", default=None, help="comma-separated names of those models (default: folder names)")
+    parser.add_argument("--gguf_file", default=None,
+                        help="GGUF file to load from every --model_name_or_path folder that holds it")
+    parser.add_argument("--prompt", default=PROMPTS[0], help="the causal LMs' prompt (batch 1)")
+    parser.add_argument("--samples", type=int, default=0,
+                        help="causal LMs: greedy continuations of this many tokens from each of the sample prompts")
     parser.add_argument("--max_length", type=int, default=2048, help="tokens to generate")
     parser.add_argument("--checkpoints", default=None,
                         help="lengths at which to report the step time (default: powers of two up to --max_length)")
@@ -53,6 +80,8 @@ def parse_args(argv=None):
     parser.add_argument("--output", type=Path, default=None, help="write <output>.json, .md and .png")
     args = parser.parse_args(argv)
     args.decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    if args.model_name_or_path:
+        _causal_arguments(parser, args)
     if args.checkpoints:
         args.checkpoints = sorted({int(c) for c in args.checkpoints.split(",")})
     else:
@@ -64,10 +93,21 @@ def parse_args(argv=None):
         raise SystemExit(f"--checkpoints {bad} must lie in [--window={args.window}, --max_length={args.max_length}]")
     if args.output:
         try:  # before any work: no file of somebody else's is overwritten
-            folders.check_output_files([args.output.with_suffix(s) for s in (".json", ".md", ".png")])
+            folders.check_output_files(output_files(args))
         except ValueError as error:
             parser.error(str(error))
     return args
+
+
+def _causal_arguments(parser, args):
+    """Check and complete the arguments of the pretrained causal LMs' mode (`--model_name_or_path`)."""
+    paths = args.model_name_or_path
+    names = [n.strip() for n in args.names.split(",")] if args.names else [Path(p).name or p for p in paths]
+    if len(names) != len(paths) or len(set(names)) != len(names):
+        parser.error(f"--names needs one distinct name per --model_name_or_path ({len(paths)}), got {names}")
+    if args.device != "cpu" or args.cuda_graphs or args.dtype != "fp32":
+        parser.error("--model_name_or_path runs on the CPU in fp32 (no --device, --cuda_graphs or --dtype)")
+    args.decoders = names
 
 
 def build_model(args, decoder_type):
@@ -140,6 +180,29 @@ def measure(args):
     return steps, state_sizes
 
 
+def measure_causal(args):
+    """Decode the pretrained causal LMs in lockstep, one process each: ({name: [seconds of step t]},
+    {name: {checkpoint: memory}}, {name: model description}, {prompt: {name: continuation}})."""
+    names, checkpoints = args.decoders, set(args.checkpoints)
+    steps, memory = {name: [] for name in names}, {name: {} for name in names}
+    with benchmarks.LockstepModels(args.model_name_or_path, args.gguf_file, args.threads) as models:
+        described = dict(zip(names, models.descriptions))
+        samples = {}
+        if args.samples:
+            for name, texts in zip(names, models.ask_all("samples", list(PROMPTS), args.samples)):
+                for prompt, text in zip(PROMPTS, texts):
+                    samples.setdefault(prompt, {})[name] = text
+        for name, length in zip(names, models.ask_all("start", args.prompt)):
+            described[name]["prompt_tokens"] = length
+        for t in tqdm(range(1, args.max_length + 1), desc="decoding", unit="token"):
+            for name, seconds in zip(names, models.step_all()):
+                steps[name].append(seconds)
+            if t in checkpoints:
+                for name, state in zip(names, models.ask_all("memory")):
+                    memory[name][t] = state
+    return steps, memory, described, samples
+
+
 def summarize(args, steps):
     rows = []
     for length in args.checkpoints:
@@ -150,23 +213,54 @@ def summarize(args, steps):
     return rows
 
 
-def markdown(args, rows, state_sizes):
+def ratio_table(args, rows, baseline):
+    """Markdown lines: ms/token of each decoder at each checkpoint, and `baseline`'s time over each other's."""
     kinds = args.decoders
     header = "| generated length | " + " | ".join(f"{k} ms/token" for k in kinds)
-    ratios = [k for k in kinds if k != "full"] if "full" in kinds else []
-    header += "".join(f" | full / {k}" for k in ratios) + " |"
+    ratios = [k for k in kinds if k != baseline] if baseline in kinds else []
+    header += "".join(f" | {baseline} / {k}" for k in ratios) + " |"
     lines = [header, "|" + "---|" * (1 + len(kinds) + len(ratios))]
     for row in rows:
         cells = [str(row["length"])] + [f"{row[k]:.2f}" for k in kinds]
-        cells += [f"{row['full'] / row[k]:.2f}x" for k in ratios]
+        cells += [f"{row[baseline] / row[k]:.2f}x" for k in ratios]
         lines.append("| " + " | ".join(cells) + " |")
-    lines.append("")
+    return lines
+
+
+def markdown(args, rows, state_sizes):
+    lines = ratio_table(args, rows, "full") + [""]
     if args.cuda_graphs:
         lines.append("zformer and fastformer decoders: each token one CUDA-graph replay of a fixed-shape step "
                      "(hf_zformer.decoding.StepDecoder); full attention: eager steps with its KV cache.")
     lines.append("Decoder self-attention state after the last token (elements, whole batch): "
-                 + ", ".join(f"{k}: {state_sizes[k]:,}" for k in kinds))
+                 + ", ".join(f"{k}: {state_sizes[k]:,}" for k in args.decoders))
     return "\n".join(lines)
+
+
+def causal_markdown(args, rows, memory, samples):
+    """The ratio table (the first model the baseline), then memory per model and checkpoint (MiB), then
+    the greedy samples side by side."""
+    lengths, mib = args.checkpoints, 2.0**20
+    lines = ratio_table(args, rows, args.decoders[0]) + ["", "Memory (MiB) after each generated length: bytes held "
+                                                         "by the cache object / peak RSS growth of the model's process "
+                                                         "since its first token.", ""]
+    lines += ["| model | " + " | ".join(f"{n} tokens" for n in lengths) + " |", "|---" * (1 + len(lengths)) + "|"]
+    for name in args.decoders:
+        cells = [f"{memory[name][n]['cache_bytes'] / mib:.1f} / {memory[name][n]['peak_rss_growth'] / mib:.1f}"
+                 for n in lengths]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if samples:
+        lines += ["", f"Greedy continuations ({args.samples} new tokens at most):", "",
+                  "| prompt | " + " | ".join(args.decoders) + " |", "|---" * (1 + len(args.decoders)) + "|"]
+        for prompt, texts in samples.items():
+            cells = [_cell(prompt)] + [_cell(texts[name]) for name in args.decoders]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _cell(text: str) -> str:
+    """`text` as one markdown table cell."""
+    return " ".join(text.split()).replace("|", "\\|")
 
 
 def plot(args, rows, path):
@@ -188,24 +282,39 @@ def plot(args, rows, path):
     figure.savefig(path, dpi=120)
 
 
+def output_files(args) -> list[Path]:
+    """What --output writes: the record (its "markdown" is the table printed), and the plot of the
+    encoder-decoders' times."""
+    suffixes = (".json",) if args.model_name_or_path else (".json", ".png")
+    return [args.output.with_suffix(suffix) for suffix in suffixes]
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    steps, state_sizes = measure(args)
-    rows = summarize(args, steps)
-    table = markdown(args, rows, state_sizes)
+    machine = benchmarks.machine_info(torch.device(args.device))  # load average at the start
+    if args.model_name_or_path:
+        steps, memory, described, samples = measure_causal(args)
+        rows = summarize(args, steps)
+        table = causal_markdown(args, rows, memory, samples)
+        results = {"models": described, "memory": memory, "samples": samples}
+    else:
+        steps, state_sizes = measure(args)
+        rows = summarize(args, steps)
+        table = markdown(args, rows, state_sizes)
+        results = {"state_numel": state_sizes}
     print(table)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
         settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
-        record = {"settings": settings, "torch": torch.__version__, "threads": torch.get_num_threads(),
-                  "machine": benchmarks.machine_info(torch.device(args.device)),
-                  "rows": rows, "state_numel": state_sizes}
+        record = {"command": benchmarks.command_line(), "settings": settings, "torch": torch.__version__,
+                  "threads": torch.get_num_threads(), "machine": machine, "load_average_end": benchmarks.load_average(),
+                  "rows": rows, **results, "markdown": table}
         args.output.with_suffix(".json").write_text(json.dumps(record, indent=2))
-        args.output.with_suffix(".md").write_text(table + "\n")
-        plot(args, rows, args.output.with_suffix(".png"))
-        folders.record_files([args.output.with_suffix(s) for s in (".json", ".md", ".png")])
+        if not args.model_name_or_path:
+            plot(args, rows, args.output.with_suffix(".png"))
+        folders.record_files(output_files(args))
     return rows
 
 

@@ -18,7 +18,7 @@ def test_generation_benchmark_runs_and_writes_results(tmp_path, monkeypatch):
     record = json.loads(output.with_suffix(".json").read_text())
     # the linear decoders' state is fixed-size and smaller than the full decoder's KV cache at 32 tokens
     assert record["state_numel"]["fastformer"] < record["state_numel"]["zformer"] < record["state_numel"]["full"]
-    assert "full / zformer" in output.with_suffix(".md").read_text()
+    assert "full / zformer" in record["markdown"] and not output.with_suffix(".md").exists()
     assert output.with_suffix(".png").stat().st_size > 1000
 
 
@@ -42,3 +42,42 @@ def test_generation_benchmark_with_graphs_on_cuda(tmp_path):
                            "--heads", "4", "--batch_size", "2", "--vocab_size", "50", "--device", "cuda",
                            "--cuda_graphs", "--output", str(tmp_path / "gen")])
     assert all(r[k] > 0 for r in rows for k in ("full", "zformer", "fastformer"))
+
+
+def test_pretrained_causal_lms_step_in_lockstep_with_memory_and_samples(tmp_path):
+    """--model_name_or_path: a tiny Llama (growing KV cache) against its Hedgehog conversion (fixed
+    state), each in its own process; the record holds times, memory per checkpoint and samples."""
+    from test_decoder_transfer import _word_tokenizer
+    from test_llama_decoder import tiny_llama
+
+    from hf_zformer import convert_pretrained
+
+    tiny_llama().save_pretrained(tmp_path / "llama")
+    _word_tokenizer().save_pretrained(tmp_path / "llama")
+    convert_pretrained(tmp_path / "llama", "zformer", tmp_path / "linear", zformer_feature_map="hedgehog",
+                       attention_window=4)
+    script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
+    output = tmp_path / "causal"
+    rows = script["main"](["--model_name_or_path", str(tmp_path / "llama"), str(tmp_path / "linear"),
+                           "--names", "source,linear", "--prompt", "w5 w6 w7", "--max_length", "24",
+                           "--checkpoints", "8,24", "--window", "4", "--threads", "1", "--samples", "3",
+                           "--output", str(output)])
+    assert [r["length"] for r in rows] == [8, 24] and all(r[k] > 0 for r in rows for k in ("source", "linear"))
+    record = json.loads(output.with_suffix(".json").read_text())
+    assert not output.with_suffix(".md").exists() and not output.with_suffix(".png").exists()
+    memory = record["memory"]
+    assert memory["source"]["24"]["cache_tokens"] == 3 + 24 and memory["linear"]["24"]["cache_tokens"] == 3 + 24
+    # the source's keys and values grow with every token; the converted model's state does not
+    assert memory["source"]["24"]["cache_bytes"] > memory["source"]["8"]["cache_bytes"]
+    assert memory["linear"]["24"]["cache_bytes"] == memory["linear"]["8"]["cache_bytes"] > 0
+    assert all(m["peak_rss_growth"] >= 0 for model in memory.values() for m in model.values())
+    assert record["models"]["linear"]["class"] == "ZformerLlamaForCausalLM" and record["models"]["source"]["prompt_tokens"] == 3
+    assert set(record["samples"]) == set(script["PROMPTS"])
+    assert all(set(texts) == {"source", "linear"} for texts in record["samples"].values())
+    assert "source / linear" in record["markdown"] and "| source |" in record["markdown"]
+
+
+def test_pretrained_causal_lms_need_one_name_each():
+    script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
+    with pytest.raises(SystemExit):
+        script["parse_args"](["--model_name_or_path", "a", "b", "--names", "one"])
