@@ -70,7 +70,8 @@ from .flops import (
     step_flops,
     token_attention_flops,
 )
-from .generation import CausalStepper, LockstepModels, greedy_samples, load_causal_lm, memory_status, reset_peak
+from .generation import (CausalStepper, LockstepModels, context_ids, greedy_samples, load_causal_lm, memory_status,
+                         reset_peak)
 from .harness import (
     TIMING_ENVIRONMENT,
     add_speedups,
@@ -111,7 +112,8 @@ __all__ = [
     "BASELINE", "CAUSAL_KINDS", "CAUSAL_MODELS", "CLASSIFICATION_KINDS", "CLASSIFICATION_MODELS", "CSV_FIELDS",
     "DEFAULT_TYPES", "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_DEFAULT_MODELS", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase",
     "BenchResult",
-    "CausalResult", "CausalStepper", "LockstepModels", "greedy_samples", "load_causal_lm", "memory_status", "reset_peak", "CausalShape", "ClassificationResult", "ClassificationShape", "Seq2SeqResult", "Seq2SeqShape",
+    "CausalResult", "CausalShape", "CausalStepper", "LockstepModels", "context_ids", "greedy_samples", "load_causal_lm",
+    "memory_status", "reset_peak", "ClassificationResult", "ClassificationShape", "Seq2SeqResult", "Seq2SeqShape",
     "add_speedups", "attention_flops", "available_memory_bytes", "build_causal", "build_classifier", "build_module",
     "build_seq2seq", "cache_bytes", "case_flops", "causal_benchmark", "causal_flops", "causal_markdown",
     "classification_benchmark", "classification_flops", "classification_markdown", "classification_plot",

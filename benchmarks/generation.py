@@ -62,15 +62,18 @@ def load_causal_lm(path: str, gguf_file: str | None = None):
 
 class CausalStepper:
     """Greedy decoding of a causal LM by eager forwards with its own cache, as `generate()` runs each
-    step (end-of-sequence tokens are decoded past: the length is the benchmark's)."""
+    step (end-of-sequence tokens are decoded past: the length is the benchmark's). The constructor
+    reads `input_ids` (1, N) in chunks of `chunk` tokens and picks the first new token."""
 
-    def __init__(self, model, input_ids: torch.Tensor):
+    def __init__(self, model, input_ids: torch.Tensor, chunk: int = 1024):
         from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
 
-        self.model, self.field = model, CACHE_FIELD
+        self.model, self.field, self.cache = model, CACHE_FIELD, None
         with torch.inference_mode():
-            output = model(input_ids=input_ids, use_cache=True)
-        self.cache = getattr(output, self.field)
+            for start in range(0, input_ids.shape[1], chunk):
+                output = model(input_ids=input_ids[:, start : start + chunk], use_cache=True, logits_to_keep=1,
+                               **({self.field: self.cache} if self.cache is not None else {}))
+                self.cache = getattr(output, self.field)
         self.tokens = output.logits[:, -1:].argmax(-1)
 
     @torch.inference_mode()
@@ -78,6 +81,14 @@ class CausalStepper:
         output = self.model(input_ids=self.tokens, use_cache=True, **{self.field: self.cache})
         self.cache = getattr(output, self.field)
         self.tokens = output.logits[:, -1:].argmax(-1)
+
+
+def context_ids(tokenizer, prompt: str, length: int = 0) -> torch.Tensor:
+    """(1, N) token ids: the prompt's, repeated to `length` tokens when `length` is longer."""
+    ids = tokenizer(prompt, return_tensors="pt")["input_ids"]
+    if length > ids.shape[1]:
+        ids = ids.repeat(1, -(-length // ids.shape[1]))[:, :length]
+    return ids
 
 
 def greedy_samples(model, tokenizer, prompts: list[str], new_tokens: int) -> list[str]:
@@ -111,7 +122,7 @@ def _worker(path: str, gguf_file: str | None, threads: int | None, connection) -
         if command == "samples":
             connection.send(greedy_samples(model, tokenizer, *arguments))
         elif command == "start":
-            input_ids = tokenizer(arguments[0], return_tensors="pt")["input_ids"]
+            input_ids = context_ids(tokenizer, *arguments)
             stepper = CausalStepper(model, input_ids)
             baseline = seen_peak = memory_status()["rss"]
             peak_tracked = reset_peak()
@@ -177,4 +188,4 @@ class LockstepModels:
         return False
 
 
-__all__ = ["CausalStepper", "LockstepModels", "greedy_samples", "load_causal_lm", "memory_status", "reset_peak"]
+__all__ = ["CausalStepper", "LockstepModels", "context_ids", "greedy_samples", "load_causal_lm", "memory_status", "reset_peak"]

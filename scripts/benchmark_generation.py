@@ -56,6 +56,9 @@ def parse_args(argv=None):
     parser.add_argument("--gguf_file", default=None,
                         help="GGUF file to load from every --model_name_or_path folder that holds it")
     parser.add_argument("--prompt", default=PROMPTS[0], help="the causal LMs' prompt (batch 1)")
+    parser.add_argument("--prefill", type=int, default=0,
+                        help="causal LMs: tokens of context read before generating (the prompt's tokens repeated, "
+                             "in chunks of 1,024), to time steps after a long context without generating it all")
     parser.add_argument("--samples", type=int, default=0,
                         help="causal LMs: greedy continuations of this many tokens from each of the sample prompts")
     parser.add_argument("--max_length", type=int, default=2048, help="tokens to generate")
@@ -192,7 +195,7 @@ def measure_causal(args):
             for name, texts in zip(names, models.ask_all("samples", list(PROMPTS), args.samples)):
                 for prompt, text in zip(PROMPTS, texts):
                     samples.setdefault(prompt, {})[name] = text
-        for name, length in zip(names, models.ask_all("start", args.prompt)):
+        for name, length in zip(names, models.ask_all("start", args.prompt, args.prefill)):
             described[name]["prompt_tokens"] = length
         for t in tqdm(range(1, args.max_length + 1), desc="decoding", unit="token"):
             for name, seconds in zip(names, models.step_all()):

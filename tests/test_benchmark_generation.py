@@ -59,19 +59,20 @@ def test_pretrained_causal_lms_step_in_lockstep_with_memory_and_samples(tmp_path
     script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
     output = tmp_path / "causal"
     rows = script["main"](["--model_name_or_path", str(tmp_path / "llama"), str(tmp_path / "linear"),
-                           "--names", "source,linear", "--prompt", "w5 w6 w7", "--max_length", "24",
+                           "--names", "source,linear", "--prompt", "w5 w6 w7", "--prefill", "10", "--max_length", "24",
                            "--checkpoints", "8,24", "--window", "4", "--threads", "1", "--samples", "3",
                            "--output", str(output)])
     assert [r["length"] for r in rows] == [8, 24] and all(r[k] > 0 for r in rows for k in ("source", "linear"))
     record = json.loads(output.with_suffix(".json").read_text())
     assert not output.with_suffix(".md").exists() and not output.with_suffix(".png").exists()
     memory = record["memory"]
-    assert memory["source"]["24"]["cache_tokens"] == 3 + 24 and memory["linear"]["24"]["cache_tokens"] == 3 + 24
+    # the context: the prompt's 3 tokens repeated to 10, then 24 generated
+    assert memory["source"]["24"]["cache_tokens"] == 10 + 24 and memory["linear"]["24"]["cache_tokens"] == 10 + 24
     # the source's keys and values grow with every token; the converted model's state does not
     assert memory["source"]["24"]["cache_bytes"] > memory["source"]["8"]["cache_bytes"]
     assert memory["linear"]["24"]["cache_bytes"] == memory["linear"]["8"]["cache_bytes"] > 0
     assert all(m["peak_rss_growth"] >= 0 for model in memory.values() for m in model.values())
-    assert record["models"]["linear"]["class"] == "ZformerLlamaForCausalLM" and record["models"]["source"]["prompt_tokens"] == 3
+    assert record["models"]["linear"]["class"] == "ZformerLlamaForCausalLM" and record["models"]["source"]["prompt_tokens"] == 10
     assert set(record["samples"]) == set(script["PROMPTS"])
     assert all(set(texts) == {"source", "linear"} for texts in record["samples"].values())
     assert "source / linear" in record["markdown"] and "| source |" in record["markdown"]
@@ -81,3 +82,22 @@ def test_pretrained_causal_lms_need_one_name_each():
     script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
     with pytest.raises(SystemExit):
         script["parse_args"](["--model_name_or_path", "a", "b", "--names", "one"])
+
+
+def test_causal_stepper_reads_a_long_context_in_chunks():
+    """Chunked reading of the context leaves the cache and the next tokens of one forward over it."""
+    from test_decoder_transfer import _word_tokenizer
+    from test_llama_decoder import converted, tiny_llama
+
+    import benchmarks
+
+    ids = benchmarks.context_ids(_word_tokenizer(), "w5 w6 w7", 11)
+    assert ids.shape == (1, 11) and ids[0, :3].tolist() == ids[0, 3:6].tolist()
+    for model in (tiny_llama(), converted("zformer-window")):
+        whole, chunked = benchmarks.CausalStepper(model, ids), benchmarks.CausalStepper(model, ids, chunk=4)
+        for stepper in (whole, chunked):
+            for _ in range(5):
+                stepper.step()
+        assert whole.cache.get_seq_length() == chunked.cache.get_seq_length() == 16
+        assert benchmarks.cache_bytes(whole.cache) == benchmarks.cache_bytes(chunked.cache)
+        assert whole.tokens.tolist() == chunked.tokens.tolist()
