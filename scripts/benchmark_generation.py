@@ -80,7 +80,12 @@ def parse_args(argv=None):
     parser.add_argument("--threads", type=int, default=None,
                         help="torch threads (default: torch's choice; 1 is steadier on a shared machine)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--output", type=Path, default=None, help="write <output>.json, .md and .png")
+    parser.add_argument("--output", type=Path, default=None,
+                        help="write <output>.json (the record; its \"markdown\" is the table printed) and, for the "
+                             "encoder-decoders, <output>.png")
+    parser.add_argument("--append", action="store_true",
+                        help="add this run's record to <output>.json as written before (the file then holds a list "
+                             "of records, oldest first) instead of replacing it")
     args = parser.parse_args(argv)
     args.decoders = [d.strip() for d in args.decoders.split(",") if d.strip()]
     if args.model_name_or_path:
@@ -292,6 +297,15 @@ def output_files(args) -> list[Path]:
     return [args.output.with_suffix(suffix) for suffix in suffixes]
 
 
+def write_record(args, record: dict) -> None:
+    """<output>.json: the record, or with --append the records there before and this one (a list)."""
+    path = args.output.with_suffix(".json")
+    if args.append and path.exists():
+        before = json.loads(path.read_text())
+        record = [*(before if isinstance(before, list) else [before]), record]
+    path.write_text(json.dumps(record, indent=2))
+
+
 def main(argv=None):
     args = parse_args(argv)
     if args.threads:
@@ -314,7 +328,7 @@ def main(argv=None):
         record = {"command": benchmarks.command_line(), "settings": settings, "torch": torch.__version__,
                   "threads": torch.get_num_threads(), "machine": machine, "load_average_end": benchmarks.load_average(),
                   "rows": rows, **results, "markdown": table}
-        args.output.with_suffix(".json").write_text(json.dumps(record, indent=2))
+        write_record(args, record)
         if not args.model_name_or_path:
             plot(args, rows, args.output.with_suffix(".png"))
         folders.record_files(output_files(args))

@@ -76,6 +76,11 @@ def test_pretrained_causal_lms_step_in_lockstep_with_memory_and_samples(tmp_path
     assert set(record["samples"]) == set(script["PROMPTS"])
     assert all(set(texts) == {"source", "linear"} for texts in record["samples"].values())
     assert "source / linear" in record["markdown"] and "| source |" in record["markdown"]
+    # --append: a second run's record joins the first in the same file
+    script["main"](["--model_name_or_path", str(tmp_path / "llama"), "--prompt", "w5", "--max_length", "4",
+                    "--checkpoints", "4", "--window", "2", "--threads", "1", "--output", str(output), "--append"])
+    records = json.loads(output.with_suffix(".json").read_text())
+    assert [r["settings"]["max_length"] for r in records] == [24, 4] and records[1]["settings"]["append"]
 
 
 def test_pretrained_causal_lms_need_one_name_each():
