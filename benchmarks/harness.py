@@ -83,7 +83,7 @@ def source_commit() -> str:
     differ from it), else "unknown"."""
     if os.environ.get("HF_ZFORMER_COMMIT"):
         return os.environ["HF_ZFORMER_COMMIT"]
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # benchmarks/ sits in the checkout's root
     def run(*args):
         return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True).stdout
 

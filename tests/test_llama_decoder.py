@@ -174,6 +174,25 @@ def test_cache_equals_no_cache(kind):
         assert len(set(cached[0, 9:].tolist())) > 1  # a real, varied continuation
 
 
+def test_window_fills_up_while_decoding_from_a_prompt_shorter_than_it():
+    """A 2-token prompt and a window of 8: the cache keeps every token until it holds the last 7, and
+    each step's logits are those of one pass over the whole text."""
+    model = convert_causal_lm("tiny", source=tiny_llama(), attention_type="zformer", zformer_feature_map="hedgehog",
+                              attention_window=8)
+    ids = torch.randint(5, 97, (1, 2))
+    kept = []
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        cache, text = out.cache if hasattr(out, "cache") else out.past_key_values, ids
+        for _ in range(12):
+            token = out.logits[:, -1:].argmax(-1)
+            text = torch.cat([text, token], 1)
+            out = model(input_ids=token, cache=cache, use_cache=True)
+            kept.append(cache.layers[0].keys.shape[2])
+            torch.testing.assert_close(out.logits[:, -1], model(input_ids=text).logits[:, -1], atol=1e-4, rtol=1e-4)
+    assert kept == [3, 4, 5, 6, 7, 7, 7, 7, 7, 7, 7, 7]
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_no_peeking(kind):
     model = converted(kind)

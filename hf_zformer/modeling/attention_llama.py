@@ -247,9 +247,8 @@ class RotaryLinearAttention(RotaryAttention):
             return_state=layer is not None,
         )
         if layer is not None:
-            kept = self.window - 1
-            layer.store(state, key[:, :, total - kept :] if kept else key[:, :, :0],
-                        value[:, :, total - kept :] if kept else value[:, :, :0], length)
+            first = max(total - (self.window - 1), 0)  # all of them while fewer than window - 1 tokens were seen
+            layer.store(state, key[:, :, first:], value[:, :, first:], length)
         return context
 
 
