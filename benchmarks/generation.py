@@ -188,4 +188,5 @@ class LockstepModels:
         return False
 
 
-__all__ = ["CausalStepper", "LockstepModels", "context_ids", "greedy_samples", "load_causal_lm", "memory_status", "reset_peak"]
+__all__ = ["CausalStepper", "LockstepModels", "context_ids", "greedy_samples", "load_causal_lm", "memory_status",
+           "reset_peak"]

@@ -72,7 +72,8 @@ def test_pretrained_causal_lms_step_in_lockstep_with_memory_and_samples(tmp_path
     assert memory["source"]["24"]["cache_bytes"] > memory["source"]["8"]["cache_bytes"]
     assert memory["linear"]["24"]["cache_bytes"] == memory["linear"]["8"]["cache_bytes"] > 0
     assert all(m["peak_rss_growth"] >= 0 for model in memory.values() for m in model.values())
-    assert record["models"]["linear"]["class"] == "ZformerLlamaForCausalLM" and record["models"]["source"]["prompt_tokens"] == 10
+    assert record["models"]["linear"]["class"] == "ZformerLlamaForCausalLM"
+    assert record["models"]["source"]["prompt_tokens"] == 10
     assert set(record["samples"]) == set(script["PROMPTS"])
     assert all(set(texts) == {"source", "linear"} for texts in record["samples"].values())
     assert "source / linear" in record["markdown"] and "| source |" in record["markdown"]
