@@ -45,6 +45,7 @@ from .ops import (
     normalize,
     normalized_attention_weights,
     softmax_pool,
+    windowed_linear_attention,
     with_ones,
 )
 
@@ -319,6 +320,43 @@ class HedgehogFeatureMap(nn.Module):
         return hedgehog_features(x, self.weight, self.bias)
 
 
+def windowed_self_attention(query, key, value, attention_mask, layer, window: int, query_map: "HedgehogFeatureMap",
+                            key_map: "HedgehogFeatureMap", window_gate: torch.Tensor, scaling: float,
+                            groups: int = 1) -> torch.Tensor:
+    """Causal self-attention with a softmax window of `window` tokens and the Hedgehog map beyond it
+    (`ops.windowed_linear_attention`), reading and writing a decoding cache layer: the one form of
+    every zformer layer with `attention_window` (`ZformerAttention`, `attention_llama.RotaryLinearAttention`).
+
+    query (B, H, N, d); key and value (B, H / groups, N, d) of the N new tokens (each key/value head
+    serves `groups` query heads); attention_mask (B, >= past + N) 1 at real tokens, or None;
+    `layer` the cache layer (`cache_zformer.WindowedStateLayer`: the last W - 1 keys and values, the
+    state over the older tokens) or None; softmax share sigmoid(`window_gate`) (H,). Returns the
+    context (B, H, N, d) in fp32 (fp64 for fp64 inputs) and stores the new state in `layer`."""
+    length = query.shape[2]
+    if layer is not None and layer.keys is not None:  # the last window - 1 tokens before these
+        key, value = torch.cat([layer.keys, key], 2), torch.cat([layer.values, value], 2)
+    total = key.shape[2]
+    mask = None if attention_mask is None else attention_mask[:, attention_mask.shape[1] - total :]
+    if mask is not None and mask.shape[1] != total:
+        raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens, fewer than the {total} "
+                         "cached and new ones")
+    repeated_key, repeated_value = key, value
+    if groups > 1:  # transformers' repeat_kv: each key/value head for `groups` consecutive query heads
+        repeated_key, repeated_value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    key_features = key_map(repeated_key)
+    if mask is not None:  # phi(0) is not zero
+        key_features = key_features * mask.to(key_features.dtype)[:, None, :, None]
+    context, state = windowed_linear_attention(
+        query, repeated_key, repeated_value, query_map(query), key_features, mask,
+        None if layer is None else layer.state, window, torch.sigmoid(window_gate), scaling,
+        return_state=layer is not None,
+    )
+    if layer is not None:
+        first = max(total - (window - 1), 0)  # all of them while fewer than window - 1 tokens were seen
+        layer.store(state, key[:, :, first:], value[:, :, first:], length)
+    return context
+
+
 class ZformerAttention(_QKVAttention):
     """Zformer linear attention (the Zformer_Pytorch code): with Q = X W_q / sqrt(d_h),
     K = X W_k, V = X W_v per head, `out = Q (K^T V) / s`, `s` a learnable scalar (init
@@ -345,13 +383,30 @@ class ZformerAttention(_QKVAttention):
     with a constant-size cache. phi takes q and k as projected, without 1/sqrt(d_h): any fixed
     factor is a rescaling of W that training absorbs. Each output is a convex combination of the
     values, as in softmax attention, so there is no scale `s` (no `log_scale`) and no folded form.
+
+    Causal self-attention with the Hedgehog map may take a softmax window (`window` W > 0, from
+    `config.attention_window` of a causal language model): the last W tokens, the query's own
+    included, get softmax weights exp(q_i . k_j / sqrt(d_h)), the older ones the feature map's,
+    both in one normalisation with shares g and 1 - g per head (g = sigmoid(`window_gate`), 0.5 at
+    init; `windowed_self_attention`). The decoding cache then keeps the last W - 1 keys and values
+    besides the state: still constant in the generated length.
     """
 
     HAS_ATTENTION_DROPOUT = False
 
-    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
+    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None,
+                 window: int = 0):
         super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
         self.scale_init = float(config.zformer_scale_init)
+        self.window = window
+        if window and not (is_causal and config.zformer_feature_map == "hedgehog"):
+            raise ValueError(f"ZformerAttention: window={window} needs causal self-attention with "
+                             f"zformer_feature_map='hedgehog' (is_causal={is_causal}, zformer_feature_map="
+                             f"{config.zformer_feature_map!r})")
+        if window:  # Shape (H,): the softmax share of each head, sigmoid(0) = 0.5 at init
+            self.window_gate = nn.Parameter(torch.zeros(self.num_heads))
+        else:
+            self.register_parameter("window_gate", None)
         if config.zformer_feature_map == "hedgehog":
             self.query_map = HedgehogFeatureMap(self.num_heads, self.head_dim)
             self.key_map = HedgehogFeatureMap(self.num_heads, self.head_dim)
@@ -432,6 +487,14 @@ class ZformerAttention(_QKVAttention):
         length = hidden_states.shape[1]
         projected = self.query(hidden_states)
         query = split_heads(projected, self.num_heads)
+        if self.window:
+            layer = None if cache is None else cache.layers[self.layer_idx]
+            context = windowed_self_attention(
+                query, split_heads(self.key(hidden_states), self.num_heads),
+                split_heads(self.value(hidden_states), self.num_heads), attention_mask, layer, self.window,
+                self.query_map, self.key_map, self.window_gate, self.head_dim**-0.5,
+            )
+            return merge_heads(context.to(projected.dtype))
         if self.query_map is None:
             scale = self._scale(hidden_states.dtype)  # 1 / (sqrt(d_h) s)
         else:  # phi(Q) (B, H, N, 2 d) in fp32; normalised outputs need no scale

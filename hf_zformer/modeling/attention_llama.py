@@ -24,9 +24,9 @@ import torch
 from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
-from .attention import HedgehogFeatureMap
+from .attention import HedgehogFeatureMap, windowed_self_attention
 from .blocks import at_least_fp32, merge_heads, new_tokens_mask, no_autocast, per_head_product
-from .ops import add_key_value_products, linear_attention, normalize, softmax_pool, with_ones
+from .ops import linear_attention, normalize, softmax_pool, windowed_linear_attention, with_ones
 
 
 class RotaryAttention(nn.Module):
@@ -100,81 +100,6 @@ class RotarySoftmaxAttention(RotaryAttention):
         return nn.functional.scaled_dot_product_attention(query, key, value, attn_mask=allowed, scale=self.scaling)
 
 
-def windowed_linear_attention(query, key, value, query_features, key_features, key_mask, state, window: int,
-                              softmax_share: torch.Tensor, scaling: float, return_state: bool = False):
-    """Normalised attention with softmax weights over the last `window` keys and feature-map weights
-    over the older ones, per head (LoLCATs' sliding window + linear attention):
-
-        w_ij = g exp(q_i . k_j * scaling - m_i)      for i - window < j <= i   (m_i: the row's max there)
-        w_ij = (1 - g) phi(q_i) . phi(k_j)            for j <= i - window
-        out_i = sum_j w_ij v_j / sum_j w_ij
-
-    The N queries are the last N of the P + N keys (P <= window - 1 earlier tokens from the cache);
-    `state` (B, H, F, d + 1) or None holds sum phi(k_j) [v_j, 1]^T over every token before those
-    keys. query (B, H, N, d), key and value (B, H, P + N, d), query_features (B, H, N, F),
-    key_features (B, H, P + N, F) (zero at padding), key_mask (B, P + N) 1 at real keys or None,
-    softmax_share g (H,) in (0, 1). The softmax part is computed in blocks of `window` queries, each
-    against its 2 window - 1 keys: O(N window d) time and memory; the older keys through
-    `linear_attention` on the keys shifted by `window` positions (zeros before the first).
-
-    Returns (out (B, H, N, d) in fp32 or fp64, the state over every token older than the last
-    `window - 1` keys when `return_state`, else None). A query with no real key gets zero."""
-    batch, heads, queries, dim = query.shape
-    past = key.shape[2] - queries
-    if not 0 <= past < window:
-        raise ValueError(f"windowed_linear_attention: {past} earlier keys for a window of {window}; at most "
-                         f"{window - 1} (the cache keeps the last window - 1 tokens)")
-    with no_autocast(query.device.type):
-        query, key, value, query_features, key_features = at_least_fp32(
-            query, key, value, query_features, key_features)
-        ones = with_ones(value)  # [v, 1] (B, H, P + N, d + 1)
-        # feature-map part: query i sees key index <= past + i - window, shifted into a causal pattern
-        older = past + queries - window  # keys that some query sees through the feature map
-        if older > 0:
-            shift = window - past
-            shifted_keys = nn.functional.pad(key_features, (0, 0, shift, 0))[:, :, :queries]
-            shifted_values = nn.functional.pad(ones, (0, 0, shift, 0))[:, :, :queries]
-            linear, _ = linear_attention(query_features, shifted_keys, shifted_values, None, state, causal=True)
-        elif state is not None:
-            linear = per_head_product(query_features, state)
-        else:
-            linear = None
-        # softmax part, in blocks of `window` queries
-        numerators, denominators = [], []
-        real = None if key_mask is None else key_mask.bool()
-        for start in range(0, queries, window):
-            stop = min(start + window, queries)
-            first = max(0, past + start - window + 1)
-            scores = (query[:, :, start:stop] @ key[:, :, first : past + stop].transpose(-1, -2)) * scaling
-            rows = torch.arange(past + start, past + stop, device=query.device)[:, None]  # key index of each query
-            columns = torch.arange(first, past + stop, device=query.device)[None, :]
-            allowed = (columns <= rows) & (columns > rows - window)  # (b, k)
-            if real is not None:
-                allowed = allowed & real[:, None, None, first : past + stop]
-            scores = scores.masked_fill(~allowed, float("-inf"))
-            top = scores.amax(-1, keepdim=True)
-            top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row with no real key
-            weights = torch.exp(scores - top)  # 0 where not allowed
-            numerators.append(weights @ value[:, :, first : past + stop])
-            denominators.append(weights.sum(-1, keepdim=True))
-        share = softmax_share.to(query.dtype).view(1, heads, 1, 1)
-        numerator = share * torch.cat(numerators, 2)
-        denominator = share * torch.cat(denominators, 2)
-        if linear is not None:
-            numerator = numerator + (1 - share) * linear[..., :dim]
-            denominator = denominator + (1 - share) * linear[..., dim:]
-        out = numerator / torch.where(denominator > 0, denominator, 1.0)
-        new_state = None
-        if return_state:
-            leaving = past + queries - (window - 1)  # keys no longer kept by the cache
-            new_state = state
-            if leaving > 0:
-                new_state = add_key_value_products(state, key_features[:, :, :leaving], ones[:, :, :leaving])
-            elif state is None:
-                new_state = query.new_zeros(batch, heads, key_features.shape[-1], dim + 1)
-    return out, new_state
-
-
 class RotaryLinearAttention(RotaryAttention):
     """Zformer linear attention over the rotated queries and keys (keys and values of the H_kv
     heads repeated to the H query heads), causal with a constant-size state.
@@ -232,24 +157,8 @@ class RotaryLinearAttention(RotaryAttention):
         return features if mask is None else features * mask.to(features.dtype)[:, None, :, None]
 
     def _windowed(self, query, key, value, attention_mask, layer):
-        length = query.shape[2]
-        if layer is not None and layer.keys is not None:  # the last window - 1 tokens before these
-            key, value = torch.cat([layer.keys, key], 2), torch.cat([layer.values, value], 2)
-        total = key.shape[2]
-        mask = None if attention_mask is None else attention_mask[:, attention_mask.shape[1] - total :]
-        if mask is not None and mask.shape[1] != total:
-            raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens, fewer than the {total} "
-                             "cached and new ones")
-        repeated_key, repeated_value = repeat_kv(key, self.groups), repeat_kv(value, self.groups)
-        context, state = windowed_linear_attention(
-            query, repeated_key, repeated_value, self.query_map(query), self._key_features(repeated_key, mask), mask,
-            None if layer is None else layer.state, self.window, torch.sigmoid(self.window_gate), self.scaling,
-            return_state=layer is not None,
-        )
-        if layer is not None:
-            first = max(total - (self.window - 1), 0)  # all of them while fewer than window - 1 tokens were seen
-            layer.store(state, key[:, :, first:], value[:, :, first:], length)
-        return context
+        return windowed_self_attention(query, key, value, attention_mask, layer, self.window, self.query_map,
+                                       self.key_map, self.window_gate, self.scaling, groups=self.groups)
 
 
 class RotaryFastformerAttention(RotaryAttention):

@@ -123,6 +123,35 @@ class FastformerStateLayer(RecurrentLayer):
             self.key_pool = tuple(function(t) for t in self.key_pool)
 
 
+class WindowedStateLayer(RecurrentLayer):
+    """A zformer layer with a softmax window of W tokens: `keys`, `values` (B, H_kv, <= W - 1, d),
+    the keys (rotated, in a Llama-family decoder) and the values of the last W - 1 tokens, and
+    `state` (B, H, F, d + 1) in fp32, sum phi(k_j) [v_j, 1]^T over every older token (None before the first token). The attention
+    (`attention.windowed_self_attention`) reads them, computes the next ones and stores them here."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys: torch.Tensor | None = None
+        self.values: torch.Tensor | None = None
+        self.state: torch.Tensor | None = None
+
+    def store(self, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, new_tokens: int) -> None:
+        """Keep the state over the tokens before the window and the window's keys and values,
+        `new_tokens` of the tokens seen being new."""
+        if not self.is_initialized:
+            self.lazy_initialization(keys, values)
+        self.state, self.keys, self.values = state, keys, values
+        self.num_tokens += new_tokens
+
+    def tensors(self):
+        return [t for t in (self.keys, self.values, self.state) if t is not None]
+
+    def _map(self, function):
+        for name in ("keys", "values", "state"):
+            if getattr(self, name) is not None:
+                setattr(self, name, function(getattr(self, name)))
+
+
 class MemoryLayer:
     """A cross-attention's projected memory (keys/values (B, H, Nk, d) for full attention, K^T V
     (B, H, d, d) for Zformer), stored at the first decoding step."""
@@ -156,15 +185,21 @@ class ZformerCache(Cache):
     `memory` (cross-attention); beam search reorders both parts. The cache computes nothing: a full
     layer's `update` stores keys/values and returns them all (transformers' protocol); a Zformer or
     Fastformer layer is read and written by its attention (`layers[i].state`, `.query_pool`,
-    `.key_pool`, `.store(...)`).
+    `.key_pool`, `.store(...)`). A zformer layer with a softmax window gets a `WindowedStateLayer`
+    (the window's last keys and values and the state over older tokens: also fixed size).
 
     Args:
         layer_types: the decoder's attention type per layer (`"full"`, `"zformer"` or `"fastformer"`).
         cross_attention: whether the decoder has cross-attention.
+        windows: the softmax window of each layer (0: none), or None (no layer has one).
     """
 
-    def __init__(self, layer_types: list[str], cross_attention: bool = False):
-        layers = [DynamicLayer() if kind == "full" else RECURRENT_LAYERS[kind]() for kind in layer_types]
+    def __init__(self, layer_types: list[str], cross_attention: bool = False, windows: list[int] | None = None):
+        windows = [0] * len(layer_types) if windows is None else windows
+        layers = [
+            DynamicLayer() if kind == "full" else WindowedStateLayer() if window else RECURRENT_LAYERS[kind]()
+            for kind, window in zip(layer_types, windows, strict=True)
+        ]
         super().__init__(layers=layers)
         self.memory_layers = [MemoryLayer() for _ in layer_types] if cross_attention else []
 
@@ -216,4 +251,4 @@ class ZformerCache(Cache):
         self._for_memories(lambda t: t[indices])
 
 
-__all__ = ["ZformerCache", "ZformerStateLayer", "FastformerStateLayer"]
+__all__ = ["ZformerCache", "ZformerStateLayer", "FastformerStateLayer", "WindowedStateLayer"]

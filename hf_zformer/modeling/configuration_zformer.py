@@ -124,6 +124,14 @@ class ZformerConfig(PreTrainedConfig):
         embedding_layer_norm (`bool`): LayerNorm over the summed embeddings, before their dropout (BERT).
         position_offset (`int`): position of the first real token; RoBERTa's tables start at
             `padding_idx + 1` (2). A sequence may hold `max_position_embeddings - position_offset` tokens.
+        attention_window (`int` or `list[int]`): for `ZformerForCausalLM` only, per layer (one value
+            for all, or a list), 0 (default) or the number W of most recent tokens, the query's own
+            included, that a zformer layer with the hedgehog map attends to with softmax weights
+            exp(q_i . k_j / sqrt(d_h)); older tokens enter through the feature map, and both kinds of
+            weight share one normalisation (LoLCATs-style), with a learned softmax share per head
+            (0.5 at init). Costs O(N W d_h) more; the decoding state is then the last W - 1 keys and
+            values plus the linear state, still constant in the generated length. Encoders and
+            encoder-decoders refuse a window.
         encoder_conv_size (`int`): 0 (default) or the odd width (>= 3) of a centred depthwise
             convolution over the input of every encoder self-attention: token i sees
             `sum_k w_k * x_{i+k}`, |k| <= `encoder_conv_size // 2`, per channel, with zeros beyond the
@@ -167,6 +175,7 @@ class ZformerConfig(PreTrainedConfig):
     attention_type: str | list[str] = "zformer"
     zformer_scale_init: float = 700.0
     zformer_feature_map: str = "identity"
+    attention_window: int | list[int] = 0
     xformer_alpha: int = 2
     xformer_beta: int = 4
     fastformer_pooling: str = "additive"
@@ -259,7 +268,32 @@ class ZformerConfig(PreTrainedConfig):
                 f"cross_attention_type={self.cross_attention_type!r}): make some layers zformer, or leave "
                 "zformer_feature_map at 'identity'"
             )
+        self._check_windows(encoder_types)
         return encoder_types
+
+    def _check_windows(self, encoder_types: list[str]) -> None:
+        """`attention_window`: a non-negative integer per layer, non-zero only on a zformer layer with
+        the hedgehog map (the model classes that take no window refuse a non-zero one)."""
+        for i, (kind, window) in enumerate(zip(encoder_types, self.layer_windows(), strict=True)):
+            if window and not (kind == "zformer" and self.zformer_feature_map == "hedgehog"):
+                raise ValueError(
+                    f"attention_window={self.attention_window!r}: layer {i} ({kind!r}, zformer_feature_map="
+                    f"{self.zformer_feature_map!r}) has window {window}; only zformer layers with the hedgehog map "
+                    "take a softmax window (its weights and the feature map's share one normalisation)"
+                )
+
+    def layer_windows(self) -> list[int]:
+        """The softmax window of each layer of a causal language model (0: none)."""
+        value = self.attention_window
+        windows = list(value) if isinstance(value, (list, tuple)) else [value] * self.num_hidden_layers
+        if len(windows) != self.num_hidden_layers:
+            raise ValueError(f"attention_window has {len(windows)} entries ({windows}) but the model has "
+                             f"{self.num_hidden_layers} layers")
+        for window in windows:
+            if not (isinstance(window, int) and not isinstance(window, bool) and window >= 0):
+                raise ValueError(f"attention_window={value!r}: {window!r} must be a non-negative integer "
+                                 "(0: no softmax window)")
+        return windows
 
     def _check_options(self):
         """Choices, switches, the Zformer scale, and no option an earlier version removed."""

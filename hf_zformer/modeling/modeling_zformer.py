@@ -408,6 +408,9 @@ def final_norm(config) -> nn.LayerNorm | None:
 class ZformerEncoder(nn.Module):
     def __init__(self, config):
         super().__init__()
+        if any(config.layer_windows()):
+            raise ValueError(f"attention_window={config.attention_window!r}: a softmax window is a causal language "
+                             "model's option (ZformerForCausalLM); an encoder has none")
         self.layers = nn.ModuleList(
             ZformerLayer(config, attention_type, i) for i, attention_type in enumerate(config.layer_attention_types())
         )
@@ -723,13 +726,15 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
     """Decoder layer: causal self-attention, cross-attention to the encoder (encoder-decoders only),
     FFN; each a residual branch with pre- or post-LayerNorm (`layer_norm_position`), as in `ZformerLayer`."""
 
-    def __init__(self, config, attention_type: str, layer_idx: int, cross_attention: bool = True):
+    def __init__(self, config, attention_type: str, layer_idx: int, cross_attention: bool = True, window: int = 0):
         super().__init__()
         self.layer_idx = layer_idx
         self.post_norm = config.layer_norm_position == "post"
         width, eps = config.hidden_size, config.layer_norm_eps
         self.self_attention_norm = nn.LayerNorm(width, eps=eps)
-        self.self_attention = ATTENTION_CLASSES[attention_type](config, is_causal=True, layer_idx=layer_idx)
+        windowed = {"window": window} if window else {}  # a zformer layer's softmax window (causal LM)
+        self.self_attention = ATTENTION_CLASSES[attention_type](config, is_causal=True, layer_idx=layer_idx,
+                                                                **windowed)
         if cross_attention:
             self.cross_attention_norm = nn.LayerNorm(width, eps=eps)
             cross_class = ATTENTION_CLASSES[config.cross_attention_type]
@@ -761,21 +766,24 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
 
 class ZformerDecoder(nn.Module):
     """Embeddings, causal layers (with cross-attention when `cross_attention`), final LayerNorm:
-    the decoder of the encoder-decoder, and the whole stack of a causal language model."""
+    the decoder of the encoder-decoder, and the whole stack of a causal language model (whose
+    zformer layers may take a softmax window, `windows`)."""
 
-    def __init__(self, config, layer_types: list[str], cross_attention: bool = True):
+    def __init__(self, config, layer_types: list[str], cross_attention: bool = True, windows: list[int] | None = None):
         super().__init__()
         self.layer_types = layer_types
+        self.windows = [0] * len(layer_types) if windows is None else list(windows)
         self.cross_attention = cross_attention
         self.embeddings = ZformerEmbeddings(config)
         self.layers = nn.ModuleList(
-            ZformerDecoderLayer(config, kind, i, cross_attention) for i, kind in enumerate(layer_types)
+            ZformerDecoderLayer(config, kind, i, cross_attention, window)
+            for i, (kind, window) in enumerate(zip(layer_types, self.windows, strict=True))
         )
         self.final_norm = final_norm(config)
         self.position_offset = config.position_offset
 
     def new_cache(self) -> ZformerCache:
-        return ZformerCache(self.layer_types, cross_attention=self.cross_attention)
+        return ZformerCache(self.layer_types, cross_attention=self.cross_attention, windows=self.windows)
 
     def forward(self, input_ids=None, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
                 past_key_values=None, inputs_embeds=None, position_ids=None, token_type_ids=None,
@@ -1073,7 +1081,9 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
     a real token, and each row's real tokens get positions 0, 1, ... (`position_ids_from_mask`), so
     a left-padded batch gives every row the outputs it gets alone; `generate()` continues each
     row's positions from its own length. Decoding state (`ZformerCache`): keys/values growing with
-    the text for `full` layers, a fixed-size state for `zformer` / `fastformer` layers.
+    the text for `full` layers, a fixed-size state for `zformer` / `fastformer` layers. Zformer
+    layers with the hedgehog map may add a softmax window over the last tokens (`attention_window`),
+    whose keys and values the state then keeps too: still constant in the generated length.
     """
 
     _tied_weights_keys = {"lm_head.weight": "decoder.embeddings.word_embeddings.weight"}
@@ -1089,7 +1099,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
                 )
         config.is_encoder_decoder = False
         super().__init__(config)
-        self.decoder = ZformerDecoder(config, layer_types, cross_attention=False)
+        self.decoder = ZformerDecoder(config, layer_types, cross_attention=False, windows=config.layer_windows())
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self._is_stateful = any(kind != "full" for kind in layer_types)  # no assisted generation
         self.post_init()
