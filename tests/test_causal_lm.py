@@ -11,11 +11,18 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from hf_zformer import FastformerForCausalLM, ZformerCache, ZformerForCausalLM
 
 HYBRID = ["zformer", "full", "fastformer"]
-TYPES = ["full", "zformer", "fastformer", HYBRID]
-IDS = ["full", "zformer", "fastformer", "hybrid"]
+# hedgehog zformer layers, the first with a softmax window of 3 tokens, and a full layer on top
+WINDOWED = dict(attention_type=["zformer", "zformer", "full"], zformer_feature_map="hedgehog",
+                attention_window=[3, 0, 0])
+TYPES = ["full", "zformer", "fastformer", HYBRID, WINDOWED]
+IDS = ["full", "zformer", "fastformer", "hybrid", "windowed"]
 
 
 def causal_lm(attention_type="zformer", model_type="zformer", **overrides):
+    """A tiny causal LM: `attention_type` a type, a list of them, or a dict of config fields."""
+    if isinstance(attention_type, dict):
+        overrides = {**attention_type, **overrides}
+        attention_type = overrides.pop("attention_type")
     layers = len(attention_type) if isinstance(attention_type, list) else TINY["num_hidden_layers"]
     config = AutoConfig.for_model(
         model_type, **{**TINY, "attention_type": attention_type, "num_hidden_layers": layers, **overrides}
@@ -111,8 +118,7 @@ def test_linear_layers_keep_a_constant_state(attention_type):
         cache = out.past_key_values
         assert cache.get_seq_length() == ids.shape[1] + length - 1  # the last token is never fed back
         sizes[length] = [sum(t.numel() for t in _layer_tensors(layer)) for layer in cache.layers]
-    types = attention_type if isinstance(attention_type, list) else [attention_type] * len(sizes[8])
-    for kind, short, long in zip(types, sizes[8], sizes[120]):
+    for kind, short, long in zip(model.decoder.layer_types, sizes[8], sizes[120], strict=True):
         assert (short == long > 0) if kind != "full" else (long > short > 0), (kind, short, long)
 
 
@@ -158,6 +164,53 @@ def test_tied_embeddings_sampling_and_model_types():
 def test_xformer_layer_raises():
     with pytest.raises(ValueError, match="attention_type=.*xformer.*cannot be causal"):
         causal_lm(["zformer", "xformer"])
+
+
+def test_window_covering_every_token_is_softmax_attention():
+    """With a window past the text and the softmax share at 1, a windowed zformer layer is softmax
+    attention: the full model with the same weights."""
+    windowed = causal_lm("zformer", zformer_feature_map="hedgehog", attention_window=64).double()
+    full = causal_lm("full").double()
+    with torch.no_grad():
+        for layer in windowed.decoder.layers:
+            layer.self_attention.window_gate.fill_(40.0)  # sigmoid: 1 to fp64's precision
+    missing, unexpected = full.load_state_dict(windowed.state_dict(), strict=False)
+    assert not missing and all("query_map" in k or "key_map" in k or "window_gate" in k for k in unexpected)
+    ids, mask = _batch()
+    real = mask.bool()  # padded queries: zero from the window, something else from full attention
+    torch.testing.assert_close(windowed(input_ids=ids, attention_mask=mask).logits[real],
+                               full(input_ids=ids, attention_mask=mask).logits[real], atol=1e-9, rtol=1e-9)
+
+
+def test_windowed_layer_keeps_the_last_window_tokens():
+    model = causal_lm(WINDOWED)
+    ids = torch.randint(5, TINY["vocab_size"], (2, 10))
+    cache = model(input_ids=ids, use_cache=True).past_key_values
+    window_layer = cache.layers[0]
+    assert type(window_layer).__name__ == "WindowedStateLayer" and window_layer.keys.shape[2] == 2  # W - 1
+    assert type(cache.layers[1]).__name__ == "ZformerStateLayer"
+    assert {n for n, _ in model.named_parameters() if "window_gate" in n} == {
+        "decoder.layers.0.self_attention.window_gate"}
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (dict(attention_type="zformer", attention_window=4), "only zformer layers with the hedgehog map"),
+    (dict(attention_type="fastformer", attention_window=4), "only zformer layers with the hedgehog map"),
+    (dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=-1), "non-negative"),
+    (dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=[4]), "1 entries"),
+])
+def test_window_refusals(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        AutoConfig.for_model("zformer", **{**TINY, **overrides})
+
+
+def test_encoders_refuse_a_window():
+    from transformers import AutoModel, AutoModelForSeq2SeqLM
+
+    config = AutoConfig.for_model("zformer", **{**TINY, "zformer_feature_map": "hedgehog", "attention_window": 4})
+    for auto in (AutoModel, AutoModelForSeq2SeqLM):
+        with pytest.raises(ValueError, match="a causal language model's option"):
+            auto.from_config(config)
 
 
 def test_positions_reach_the_configured_length():
