@@ -25,7 +25,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from .attention import HedgehogFeatureMap, windowed_self_attention
-from .blocks import at_least_fp32, merge_heads, new_tokens_mask, no_autocast, per_head_product
+from .blocks import at_least_fp32, merge_heads, new_tokens_mask, no_autocast
 from .ops import linear_attention, normalize, softmax_pool, windowed_linear_attention, with_ones
 
 
