@@ -115,6 +115,7 @@ FOOTNOTES = {
     "³": lambda r: r["config"].get("zformer_feature_map") == "hedgehog" and bool(r.get("teacher"))
     and r.get("mixed_precision") == "bf16",
     "⁴": lambda r: _conv5(r) and bool(r.get("teacher")),
+    "⁵": lambda r: r["config"].get("zformer_feature_map") == "hedgehog" and r["config"].get("attention_window") == 64,
 }
 
 
@@ -130,7 +131,7 @@ def _results_table():
 
 
 def _traces(cell: str, attention: str, row_filter, seeds: int, all_records) -> bool:
-    match = re.fullmatch(r"(\d+(?:\.(\d+))?)\s*([¹²³⁴]?)", cell)
+    match = re.fullmatch(r"(\d+(?:\.(\d+))?)\s*([¹²³⁴⁵]?)", cell)
     assert match, f"unreadable cell {cell!r}"
     number, decimals, note = float(match.group(1)), len(match.group(2) or ""), match.group(3)
     kind = FOOTNOTES[note] if note else _plain
