@@ -24,18 +24,18 @@ ready for ``scripts/run_classification.py --model_name_or_path`` (encoders) and 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from hf_zformer import flags  # noqa: E402
-from hf_zformer.conversion.convert import TASKS, check_conversion_output, convert_pretrained  # noqa: E402
+from hf_zformer.conversion.arguments import ConversionArguments, DistillationArguments  # noqa: E402
+from hf_zformer.conversion.convert import TASKS, convert_pretrained  # noqa: E402
 from hf_zformer.modeling.configuration_zformer import ATTENTION_TYPES, CLASSIFIER_POOLINGS  # noqa: E402
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None) -> ConversionArguments:
     parser = flags.ArgumentParser(description=__doc__.split("\n")[1], formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     parser.add_argument("--model_name_or_path", required=True,
                         help="BERT / RoBERTa / DistilBERT folder or Hub id, a full-attention Zformer-family "
@@ -58,9 +58,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--overwrite", action="store_true",
                         help="Replace an --output_dir this library wrote (one holding files of others is refused).")
     add_distillation_args(parser)
-    args = parser.parse_args(argv)
-    check_args(parser, args)
-    return args
+    try:  # ranges, the distillation device and the output folder, before any work
+        return ConversionArguments.from_flags(vars(parser.parse_args(argv)))
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def add_distillation_args(parser: argparse.ArgumentParser) -> None:
@@ -92,59 +93,22 @@ def add_distillation_args(parser: argparse.ArgumentParser) -> None:
                               '"cpu", "cuda", "cuda:1", ... The written model is the same either way, up to rounding.')
 
 
-def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Ranges, the distillation device and the output folder, before any work."""
-    if args.num_labels is not None and args.num_labels < 1:
-        parser.error(f"--num_labels must be >= 1, got {args.num_labels}")
-    for name in ("distill_steps", "distill_batch_size", "distill_max_length", "distill_max_documents"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            parser.error(f"--{name} must be >= 1, got {value}")
-    if args.distill_model_steps < 0:
-        parser.error(f"--distill_model_steps must be >= 0, got {args.distill_model_steps}")
-    if not math.isfinite(args.distill_learning_rate) or not args.distill_learning_rate > 0:
-        parser.error(f"--distill_learning_rate must be a finite number > 0, got {args.distill_learning_rate}")
-    if not math.isfinite(args.distill_attention_weight_loss) or args.distill_attention_weight_loss < 0:
-        parser.error(f"--distill_attention_weight_loss must be a finite number >= 0, got "
-                     f"{args.distill_attention_weight_loss}")
-    if args.distill_device != "auto":
-        from hf_zformer.conversion.distillation import check_device
-
-        try:  # the same check as the Python API, before the documents are read
-            check_device(args.distill_device)
-        except ValueError as error:
-            parser.error(f"--distill_device: {error}")
-    try:  # before any work: the conversion and distillation must not be thrown away at the end
-        check_conversion_output(args.output_dir, overwrite=args.overwrite, model_name_or_path=args.model_name_or_path,
-                                tokenizer_name=args.tokenizer_name, prefix="--")
-    except ValueError as error:
-        parser.error(str(error))
-
-
-def distillation_of(args):
+def distillation_of(distillation: DistillationArguments):
     """The `Distillation` the arguments ask for, with the documents of --distill_file; None without it."""
-    if args.distill_file is None:
+    if distillation.distill_file is None:
         return None
     from hf_zformer.conversion.distillation import Distillation
     from hf_zformer.data import load_text_dataset
 
-    texts = load_text_dataset(args.distill_file, text_column=args.distill_text_column, validation_size=None)["train"]
-    if args.distill_max_documents is not None:
-        texts = texts.select(range(min(args.distill_max_documents, len(texts))))
-    return Distillation(texts["text"], steps=args.distill_steps, model_steps=args.distill_model_steps,
-                        batch_size=args.distill_batch_size,
-                        max_length=args.distill_max_length, learning_rate=args.distill_learning_rate, seed=args.seed,
-                        attention_weight_loss=args.distill_attention_weight_loss,
-                        source=str(args.distill_file), device=distill_device(args.distill_device))
-
-
-def distill_device(name: str) -> str:
-    """--distill_device with "auto" resolved: "cuda" when a CUDA GPU is there, else "cpu"."""
-    if name != "auto":
-        return name
-    import torch
-
-    return "cuda" if torch.cuda.is_available() else "cpu"
+    texts = load_text_dataset(distillation.distill_file, text_column=distillation.distill_text_column,
+                              validation_size=None)["train"]
+    if distillation.distill_max_documents is not None:
+        texts = texts.select(range(min(distillation.distill_max_documents, len(texts))))
+    return Distillation(texts["text"], steps=distillation.distill_steps, model_steps=distillation.distill_model_steps,
+                        batch_size=distillation.distill_batch_size, max_length=distillation.distill_max_length,
+                        learning_rate=distillation.distill_learning_rate, seed=distillation.seed,
+                        attention_weight_loss=distillation.distill_attention_weight_loss,
+                        source=str(distillation.distill_file), device=distillation.device())
 
 
 def main(argv=None):
@@ -156,14 +120,15 @@ def main(argv=None):
     from hf_zformer.training.arguments import parse_config_overrides
     from hf_zformer.modeling import ZformerConfig, ZformerLlamaConfig
 
-    attention_type = args.attention_type[0] if len(args.attention_type) == 1 else args.attention_type
+    attention_type = args.layer_attention
     decoder = args.task == "text-generation"  # the fields of a Llama-family decoder's config
     try:
         overrides = parse_config_overrides(args.config_overrides, ZformerLlamaConfig if decoder else ZformerConfig)
         model = convert_pretrained(
             args.model_name_or_path, attention_type, args.output_dir, task=args.task,
             classifier_pooling=args.classifier_pooling, num_labels=args.num_labels, base_model=args.base_model,
-            overwrite=args.overwrite, distillation=distillation_of(args), tokenizer_name=args.tokenizer_name,
+            overwrite=args.overwrite, distillation=distillation_of(args.distillation),
+            tokenizer_name=args.tokenizer_name,
             **overrides,
         )
     except (ValueError, OSError) as error:  # a bad source, field, folder or file: the message names it

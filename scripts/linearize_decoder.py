@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
-import math
 import os
 import sys
 import time
@@ -41,17 +40,20 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from hf_zformer.conversion.arguments import LinearizationArguments, evaluation_name  # noqa: E402
+
 # arguments a resumed run may change
 RESUMABLE = {"log_every", "checkpoint_every", "skip_scores"}
 PROMPTS = ("The history of the city begins", "This movie was")
 MODELS = ("source", "converted", "init_model", "transferred", "finetuned")
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+def parse_args(argv=None) -> LinearizationArguments:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    check_args(parser, args)
-    return args
+    try:  # counts, rates and weights, peft, the device and the evaluation texts' names: the first problem
+        return LinearizationArguments.from_flags(vars(parser.parse_args(argv)))
+    except ValueError as error:
+        parser.error(str(error))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -97,53 +99,6 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--device", default="auto",
                         help='"cpu", "cuda", "cuda:N", or "auto" (the GPU when there is one; fp32 with TF32 matmuls there).')
     return parser
-
-
-def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Counts, rates and weights, stage 2's default learning rate, peft, the device and the
-    evaluation texts' names; ``parser.error`` on the first problem."""
-    from hf_zformer.conversion.decoder_finetune import peft_available
-
-    for name in ("batch_size", "block_size", "eval_block_size", "eval_blocks", "log_every", "checkpoint_every",
-                 "lora_rank"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    for name in ("steps", "finetune_steps"):
-        if getattr(args, name) < 0:
-            parser.error(f"--{name} must be >= 0, got {getattr(args, name)}")
-    if args.finetune_learning_rate is None:
-        args.finetune_learning_rate = 1e-3 if args.finetune_method == "lora" else 5e-5
-    for name in ("learning_rate", "finetune_learning_rate", "lora_alpha", "distill_temperature"):
-        if not (math.isfinite(getattr(args, name)) and getattr(args, name) > 0):
-            parser.error(f"--{name} must be a finite number > 0, got {getattr(args, name)}")
-    if not 0 <= args.distill_weight <= 1:
-        parser.error(f"--distill_weight must be in [0, 1], got {args.distill_weight}")
-    if args.finetune_steps and args.finetune_method == "lora" and not peft_available():
-        parser.error("--finetune_method lora needs the peft package (pip install peft, or hf_zformer[decoders]); "
-                     "--finetune_method full needs none")
-    if args.device != "auto":
-        check_device(parser, args.device)
-    names = [evaluation_name(path) for path in args.eval_file]
-    if len(set(names)) < len(names):
-        parser.error(f"--eval_file {' '.join(args.eval_file)}: two files share the name {names} (folder/file)")
-
-
-def check_device(parser: argparse.ArgumentParser, name: str) -> None:
-    import torch
-
-    try:
-        device = torch.device(name)
-    except RuntimeError:
-        parser.error(f"--device {name!r} is not a device (cpu, cuda, cuda:N, auto)")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        parser.error(f"--device {name}: CUDA is not available here")
-
-
-def evaluation_name(path: str) -> str:
-    """The key of an evaluation text in results.json: its folder and file name without extensions
-    ("wikitext-2/valid", "imdb/test")."""
-    path = Path(path)
-    return f"{path.parent.name}/{path.name.split('.')[0]}"
 
 
 def log(message: str) -> None:
@@ -225,7 +180,7 @@ def error(message: str):
     sys.exit(f"linearize_decoder.py: error: {message}")
 
 
-def check_inputs(args: argparse.Namespace) -> None:
+def check_inputs(args: LinearizationArguments) -> None:
     """The training and evaluation files and --init_model exist, before the source is loaded."""
     for name, path in [("train_file", args.train_file), ("init_model", args.init_model)] + [
             ("eval_file", path) for path in args.eval_file]:
@@ -233,7 +188,7 @@ def check_inputs(args: argparse.Namespace) -> None:
             error(f"--{name} {path} is not a {'folder' if name == 'init_model' else 'file'}")
 
 
-def pick_device(args: argparse.Namespace):
+def pick_device(args: LinearizationArguments):
     import torch
 
     device = torch.device("cuda" if args.device == "auto" and torch.cuda.is_available() else
@@ -243,7 +198,7 @@ def pick_device(args: argparse.Namespace):
     return device
 
 
-def prepare_output_dir(args: argparse.Namespace) -> Path:
+def prepare_output_dir(args: LinearizationArguments) -> Path:
     """--output_dir checked (new, empty, or a folder this library wrote: a run to resume, with the
     same arguments), created and marked, with this run's arguments in run_args.json."""
     import torch
@@ -261,7 +216,7 @@ def prepare_output_dir(args: argparse.Namespace) -> Path:
     torch.manual_seed(args.seed)
     output_dir.mkdir(parents=True, exist_ok=True)
     folders.record(output_dir)
-    identity = {k: v for k, v in vars(args).items() if k not in RESUMABLE}
+    identity = {k: v for k, v in args.flags().items() if k not in RESUMABLE}
     identity_file = output_dir / "run_args.json"
     if identity_file.exists() and json.loads(identity_file.read_text()) != identity:
         error(f"{output_dir} holds a run with other arguments ({identity_file}); choose another --output_dir")
@@ -270,33 +225,35 @@ def prepare_output_dir(args: argparse.Namespace) -> Path:
     return output_dir
 
 
-def initial_results(args: argparse.Namespace, device) -> dict:
+def initial_results(args: LinearizationArguments, device) -> dict:
     """What results.json records before any number: the source, the recipe of each stage, where it runs."""
     import torch
 
     from hf_zformer.training.results import git_commit, machine
 
-    lora = {"rank": args.lora_rank, "alpha": args.lora_alpha, "targets": args.lora_targets}
+    transfer, stage = args.transfer, args.finetune
+    lora = {"rank": stage.lora_rank, "alpha": stage.lora_alpha, "targets": stage.lora_targets}
     return {
         "source": args.model_name_or_path + (f" ({args.gguf_file})" if args.gguf_file else ""),
         "init_model": args.init_model, "attention_type": args.attention_type,
         "config_overrides": args.config_overrides, "train_file": args.train_file, "eval_file": args.eval_file,
         "eval_block_size": args.eval_block_size, "eval_blocks": args.eval_blocks, "seed": args.seed,
-        "transfer": {"steps": args.steps, "batch_size": args.batch_size, "block_size": args.block_size,
-                     "tokens": args.steps * args.batch_size * args.block_size, "learning_rate": args.learning_rate},
-        "finetune": {"steps": args.finetune_steps, "batch_size": args.batch_size, "block_size": args.block_size,
-                     "tokens": args.finetune_steps * args.batch_size * args.block_size,
-                     "method": args.finetune_method, "learning_rate": args.finetune_learning_rate,
-                     "lora": lora if args.finetune_method == "lora" else None,
-                     "new_attention": args.finetune_new_attention, "distill_weight": args.distill_weight,
-                     "distill_temperature": args.distill_temperature},
+        "transfer": {"steps": transfer.steps, "batch_size": args.batch_size, "block_size": args.block_size,
+                     "tokens": transfer.steps * args.batch_size * args.block_size,
+                     "learning_rate": transfer.learning_rate},
+        "finetune": {"steps": stage.finetune_steps, "batch_size": args.batch_size, "block_size": args.block_size,
+                     "tokens": stage.finetune_steps * args.batch_size * args.block_size,
+                     "method": stage.finetune_method, "learning_rate": stage.finetune_learning_rate,
+                     "lora": lora if stage.finetune_method == "lora" else None,
+                     "new_attention": stage.finetune_new_attention, "distill_weight": stage.distill_weight,
+                     "distill_temperature": stage.distill_temperature},
         "device": str(device), "precision": "fp32, TF32 matmuls" if device.type == "cuda" else "fp32",
         "commit": git_commit(Path(__file__).resolve().parents[1]), "machine": machine(),
         "threads": torch.get_num_threads(), "perplexity": {}, "greedy_samples": {},
     }
 
 
-def load_models(args: argparse.Namespace, device):
+def load_models(args: LinearizationArguments, device):
     """``(tokenizer, source, model, start)``: the source, and the model to train on ``device``,
     converted from it or --init_model (``start`` names which)."""
     import torch
@@ -320,7 +277,7 @@ def load_models(args: argparse.Namespace, device):
                   f"({type(problem).__name__}: {str(problem).splitlines()[0]})")
         start = "init_model"
     else:
-        attention_type = args.attention_type[0] if len(args.attention_type) == 1 else args.attention_type
+        attention_type = args.layer_attention
         overrides = parse_config_overrides(args.config_overrides, ZformerLlamaConfig)
         model = convert_causal_lm(args.model_name_or_path, attention_type, source=source, tokenizer=tokenizer,
                                   **overrides)
@@ -332,7 +289,7 @@ class Run:
     """One run's output folder, results, tokenizer and evaluation texts: scoring, saving and the
     training loop both stages share."""
 
-    def __init__(self, args: argparse.Namespace, device, output_dir: Path, tokenizer):
+    def __init__(self, args: LinearizationArguments, device, output_dir: Path, tokenizer):
         self.args, self.device, self.output_dir, self.tokenizer = args, device, output_dir, tokenizer
         self.results_file = output_dir / "results.json"
         self.results = (json.loads(self.results_file.read_text()) if self.results_file.exists()
@@ -411,14 +368,14 @@ def transfer_attention(run: Run, model, documents: list[str]) -> int:
     from hf_zformer.conversion.convert_decoder import full_attention_copy
     from hf_zformer.conversion.decoder_transfer import AttentionTransfer
 
-    args = run.args
-    transfer = AttentionTransfer(model, full_attention_copy(model).to(run.device), steps=args.steps,
-                                 learning_rate=args.learning_rate)
-    blocks, used = training_blocks(run.tokenizer, documents, args.steps * args.batch_size, args.block_size)
+    args, stage = run.args, run.args.transfer
+    transfer = AttentionTransfer(model, full_attention_copy(model).to(run.device), steps=stage.steps,
+                                 learning_rate=stage.learning_rate)
+    blocks, used = training_blocks(run.tokenizer, documents, stage.steps * args.batch_size, args.block_size)
     log(f"attention transfer: {len(transfer.parameters)} tensors "
-        f"({sum(p.numel() for p in transfer.parameters.values()) / 1e6:.2f}M parameters), {args.steps} steps of "
+        f"({sum(p.numel() for p in transfer.parameters.values()) / 1e6:.2f}M parameters), {stage.steps} steps of "
         f"{args.batch_size} x {args.block_size} tokens")
-    errors = run.train("attention transfer", transfer, blocks, args.steps, run.output_dir / "transfer_state.pt",
+    errors = run.train("attention transfer", transfer, blocks, stage.steps, run.output_dir / "transfer_state.pt",
                        lambda e: f"error {sum(e) / len(e):.4f} (layers {min(e):.3f}-{max(e):.3f})")
     if errors is not None:
         run.results["last_step_layer_errors"] = [round(e, 4) for e in errors]
@@ -438,22 +395,22 @@ def finetune(run: Run, model, source, documents: list[str], used: int):
     (``used``: how many it took); the fine-tuned model, LoRA folded in."""
     from hf_zformer.conversion.decoder_finetune import Finetuning
 
-    args = run.args
+    args, stage = run.args, run.args.finetune
     finetuning = Finetuning(
-        model, steps=args.finetune_steps, learning_rate=args.finetune_learning_rate, method=args.finetune_method,
-        lora_rank=args.lora_rank, lora_alpha=args.lora_alpha, lora_targets=args.lora_targets,
-        new_attention=args.finetune_new_attention, teacher=source if args.distill_weight > 0 else None,
-        distill_weight=args.distill_weight, temperature=args.distill_temperature)
-    blocks, from_end = training_blocks(run.tokenizer, documents[::-1], args.finetune_steps * args.batch_size,
+        model, steps=stage.finetune_steps, learning_rate=stage.finetune_learning_rate, method=stage.finetune_method,
+        lora_rank=stage.lora_rank, lora_alpha=stage.lora_alpha, lora_targets=stage.lora_targets,
+        new_attention=stage.finetune_new_attention, teacher=source if stage.distill_weight > 0 else None,
+        distill_weight=stage.distill_weight, temperature=stage.distill_temperature)
+    blocks, from_end = training_blocks(run.tokenizer, documents[::-1], stage.finetune_steps * args.batch_size,
                                        args.block_size)
     if used + from_end > len(documents):
         error(f"{args.train_file} holds too little text for both stages: "
               f"stage 1 takes {used} of its {len(documents)} documents and stage 2 {from_end}")
-    log(f"fine-tuning ({args.finetune_method}): {finetuning.trainable_count() / 1e6:.2f}M trained parameters, "
-        f"{args.finetune_steps} steps of {args.batch_size} x {args.block_size} tokens"
-        + (f", distilling the source's logits (weight {args.distill_weight}, T={args.distill_temperature})"
-           if args.distill_weight else ""))
-    losses = run.train("fine-tuning", finetuning, blocks, args.finetune_steps, run.output_dir / "finetune_state.pt",
+    log(f"fine-tuning ({stage.finetune_method}): {finetuning.trainable_count() / 1e6:.2f}M trained parameters, "
+        f"{stage.finetune_steps} steps of {args.batch_size} x {args.block_size} tokens"
+        + (f", distilling the source's logits (weight {stage.distill_weight}, T={stage.distill_temperature})"
+           if stage.distill_weight else ""))
+    losses = run.train("fine-tuning", finetuning, blocks, stage.finetune_steps, run.output_dir / "finetune_state.pt",
                        describe_losses)
     if losses is not None:
         run.results["last_step_finetune_losses"] = {k: None if v is None else round(v, 4) for k, v in losses.items()}
@@ -485,8 +442,8 @@ def main(argv=None):
     run.score("source", source)
     run.score(start, model)
     documents = read_documents(args.train_file, args.text_column, args.seed)
-    used = transfer_attention(run, model, documents) if args.steps else 0
-    if args.finetune_steps:
+    used = transfer_attention(run, model, documents) if args.transfer.steps else 0
+    if args.finetune.finetune_steps:
         model = finetune(run, model, source, documents, used)
     report(run, started)
 

@@ -7,4 +7,6 @@ May import: torch, transformers, ``hf_zformer.modeling`` and the shared utilitie
 * :mod:`.decoder_transfer` -- the same for converted decoders, layer by layer; :mod:`.decoder_finetune` --
   their next-token fine-tuning (LoRA or every weight);
 * :mod:`.teacher` -- a fine-tuned teacher's predictions as a training loss.
+* :mod:`.arguments` -- the conversion scripts' arguments (:class:`~.arguments.ConversionArguments`,
+  :class:`~.arguments.LinearizationArguments`), checked once where they are built.
 """
