@@ -13,9 +13,9 @@ or under ``accelerate launch`` (predictions gathered across processes).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -27,6 +27,7 @@ from hf_zformer.data import load_classification_dataset, load_translation_datase
 from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # noqa: E402  (the loaders' and the training scripts' default)
 from hf_zformer.training import batching, feedback, run  # noqa: E402
 from hf_zformer.training import results as records  # noqa: E402
+from hf_zformer.training.arguments import ModelArguments, RunArguments  # noqa: E402
 from hf_zformer.training.scoring import corpus_bleu, generate_and_score, predict_labels  # noqa: E402
 
 
@@ -59,7 +60,26 @@ def length_table(buckets: list[dict], seq2seq: bool) -> str:
     return "\n".join(lines)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
+@dataclass
+class ModelEvaluationArguments:
+    """The split scored, the columns and lengths of each task (:func:`add_task_args`) and the length
+    buckets; the model, data, output folder, batches and seeds are the training scripts' concerns."""
+
+    split: str | None = None
+    source_lang: str = "de"
+    target_lang: str = "en"
+    text_column: str = "text"
+    label_column: str = "label"
+    max_source_length: int = 128
+    max_target_length: int | None = None
+    num_beams: int | None = None
+    max_length: int | None = None
+    truncation_side: str | None = None
+    group_column: str = DEFAULT_GROUP_COLUMN
+    length_buckets: list[int] | None = None
+
+
+def parse_args(argv=None) -> RunArguments:
     parser = flags.ArgumentParser(description=__doc__.split("\n")[1], allow_abbrev=False)
     parser.add_argument("--model_name_or_path", required=True, help="Saved folder or Hub id.")
     parser.add_argument("--tokenizer_name", default=None, help="Default: the model's tokenizer.")
@@ -91,7 +111,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--trust_remote_code", action="store_true",
                         help="Run the code a checkpoint ships (auto_map) for model types hf_zformer does not provide. "
                         "Off by default: hf_zformer's own models load with the installed library code.")
-    args = parser.parse_args(argv)
+    args = RunArguments.from_flags(vars(parser.parse_args(argv)), ModelEvaluationArguments)
     check_args(parser, args)
     return args
 
@@ -113,44 +133,46 @@ def add_task_args(parser) -> None:
                         "the tokenizer's saved setting (run_classification.py --truncation_side).")
 
 
-def check_args(parser, args: argparse.Namespace) -> None:
+def check_args(parser, args: RunArguments) -> None:
     """Ranges, the one data source, the output folder (never the model's) and --results_file, before any work."""
-    edges = args.length_buckets
+    edges = args.task.length_buckets
     if edges is not None and (edges[0] < 1 or any(b <= a for a, b in zip(edges, edges[1:]))):
         parser.error(f"--length_buckets must be increasing positive word counts, got {edges}")
-    if bool(args.dataset_name) == bool(args.data_dir):
+    if bool(args.data.dataset_name) == bool(args.data.data_dir):
         parser.error("pass exactly one of --dataset_name (Hub) and --data_dir (local folder)")
-    if args.data_dir and not Path(args.data_dir).is_dir():
-        parser.error(f"--data_dir {args.data_dir!r} is not a directory")
-    for name in ("per_device_eval_batch_size", "max_eval_samples", "num_beams", "max_target_length", "max_length"):
-        value = getattr(args, name)
+    if args.data.data_dir and not Path(args.data.data_dir).is_dir():
+        parser.error(f"--data_dir {args.data.data_dir!r} is not a directory")
+    for part, name in ((args.training, "per_device_eval_batch_size"), (args.data, "max_eval_samples"),
+                       (args.task, "num_beams"), (args.task, "max_target_length"), (args.task, "max_length")):
+        value = getattr(part, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
     try:  # new, empty or a folder of this library's; never the model
-        args.output_dir = str(folders.check_output_dir(
-            args.output_dir, name="--output_dir", whole=False,
-            inputs={"--model_name_or_path": args.model_name_or_path, "--tokenizer_name": args.tokenizer_name}))
+        args.training.output_dir = str(folders.check_output_dir(
+            args.training.output_dir, name="--output_dir", whole=False,
+            inputs={"--model_name_or_path": args.model.model_name_or_path,
+                    "--tokenizer_name": args.model.tokenizer_name}))
     except ValueError as error:
         parser.error(str(error))
     try:  # found after the whole evaluation otherwise
-        if args.results_file:
-            records.check_results_file(args.results_file)
+        if args.evaluation.results_file:
+            records.check_results_file(args.evaluation.results_file)
     except ValueError as error:
         parser.error(f"--results_file: {error}")
 
 
-def result_record(args, config, rows, results, split: str, seq2seq: bool) -> dict:
+def result_record(args: RunArguments, config, rows, results, split: str, seq2seq: bool) -> dict:
     """The record ``--results_file`` gets: the saved model's fields (``results.evaluation_fields``)
     and this evaluation's split, metric, value, sample count and seeded bootstrap interval."""
     if seq2seq:
         metric, value, beams = "bleu", results[f"{split}_bleu"], results["num_beams"]
-        ci95 = records.bleu_ci([r["prediction"] for r in rows], [r["reference"] for r in rows], seed=args.seed)
-        max_length = args.max_source_length
+        ci95 = records.bleu_ci([r["prediction"] for r in rows], [r["reference"] for r in rows], seed=args.training.seed)
+        max_length = args.task.max_source_length
     else:
         metric, value, beams = "accuracy", 100.0 * results[f"{split}_accuracy"], None
-        ci95 = records.accuracy_ci([r["prediction"] == r["label"] for r in rows], seed=args.seed)
+        ci95 = records.accuracy_ci([r["prediction"] == r["label"] for r in rows], seed=args.training.seed)
         max_length = results["max_length"]
-    return {**records.evaluation_fields(args, config), "max_length": max_length,
+    return {**records.evaluation_fields(args.flags(), config), "max_length": max_length,
             **({"truncation_side": results["truncation_side"]} if not seq2seq else {}),
             "split": split, "metric": metric, "beams": beams, "samples": len(rows), "value": round(value, 4),
             "ci95": ci95}
@@ -162,92 +184,93 @@ def is_seq2seq(config) -> bool:
     )
 
 
-def load_config(args: argparse.Namespace):
+def load_config(model: ModelArguments):
     """The model's config; a folder that is no saved model, a config that fails validation, foreign
     code without --trust_remote_code and a Hub id not found are usage errors naming it."""
     from transformers import AutoConfig
 
-    folder = Path(args.model_name_or_path).expanduser()
+    folder = Path(model.model_name_or_path).expanduser()
     if folder.is_dir() and not (folder / "config.json").is_file():
-        run.usage_error(f"--model_name_or_path {args.model_name_or_path!r} is not a saved model (no config.json); "
-                        "pass a folder a training script or the converter wrote")
+        run.usage_error(f"--model_name_or_path {model.model_name_or_path!r} is not a saved model (no "
+                        "config.json); pass a folder a training script or the converter wrote")
     try:
-        return AutoConfig.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code)
+        return AutoConfig.from_pretrained(model.model_name_or_path, trust_remote_code=model.trust_remote_code)
     except ValueError as error:
         if "trust_remote_code" not in str(error):  # a config.json that fails validation: named, with its field
-            run.usage_error(f"--model_name_or_path {args.model_name_or_path!r}: {str(error).splitlines()[0]}")
+            run.usage_error(f"--model_name_or_path {model.model_name_or_path!r}: {str(error).splitlines()[0]}")
         raise SystemExit(
-            f"error: {args.model_name_or_path} ships its own model code (auto_map in config.json) for a model type "
+            f"error: {model.model_name_or_path} ships its own model code (auto_map in config.json) for a model type "
             "hf_zformer does not provide; it was not run. Inspect that code, then pass --trust_remote_code to run it."
         ) from None
     except OSError as error:  # a Hub id that is not cached (offline) or does not exist
-        run.usage_error(f"--model_name_or_path {args.model_name_or_path!r}: no model config found "
+        run.usage_error(f"--model_name_or_path {model.model_name_or_path!r}: no model config found "
                         f"({str(error).splitlines()[0]})")
 
 
-def read_split(args: argparse.Namespace, seq2seq: bool):
+def read_split(args: RunArguments, seq2seq: bool):
     """``(split, data)``: the split evaluated, with training's ``--max_eval_samples`` rows. Bad data
     or an unreachable Hub dataset is one line naming it, exit code 2."""
-    source = args.data_dir or args.dataset_name
-    loading = {"seed": args.split_seed, "config_name": args.dataset_config_name}
+    source = args.data.data_dir or args.data.dataset_name
+    loading = {"seed": args.evaluation.split_seed, "config_name": args.data.dataset_config_name}
     with run.data_errors():
         if seq2seq:
-            raw = load_translation_dataset(source, args.source_lang, args.target_lang, **loading)
+            raw = load_translation_dataset(source, args.task.source_lang, args.task.target_lang, **loading)
         else:
             raw = load_classification_dataset(
-                source, text_column=args.text_column, label_column=args.label_column,
-                group_column=args.group_column or None, **loading
+                source, text_column=args.task.text_column, label_column=args.task.label_column,
+                group_column=args.task.group_column or None, **loading
             )
-    split = args.split or ("test" if "test" in raw else "validation")
+    split = args.task.split or ("test" if "test" in raw else "validation")
     if split not in raw:
         run.usage_error(f"--split {split!r} is not a split of {source} (splits: {list(raw)})")
-    run.subsample(raw, {split: args.max_eval_samples}, args.split_seed)  # the rows training evaluated on
+    # the rows training evaluated on
+    run.subsample(raw, {split: args.data.max_eval_samples}, args.evaluation.split_seed)
     return split, raw[split]
 
 
-def tokenized_loader(args: argparse.Namespace, tokenizer, data, seq2seq: bool, limit: int):
-    """``data`` tokenized as training did (``limit``: the model's positions), in a dataloader that
-    keeps each example's index."""
+def tokenized_loader(args: RunArguments, tokenizer, data, seq2seq: bool, limit: int, max_length: int):
+    """``data`` tokenized as training did (``limit``: the model's positions; ``max_length``: the
+    texts' truncation, classification), in a dataloader that keeps each example's index."""
     def tokenize(batch, indices):
         if seq2seq:
-            sources = [p[args.source_lang] for p in batch["translation"]]
-            encoded = tokenizer(sources, truncation=True, max_length=min(args.max_source_length, limit))
-            labels = tokenizer(text_target=[p[args.target_lang] for p in batch["translation"]])["input_ids"]
+            sources = [p[args.task.source_lang] for p in batch["translation"]]
+            encoded = tokenizer(sources, truncation=True, max_length=min(args.task.max_source_length, limit))
+            labels = tokenizer(text_target=[p[args.task.target_lang] for p in batch["translation"]])["input_ids"]
         else:
-            encoded = tokenizer(batch["text"], truncation=True, max_length=min(args.max_length, limit))
+            encoded = tokenizer(batch["text"], truncation=True, max_length=min(max_length, limit))
             labels = batch["label"]
         return {"input_ids": encoded["input_ids"], "attention_mask": encoded["attention_mask"], "labels": labels,
                 "index": indices}
 
     processed = data.map(tokenize, batched=True, with_indices=True, remove_columns=data.column_names)
     loader, _ = batching.make_dataloader(
-        processed, [len(x) for x in processed["input_ids"]], args.per_device_eval_batch_size,
-        batching.pad_collate(tokenizer.pad_token_id), shuffle=False, seed=args.seed,
+        processed, [len(x) for x in processed["input_ids"]], args.training.per_device_eval_batch_size,
+        batching.pad_collate(tokenizer.pad_token_id), shuffle=False, seed=args.training.seed,
     )
     return loader
 
 
-def score_translation(args, accelerator, model, loader, tokenizer, data, split: str, limit: int):
+def score_translation(args: RunArguments, accelerator, model, loader, tokenizer, data, split: str, limit: int):
     """``(results, rows, metric)``: BLEU of the generated translations, one row per sentence."""
     from hf_zformer import metrics as hf_metrics
 
     generation = accelerator.unwrap_model(model).generation_config
-    num_beams = args.num_beams or generation.num_beams or 1
-    max_length = min(args.max_target_length or generation.max_length or 128, limit)
+    num_beams = args.task.num_beams or generation.num_beams or 1
+    max_length = min(args.task.max_target_length or generation.max_length or 128, limit)
     metric = hf_metrics.load("sacrebleu")
     scores, indices, predictions, _ = generate_and_score(
         accelerator, model, loader, tokenizer, num_beams=num_beams, max_length=max_length, metric=metric,
     )
     results = {f"{split}_bleu": scores["bleu"], f"{split}_samples": scores["samples"], "num_beams": num_beams}
     rows = [
-        {"index": i, "source": data[i]["translation"][args.source_lang], "prediction": p,
-         "reference": data[i]["translation"][args.target_lang]}
+        {"index": i, "source": data[i]["translation"][args.task.source_lang], "prediction": p,
+         "reference": data[i]["translation"][args.task.target_lang]}
         for i, p in zip(indices, predictions)
     ]
     return results, rows, metric
 
 
-def score_classification(args, accelerator, model, loader, tokenizer, split: str, limit: int):
+def score_classification(accelerator, model, loader, tokenizer, split: str, limit: int, max_length: int):
     """``(results, rows)``: accuracy of the predicted labels, one row per text."""
     predictions, labels, indices = predict_labels(accelerator, model, loader)
     found = dict(zip(indices or [], zip(predictions, labels)))
@@ -258,13 +281,13 @@ def score_classification(args, accelerator, model, loader, tokenizer, split: str
     ]
     accuracy = sum(r["prediction"] == r["label"] for r in rows) / max(len(rows), 1)
     results = {f"{split}_accuracy": accuracy, f"{split}_samples": len(rows),
-               "max_length": min(args.max_length, limit), "truncation_side": tokenizer.truncation_side}
+               "max_length": min(max_length, limit), "truncation_side": tokenizer.truncation_side}
     return results, rows
 
 
-def write_outputs(args, config, rows: list[dict], results: dict, split: str, seq2seq: bool, logger) -> None:
+def write_outputs(args: RunArguments, config, rows: list[dict], results: dict, split: str, seq2seq: bool, logger) -> None:
     """``<split>_predictions.jsonl`` and ``<split>_results.json`` in --output_dir; the --results_file record."""
-    out = Path(args.output_dir)
+    out = Path(args.training.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     with folders.recording(out):
         with open(out / f"{split}_predictions.jsonl", "w") as f:
@@ -272,44 +295,52 @@ def write_outputs(args, config, rows: list[dict], results: dict, split: str, seq
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
         (out / f"{split}_results.json").write_text(json.dumps(results, indent=2))
     logger.info(f"results: {json.dumps(results)}")
-    if args.results_file:
+    if args.evaluation.results_file:
         record = result_record(args, config, rows, results, split, seq2seq)
-        records.append_records(args.results_file, [record])
-        logger.info(f"result record ({split}, {record['metric']} {record['value']}) appended to {args.results_file}")
+        records.append_records(args.evaluation.results_file, [record])
+        logger.info(f"result record ({split}, {record['metric']} {record['value']}) appended to "
+                    f"{args.evaluation.results_file}")
+
+
+def classification_length(task: ModelEvaluationArguments, tokenizer) -> int:
+    """--max_length, else the training length, which the training scripts save with the tokenizer, else 512."""
+    if task.max_length is not None:
+        return task.max_length
+    saved = getattr(tokenizer, "model_max_length", None)
+    return saved if isinstance(saved, int) and 0 < saved <= 100_000 else 512
 
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
 
-    args.gradient_accumulation_steps, args.with_tracking = 1, False
-    accelerator = run.make_accelerator(args)
+    accelerator = run.make_accelerator(args.training)  # one process's batches: no accumulation, no tracking
     feedback.setup_logging(accelerator)
     logger = feedback.get_logger(__name__, accelerator)
-    config = load_config(args)
-    tokenizer = run.pretrained_tokenizer(args, args.tokenizer_name or args.model_name_or_path)
-    if args.truncation_side:
-        tokenizer.truncation_side = args.truncation_side
+    config = load_config(args.model)
+    tokenizer = run.pretrained_tokenizer(args.model, args.model.tokenizer_name or args.model.model_name_or_path)
+    if args.task.truncation_side:
+        tokenizer.truncation_side = args.task.truncation_side
     seq2seq = is_seq2seq(config)
     split, data = read_split(args, seq2seq)
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
-    model = auto.from_pretrained(args.model_name_or_path, trust_remote_code=args.trust_remote_code, dtype=torch.float32)
+    model = auto.from_pretrained(args.model.model_name_or_path, trust_remote_code=args.model.trust_remote_code,
+                                 dtype=torch.float32)
     limit = model.config.max_position_embeddings
-    if args.max_length is None:  # the training length, which the training scripts save with the tokenizer
-        saved = getattr(tokenizer, "model_max_length", None)
-        args.max_length = saved if isinstance(saved, int) and 0 < saved <= 100_000 else 512
-    model, loader = accelerator.prepare(model, tokenized_loader(args, tokenizer, data, seq2seq, limit))
+    max_length = classification_length(args.task, tokenizer)
+    model, loader = accelerator.prepare(model, tokenized_loader(args, tokenizer, data, seq2seq, limit, max_length))
     if seq2seq:
         results, rows, metric = score_translation(args, accelerator, model, loader, tokenizer, data, split, limit)
     else:
-        (results, rows), metric = score_classification(args, accelerator, model, loader, tokenizer, split, limit), None
-    results.update(model=args.model_name_or_path, dataset=args.data_dir or args.dataset_name, split=split,
-                   task="translation" if seq2seq else "text-classification")
-    if args.length_buckets:
-        column = args.text_column
-        texts = {r["index"]: data[r["index"]]["translation"][args.source_lang] if seq2seq else data[r["index"]][column]
+        (results, rows), metric = score_classification(accelerator, model, loader, tokenizer, split, limit,
+                                                       max_length), None
+    results.update(model=args.model.model_name_or_path, dataset=args.data.data_dir or args.data.dataset_name,
+                   split=split, task="translation" if seq2seq else "text-classification")
+    if args.task.length_buckets:
+        source_lang, column = args.task.source_lang, args.task.text_column
+        texts = {r["index"]: data[r["index"]]["translation"][source_lang] if seq2seq else data[r["index"]][column]
                  for r in rows}
-        results[f"{split}_by_length"] = score_by_length(rows, texts, args.length_buckets, metric)
+        results[f"{split}_by_length"] = score_by_length(rows, texts, args.task.length_buckets, metric)
         logger.info("by input length (words):\n" + length_table(results[f"{split}_by_length"], seq2seq))
     if accelerator.is_main_process:
         write_outputs(args, accelerator.unwrap_model(model).config, rows, results, split, seq2seq, logger)

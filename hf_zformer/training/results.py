@@ -245,7 +245,7 @@ def machine(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
 
 def _flags(args) -> dict[str, Any]:
     """A run's arguments flat, by flag name: ``args`` is that mapping already (``RunArguments.flags()``,
-    a stored ``training_args.json``) or a namespace of them (``evaluate_model.py``'s)."""
+    a stored ``training_args.json``) or a namespace of them."""
     return args if isinstance(args, Mapping) else vars(args)
 
 
