@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
@@ -27,7 +26,7 @@ from hf_zformer.data import load_classification_dataset, load_translation_datase
 from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # noqa: E402  (the loaders' and the training scripts' default)
 from hf_zformer.training import batching, feedback, run  # noqa: E402
 from hf_zformer.training import results as records  # noqa: E402
-from hf_zformer.training.arguments import ModelArguments, RunArguments  # noqa: E402
+from hf_zformer.training.arguments import ModelArguments, ModelEvaluationArguments, RunArguments  # noqa: E402
 from hf_zformer.training.scoring import corpus_bleu, generate_and_score, predict_labels  # noqa: E402
 
 
@@ -58,25 +57,6 @@ def length_table(buckets: list[dict], seq2seq: bool) -> str:
         cells = ["-" if b[n] is None else f"{b[n]:.2f}" for n in names]
         lines.append(f"| {b['words']} | {b['samples']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
-
-
-@dataclass
-class ModelEvaluationArguments:
-    """The split scored, the columns and lengths of each task (:func:`add_task_args`) and the length
-    buckets; the model, data, output folder, batches and seeds are the training scripts' concerns."""
-
-    split: str | None = None
-    source_lang: str = "de"
-    target_lang: str = "en"
-    text_column: str = "text"
-    label_column: str = "label"
-    max_source_length: int = 128
-    max_target_length: int | None = None
-    num_beams: int | None = None
-    max_length: int | None = None
-    truncation_side: str | None = None
-    group_column: str = DEFAULT_GROUP_COLUMN
-    length_buckets: list[int] | None = None
 
 
 def parse_args(argv=None) -> RunArguments:

@@ -4,6 +4,7 @@
   :class:`TrainingArguments`, :class:`EvaluationArguments` -- and :class:`RunArguments`, which holds
   them with the script's own arguments (its ``task`` dataclass) and gives the flat flag form back
   (:meth:`RunArguments.flags`: what checkpoints and ``training_args.json`` store);
+  :class:`ModelEvaluationArguments` is ``scripts/evaluate_model.py``'s own;
 * argument groups (:func:`add_data_args`, :func:`add_model_args`, :func:`add_training_args`) and
   :func:`parse_run_args`, which builds a :class:`RunArguments` from the command line and validates it
   once (:func:`validate_args`), so that bad arguments fail before any training;
@@ -20,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..data.splits import DEFAULT_GROUP_COLUMN
 from ..folders import check_output_dir
 from ..modeling.configuration_zformer import ATTENTION_TYPES, CAUSAL_ATTENTION_TYPES, ZformerConfig
 from .checkpoints import RESUMABLE_ARGS, TRAINING_STATE_FILE, check_checkpoint, latest_checkpoint, run_identity
@@ -30,6 +32,7 @@ __all__ = [
     "DataArguments",
     "EvaluationArguments",
     "ModelArguments",
+    "ModelEvaluationArguments",
     "RunArguments",
     "TrainingArguments",
     "add_data_args",
@@ -120,6 +123,26 @@ class EvaluationArguments:
     save_best: bool = False
     split_seed: int = 42
     results_file: str | None = None
+
+
+@dataclass
+class ModelEvaluationArguments:
+    """``scripts/evaluate_model.py``'s own arguments (its ``task`` in a :class:`RunArguments`): the
+    split scored, the columns and lengths of each task and the length buckets; the model, data,
+    output folder, batches and seeds are the training scripts' concerns."""
+
+    split: str | None = None
+    source_lang: str = "de"
+    target_lang: str = "en"
+    text_column: str = "text"
+    label_column: str = "label"
+    max_source_length: int = 128
+    max_target_length: int | None = None
+    num_beams: int | None = None
+    max_length: int | None = None
+    truncation_side: str | None = None
+    group_column: str = DEFAULT_GROUP_COLUMN
+    length_buckets: list[int] | None = None
 
 
 _CONCERNS = {"model": ModelArguments, "data": DataArguments, "training": TrainingArguments,
