@@ -8,6 +8,15 @@ import torch
 from conftest import REPO_ROOT
 
 
+@pytest.fixture(autouse=True)
+def _thread_count_restored():
+    """The script's `--threads` sets torch's thread count for the whole process: later tests that
+    compare outputs bit for bit with a fresh process must find the default again."""
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
 def test_generation_benchmark_runs_and_writes_results(tmp_path, monkeypatch):
     script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
     output = tmp_path / "gen"

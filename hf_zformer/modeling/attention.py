@@ -394,11 +394,13 @@ class ZformerAttention(_QKVAttention):
 
     HAS_ATTENTION_DROPOUT = False
 
-    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None,
-                 window: int = 0):
+    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
         self.scale_init = float(config.zformer_scale_init)
-        self.window = window
+        # the layer's softmax window (`config.attention_window` of a causal LM; models that cannot
+        # take one refuse a non-zero value when they are built)
+        windows = config.layer_windows() if is_causal and not is_cross and layer_idx is not None else []
+        self.window = window = windows[layer_idx] if layer_idx is not None and layer_idx < len(windows) else 0
         if window and not (is_causal and config.zformer_feature_map == "hedgehog"):
             raise ValueError(f"ZformerAttention: window={window} needs causal self-attention with "
                              f"zformer_feature_map='hedgehog' (is_causal={is_causal}, zformer_feature_map="

@@ -726,15 +726,14 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
     """Decoder layer: causal self-attention, cross-attention to the encoder (encoder-decoders only),
     FFN; each a residual branch with pre- or post-LayerNorm (`layer_norm_position`), as in `ZformerLayer`."""
 
-    def __init__(self, config, attention_type: str, layer_idx: int, cross_attention: bool = True, window: int = 0):
+    def __init__(self, config, attention_type: str, layer_idx: int, cross_attention: bool = True):
         super().__init__()
         self.layer_idx = layer_idx
         self.post_norm = config.layer_norm_position == "post"
         width, eps = config.hidden_size, config.layer_norm_eps
         self.self_attention_norm = nn.LayerNorm(width, eps=eps)
-        windowed = {"window": window} if window else {}  # a zformer layer's softmax window (causal LM)
-        self.self_attention = ATTENTION_CLASSES[attention_type](config, is_causal=True, layer_idx=layer_idx,
-                                                                **windowed)
+        # a zformer layer's softmax window (causal LM) comes from the config, as its cache layer's
+        self.self_attention = ATTENTION_CLASSES[attention_type](config, is_causal=True, layer_idx=layer_idx)
         if cross_attention:
             self.cross_attention_norm = nn.LayerNorm(width, eps=eps)
             cross_class = ATTENTION_CLASSES[config.cross_attention_type]
@@ -776,8 +775,7 @@ class ZformerDecoder(nn.Module):
         self.cross_attention = cross_attention
         self.embeddings = ZformerEmbeddings(config)
         self.layers = nn.ModuleList(
-            ZformerDecoderLayer(config, kind, i, cross_attention, window)
-            for i, (kind, window) in enumerate(zip(layer_types, self.windows, strict=True))
+            ZformerDecoderLayer(config, kind, i, cross_attention) for i, kind in enumerate(layer_types)
         )
         self.final_norm = final_norm(config)
         self.position_offset = config.position_offset
