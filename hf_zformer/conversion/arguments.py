@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .distillation import Distillation
+
 __all__ = [
     "ConversionArguments",
     "DistillationArguments",
@@ -40,12 +42,13 @@ class DistillationArguments:
 
     distill_file: str | None = None
     distill_text_column: str = "text"
-    distill_steps: int = 300
-    distill_model_steps: int = 0
-    distill_batch_size: int = 16
-    distill_max_length: int = 256
-    distill_learning_rate: float = 1e-3
-    distill_attention_weight_loss: float = 1.0
+    # the defaults are the library's own (`Distillation`), not a second copy of them
+    distill_steps: int = Distillation.steps
+    distill_model_steps: int = Distillation.model_steps
+    distill_batch_size: int = Distillation.batch_size
+    distill_max_length: int = Distillation.max_length
+    distill_learning_rate: float = Distillation.learning_rate
+    distill_attention_weight_loss: float = Distillation.attention_weight_loss
     distill_max_documents: int | None = None
     seed: int = 0
     distill_device: str = "auto"
