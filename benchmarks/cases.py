@@ -22,6 +22,53 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 BASELINE = "full"
 
 
+@dataclass
+class ModelShape:
+    """The size of the models a whole-model level builds (seq2seq, causal, classification): every
+    level's shape extends it with its lengths."""
+
+    batch: int = 4
+    width: int = 512
+    layers: int = 6
+    heads: int = 8
+    ffn: int = 2048
+    vocab: int = 8000
+
+    def size(self) -> dict:
+        """The fields of this class, for a `ModelRow`."""
+        return {name: getattr(self, name) for name in ModelShape.__dataclass_fields__}
+
+
+@dataclass
+class ModelRow:
+    """The leading columns of a whole-model level's result row: the model, its size, precision and
+    device; each level's result extends it with its lengths and measurements."""
+
+    model: str
+    description: str
+    parameters: int
+    batch: int
+    width: int
+    layers: int
+    heads: int
+    ffn: int
+    vocab: int
+    dtype: str
+    device: str
+
+
+def ratios_to_baseline(results: list, baseline: str, key, ratios: dict[str, str]) -> None:
+    """Fill each result's ratio fields against the `baseline` model's result at the same `key(result)`:
+    `ratios` maps a ratio field to the field it divides (the result's value / the baseline's). A
+    result without a baseline at its key keeps None."""
+    bases = {key(r): r for r in results if r.model == baseline}
+    for r in results:
+        base = bases.get(key(r))
+        if base is not None:
+            for ratio, field_name in ratios.items():
+                setattr(r, ratio, getattr(r, field_name) / getattr(base, field_name))
+
+
 # the backend (`ops.use_kernel_backend`) each suffix of a benchmark type runs: `_torch` the torch
 # forms of the sequence operations, `_kernels` the plain forms with the fused kernels wherever they
 # apply (where `auto` may take a folded form instead)

@@ -13,7 +13,7 @@ import torch
 
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
 from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
-from .cases import DTYPES
+from .cases import DTYPES, ModelRow, ModelShape, ratios_to_baseline
 from .flops import dense_flops, layer_flops, token_attention_flops
 from .seq2seq import build_runners, optimizer_step, time_alternating
 
@@ -22,33 +22,16 @@ CAUSAL_KINDS = ("train", "generate")
 
 
 @dataclass
-class CausalShape:
-    batch: int = 4
+class CausalShape(ModelShape):
     lengths: tuple[int, ...] = (64, 512, 2048, 8192)  # training length; generation prompt + output (half each)
-    width: int = 512
-    layers: int = 6
-    heads: int = 8
-    ffn: int = 2048
-    vocab: int = 8000
 
 
 @dataclass
-class CausalResult:
-    model: str
-    description: str
-    parameters: int
+class CausalResult(ModelRow):
     kind: str  # "train": forward + backward + AdamW step on batch x length; "generate": greedy, with the cache
     length: int  # train: tokens per row; generate: prompt + generated tokens
     prompt_length: int | None
     new_tokens: int | None
-    batch: int
-    width: int
-    layers: int
-    heads: int
-    ffn: int
-    vocab: int
-    dtype: str
-    device: str
     time_ms: float | None = None
     tokens_per_s: float | None = None  # train: batch x length; generate: batch x new tokens, per second
     speedup_vs_gpt2: float | None = None  # tokens/s over GPT-2's at the same kind and length
@@ -171,12 +154,8 @@ def causal_benchmark(models: Iterable[str], shape: CausalShape, device: str = "c
             kind, n = key.split()[0], int(key.split()[1])
             results.append(_result(name, model, description, kind, n, shape, dtype, device, seconds,
                                    cache_sizes.get((name, n)) if kind == "generate" else None))
-    by_key = {(r.kind, r.length): r for r in results if r.model == "gpt2"}
-    for r in results:
-        base = by_key.get((r.kind, r.length))
-        if base is not None:
-            r.speedup_vs_gpt2 = r.tokens_per_s / base.tokens_per_s
-            r.flops_ratio_vs_gpt2 = r.flops / base.flops
+    ratios_to_baseline(results, "gpt2", lambda r: (r.kind, r.length), {
+        "speedup_vs_gpt2": "tokens_per_s", "flops_ratio_vs_gpt2": "flops"})
     return results
 
 
@@ -186,8 +165,7 @@ def _result(name, model, description, kind, n, shape, dtype, device, seconds, ca
     config = model.config if name != "gpt2" else None
     return CausalResult(
         model=name, description=description, parameters=sum(p.numel() for p in model.parameters()), kind=kind,
-        length=n, prompt_length=prompt, new_tokens=new, batch=shape.batch, width=shape.width, layers=shape.layers,
-        heads=shape.heads, ffn=shape.ffn, vocab=shape.vocab, dtype=dtype, device=device, time_ms=median * 1e3,
+        length=n, prompt_length=prompt, new_tokens=new, **shape.size(), dtype=dtype, device=device, time_ms=median * 1e3,
         tokens_per_s=shape.batch * (n if kind == "train" else new) / median,
         flops=causal_flops(name, kind, n, shape, config),
         cache_mb=None if cache is None else cache / 2**20, times_ms=[t * 1e3 for t in seconds],

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
-from .cases import DTYPES
+from .cases import DTYPES, ModelRow, ModelShape, ratios_to_baseline
 from .flops import model_flops, step_flops
 from .seq2seq import build_runners, optimizer_step, time_alternating
 
@@ -27,32 +27,16 @@ CLASSIFICATION_KINDS = ("forward", "train")
 
 
 @dataclass
-class ClassificationShape:
+class ClassificationShape(ModelShape):
     batch: int = 8
     lengths: tuple[int, ...] = (128, 256, 512, 1024, 2048, 4096)
-    width: int = 512
-    layers: int = 6
-    heads: int = 8
-    ffn: int = 2048  # BERT's intermediate_size
-    vocab: int = 8000
     labels: int = 2
 
 
 @dataclass
-class ClassificationResult:
-    model: str
-    description: str
-    parameters: int
+class ClassificationResult(ModelRow):
     kind: str  # "forward": under inference_mode, eval(); "train": forward with labels, backward, AdamW step
     length: int
-    batch: int
-    width: int
-    layers: int
-    heads: int
-    ffn: int
-    vocab: int
-    dtype: str
-    device: str
     time_ms: float | None = None
     tokens_per_s: float | None = None  # batch x length / time
     speedup_vs_bert: float | None = None  # tokens/s over BERT's at the same kind and length
@@ -159,13 +143,9 @@ def classification_benchmark(models: Iterable[str], shape: ClassificationShape,
         kind, n = key.split()[0], int(key.split()[1])
         for name in models:
             results.append(_result(name, *runners[name][:2], kind, n, shape, dtype, device, times[name][key]))
-    by_key = {(r.kind, r.length): r for r in results if r.model == "bert"}
-    for r in results:
-        base = by_key.get((r.kind, r.length))
-        if base is not None:
-            r.speedup_vs_bert = r.tokens_per_s / base.tokens_per_s
-            r.flops_ratio_vs_bert = r.flops / base.flops
-            r.executed_flops_ratio_vs_bert = r.executed_flops / base.executed_flops
+    ratios_to_baseline(results, "bert", lambda r: (r.kind, r.length), {
+        "speedup_vs_bert": "tokens_per_s", "flops_ratio_vs_bert": "flops",
+        "executed_flops_ratio_vs_bert": "executed_flops"})
     return results
 
 
@@ -174,8 +154,7 @@ def _result(name, model, description, kind, n, shape, dtype, device, seconds) ->
     config = _zformer_config(name, shape)
     return ClassificationResult(
         model=name, description=description, parameters=sum(p.numel() for p in model.parameters()), kind=kind,
-        length=n, batch=shape.batch, width=shape.width, layers=shape.layers, heads=shape.heads, ffn=shape.ffn,
-        vocab=shape.vocab, dtype=dtype, device=device, time_ms=median * 1e3,
+        length=n, **shape.size(), dtype=dtype, device=device, time_ms=median * 1e3,
         tokens_per_s=shape.batch * n / median,
         flops=classification_flops(name, kind, n, shape, config),
         executed_flops=classification_flops(name, kind, n, shape, config, executed=True, dtype=dtype),

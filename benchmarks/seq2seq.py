@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
-from .cases import DTYPES
+from .cases import DTYPES, ModelRow, ModelShape, ratios_to_baseline
 from .flops import attention_flops, dense_flops, layer_flops, token_attention_flops
 from .harness import timed_call
 
@@ -23,32 +23,16 @@ SEQ2SEQ_MODELS = (*SEQ2SEQ_DEFAULT_MODELS, "fastformer-qv")
 
 
 @dataclass
-class Seq2SeqShape:
+class Seq2SeqShape(ModelShape):
     batch: int = 16
     source_length: int = 32
     target_length: int = 32
-    width: int = 512
-    layers: int = 6
-    heads: int = 8
-    ffn: int = 2048
-    vocab: int = 8000
 
 
 @dataclass
-class Seq2SeqResult:
-    model: str
-    description: str
-    parameters: int
-    batch: int
+class Seq2SeqResult(ModelRow):
     source_length: int
     target_length: int
-    width: int
-    layers: int
-    heads: int
-    ffn: int
-    vocab: int
-    dtype: str
-    device: str
     train_step_ms: float | None = None
     train_tokens_per_s: float | None = None
     train_speedup_vs_bart: float | None = None
@@ -211,14 +195,9 @@ def seq2seq_benchmark(models: Iterable[str], shape: Seq2SeqShape, device: str = 
         for name in models:
             kinds = {kind: times[name][f"{kind} {s} {t}"] for kind in ("train", "generate")}
             results.append(_result(name, *runners[name][:2], at, dtype, device, kinds))
-    bases = {(r.source_length, r.target_length): r for r in results if r.model == "bart"}
-    for r in results:
-        base = bases.get((r.source_length, r.target_length))
-        if base is not None:
-            r.train_speedup_vs_bart = r.train_tokens_per_s / base.train_tokens_per_s
-            r.generate_speedup_vs_bart = r.sentences_per_s / base.sentences_per_s
-            r.train_flops_ratio_vs_bart = r.train_flops / base.train_flops
-            r.generate_flops_ratio_vs_bart = r.generate_flops / base.generate_flops
+    ratios_to_baseline(results, "bart", lambda r: (r.source_length, r.target_length), {
+        "train_speedup_vs_bart": "train_tokens_per_s", "generate_speedup_vs_bart": "sentences_per_s",
+        "train_flops_ratio_vs_bart": "train_flops", "generate_flops_ratio_vs_bart": "generate_flops"})
     return results
 
 
@@ -277,8 +256,7 @@ def _result(name: str, model, description: str, shape: Seq2SeqShape, dtype: str,
     config = model.config if name != "bart" else None
     return Seq2SeqResult(
         model=name, description=description, parameters=sum(p.numel() for p in model.parameters()),
-        batch=shape.batch, source_length=shape.source_length, target_length=shape.target_length,
-        width=shape.width, layers=shape.layers, heads=shape.heads, ffn=shape.ffn, vocab=shape.vocab,
+        **shape.size(), source_length=shape.source_length, target_length=shape.target_length,
         dtype=dtype, device=device, train_step_ms=train * 1e3,
         train_tokens_per_s=shape.batch * (shape.source_length + shape.target_length) / train,
         generate_ms=gen * 1e3, sentences_per_s=shape.batch / gen,

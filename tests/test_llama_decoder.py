@@ -18,12 +18,15 @@ from hf_zformer.modeling.attention_llama import windowed_linear_attention
 LLAMA = dict(vocab_size=97, hidden_size=32, intermediate_size=48, num_hidden_layers=3, num_attention_heads=4,
              num_key_value_heads=2, max_position_embeddings=256, pad_token_id=0, bos_token_id=1, eos_token_id=2,
              rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
-# every converted attention: the identity and Hedgehog maps, Hedgehog with a softmax window, fastformer, a hybrid
+# every converted attention: the identity and Hedgehog maps, Hedgehog with a softmax window (and attention
+# sinks), fastformer, a hybrid
 KINDS = {
     "full": dict(attention_type="full"),
     "zformer-identity": dict(attention_type="zformer", zformer_feature_map="identity"),
     "zformer-hedgehog": dict(attention_type="zformer", zformer_feature_map="hedgehog"),
     "zformer-window": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3),
+    "zformer-window-sinks": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3,
+                                 attention_sinks=2),
     "fastformer": dict(attention_type="fastformer"),
     "hybrid": dict(attention_type=["zformer", "full", "fastformer"], attention_window=[4, 0, 0]),
 }
@@ -120,29 +123,36 @@ def test_window_covering_every_token_is_softmax_attention():
         torch.testing.assert_close(model(input_ids=ids).logits, source(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
 
 
-def test_windowed_attention_against_its_weights_written_out():
+@pytest.mark.parametrize("sinks", [0, 2], ids=["window", "window-and-sinks"])
+def test_windowed_attention_against_its_weights_written_out(sinks):
+    """The weights of each query written out: softmax inside the window (and on the sinks: the first
+    real tokens of each row, here left-padded in row 1), the feature map on the other older keys."""
     torch.manual_seed(0)
     batch, heads, length, dim, window = 2, 3, 11, 4, 4
     query, key, value = (torch.randn(batch, heads, length, dim, dtype=torch.float64) for _ in range(3))
     query_features, key_features = (torch.rand(batch, heads, length, 6, dtype=torch.float64) for _ in range(2))
     mask = torch.ones(batch, length, dtype=torch.long)
     mask[1, :3] = 0
-    key_features = key_features * mask[:, None, :, None]
+    sink_index = torch.tensor([[0, 1], [3, 4]])[:, :sinks]  # each row's first real tokens
+    is_sink = torch.zeros(batch, length, dtype=torch.bool).scatter(1, sink_index, True)
+    key_features = key_features * (mask * ~is_sink)[:, None, :, None]
     share = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
-    out, _ = windowed_linear_attention(query, key, value, query_features, key_features, mask, None, window, share, 0.5)
+    at_sinks = sink_index[:, None, :, None].expand(-1, heads, -1, dim)
+    given = (key.gather(2, at_sinks), value.gather(2, at_sinks), sink_index) if sinks else None
+    out, _ = windowed_linear_attention(query, key, value, query_features, key_features, mask, None, window, share, 0.5,
+                                       sinks=given)
     expected = torch.zeros_like(out)
     for i in range(length):
         scores = (query[:, :, i : i + 1] @ key.transpose(-1, -2))[:, :, 0] * 0.5  # (B, H, N)
-        inside = [j for j in range(length) if i - window < j <= i]
         real = mask.bool()[:, None, :]
-        top = scores[:, :, inside].masked_fill(~real[:, :, inside], float("-inf")).amax(-1, keepdim=True)
+        softmax = torch.tensor([[i - window < j <= i or (bool(is_sink[b, j]) and j <= i) for j in range(length)]
+                                for b in range(batch)])[:, None, :] & real  # (B, 1, N)
+        top = scores.masked_fill(~softmax, float("-inf")).amax(-1, keepdim=True)
         top = torch.where(torch.isfinite(top), top, 0.0)
         weights = torch.zeros_like(scores)
         for j in range(i + 1):
-            if j in inside:
-                weights[:, :, j] = share * torch.exp(scores[:, :, j] - top[..., 0])
-            else:
-                weights[:, :, j] = (1 - share) * (query_features[:, :, i] * key_features[:, :, j]).sum(-1)
+            linear = (1 - share) * (query_features[:, :, i] * key_features[:, :, j]).sum(-1)
+            weights[:, :, j] = torch.where(softmax[:, :, j], share * torch.exp(scores[:, :, j] - top[..., 0]), linear)
         weights = weights * real
         total = weights.sum(-1, keepdim=True)
         expected[:, :, i] = torch.einsum("bhj,bhjd->bhd", weights, value) / torch.where(total > 0, total, 1.0)

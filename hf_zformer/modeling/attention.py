@@ -322,7 +322,7 @@ class HedgehogFeatureMap(nn.Module):
 
 def windowed_self_attention(query, key, value, attention_mask, layer, window: int, query_map: "HedgehogFeatureMap",
                             key_map: "HedgehogFeatureMap", window_gate: torch.Tensor, scaling: float,
-                            groups: int = 1) -> torch.Tensor:
+                            groups: int = 1, sinks: int = 0) -> torch.Tensor:
     """Causal self-attention with a softmax window of `window` tokens and the Hedgehog map beyond it
     (`ops.windowed_linear_attention`), reading and writing a decoding cache layer: the one form of
     every zformer layer with `attention_window` (`ZformerAttention`, `attention_llama.RotaryLinearAttention`).
@@ -330,9 +330,13 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     query (B, H, N, d); key and value (B, H / groups, N, d) of the N new tokens (each key/value head
     serves `groups` query heads); attention_mask (B, >= past + N) 1 at real tokens, or None;
     `layer` the cache layer (`cache_zformer.WindowedStateLayer`: the last W - 1 keys and values, the
-    state over the older tokens) or None; softmax share sigmoid(`window_gate`) (H,). Returns the
-    context (B, H, N, d) in fp32 (fp64 for fp64 inputs) and stores the new state in `layer`."""
+    state over the older tokens, the sinks) or None; softmax share sigmoid(`window_gate`) (H,). With
+    `sinks` S > 0 the first S real tokens of each sequence stay softmax keys of every later query
+    (`sink_slots`); the mask must then cover every token seen. Returns the context (B, H, N, d) in
+    fp32 (fp64 for fp64 inputs) and stores the new state in `layer`."""
     length = query.shape[2]
+    seen = 0 if layer is None else layer.num_tokens  # tokens before these, padding included
+    new_key, new_value = key, value
     if layer is not None and layer.keys is not None:  # the last window - 1 tokens before these
         key, value = torch.cat([layer.keys, key], 2), torch.cat([layer.values, value], 2)
     total = key.shape[2]
@@ -340,21 +344,58 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     if mask is not None and mask.shape[1] != total:
         raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens, fewer than the {total} "
                          "cached and new ones")
-    repeated_key, repeated_value = key, value
-    if groups > 1:  # transformers' repeat_kv: each key/value head for `groups` consecutive query heads
-        repeated_key, repeated_value = key.repeat_interleave(groups, 1), value.repeat_interleave(groups, 1)
+    repeat = (lambda t: t.repeat_interleave(groups, 1)) if groups > 1 else (lambda t: t)  # transformers' repeat_kv
+    repeated_key, repeated_value = repeat(key), repeat(value)
     key_features = key_map(repeated_key)
     if mask is not None:  # phi(0) is not zero
         key_features = key_features * mask.to(key_features.dtype)[:, None, :, None]
+    sink_state = None
+    if sinks:
+        sink_state = sink_slots(layer, attention_mask, new_key, new_value, seen, sinks)
+        key_positions = torch.arange(seen + length - total, seen + length, device=key.device)
+        is_sink = (key_positions[None, :, None] == sink_state[2][:, None, :]).any(-1)  # (B, P + N)
+        key_features = key_features * (~is_sink).to(key_features.dtype)[:, None, :, None]
     context, state = windowed_linear_attention(
         query, repeated_key, repeated_value, query_map(query), key_features, mask,
         None if layer is None else layer.state, window, torch.sigmoid(window_gate), scaling,
         return_state=layer is not None,
+        sinks=None if sink_state is None else (repeat(sink_state[0]), repeat(sink_state[1]), sink_state[2]),
+        position=seen + length - total,
     )
     if layer is not None:
         first = max(total - (window - 1), 0)  # all of them while fewer than window - 1 tokens were seen
         layer.store(state, key[:, :, first:], value[:, :, first:], length)
+        if sink_state is not None:
+            layer.sink_keys, layer.sink_values, layer.sink_index = sink_state
     return context
+
+
+def sink_slots(layer, attention_mask, key, value, seen: int, sinks: int):
+    """The attention sinks after N new tokens: (keys, values (B, H_kv, S, d), token index (B, S),
+    -1 for a slot still empty): the first S real tokens of each row, by `attention_mask` (B, seen + N)
+    over every token so far, or the first S tokens without one. Slots filled by earlier calls come
+    from `layer` (its `sink_keys`, `sink_values`), the others from these tokens' `key`, `value` (B, H_kv, N, d)."""
+    batch, length = key.shape[0], key.shape[2]
+    if attention_mask is None:
+        index = torch.arange(sinks, device=key.device).expand(batch, sinks)
+        index = torch.where(index < seen + length, index, -1)
+    else:
+        if attention_mask.shape[1] != seen + length:
+            raise ValueError(f"attention sinks need the mask of every token seen: it covers {attention_mask.shape[1]}, "
+                             f"the cache and the new tokens {seen + length}")
+        real = attention_mask.bool()
+        rank = real.long().cumsum(1)  # (B, seen + N): real tokens up to each position
+        hits = [(rank == slot + 1) & real for slot in range(sinks)]
+        index = torch.stack([torch.where(h.any(1), h.long().argmax(1), -1) for h in hits], 1)
+    new = index >= seen  # slots these tokens fill
+    where = (index - seen).clamp(0, length - 1)[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[3])
+    new_keys, new_values = key.gather(2, where), value.gather(2, where)
+    if layer is not None and layer.sink_keys is not None:
+        old_keys, old_values = layer.sink_keys, layer.sink_values
+    else:
+        old_keys, old_values = torch.zeros_like(new_keys), torch.zeros_like(new_values)
+    fill = new[:, None, :, None]
+    return torch.where(fill, new_keys, old_keys), torch.where(fill, new_values, old_values), index
 
 
 class ZformerAttention(_QKVAttention):
@@ -401,6 +442,7 @@ class ZformerAttention(_QKVAttention):
         # take one refuse a non-zero value when they are built)
         windows = config.layer_windows() if is_causal and not is_cross and layer_idx is not None else []
         self.window = window = windows[layer_idx] if layer_idx is not None and layer_idx < len(windows) else 0
+        self.sinks = config.attention_sinks if window else 0
         if window and not (is_causal and config.zformer_feature_map == "hedgehog"):
             raise ValueError(f"ZformerAttention: window={window} needs causal self-attention with "
                              f"zformer_feature_map='hedgehog' (is_causal={is_causal}, zformer_feature_map="
@@ -494,7 +536,7 @@ class ZformerAttention(_QKVAttention):
             context = windowed_self_attention(
                 query, split_heads(self.key(hidden_states), self.num_heads),
                 split_heads(self.value(hidden_states), self.num_heads), attention_mask, layer, self.window,
-                self.query_map, self.key_map, self.window_gate, self.head_dim**-0.5,
+                self.query_map, self.key_map, self.window_gate, self.head_dim**-0.5, sinks=self.sinks,
             )
             return merge_heads(context.to(projected.dtype))
         if self.query_map is None:

@@ -116,6 +116,7 @@ class RotaryLinearAttention(RotaryAttention):
     def __init__(self, config, layer_idx: int):
         super().__init__(config, layer_idx)
         self.window = config.layer_windows()[layer_idx]
+        self.sinks = config.attention_sinks if self.window else 0
         if config.zformer_feature_map == "hedgehog":
             self.query_map = HedgehogFeatureMap(self.num_heads, self.head_dim)
             self.key_map = HedgehogFeatureMap(self.num_heads, self.head_dim)
@@ -158,7 +159,8 @@ class RotaryLinearAttention(RotaryAttention):
 
     def _windowed(self, query, key, value, attention_mask, layer):
         return windowed_self_attention(query, key, value, attention_mask, layer, self.window, self.query_map,
-                                       self.key_map, self.window_gate, self.scaling, groups=self.groups)
+                                       self.key_map, self.window_gate, self.scaling, groups=self.groups,
+                                       sinks=self.sinks)
 
 
 class RotaryFastformerAttention(RotaryAttention):

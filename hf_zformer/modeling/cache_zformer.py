@@ -126,14 +126,21 @@ class FastformerStateLayer(RecurrentLayer):
 class WindowedStateLayer(RecurrentLayer):
     """A zformer layer with a softmax window of W tokens: `keys`, `values` (B, H_kv, <= W - 1, d),
     the keys (rotated, in a Llama-family decoder) and the values of the last W - 1 tokens, and
-    `state` (B, H, F, d + 1) in fp32, sum phi(k_j) [v_j, 1]^T over every older token (None before the first token). The attention
+    `state` (B, H, F, d + 1) in fp32, sum phi(k_j) [v_j, 1]^T over every older token (None before the first token),
+    and with attention sinks `sink_keys`, `sink_values` (B, H_kv, S, d) and `sink_index` (B, S) of
+    the first S real tokens (-1 for a slot still empty). The attention
     (`attention.windowed_self_attention`) reads them, computes the next ones and stores them here."""
+
+    FIELDS = ("keys", "values", "state", "sink_keys", "sink_values", "sink_index")
 
     def __init__(self):
         super().__init__()
         self.keys: torch.Tensor | None = None
         self.values: torch.Tensor | None = None
         self.state: torch.Tensor | None = None
+        self.sink_keys: torch.Tensor | None = None
+        self.sink_values: torch.Tensor | None = None
+        self.sink_index: torch.Tensor | None = None
 
     def store(self, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, new_tokens: int) -> None:
         """Keep the state over the tokens before the window and the window's keys and values,
@@ -144,10 +151,10 @@ class WindowedStateLayer(RecurrentLayer):
         self.num_tokens += new_tokens
 
     def tensors(self):
-        return [t for t in (self.keys, self.values, self.state) if t is not None]
+        return [t for t in (getattr(self, name) for name in self.FIELDS) if t is not None]
 
     def _map(self, function):
-        for name in ("keys", "values", "state"):
+        for name in self.FIELDS:
             if getattr(self, name) is not None:
                 setattr(self, name, function(getattr(self, name)))
 

@@ -63,6 +63,13 @@ def _per_layer(field, value, num_layers, choices):
     return list(value)
 
 
+def check_attention_sinks(sinks, windows: list[int]) -> None:
+    """`attention_sinks`: a non-negative integer, non-zero only where some layer has a softmax window."""
+    if not (isinstance(sinks, int) and not isinstance(sinks, bool) and sinks >= 0):
+        raise ValueError(f"attention_sinks={sinks!r} must be a non-negative integer (0: no sinks)")
+    if sinks and not any(windows):
+        raise ValueError(f"attention_sinks={sinks} needs a softmax window (attention_window); no layer has one")
+
 class ZformerConfig(PreTrainedConfig):
     r"""
     Configuration for Zformer-family models: a BERT-sized Transformer encoder (and, for
@@ -132,6 +139,10 @@ class ZformerConfig(PreTrainedConfig):
             (0.5 at init). Costs O(N W d_h) more; the decoding state is then the last W - 1 keys and
             values plus the linear state, still constant in the generated length. Encoders and
             encoder-decoders refuse a window.
+        attention_sinks (`int`): with `attention_window`, 0 (default) or the number S of first real
+            tokens of each sequence that every windowed layer keeps as softmax keys for all later
+            tokens (attention sinks, as StreamingLLM keeps them); the decoding state gains their keys
+            and values, still constant in the generated length.
         encoder_conv_size (`int`): 0 (default) or the odd width (>= 3) of a centred depthwise
             convolution over the input of every encoder self-attention: token i sees
             `sum_k w_k * x_{i+k}`, |k| <= `encoder_conv_size // 2`, per channel, with zeros beyond the
@@ -176,6 +187,7 @@ class ZformerConfig(PreTrainedConfig):
     zformer_scale_init: float = 700.0
     zformer_feature_map: str = "identity"
     attention_window: int | list[int] = 0
+    attention_sinks: int = 0
     xformer_alpha: int = 2
     xformer_beta: int = 4
     fastformer_pooling: str = "additive"
@@ -269,6 +281,7 @@ class ZformerConfig(PreTrainedConfig):
                 "zformer_feature_map at 'identity'"
             )
         self._check_windows(encoder_types)
+        check_attention_sinks(self.attention_sinks, self.layer_windows())
         return encoder_types
 
     def _check_windows(self, encoder_types: list[str]) -> None:

@@ -6,6 +6,8 @@ standard library and transformers.
 
 from transformers import LlamaConfig
 
+from .configuration_zformer import check_attention_sinks
+
 LLAMA_ATTENTION_TYPES = ("full", "zformer", "fastformer")
 LLAMA_FEATURE_MAPS = ("identity", "hedgehog")
 
@@ -53,6 +55,11 @@ class ZformerLlamaConfig(LlamaConfig):
             normalisation (LoLCATs-style). The decoding state is then the last W keys and values plus
             the linear state: still constant in the generated length. Only zformer layers with the
             hedgehog map take a window.
+        attention_sinks (`int`): 0 (default) or the number S of first tokens of each sequence (its first S
+            real tokens, whatever the padding) that every windowed layer keeps as softmax keys for
+            all later tokens (StreamingLLM's attention sinks): pretrained decoders put much of their
+            attention on the first tokens, which a window alone loses. Needs a window; the decoding
+            state gains their S keys and values, still constant in the generated length.
         zformer_scale_init (`float`): initial `s` of identity-map zformer layers (the converter
             calibrates each layer's own).
     """
@@ -62,6 +69,7 @@ class ZformerLlamaConfig(LlamaConfig):
     attention_type: str | list[str] = "full"
     zformer_feature_map: str = "hedgehog"
     attention_window: int | list[int] = 0
+    attention_sinks: int = 0
     zformer_scale_init: float = 1.0
 
     def __post_init__(self, **kwargs):
@@ -83,6 +91,7 @@ class ZformerLlamaConfig(LlamaConfig):
                     f"{self.zformer_feature_map!r}) has window {window}; only zformer layers with the hedgehog map "
                     "take a softmax window (its weights and the feature map's share one normalisation)"
                 )
+        check_attention_sinks(self.attention_sinks, windows)
         if not (isinstance(self.zformer_scale_init, (int, float)) and self.zformer_scale_init > 0):
             raise ValueError(f"zformer_scale_init={self.zformer_scale_init!r} must be a positive number")
         if self.num_attention_heads % self.num_key_value_heads:

@@ -766,17 +766,18 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
 class ZformerDecoder(nn.Module):
     """Embeddings, causal layers (with cross-attention when `cross_attention`), final LayerNorm:
     the decoder of the encoder-decoder, and the whole stack of a causal language model (whose
-    zformer layers may take a softmax window, `windows`)."""
+    zformer layers may take a softmax window from the config, `attention_window`)."""
 
-    def __init__(self, config, layer_types: list[str], cross_attention: bool = True, windows: list[int] | None = None):
+    def __init__(self, config, layer_types: list[str], cross_attention: bool = True):
         super().__init__()
         self.layer_types = layer_types
-        self.windows = [0] * len(layer_types) if windows is None else list(windows)
         self.cross_attention = cross_attention
         self.embeddings = ZformerEmbeddings(config)
         self.layers = nn.ModuleList(
             ZformerDecoderLayer(config, kind, i, cross_attention) for i, kind in enumerate(layer_types)
         )
+        # each layer's softmax window as its attention took it (0: none), for the cache's layers
+        self.windows = [getattr(layer.self_attention, "window", 0) for layer in self.layers]
         self.final_norm = final_norm(config)
         self.position_offset = config.position_offset
 
@@ -1097,7 +1098,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
                 )
         config.is_encoder_decoder = False
         super().__init__(config)
-        self.decoder = ZformerDecoder(config, layer_types, cross_attention=False, windows=config.layer_windows())
+        self.decoder = ZformerDecoder(config, layer_types, cross_attention=False)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self._is_stateful = any(kind != "full" for kind in layer_types)  # no assisted generation
         self.post_init()

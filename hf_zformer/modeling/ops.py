@@ -342,13 +342,21 @@ def normalized_attention_weights(query_features, key_features, mask=None, *, cau
 
 
 def windowed_linear_attention(query, key, value, query_features, key_features, key_mask, state, window: int,
-                              softmax_share: torch.Tensor, scaling: float, return_state: bool = False):
+                              softmax_share: torch.Tensor, scaling: float, return_state: bool = False,
+                              sinks: tuple | None = None, position: int = 0):
     """Normalised attention with softmax weights over the last `window` keys and feature-map weights
     over the older ones, per head (LoLCATs' sliding window + linear attention):
 
         w_ij = g exp(q_i . k_j * scaling - m_i)      for i - window < j <= i   (m_i: the row's max there)
         w_ij = (1 - g) phi(q_i) . phi(k_j)            for j <= i - window
         out_i = sum_j w_ij v_j / sum_j w_ij
+
+    With `sinks` = (sink_key, sink_value (B, H, S, d), sink_index (B, S) long), S earlier tokens
+    (StreamingLLM's attention sinks: the first tokens of a sequence) keep softmax weights
+    g exp(q_i . k_s * scaling - m_i) for every later query, the max m_i taken over them too; a sink
+    inside a query's window counts once, as a window key. sink_index is each sink's token index, -1
+    for an empty slot, counted like `position`, the token index of key 0; key_features must be zero
+    at the sinks (they never enter the feature-map part).
 
     The N queries are the last N of the P + N keys (P <= window - 1 earlier tokens from the cache);
     `state` (B, H, F, d + 1) or None holds sum phi(k_j) [v_j, 1]^T over every token before those
@@ -361,6 +369,9 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
     Returns (out (B, H, N, d) in fp32 or fp64, the state over every token older than the last
     `window - 1` keys when `return_state`, else None). A query with no real key gets zero."""
     batch, heads, queries, dim = query.shape
+    sink_key = sink_value = sink_index = None
+    if sinks is not None:
+        sink_key, sink_value, sink_index = sinks
     past = key.shape[2] - queries
     if not 0 <= past < window:
         raise ValueError(f"windowed_linear_attention: {past} earlier keys for a window of {window}; at most "
@@ -368,6 +379,8 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
     with no_autocast(query.device.type):
         query, key, value, query_features, key_features = at_least_fp32(
             query, key, value, query_features, key_features)
+        if sink_key is not None:
+            sink_key, sink_value = (t.to(query.dtype) for t in (sink_key, sink_value))
         ones = with_ones(value)  # [v, 1] (B, H, P + N, d + 1)
         # feature-map part: query i sees key index <= past + i - window, shifted into a causal pattern
         older = past + queries - window  # keys that some query sees through the feature map
@@ -392,11 +405,17 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
             allowed = (columns <= rows) & (columns > rows - window)  # (b, k)
             if real is not None:
                 allowed = allowed & real[:, None, None, first : past + stop]
+            block_values = value[:, :, first : past + stop]
+            if sink_key is not None:  # the sinks this block's queries see outside their window
+                scores = torch.cat([scores, (query[:, :, start:stop] @ sink_key.transpose(-1, -2)) * scaling], -1)
+                seen = (sink_index[:, None, :] >= 0) & (sink_index[:, None, :] <= position + rows[None] - window)
+                allowed = torch.cat([allowed.expand(batch, 1, -1, -1), seen[:, None]], -1)
+                block_values = torch.cat([block_values, sink_value], 2)
             scores = scores.masked_fill(~allowed, float("-inf"))
             top = scores.amax(-1, keepdim=True)
             top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row with no real key
             weights = torch.exp(scores - top)  # 0 where not allowed
-            numerators.append(weights @ value[:, :, first : past + stop])
+            numerators.append(weights @ block_values)
             denominators.append(weights.sum(-1, keepdim=True))
         share = softmax_share.to(query.dtype).view(1, heads, 1, 1)
         numerator = share * torch.cat(numerators, 2)
