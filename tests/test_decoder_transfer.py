@@ -18,13 +18,14 @@ from hf_zformer.conversion.decoder_finetune import peft_available
 from hf_zformer.conversion.decoder_transfer import AttentionTransfer, layer_errors, new_attention_parameters, perplexity
 
 
-def hedgehog_window(source=None):
+def hedgehog_window(source=None, sinks=0):
     return convert_causal_lm("tiny", source=source or tiny_llama(), attention_type=["zformer", "full", "fastformer"],
-                             attention_window=[4, 0, 0])
+                             attention_window=[4, 0, 0], attention_sinks=sinks)
 
 
-def test_only_the_new_attention_parameters_train_and_the_fit_improves():
-    model = hedgehog_window()
+@pytest.mark.parametrize("sinks", [0, 2], ids=["window", "window-and-sinks"])
+def test_only_the_new_attention_parameters_train_and_the_fit_improves(sinks):
+    model = hedgehog_window(sinks=sinks)
     reference = full_attention_copy(model)
     names = set(new_attention_parameters(model))
     assert names == {
