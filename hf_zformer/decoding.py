@@ -41,8 +41,9 @@ class StepDecoder:
     `attention_mask` (B, N) (padding on either side for a causal LM; the source's for an
     encoder-decoder), one token per `step()`.
 
-    The constructor runs the prompt (causal LM) or the encoder and the decoder start token
-    (encoder-decoder) eagerly: `tokens` then holds the first new token (B, 1). Each `step()` feeds
+    The constructor runs the prompt (causal LM) or the encoder and the decoder start token, followed
+    by `decoder_prefix` (B, P) when given (encoder-decoder), eagerly: `tokens` then holds the first
+    new token (B, 1). Each `step()` feeds
     `tokens` at `positions` and leaves the next token in `tokens` (a buffer reused by the next
     step: clone it to keep it). `graphs`: replay a CUDA graph of the step (default: on CUDA
     devices); the graph is captured after `warmup` eager steps and keeps the autocast setting that
@@ -51,7 +52,8 @@ class StepDecoder:
     count stays right, so `generate()` can continue from it."""
 
     def __init__(self, model, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, *,
-                 max_new_tokens: int, graphs: bool | None = None, warmup: int = 2):
+                 max_new_tokens: int, graphs: bool | None = None, warmup: int = 2,
+                 decoder_prefix: torch.Tensor | None = None):
         if not isinstance(model, (ZformerForCausalLM, ZformerForConditionalGeneration)):
             raise TypeError(f"StepDecoder decodes Zformer-family causal LMs and encoder-decoders, not {type(model).__name__}")
         kinds = model.decoder.layer_types
@@ -69,15 +71,20 @@ class StepDecoder:
         offset = model.config.position_offset
         with torch.inference_mode():
             if isinstance(model, ZformerForCausalLM):
+                if decoder_prefix is not None:
+                    raise ValueError("StepDecoder: decoder_prefix is an encoder-decoder's; a causal LM reads its whole "
+                                     "prompt from input_ids")
                 output = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=True)
                 self.memory = self.memory_mask = None
                 real = input_ids.shape[1] if attention_mask is None else attention_mask.sum(1, keepdim=True)
             else:
                 start = torch.full((input_ids.shape[0], 1), model.config.decoder_start_token_id, device=device)
+                if decoder_prefix is not None:
+                    start = torch.cat([start, decoder_prefix.to(device)], 1)
                 output = model(input_ids=input_ids, attention_mask=attention_mask, decoder_input_ids=start,
                                use_cache=True)
                 self.memory, self.memory_mask = output.encoder_last_hidden_state, drop_full_mask(attention_mask)
-                real = 1
+                real = start.shape[1]
             self.cache = getattr(output, CACHE_FIELD)
             self.tokens = output.logits[:, -1:].argmax(-1)  # (B, 1): the first new token
             self.positions = torch.zeros_like(self.tokens) + real + offset  # where `tokens` goes

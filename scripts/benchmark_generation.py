@@ -57,8 +57,10 @@ def parse_args(argv=None):
                         help="GGUF file to load from every --model_name_or_path folder that holds it")
     parser.add_argument("--prompt", default=PROMPTS[0], help="the causal LMs' prompt (batch 1)")
     parser.add_argument("--prefill", type=int, default=0,
-                        help="causal LMs: tokens of context read before generating (the prompt's tokens repeated, "
-                             "in chunks of 1,024), to time steps after a long context without generating it all")
+                        help="tokens of context read before generating, to time steps after a long context without "
+                             "generating it all: causal LMs read the prompt's tokens repeated, in chunks of 1,024; "
+                             "encoder-decoders a random decoder prefix after the start token, in one forward "
+                             "(lengths then count from the prefix's end)")
     parser.add_argument("--samples", type=int, default=0,
                         help="causal LMs: greedy continuations of this many tokens from each of the sample prompts")
     parser.add_argument("--max_length", type=int, default=2048, help="tokens to generate")
@@ -129,7 +131,7 @@ def build_model(args, decoder_type):
         intermediate_size=4 * args.hidden_size,
         num_hidden_layers=args.layers,
         num_decoder_layers=args.layers,
-        max_position_embeddings=max(args.max_length, args.source_length) + 1,
+        max_position_embeddings=max(args.prefill + args.max_length, args.source_length) + 1,
     )
     torch.manual_seed(args.seed)
     return AutoModelForSeq2SeqLM.from_config(config).eval().to(args.device)
@@ -139,11 +141,14 @@ class EagerDecoder:
     """Greedy decoding by eager forwards with the model's cache (what generate() runs): `step()`
     feeds the last token, `cache` is the decoding state."""
 
-    def __init__(self, model, source, mask):
+    def __init__(self, model, source, mask, decoder_prefix=None):
         self.model, self.mask = model, mask
         self.encoded = model.get_encoder()(input_ids=source, attention_mask=mask)
         self.tokens = torch.full((source.shape[0], 1), model.config.decoder_start_token_id, device=source.device)
         self.cache = None
+        if decoder_prefix is not None:  # the start token and the prefix in one forward, not timed
+            self.tokens = torch.cat([self.tokens, decoder_prefix], 1)
+            self.step()
 
     def step(self):
         out = self.model(encoder_outputs=self.encoded, attention_mask=self.mask, decoder_input_ids=self.tokens,
@@ -168,6 +173,9 @@ def measure(args):
     generator = torch.Generator().manual_seed(args.seed)
     source = torch.randint(5, args.vocab_size, (args.batch_size, args.source_length), generator=generator).to(device)
     mask = torch.ones_like(source)
+    prefix = None
+    if args.prefill:
+        prefix = torch.randint(5, args.vocab_size, (args.batch_size, args.prefill), generator=generator).to(device)
     autocast = torch.autocast(device.type, dtype=torch.bfloat16, enabled=args.dtype == "bf16")
     synchronize = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     steps = {kind: [] for kind in models}
@@ -176,10 +184,12 @@ def measure(args):
         for kind, model in models.items():
             if args.cuda_graphs and kind != "full":  # its first step (the start token) runs in the constructor
                 seconds, decoders[kind] = timed(lambda: StepDecoder(
-                    model, source, mask, max_new_tokens=args.max_length, graphs=True), synchronize)
-                steps[kind].append(seconds)
+                    model, source, mask, max_new_tokens=args.max_length, graphs=True, decoder_prefix=prefix),
+                    synchronize)
+                if prefix is None:  # with a prefix, the steps after it are timed, as for the eager decoders
+                    steps[kind].append(seconds)
             else:
-                decoders[kind] = EagerDecoder(model, source, mask)
+                decoders[kind] = EagerDecoder(model, source, mask, prefix)
         for _ in tqdm(range(args.max_length), desc="decoding", unit="token"):
             for kind, decoder in decoders.items():
                 if len(steps[kind]) < args.max_length:
@@ -237,6 +247,9 @@ def ratio_table(args, rows, baseline):
 
 def markdown(args, rows, state_sizes):
     lines = ratio_table(args, rows, "full") + [""]
+    if args.prefill:
+        lines.append(f"Each decoder first read a {args.prefill:,}-token decoder prefix after the start token (one "
+                     "forward, not timed); lengths count the tokens generated after it.")
     if args.cuda_graphs:
         lines.append("zformer and fastformer decoders: each token one CUDA-graph replay of a fixed-shape step "
                      "(hf_zformer.decoding.StepDecoder); full attention: eager steps with its KV cache.")

@@ -16,7 +16,8 @@
 # tunes itself on the first call of every shape: minutes more); QUICK=1 runs every step at toy
 # sizes (a dry run of the script itself, also on a CPU). DECODE=4096 MARKS=512,4096 sets the decoding
 # benchmark's length and reported points; TRAIN_STEPS the training scripts' steps (default 300);
-# KERNEL_TESTS / DEVICE_TESTS a pytest -k expression narrowing those two steps.
+# KERNEL_TESTS / DEVICE_TESTS a pytest -k expression narrowing those two steps; PREFIXES the decoder
+# prefixes of the long-context decoding steps (default "4096 32768").
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu_check}
@@ -56,10 +57,10 @@ except ImportError as error: print('fla missing:', error)
 [ "$device" = cuda ] && nvidia-smi >> "$out/environment.log" 2>&1
 
 if [ "${QUICK:-0}" = 1 ]; then
-    lengths="64 128"; profiled="64"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"
+    lengths="64 128"; profiled="64"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"; prefixes="64"
 else
     lengths="128 256 512 1024 2048"; profiled="512 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
-    repeats=5; decode=${DECODE:-2048}; marks=${MARKS:-512,1024,2048}
+    repeats=5; decode=${DECODE:-2048}; marks=${MARKS:-512,1024,2048}; prefixes=${PREFIXES:-4096 32768}
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no_plot --no_progress --no_memory --repeats $repeats"
 types="full zformer zformer_kernels zformer_torch fastformer fastformer_kernels fastformer_torch"
@@ -81,6 +82,12 @@ step grid_wide 100 $bench $graphs --dtype bf16 --batch $batch --widths $wide --l
     --types $forms --output "$out/attention_grid_wide_bf16_graphs"
 step decoding 150 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
     --max_length $decode --checkpoints $marks --batch_size 8 --output "$out/decoding"
+# ms/token after long contexts: every decoder reads a decoder prefix in one forward first (generating
+# it step by step with the eager full decoder costs minutes), then 64 tokens are timed
+for prefix in $prefixes; do
+    step "decoding_$prefix" 90 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
+        --prefill $prefix --max_length 64 --checkpoints 32,64 --batch_size 8 --output "$out/decoding_prefill_$prefix"
+done
 # the training scripts' throughput (bf16 on the GPU) against full attention: where the data travelled
 # with the checkout into gpu_data/ and `datasets` / `evaluate` import (scripts/gpu_prepare.sh)
 if [ -d gpu_data/imdb ] && [ -d gpu_data/multi30k ] && "$python" -c "import datasets, evaluate" 2> /dev/null; then

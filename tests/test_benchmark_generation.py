@@ -31,6 +31,20 @@ def test_generation_benchmark_runs_and_writes_results(tmp_path, monkeypatch):
     assert output.with_suffix(".png").stat().st_size > 1000
 
 
+def test_generation_benchmark_times_steps_after_a_decoder_prefix(tmp_path):
+    """--prefill for encoder-decoders: each decoder reads a decoder prefix first; the full decoder's
+    KV cache then holds it, and the rows count the tokens generated after it."""
+    script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
+    output = tmp_path / "gen"
+    rows = script["main"](["--prefill", "40", "--max_length", "8", "--checkpoints", "4,8", "--window", "4", "--layers", "1",
+                           "--hidden_size", "32", "--heads", "4", "--batch_size", "2", "--vocab_size", "50",
+                           "--output", str(output)])
+    assert [r["length"] for r in rows] == [4, 8]
+    record = json.loads(output.with_suffix(".json").read_text())
+    assert record["state_numel"]["full"] == 2 * 2 * (1 + 40 + 8) * 32  # keys and values of every token read
+    assert "40-token decoder prefix" in record["markdown"]
+
+
 def test_generation_benchmark_rejects_bad_checkpoints():
     script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
     with pytest.raises(SystemExit, match="--checkpoints"):

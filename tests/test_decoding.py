@@ -42,6 +42,23 @@ def test_encoder_decoder_decodes_what_generate_does():
                            expected)
 
 
+def test_encoder_decoder_continues_a_decoder_prefix_as_generate_does():
+    """With `decoder_prefix` the decoder first reads the start token and the prefix: the tokens that
+    follow are generate()'s from the same decoder input."""
+    model = seq2seq("zformer", "fastformer")
+    ids, mask = random_batch([9, 5, 7], seed=2)
+    prefix = torch.randint(5, 50, (3, 4), generator=torch.Generator().manual_seed(0))
+    start = torch.full((3, 1), model.config.decoder_start_token_id)
+    expected = model.generate(input_ids=ids, attention_mask=mask, decoder_input_ids=torch.cat([start, prefix], 1),
+                              max_new_tokens=6, do_sample=False, num_beams=1, eos_token_id=None)[:, 5:]
+    decoder = StepDecoder(model, ids, mask, max_new_tokens=6, graphs=False, decoder_prefix=prefix)
+    got = torch.cat([decoder.tokens.clone()] + [decoder.step().clone() for _ in range(5)], 1)
+    assert torch.equal(got, expected)
+    assert decoder.cache.get_seq_length() == 1 + 4 + 5
+    with pytest.raises(ValueError, match="decoder_prefix is an encoder-decoder's"):
+        StepDecoder(causal_lm("zformer"), random_batch([4])[0], max_new_tokens=2, graphs=False, decoder_prefix=prefix)
+
+
 def test_end_of_sequence_pads_the_row_and_stops_when_all_have_ended():
     model = causal_lm("zformer")
     ids, mask = left_pad(*random_batch([9, 5, 7], seed=1))
