@@ -14,8 +14,10 @@ HYBRID = ["zformer", "full", "fastformer"]
 # hedgehog zformer layers, the first with a softmax window of 3 tokens, and a full layer on top
 WINDOWED = dict(attention_type=["zformer", "zformer", "full"], zformer_feature_map="hedgehog",
                 attention_window=[3, 0, 0])
-TYPES = ["full", "zformer", "fastformer", HYBRID, WINDOWED]
-IDS = ["full", "zformer", "fastformer", "hybrid", "windowed"]
+# the same with the first 2 real tokens of each sequence kept as softmax keys (attention sinks)
+SINKS = {**WINDOWED, "attention_sinks": 2}
+TYPES = ["full", "zformer", "fastformer", HYBRID, WINDOWED, SINKS]
+IDS = ["full", "zformer", "fastformer", "hybrid", "windowed", "windowed-sinks"]
 
 
 def causal_lm(attention_type="zformer", model_type="zformer", **overrides):
@@ -198,6 +200,9 @@ def test_windowed_layer_keeps_the_last_window_tokens():
     (dict(attention_type="fastformer", attention_window=4), "only zformer layers with the hedgehog map"),
     (dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=-1), "non-negative"),
     (dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=[4]), "1 entries"),
+    (dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_sinks=4), "needs a softmax window"),
+    (dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=4, attention_sinks=-2),
+     "attention_sinks=-2 must be a non-negative integer"),
 ])
 def test_window_refusals(overrides, message):
     with pytest.raises(ValueError, match=message):

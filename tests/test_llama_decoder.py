@@ -303,6 +303,8 @@ def test_identity_and_fastformer_layers_are_calibrated_to_the_softmax_size():
     (dict(attention_type="fastformer", attention_window=8), "only zformer layers with"),
     (dict(attention_type="zformer", attention_window=-1), "attention_window=-1 must be a non-negative"),
     (dict(zformer_feature_map="cosine"), "zformer_feature_map='cosine' is not supported"),
+    (dict(attention_type="zformer", attention_sinks=4), "attention_sinks=4 needs a softmax window"),
+    (dict(attention_type="zformer", attention_window=8, attention_sinks=True), "attention_sinks=True must be"),
 ])
 def test_bad_configs_are_refused_by_name(fields, message):
     with pytest.raises(ValueError, match=message):
