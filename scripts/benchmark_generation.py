@@ -56,11 +56,9 @@ def parse_args(argv=None):
     parser.add_argument("--gguf_file", default=None,
                         help="GGUF file to load from every --model_name_or_path folder that holds it")
     parser.add_argument("--prompt", default=PROMPTS[0], help="the causal LMs' prompt (batch 1)")
-    parser.add_argument("--prefill", type=int, default=0,
-                        help="tokens of context read before generating, to time steps after a long context without "
-                             "generating it all: causal LMs read the prompt's tokens repeated, in chunks of 1,024; "
-                             "encoder-decoders a random decoder prefix after the start token, in one forward "
-                             "(lengths then count from the prefix's end)")
+    parser.add_argument("--prefill", type=int, default=0, help="tokens of context read before the timed steps: "
+                        "causal LMs read the prompt's tokens repeated, in chunks of 1,024; encoder-decoders a random "
+                        "decoder prefix after the start token, in one forward (lengths count from its end)")
     parser.add_argument("--samples", type=int, default=0,
                         help="causal LMs: greedy continuations of this many tokens from each of the sample prompts")
     parser.add_argument("--max_length", type=int, default=2048, help="tokens to generate")

@@ -369,9 +369,6 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
     Returns (out (B, H, N, d) in fp32 or fp64, the state over every token older than the last
     `window - 1` keys when `return_state`, else None). A query with no real key gets zero."""
     batch, heads, queries, dim = query.shape
-    sink_key = sink_value = sink_index = None
-    if sinks is not None:
-        sink_key, sink_value, sink_index = sinks
     past = key.shape[2] - queries
     if not 0 <= past < window:
         raise ValueError(f"windowed_linear_attention: {past} earlier keys for a window of {window}; at most "
@@ -379,8 +376,8 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
     with no_autocast(query.device.type):
         query, key, value, query_features, key_features = at_least_fp32(
             query, key, value, query_features, key_features)
-        if sink_key is not None:
-            sink_key, sink_value = (t.to(query.dtype) for t in (sink_key, sink_value))
+        if sinks is not None:
+            sinks = (sinks[0].to(query.dtype), sinks[1].to(query.dtype), sinks[2])
         ones = with_ones(value)  # [v, 1] (B, H, P + N, d + 1)
         # feature-map part: query i sees key index <= past + i - window, shifted into a causal pattern
         older = past + queries - window  # keys that some query sees through the feature map
@@ -393,33 +390,9 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
             linear = per_head_product(query_features, state)
         else:
             linear = None
-        # softmax part, in blocks of `window` queries
-        numerators, denominators = [], []
-        real = None if key_mask is None else key_mask.bool()
-        for start in range(0, queries, window):
-            stop = min(start + window, queries)
-            first = max(0, past + start - window + 1)
-            scores = (query[:, :, start:stop] @ key[:, :, first : past + stop].transpose(-1, -2)) * scaling
-            rows = torch.arange(past + start, past + stop, device=query.device)[:, None]  # key index of each query
-            columns = torch.arange(first, past + stop, device=query.device)[None, :]
-            allowed = (columns <= rows) & (columns > rows - window)  # (b, k)
-            if real is not None:
-                allowed = allowed & real[:, None, None, first : past + stop]
-            block_values = value[:, :, first : past + stop]
-            if sink_key is not None:  # the sinks this block's queries see outside their window
-                scores = torch.cat([scores, (query[:, :, start:stop] @ sink_key.transpose(-1, -2)) * scaling], -1)
-                seen = (sink_index[:, None, :] >= 0) & (sink_index[:, None, :] <= position + rows[None] - window)
-                allowed = torch.cat([allowed.expand(batch, 1, -1, -1), seen[:, None]], -1)
-                block_values = torch.cat([block_values, sink_value], 2)
-            scores = scores.masked_fill(~allowed, float("-inf"))
-            top = scores.amax(-1, keepdim=True)
-            top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row with no real key
-            weights = torch.exp(scores - top)  # 0 where not allowed
-            numerators.append(weights @ block_values)
-            denominators.append(weights.sum(-1, keepdim=True))
+        numerator, denominator = _window_softmax(query, key, value, key_mask, window, scaling, sinks, position)
         share = softmax_share.to(query.dtype).view(1, heads, 1, 1)
-        numerator = share * torch.cat(numerators, 2)
-        denominator = share * torch.cat(denominators, 2)
+        numerator, denominator = share * numerator, share * denominator
         if linear is not None:
             numerator = numerator + (1 - share) * linear[..., :dim]
             denominator = denominator + (1 - share) * linear[..., dim:]
@@ -433,6 +406,39 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
             elif state is None:
                 new_state = query.new_zeros(batch, heads, key_features.shape[-1], dim + 1)
     return out, new_state
+
+
+def _window_softmax(query, key, value, key_mask, window: int, scaling: float, sinks, position: int):
+    """The softmax part of `windowed_linear_attention`, in blocks of `window` queries: per query the
+    sum of exp(q . k * scaling - m) [v, 1] over its window's real keys and the sinks it sees, as
+    (numerator (B, H, N, d), denominator (B, H, N, 1))."""
+    batch, queries = query.shape[0], query.shape[2]
+    past = key.shape[2] - queries
+    numerators, denominators = [], []
+    real = None if key_mask is None else key_mask.bool()
+    for start in range(0, queries, window):
+        stop = min(start + window, queries)
+        first = max(0, past + start - window + 1)
+        scores = (query[:, :, start:stop] @ key[:, :, first : past + stop].transpose(-1, -2)) * scaling
+        rows = torch.arange(past + start, past + stop, device=query.device)[:, None]  # key index of each query
+        columns = torch.arange(first, past + stop, device=query.device)[None, :]
+        allowed = (columns <= rows) & (columns > rows - window)  # (b, k)
+        if real is not None:
+            allowed = allowed & real[:, None, None, first : past + stop]
+        block_values = value[:, :, first : past + stop]
+        if sinks is not None:  # the sinks this block's queries see outside their window
+            sink_key, sink_value, sink_index = sinks
+            scores = torch.cat([scores, (query[:, :, start:stop] @ sink_key.transpose(-1, -2)) * scaling], -1)
+            seen = (sink_index[:, None, :] >= 0) & (sink_index[:, None, :] <= position + rows[None] - window)
+            allowed = torch.cat([allowed.expand(batch, 1, -1, -1), seen[:, None]], -1)
+            block_values = torch.cat([block_values, sink_value], 2)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        top = scores.amax(-1, keepdim=True)
+        top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))  # a row with no real key
+        weights = torch.exp(scores - top)  # 0 where not allowed
+        numerators.append(weights @ block_values)
+        denominators.append(weights.sum(-1, keepdim=True))
+    return torch.cat(numerators, 2), torch.cat(denominators, 2)
 
 
 def softmax_pool(scores, values, mask=None, state=None, *, causal=False, return_state=False):
