@@ -184,6 +184,28 @@ def test_cache_equals_no_cache(kind):
         assert len(set(cached[0, 9:].tolist())) > 1  # a real, varied continuation
 
 
+def test_sinks_fill_from_the_first_real_tokens_whatever_mask_the_steps_pass():
+    """Six sinks and rows of 9, 5 and 7 real tokens (left-padded): the 5-token row's sixth sink is
+    the first token after its prompt, and step by step the logits are those of one pass over the text."""
+    model = converted("zformer-window-sinks")
+    model.config.attention_sinks = 6
+    for layer in model.model.layers:
+        layer.self_attn.sinks = 6
+    ids, mask, _ = left_padded()
+    more = torch.randint(5, 97, (3, 4), generator=torch.Generator().manual_seed(3))
+    text, text_mask = torch.cat([ids, more], 1), torch.cat([mask, torch.ones_like(more)], 1)
+    with torch.no_grad():
+        full = model(input_ids=text, attention_mask=text_mask, position_ids=positions(text_mask)).logits
+        cache = model.model.new_cache()
+        steps = [model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), cache=cache).logits]
+        for stop in range(10, 14):
+            steps.append(model(input_ids=text[:, stop - 1 : stop], attention_mask=text_mask[:, :stop],
+                               position_ids=positions(text_mask)[:, stop - 1 : stop], cache=cache).logits)
+    real = text_mask.bool()
+    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-4, rtol=1e-4)
+    assert cache.layers[0].sink_index.tolist() == [[0, 1, 2, 3, 4, 5], [4, 5, 6, 7, 8, 9], [2, 3, 4, 5, 6, 7]]
+
+
 def test_window_fills_up_while_decoding_from_a_prompt_shorter_than_it():
     """A 2-token prompt and a window of 8: the cache keeps every token until it holds the last 7, and
     each step's logits are those of one pass over the whole text."""

@@ -332,8 +332,8 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     `layer` the cache layer (`cache_zformer.WindowedStateLayer`: the last W - 1 keys and values, the
     state over the older tokens, the sinks) or None; softmax share sigmoid(`window_gate`) (H,). With
     `sinks` S > 0 the first S real tokens of each sequence stay softmax keys of every later query
-    (`sink_slots`); the mask must then cover every token seen. Returns the context (B, H, N, d) in
-    fp32 (fp64 for fp64 inputs) and stores the new state in `layer`."""
+    (`sink_slots`). Returns the context (B, H, N, d) in fp32 (fp64 for fp64 inputs) and stores the
+    new state in `layer`."""
     length = query.shape[2]
     seen = 0 if layer is None else layer.num_tokens  # tokens before these, padding included
     new_key, new_value = key, value
@@ -372,28 +372,24 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
 
 def sink_slots(layer, attention_mask, key, value, seen: int, sinks: int):
     """The attention sinks after N new tokens: (keys, values (B, H_kv, S, d), token index (B, S),
-    -1 for a slot still empty): the first S real tokens of each row, by `attention_mask` (B, seen + N)
-    over every token so far, or the first S tokens without one. Slots filled by earlier calls come
-    from `layer` (its `sink_keys`, `sink_values`), the others from these tokens' `key`, `value` (B, H_kv, N, d)."""
+    -1 for a slot still empty): the first S real tokens of each row. Slots filled by earlier calls
+    stay as `layer` keeps them (`sink_keys`, `sink_values`, `sink_index`); the others take the next
+    real tokens among these, by the last N columns of `attention_mask` (all real without one), from
+    their `key`, `value` (B, H_kv, N, d); `seen` tokens came before them."""
     batch, length = key.shape[0], key.shape[2]
-    if attention_mask is None:
-        index = torch.arange(sinks, device=key.device).expand(batch, sinks)
-        index = torch.where(index < seen + length, index, -1)
-    else:
-        if attention_mask.shape[1] != seen + length:
-            raise ValueError(f"attention sinks need the mask of every token seen: it covers {attention_mask.shape[1]}, "
-                             f"the cache and the new tokens {seen + length}")
-        real = attention_mask.bool()
-        rank = real.long().cumsum(1)  # (B, seen + N): real tokens up to each position
-        hits = [(rank == slot + 1) & real for slot in range(sinks)]
-        index = torch.stack([torch.where(h.any(1), h.long().argmax(1), -1) for h in hits], 1)
-    new = index >= seen  # slots these tokens fill
-    where = (index - seen).clamp(0, length - 1)[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[3])
+    real = key.new_ones(batch, length, dtype=torch.bool) if attention_mask is None else \
+        attention_mask[:, attention_mask.shape[1] - length :].bool()
+    kept = layer is not None and layer.sink_index is not None
+    filled = layer.sink_index >= 0 if kept else real.new_zeros(batch, sinks)
+    rank = filled.sum(1, keepdim=True) + real.long().cumsum(1)  # (B, N): real tokens so far, up to each new one
+    hits = [(rank == slot + 1) & real for slot in range(sinks)]
+    found = torch.stack([torch.where(h.any(1), h.long().argmax(1), -1) for h in hits], 1)  # (B, S) in these tokens
+    new = ~filled & (found >= 0)
+    index = torch.where(new, found + seen, layer.sink_index if kept else -1)
+    where = found.clamp_min(0)[:, None, :, None].expand(-1, key.shape[1], -1, key.shape[3])
     new_keys, new_values = key.gather(2, where), value.gather(2, where)
-    if layer is not None and layer.sink_keys is not None:
-        old_keys, old_values = layer.sink_keys, layer.sink_values
-    else:
-        old_keys, old_values = torch.zeros_like(new_keys), torch.zeros_like(new_values)
+    old_keys = layer.sink_keys if kept else torch.zeros_like(new_keys)
+    old_values = layer.sink_values if kept else torch.zeros_like(new_values)
     fill = new[:, None, :, None]
     return torch.where(fill, new_keys, old_keys), torch.where(fill, new_values, old_values), index
 
