@@ -346,14 +346,17 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
                          "cached and new ones")
     repeat = (lambda t: t.repeat_interleave(groups, 1)) if groups > 1 else (lambda t: t)  # transformers' repeat_kv
     repeated_key, repeated_value = repeat(key), repeat(value)
-    key_features = key_map(repeated_key)
+    # phi(k) of the keys that leave the window in this call, the only ones the feature-map part reads
+    # (decoding: one key, not the window's W - 1)
+    leaving = max(total - (window - 1), 0)
+    key_features = key_map(repeated_key[:, :, :leaving])
     if mask is not None:  # phi(0) is not zero
-        key_features = key_features * mask.to(key_features.dtype)[:, None, :, None]
+        key_features = key_features * mask[:, :leaving].to(key_features.dtype)[:, None, :, None]
     sink_state = None
     if sinks:
         sink_state = sink_slots(layer, attention_mask, new_key, new_value, seen, sinks)
-        key_positions = torch.arange(seen + length - total, seen + length, device=key.device)
-        is_sink = (key_positions[None, :, None] == sink_state[2][:, None, :]).any(-1)  # (B, P + N)
+        key_positions = torch.arange(seen + length - total, seen + length - total + leaving, device=key.device)
+        is_sink = (key_positions[None, :, None] == sink_state[2][:, None, :]).any(-1)  # (B, leaving)
         key_features = key_features * (~is_sink).to(key_features.dtype)[:, None, :, None]
     context, state = windowed_linear_attention(
         query, repeated_key, repeated_value, query_map(query), key_features, mask,

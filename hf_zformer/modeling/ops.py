@@ -361,7 +361,9 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
     The N queries are the last N of the P + N keys (P <= window - 1 earlier tokens from the cache);
     `state` (B, H, F, d + 1) or None holds sum phi(k_j) [v_j, 1]^T over every token before those
     keys. query (B, H, N, d), key and value (B, H, P + N, d), query_features (B, H, N, F),
-    key_features (B, H, P + N, F) (zero at padding), key_mask (B, P + N) 1 at real keys or None,
+    key_features (B, H, K, F) of the first K keys (zero at padding; only the first
+    P + N - window + 1 ever enter the feature-map part, so K may stop there), key_mask (B, P + N)
+    1 at real keys or None,
     softmax_share g (H,) in (0, 1). The softmax part is computed in blocks of `window` queries, each
     against its 2 window - 1 keys: O(N window d) time and memory; the older keys through
     `linear_attention` on the keys shifted by `window` positions (zeros before the first).
@@ -383,7 +385,7 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
         older = past + queries - window  # keys that some query sees through the feature map
         if older > 0:
             shift = window - past
-            shifted_keys = torch.nn.functional.pad(key_features, (0, 0, shift, 0))[:, :, :queries]
+            shifted_keys = torch.nn.functional.pad(key_features[:, :, : queries - shift], (0, 0, shift, 0))
             shifted_values = torch.nn.functional.pad(ones, (0, 0, shift, 0))[:, :, :queries]
             linear, _ = linear_attention(query_features, shifted_keys, shifted_values, None, state, causal=True)
         elif state is not None:
