@@ -61,6 +61,11 @@ class StepDecoder:
         if full:
             raise ValueError(f"StepDecoder: decoder layers {full} have full self-attention, whose keys and values grow "
                              "with the output; a fixed-shape step needs zformer or fastformer layers (use generate())")
+        windowed = [i for i, window in enumerate(getattr(model.decoder, "windows", [])) if window]
+        if windowed:
+            raise ValueError(f"StepDecoder: decoder layers {windowed} have a softmax window (attention_window), whose "
+                             "kept keys grow until the window is full; a fixed-shape step needs layers without one "
+                             "(use generate())")
         if max_new_tokens < 1 or warmup < 1:
             raise ValueError(f"StepDecoder: max_new_tokens={max_new_tokens} and warmup={warmup} must be >= 1")
         device = input_ids.device

@@ -87,6 +87,9 @@ def test_refusals_name_the_problem():
         StepDecoder(causal_lm(["zformer", "full"]), random_batch([4])[0], max_new_tokens=2, graphs=False)
     with pytest.raises(ValueError, match="past max_position_embeddings=64"):
         StepDecoder(causal_lm("zformer"), random_batch([10])[0], max_new_tokens=60, graphs=False)
+    windowed = causal_lm("zformer", zformer_feature_map="hedgehog", attention_window=4)
+    with pytest.raises(ValueError, match=r"decoder layers \[0, 1\] have a softmax window"):
+        StepDecoder(windowed, random_batch([4])[0], max_new_tokens=2, graphs=False)
     with pytest.raises(ValueError, match="max_new_tokens=0"):
         StepDecoder(causal_lm("zformer"), random_batch([4])[0], max_new_tokens=0, graphs=False)
     with pytest.raises(ValueError, match="graphs=True needs a CUDA device"):
