@@ -366,8 +366,8 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
         position=seen + length - total,
     )
     if layer is not None:
-        first = max(total - (window - 1), 0)  # all of them while fewer than window - 1 tokens were seen
-        layer.store(state, key[:, :, first:], value[:, :, first:], length)
+        # the cache keeps the last window - 1 keys (all of them while fewer were seen)
+        layer.store(state, key[:, :, leaving:], value[:, :, leaving:], length)
         if sink_state is not None:
             layer.sink_keys, layer.sink_values, layer.sink_index = sink_state
     return context
