@@ -384,6 +384,8 @@ def sink_slots(layer, attention_mask, key, value, seen: int, sinks: int):
         attention_mask[:, attention_mask.shape[1] - length :].bool()
     kept = layer is not None and layer.sink_index is not None
     filled = layer.sink_index >= 0 if kept else real.new_zeros(batch, sinks)
+    if kept and bool(filled.all()):  # every row has its sinks (each decoding step after the prompt)
+        return layer.sink_keys, layer.sink_values, layer.sink_index
     rank = filled.sum(1, keepdim=True) + real.long().cumsum(1)  # (B, N): real tokens so far, up to each new one
     hits = [(rank == slot + 1) & real for slot in range(sinks)]
     found = torch.stack([torch.where(h.any(1), h.long().argmax(1), -1) for h in hits], 1)  # (B, S) in these tokens
