@@ -225,6 +225,42 @@ def test_window_fills_up_while_decoding_from_a_prompt_shorter_than_it():
     assert kept == [3, 4, 5, 6, 7, 7, 7, 7, 7, 7, 7, 7]
 
 
+@pytest.mark.parametrize("sinks", [0, 2], ids=["window", "window-and-sinks"])
+def test_steady_decoding_steps_take_the_short_form_and_give_the_long_forms_logits(sinks, monkeypatch):
+    """Past the prompt, once the window holds only real tokens and every sink lies before it, each
+    step runs `ops.windowed_decode_step` (grouped key/value heads read without repeating them); in
+    fp64 its logits are those of one pass over the whole text, for left-padded rows too, and a step
+    where some row still has padding in its window takes the general form."""
+    from hf_zformer.modeling import attention
+
+    model = converted("zformer-window-sinks" if sinks else "zformer-window").double()
+    model.config.attention_window = 8
+    for layer in model.model.layers:
+        layer.self_attn.window = 8
+    calls = []
+    short_form = attention.windowed_decode_step
+    monkeypatch.setattr(attention, "windowed_decode_step", lambda *a, **k: calls.append(1) or short_form(*a, **k))
+    ids, mask, _ = left_padded()
+    more = torch.randint(5, 97, (3, 8), generator=torch.Generator().manual_seed(4))
+    text, text_mask = torch.cat([ids, more], 1), torch.cat([mask, torch.ones_like(more)], 1)
+    steady = []
+    with torch.no_grad():
+        full = model(input_ids=text, attention_mask=text_mask, position_ids=positions(text_mask)).logits
+        cache = model.model.new_cache()
+        steps = [model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), cache=cache).logits]
+        for stop in range(10, 18):
+            before = len(calls)
+            steps.append(model(input_ids=text[:, stop - 1 : stop], attention_mask=text_mask[:, :stop],
+                               position_ids=positions(text_mask)[:, stop - 1 : stop], cache=cache).logits)
+            steady.append(len(calls) - before)
+    real = text_mask.bool()
+    torch.testing.assert_close(torch.cat(steps, 1)[real], full[real], atol=1e-10, rtol=1e-10)
+    # window 8 (tokens i - 7 ... i): the 5-token row (tokens 4-8 real) has padding in the windows of
+    # tokens 9 and 10; its second sink (token 5) is inside the window up to token 12
+    first_steady = 4 if sinks else 2
+    assert steady == [0] * first_steady + [len(model.model.layers)] * (8 - first_steady), steady
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_no_peeking(kind):
     model = converted(kind)

@@ -45,6 +45,7 @@ from .ops import (
     normalize,
     normalized_attention_weights,
     softmax_pool,
+    windowed_decode_step,
     windowed_linear_attention,
     with_ones,
 )
@@ -336,6 +337,9 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     new state in `layer`."""
     length = query.shape[2]
     seen = 0 if layer is None else layer.num_tokens  # tokens before these, padding included
+    repeat = (lambda t: t.repeat_interleave(groups, 1)) if groups > 1 else (lambda t: t)  # transformers' repeat_kv
+    if _steady_decoding(layer, length, attention_mask, window, sinks, seen):
+        return _decode_step(query, key, value, layer, window, query_map, key_map, window_gate, scaling, sinks, repeat)
     new_key, new_value = key, value
     if layer is not None and layer.keys is not None:  # the last window - 1 tokens before these
         key, value = torch.cat([layer.keys, key], 2), torch.cat([layer.values, value], 2)
@@ -344,7 +348,6 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     if mask is not None and mask.shape[1] != total:
         raise ValueError(f"attention_mask covers {attention_mask.shape[1]} tokens, fewer than the {total} "
                          "cached and new ones")
-    repeat = (lambda t: t.repeat_interleave(groups, 1)) if groups > 1 else (lambda t: t)  # transformers' repeat_kv
     repeated_key, repeated_value = repeat(key), repeat(value)
     # phi(k) of the keys that leave the window in this call, the only ones the feature-map part reads
     # (decoding: one key, not the window's W - 1)
@@ -370,6 +373,38 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
         layer.store(state, key[:, :, leaving:], value[:, :, leaving:], length)
         if sink_state is not None:
             layer.sink_keys, layer.sink_values, layer.sink_index = sink_state
+    return context
+
+
+def _steady_decoding(layer, length: int, attention_mask, window: int, sinks: int, seen: int) -> bool:
+    """Whether this call is one decoding step in the steady state (`ops.windowed_decode_step`): one
+    new token, the cache holding the W - 1 tokens before it, all real, and every sink before the
+    window (sink index <= seen - W), so that no key of the step is masked."""
+    if layer is None or length != 1 or layer.keys is None or layer.keys.shape[2] != window - 1:
+        return False
+    if attention_mask is not None and not bool(attention_mask[:, attention_mask.shape[1] - window :].all()):
+        return False
+    if sinks:
+        index = layer.sink_index
+        return index is not None and bool(((index >= 0) & (index <= seen - window)).all())
+    return True
+
+
+def _decode_step(query, key, value, layer, window, query_map, key_map, window_gate, scaling, sinks, repeat):
+    """`windowed_self_attention` for a steady-state decoding step: the sinks, the cached W - 1 tokens
+    and the new one in one concatenation, attended to by `ops.windowed_decode_step`; the oldest
+    window token moves into the feature-map state, the cache keeps the last W - 1."""
+    parts_key, parts_value = [layer.keys, key], [layer.values, value]
+    if sinks:
+        parts_key.insert(0, layer.sink_keys)
+        parts_value.insert(0, layer.sink_values)
+    keys, values = torch.cat(parts_key, 2), torch.cat(parts_value, 2)  # (B, H_kv, S + W, d)
+    context = windowed_decode_step(query, keys, values, query_map(query), layer.state, torch.sigmoid(window_gate),
+                                   scaling)
+    leaving_key, leaving_value = keys[:, :, sinks : sinks + 1], values[:, :, sinks : sinks + 1]  # never a sink here
+    state = add_key_value_products(layer.state, key_map(repeat(leaving_key)), with_ones(at_least_fp32(
+        repeat(leaving_value))[0]))
+    layer.store(state, keys[:, :, sinks + 1 :], values[:, :, sinks + 1 :], 1)
     return context
 
 

@@ -410,6 +410,38 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
     return out, new_state
 
 
+def windowed_decode_step(query, window_key, window_value, query_features, state, softmax_share: torch.Tensor,
+                         scaling: float, sinks: int = 0) -> torch.Tensor:
+    """`windowed_linear_attention` for one query in the steady state of decoding: its W keys (the
+    last W - 1 tokens and its own) all real, the S attention sinks all before them, every older
+    token in `state`. Nothing is masked then, so the softmax part is one product per key/value head
+    over the sinks and the window, with the grouped query heads read as they are (no repeated keys):
+
+        out = (g sum_j exp(q . k_j * scaling - m) v_j + (1 - g) phi(q) S_v) / (the same with 1, phi(q) S_1)
+
+    query (B, H, 1, d), query_features (B, H, 1, F); window_key and window_value (B, H_kv, S + W, d):
+    the S sinks first, then the window in token order, H_kv dividing H (query head h reads key/value
+    head h // (H / H_kv)); state (B, H, F, d + 1) or None; softmax_share g (H,). The same weights
+    as the general form, whose one-token call this replaces: a decoding step then costs a handful of
+    operators per layer instead of the general form's masks, index ranges and concatenations.
+    Returns out (B, H, 1, d) in fp32 (fp64 for fp64 inputs)."""
+    batch, heads, _, dim = query.shape
+    kv_heads = window_key.shape[1]
+    with no_autocast(query.device.type):
+        query, window_key, window_value, query_features = at_least_fp32(query, window_key, window_value, query_features)
+        grouped = query.reshape(batch, kv_heads, heads // kv_heads, dim)  # (B, H_kv, G, d)
+        scores = (grouped @ window_key.transpose(-1, -2)) * scaling  # (B, H_kv, G, S + W)
+        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+        share = softmax_share.to(query.dtype).view(1, heads, 1, 1)
+        numerator = share * (weights @ window_value).view(batch, heads, 1, dim)
+        denominator = share * weights.sum(-1, keepdim=True).view(batch, heads, 1, 1)
+        if state is not None:
+            linear = per_head_product(query_features, state)
+            numerator = numerator + (1 - share) * linear[..., :dim]
+            denominator = denominator + (1 - share) * linear[..., dim:]
+        return numerator / denominator  # >= g > 0: the top-scoring key's weight is g
+
+
 def _window_softmax(query, key, value, key_mask, window: int, scaling: float, sinks, position: int):
     """The softmax part of `windowed_linear_attention`, in blocks of `window` queries: per query the
     sum of exp(q . k * scaling - m) [v, 1] over its window's real keys and the sinks it sees, as
