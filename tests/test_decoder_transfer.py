@@ -18,14 +18,14 @@ from hf_zformer.conversion.decoder_finetune import peft_available
 from hf_zformer.conversion.decoder_transfer import AttentionTransfer, layer_errors, new_attention_parameters, perplexity
 
 
-def hedgehog_window(source=None, sinks=0):
+def hedgehog_window(source=None, sinks=0, horizon=0):
     return convert_causal_lm("tiny", source=source or tiny_llama(), attention_type=["zformer", "full", "fastformer"],
-                             attention_window=[4, 0, 0], attention_sinks=sinks)
+                             attention_window=[4, 0, 0], attention_sinks=sinks, feature_map_horizon=horizon)
 
 
-@pytest.mark.parametrize("sinks", [0, 2], ids=["window", "window-and-sinks"])
-def test_only_the_new_attention_parameters_train_and_the_fit_improves(sinks):
-    model = hedgehog_window(sinks=sinks)
+@pytest.mark.parametrize("sinks,horizon", [(0, 0), (2, 0), (2, 8)], ids=["window", "window-and-sinks", "fading"])
+def test_only_the_new_attention_parameters_train_and_the_fit_improves(sinks, horizon):
+    model = hedgehog_window(sinks=sinks, horizon=horizon)
     reference = full_attention_copy(model)
     names = set(new_attention_parameters(model))
     assert names == {
@@ -33,7 +33,7 @@ def test_only_the_new_attention_parameters_train_and_the_fit_improves(sinks):
         "model.layers.0.self_attn.key_map.weight", "model.layers.0.self_attn.key_map.bias",
         "model.layers.0.self_attn.window_gate", "model.layers.2.self_attn.query_score",
         "model.layers.2.self_attn.key_score", "model.layers.2.self_attn.transform.weight",
-    }
+    } | ({"model.layers.0.self_attn.log_horizon"} if horizon else set())
     before_weights = {n: p.detach().clone() for n, p in model.named_parameters()}
     ids = torch.randint(5, 97, (2, 24), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():

@@ -27,6 +27,8 @@ KINDS = {
     "zformer-window": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3),
     "zformer-window-sinks": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3,
                                  attention_sinks=2),
+    "zformer-window-sinks-fading": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3,
+                                        attention_sinks=2, feature_map_horizon=4),
     "fastformer": dict(attention_type="fastformer"),
     "hybrid": dict(attention_type=["zformer", "full", "fastformer"], attention_window=[4, 0, 0]),
 }
@@ -47,7 +49,8 @@ def converted(kind, source=None):
     model = convert_causal_lm("tiny", source=source or tiny_llama(), **KINDS[kind])
     with torch.no_grad():
         for name, parameter in model.named_parameters():
-            if any(part in name for part in ("query_map", "key_map", "window_gate", "query_score", "key_score")):
+            if any(part in name for part in ("query_map", "key_map", "window_gate", "log_horizon", "query_score",
+                                             "key_score")):
                 parameter.add_(0.3 * torch.randn_like(parameter))
     return model
 
@@ -123,10 +126,16 @@ def test_window_covering_every_token_is_softmax_attention():
         torch.testing.assert_close(model(input_ids=ids).logits, source(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("sinks", [0, 2], ids=["window", "window-and-sinks"])
-def test_windowed_attention_against_its_weights_written_out(sinks):
+@pytest.mark.parametrize("sinks,fading", [(0, False), (2, False), (2, True)],
+                         ids=["window", "window-and-sinks", "window-sinks-fading"])
+def test_windowed_attention_against_its_weights_written_out(sinks, fading, monkeypatch):
     """The weights of each query written out: softmax inside the window (and on the sinks: the first
-    real tokens of each row, here left-padded in row 1), the feature map on the other older keys."""
+    real tokens of each row, here left-padded in row 1), the feature map on the other older keys
+    (fading by r per token of age beyond the window with `decay`; blocks of 3 tokens, so the faded
+    sums cross blocks)."""
+    from hf_zformer.modeling import ops
+
+    monkeypatch.setattr(ops, "ZFORMER_CAUSAL_BLOCK", 3)
     torch.manual_seed(0)
     batch, heads, length, dim, window = 2, 3, 11, 4, 4
     query, key, value = (torch.randn(batch, heads, length, dim, dtype=torch.float64) for _ in range(3))
@@ -139,8 +148,9 @@ def test_windowed_attention_against_its_weights_written_out(sinks):
     share = torch.tensor([0.2, 0.5, 0.9], dtype=torch.float64)
     at_sinks = sink_index[:, None, :, None].expand(-1, heads, -1, dim)
     given = (key.gather(2, at_sinks), value.gather(2, at_sinks), sink_index) if sinks else None
+    decay = torch.tensor([0.5, 0.8, 1.0], dtype=torch.float64) if fading else None
     out, _ = windowed_linear_attention(query, key, value, query_features, key_features, mask, None, window, share, 0.5,
-                                       sinks=given)
+                                       sinks=given, decay=decay)
     expected = torch.zeros_like(out)
     for i in range(length):
         scores = (query[:, :, i : i + 1] @ key.transpose(-1, -2))[:, :, 0] * 0.5  # (B, H, N)
@@ -152,6 +162,8 @@ def test_windowed_attention_against_its_weights_written_out(sinks):
         weights = torch.zeros_like(scores)
         for j in range(i + 1):
             linear = (1 - share) * (query_features[:, :, i] * key_features[:, :, j]).sum(-1)
+            if fading and j <= i - window:
+                linear = linear * decay ** (i - window - j)
             weights[:, :, j] = torch.where(softmax[:, :, j], share * torch.exp(scores[:, :, j] - top[..., 0]), linear)
         weights = weights * real
         total = weights.sum(-1, keepdim=True)
@@ -225,15 +237,16 @@ def test_window_fills_up_while_decoding_from_a_prompt_shorter_than_it():
     assert kept == [3, 4, 5, 6, 7, 7, 7, 7, 7, 7, 7, 7]
 
 
-@pytest.mark.parametrize("sinks", [0, 2], ids=["window", "window-and-sinks"])
-def test_steady_decoding_steps_take_the_short_form_and_give_the_long_forms_logits(sinks, monkeypatch):
+@pytest.mark.parametrize("kind", ["zformer-window", "zformer-window-sinks", "zformer-window-sinks-fading"])
+def test_steady_decoding_steps_take_the_short_form_and_give_the_long_forms_logits(kind, monkeypatch):
     """Past the prompt, once the window holds only real tokens and every sink lies before it, each
     step runs `ops.windowed_decode_step` (grouped key/value heads read without repeating them); in
     fp64 its logits are those of one pass over the whole text, for left-padded rows too, and a step
     where some row still has padding in its window takes the general form."""
     from hf_zformer.modeling import attention
 
-    model = converted("zformer-window-sinks" if sinks else "zformer-window").double()
+    model = converted(kind).double()
+    sinks = model.config.attention_sinks
     model.config.attention_window = 8
     for layer in model.model.layers:
         layer.self_attn.window = 8
@@ -363,6 +376,9 @@ def test_identity_and_fastformer_layers_are_calibrated_to_the_softmax_size():
     (dict(zformer_feature_map="cosine"), "zformer_feature_map='cosine' is not supported"),
     (dict(attention_type="zformer", attention_sinks=4), "attention_sinks=4 needs a softmax window"),
     (dict(attention_type="zformer", attention_window=8, attention_sinks=True), "attention_sinks=True must be"),
+    (dict(attention_type="zformer", feature_map_horizon=512), "feature_map_horizon=512 needs a softmax window"),
+    (dict(attention_type="zformer", attention_window=8, feature_map_horizon=-5),
+     "feature_map_horizon=-5 must be a non-negative integer"),
 ])
 def test_bad_configs_are_refused_by_name(fields, message):
     with pytest.raises(ValueError, match=message):

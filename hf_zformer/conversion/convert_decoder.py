@@ -42,7 +42,7 @@ _FIXED_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_l
 
 # what a Llama checkpoint lacks: the new attention parameters (and o_proj's bias, zero, for Qwen2)
 NEW_PARAMETERS = ("query_map.weight", "query_map.bias", "key_map.weight", "key_map.bias", "log_scale", "window_gate",
-                  "query_score", "key_score", "transform.weight", "o_proj.bias")
+                  "log_horizon", "query_score", "key_score", "transform.weight", "o_proj.bias")
 
 
 def zformer_llama_config(source_config, attention_type="full", **overrides) -> ZformerLlamaConfig:
@@ -146,7 +146,7 @@ def full_attention_copy(model) -> ZformerLlamaForCausalLM:
     """`model` with full attention in every layer and the same weights: the source's function (the
     reference that calibration and attention transfer compare with)."""
     fields = model.config.to_dict()
-    fields.update(attention_type="full", attention_window=0, attention_sinks=0)
+    fields.update(attention_type="full", attention_window=0, attention_sinks=0, feature_map_horizon=0)
     for key in ("model_type", "architectures", "transformers_version", "auto_map"):
         fields.pop(key, None)
     reference = ZformerLlamaForCausalLM(ZformerLlamaConfig(**fields)).eval()

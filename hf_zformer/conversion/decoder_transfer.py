@@ -25,8 +25,8 @@ from .convert_decoder import attention_calls
 from .distillation import relative_error
 
 # the parameters a converted layer adds to Llama's attention (by attribute name)
-NEW_ATTENTION_PARAMETERS = ("query_map", "key_map", "window_gate", "log_scale", "query_score", "key_score",
-                            "transform")
+NEW_ATTENTION_PARAMETERS = ("query_map", "key_map", "window_gate", "log_horizon", "log_scale", "query_score",
+                            "key_score", "transform")
 
 
 def warmup_cosine(optimizer, steps: int):

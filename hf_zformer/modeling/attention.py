@@ -323,7 +323,7 @@ class HedgehogFeatureMap(nn.Module):
 
 def windowed_self_attention(query, key, value, attention_mask, layer, window: int, query_map: "HedgehogFeatureMap",
                             key_map: "HedgehogFeatureMap", window_gate: torch.Tensor, scaling: float,
-                            groups: int = 1, sinks: int = 0) -> torch.Tensor:
+                            groups: int = 1, sinks: int = 0, decay: torch.Tensor | None = None) -> torch.Tensor:
     """Causal self-attention with a softmax window of `window` tokens and the Hedgehog map beyond it
     (`ops.windowed_linear_attention`), reading and writing a decoding cache layer: the one form of
     every zformer layer with `attention_window` (`ZformerAttention`, `attention_llama.RotaryLinearAttention`).
@@ -333,13 +333,15 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     `layer` the cache layer (`cache_zformer.WindowedStateLayer`: the last W - 1 keys and values, the
     state over the older tokens, the sinks) or None; softmax share sigmoid(`window_gate`) (H,). With
     `sinks` S > 0 the first S real tokens of each sequence stay softmax keys of every later query
-    (`sink_slots`). Returns the context (B, H, N, d) in fp32 (fp64 for fp64 inputs) and stores the
+    (`sink_slots`). With `decay` (H,) the feature-map weights fade by that factor per token of age
+    (`ops.windowed_linear_attention`). Returns the context (B, H, N, d) in fp32 (fp64 for fp64 inputs) and stores the
     new state in `layer`."""
     length = query.shape[2]
     seen = 0 if layer is None else layer.num_tokens  # tokens before these, padding included
     repeat = (lambda t: t.repeat_interleave(groups, 1)) if groups > 1 else (lambda t: t)  # transformers' repeat_kv
     if _steady_decoding(layer, length, attention_mask, window, sinks, seen):
-        return _decode_step(query, key, value, layer, window, query_map, key_map, window_gate, scaling, sinks, repeat)
+        return _decode_step(query, key, value, layer, window, query_map, key_map, window_gate, scaling, sinks, repeat,
+                            decay)
     new_key, new_value = key, value
     if layer is not None and layer.keys is not None:  # the last window - 1 tokens before these
         key, value = torch.cat([layer.keys, key], 2), torch.cat([layer.values, value], 2)
@@ -366,7 +368,7 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
         None if layer is None else layer.state, window, torch.sigmoid(window_gate), scaling,
         return_state=layer is not None,
         sinks=None if sink_state is None else (repeat(sink_state[0]), repeat(sink_state[1]), sink_state[2]),
-        position=seen + length - total,
+        position=seen + length - total, decay=decay,
     )
     if layer is not None:
         # the cache keeps the last window - 1 keys (all of them while fewer were seen)
@@ -390,7 +392,7 @@ def _steady_decoding(layer, length: int, attention_mask, window: int, sinks: int
     return True
 
 
-def _decode_step(query, key, value, layer, window, query_map, key_map, window_gate, scaling, sinks, repeat):
+def _decode_step(query, key, value, layer, window, query_map, key_map, window_gate, scaling, sinks, repeat, decay):
     """`windowed_self_attention` for a steady-state decoding step: the sinks, the cached W - 1 tokens
     and the new one in one concatenation, attended to by `ops.windowed_decode_step`; the oldest
     window token moves into the feature-map state, the cache keeps the last W - 1."""
@@ -402,7 +404,10 @@ def _decode_step(query, key, value, layer, window, query_map, key_map, window_ga
     context = windowed_decode_step(query, keys, values, query_map(query), layer.state, torch.sigmoid(window_gate),
                                    scaling)
     leaving_key, leaving_value = keys[:, :, sinks : sinks + 1], values[:, :, sinks : sinks + 1]  # never a sink here
-    state = add_key_value_products(layer.state, key_map(repeat(leaving_key)), with_ones(at_least_fp32(
+    state = layer.state
+    if decay is not None and state is not None:  # one token older
+        state = state * decay.to(state.dtype).view(1, -1, 1, 1)
+    state = add_key_value_products(state, key_map(repeat(leaving_key)), with_ones(at_least_fp32(
         repeat(leaving_value))[0]))
     layer.store(state, keys[:, :, sinks + 1 :], values[:, :, sinks + 1 :], 1)
     return context

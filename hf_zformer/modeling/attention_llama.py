@@ -111,6 +111,8 @@ class RotaryLinearAttention(RotaryAttention):
       With a window W (`attention_window`), the last W tokens take softmax weights instead, sharing
       the normalisation (`windowed_linear_attention`, share g = sigmoid(`window_gate`) per head,
       0.5 at init); the cache then keeps the last W - 1 rotated keys and values besides the state.
+      With `feature_map_horizon` the feature-map weights fade with age, exp(-age / tau) per head,
+      tau learned (`log_horizon`, starting at the configured number of tokens).
     """
 
     def __init__(self, config, layer_idx: int):
@@ -128,6 +130,16 @@ class RotaryLinearAttention(RotaryAttention):
             self.window_gate = nn.Parameter(torch.zeros(self.num_heads))
         else:
             self.register_parameter("window_gate", None)
+        self.horizon_init = config.feature_map_horizon if self.window else 0
+        if self.horizon_init:  # log of each head's time constant (tokens) for the feature-map part's fading
+            self.log_horizon = nn.Parameter(torch.full((self.num_heads,), math.log(self.horizon_init)))
+        else:
+            self.register_parameter("log_horizon", None)
+
+    def decay(self) -> torch.Tensor | None:
+        """Per head, the factor exp(-1 / tau) by which a feature-map weight fades per token of age
+        (tau = exp(`log_horizon`)), or None without fading."""
+        return None if self.log_horizon is None else torch.exp(-torch.exp(-self.log_horizon))
 
     def context(self, hidden_states, position_embeddings, attention_mask, cache):
         query, key, value = self.projections(hidden_states, position_embeddings)
@@ -160,7 +172,7 @@ class RotaryLinearAttention(RotaryAttention):
     def _windowed(self, query, key, value, attention_mask, layer):
         return windowed_self_attention(query, key, value, attention_mask, layer, self.window, self.query_map,
                                        self.key_map, self.window_gate, self.scaling, groups=self.groups,
-                                       sinks=self.sinks)
+                                       sinks=self.sinks, decay=self.decay())
 
 
 class RotaryFastformerAttention(RotaryAttention):

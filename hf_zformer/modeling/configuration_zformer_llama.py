@@ -60,6 +60,11 @@ class ZformerLlamaConfig(LlamaConfig):
             all later tokens (StreamingLLM's attention sinks): pretrained decoders put much of their
             attention on the first tokens, which a window alone loses. Needs a window; the decoding
             state gains their S keys and values, still constant in the generated length.
+        feature_map_horizon (`int`): 0 (default) or a number of tokens tau: the feature-map weights of
+            the tokens older than the window fade with their age, w * exp(-age / tau), tau learned per
+            head from this start. Without it their total grows with the count of older tokens, and
+            past the length a model was trained on it outweighs the window; with it the total stays
+            bounded whatever the length. Needs a window; the decoding state keeps its size.
         zformer_scale_init (`float`): initial `s` of identity-map zformer layers (the converter
             calibrates each layer's own).
     """
@@ -70,6 +75,7 @@ class ZformerLlamaConfig(LlamaConfig):
     zformer_feature_map: str = "hedgehog"
     attention_window: int | list[int] = 0
     attention_sinks: int = 0
+    feature_map_horizon: int = 0
     zformer_scale_init: float = 1.0
 
     def __post_init__(self, **kwargs):
@@ -92,6 +98,12 @@ class ZformerLlamaConfig(LlamaConfig):
                     "take a softmax window (its weights and the feature map's share one normalisation)"
                 )
         check_attention_sinks(self.attention_sinks, windows)
+        horizon = self.feature_map_horizon
+        if not (isinstance(horizon, int) and not isinstance(horizon, bool) and horizon >= 0):
+            raise ValueError(f"feature_map_horizon={horizon!r} must be a non-negative integer (0: no fading)")
+        if horizon and not any(windows):
+            raise ValueError(f"feature_map_horizon={horizon} needs a softmax window (attention_window); no layer "
+                             "has one, and without a window there is no older part to fade")
         if not (isinstance(self.zformer_scale_init, (int, float)) and self.zformer_scale_init > 0):
             raise ValueError(f"zformer_scale_init={self.zformer_scale_init!r} must be a positive number")
         if self.num_attention_heads % self.num_key_value_heads:

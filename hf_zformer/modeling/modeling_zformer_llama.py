@@ -69,6 +69,8 @@ class ZformerLlamaPreTrainedModel(PreTrainedModel):
                 init.constant_(module.log_scale, math.log(self.config.zformer_scale_init))
             if module.window_gate is not None:
                 init.zeros_(module.window_gate)
+            if module.log_horizon is not None:
+                init.constant_(module.log_horizon, math.log(module.horizon_init))
         elif isinstance(module, RotaryFastformerAttention):  # mean poolings at init
             init.zeros_(module.query_score)
             init.zeros_(module.key_score)

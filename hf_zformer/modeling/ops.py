@@ -223,13 +223,17 @@ def quadratic_linear_attention(query, key, value, *, causal=False, scale=None):
         return torch.bmm(scores, value).view(batch, heads, queries, value.shape[-1])
 
 
-def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
+def causal_linear_attention(query, key, value, past=None, decay=None) -> torch.Tensor:
     """out_i = q_i (past + sum_{j<=i} k_j^T v_j), in fp32, computed in blocks of ZFORMER_CAUSAL_BLOCK
     tokens: quadratic inside a block, recurrent across blocks. query/key (B, H, N, d), value
-    (B, H, N, e); past (B, H, d, e) (the sum over earlier tokens) or None. Returns (B, H, N, e)."""
+    (B, H, N, e); past (B, H, d, e) (the sum over earlier tokens) or None. Returns (B, H, N, e).
+
+    With `decay` (H,), per head a factor r in (0, 1]: out_i = q_i (r^i past + sum_{j<=i}
+    r^(i-j) k_j^T v_j), every term fading by r per token of age (`past` as the first query sees it)."""
     length = query.shape[2]
     with no_autocast(query.device.type):
         query, key, value = at_least_fp32(query, key, value)
+        log_decay = None if decay is None else torch.log(decay.to(query.dtype)).view(1, -1, 1, 1)
         state = past  # None: nothing before the first block (no product with a zero state)
         outputs = []
         for start in range(0, length, ZFORMER_CAUSAL_BLOCK):
@@ -237,10 +241,20 @@ def causal_linear_attention(query, key, value, past=None) -> torch.Tensor:
             k = key[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
             v = value[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
             scores = q @ k.transpose(-1, -2)  # (B, H, b, b): no softmax, only causality
+            if log_decay is not None:  # r^(a - c) for query a, key c <= a of the block
+                steps = torch.arange(q.shape[2], device=q.device, dtype=q.dtype)
+                scores = scores * torch.exp(log_decay * (steps[:, None] - steps[None, :]).clamp_min(0))
+                if state is not None:
+                    q = q * torch.exp(log_decay * steps[:, None])  # the state as query a sees it: r^a
             if q.shape[2] > 1:
                 scores = scores.tril()
             outputs.append(scores @ v if state is None else per_head_product(q, state).add_(scores @ v))
             if start + ZFORMER_CAUSAL_BLOCK < length:
+                if log_decay is not None:  # as the next block's first query sees them: r^(b - c), r^b
+                    size = k.shape[2]
+                    ages = size - torch.arange(size, device=k.device, dtype=k.dtype)
+                    k = k * torch.exp(log_decay * ages[:, None])
+                    state = None if state is None else state * torch.exp(log_decay * size)
                 update = k.transpose(-1, -2) @ v
                 state = update if state is None else state + update
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
@@ -343,7 +357,7 @@ def normalized_attention_weights(query_features, key_features, mask=None, *, cau
 
 def windowed_linear_attention(query, key, value, query_features, key_features, key_mask, state, window: int,
                               softmax_share: torch.Tensor, scaling: float, return_state: bool = False,
-                              sinks: tuple | None = None, position: int = 0):
+                              sinks: tuple | None = None, position: int = 0, decay: torch.Tensor | None = None):
     """Normalised attention with softmax weights over the last `window` keys and feature-map weights
     over the older ones, per head (LoLCATs' sliding window + linear attention):
 
@@ -357,6 +371,11 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
     inside a query's window counts once, as a window key. sink_index is each sink's token index, -1
     for an empty slot, counted like `position`, the token index of key 0; key_features must be zero
     at the sinks (they never enter the feature-map part).
+
+    With `decay` r (H,) in (0, 1], the feature-map weights fade with age beyond the window:
+    w_ij = (1 - g) r^(i - window - j) phi(q_i) . phi(k_j), so that their total stays bounded however
+    long the text (without it, it grows with the count of older tokens and past the training length
+    outweighs the window); `state` then holds the faded sum as the first query sees it.
 
     The N queries are the last N of the P + N keys (P <= window - 1 earlier tokens from the cache);
     `state` (B, H, F, d + 1) or None holds sum phi(k_j) [v_j, 1]^T over every token before those
@@ -387,7 +406,10 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
             shift = window - past
             shifted_keys = torch.nn.functional.pad(key_features[:, :, : queries - shift], (0, 0, shift, 0))
             shifted_values = torch.nn.functional.pad(ones, (0, 0, shift, 0))[:, :, :queries]
-            linear, _ = linear_attention(query_features, shifted_keys, shifted_values, None, state, causal=True)
+            if decay is None:
+                linear, _ = linear_attention(query_features, shifted_keys, shifted_values, None, state, causal=True)
+            else:  # a nonzero state means a full cache (P = window - 1): key j is then i - j' tokens old
+                linear = causal_linear_attention(query_features, shifted_keys, shifted_values, state, decay)
         elif state is not None:
             linear = per_head_product(query_features, state)
         else:
@@ -404,7 +426,13 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
             leaving = past + queries - (window - 1)  # keys no longer kept by the cache
             new_state = state
             if leaving > 0:
-                new_state = add_key_value_products(state, key_features[:, :, :leaving], ones[:, :, :leaving])
+                leaving_features = key_features[:, :, :leaving]
+                if decay is not None:  # as the next call's first query sees them: r^N state, r^(leaving-1-l) key l
+                    log_decay = torch.log(decay.to(query.dtype))
+                    ages = torch.arange(leaving - 1, -1, -1, device=query.device, dtype=query.dtype)
+                    leaving_features = leaving_features * torch.exp(log_decay[:, None] * ages)[None, :, :, None]
+                    state = None if state is None else state * torch.exp(log_decay * queries).view(1, heads, 1, 1)
+                new_state = add_key_value_products(state, leaving_features, ones[:, :, :leaving])
             elif state is None:
                 new_state = query.new_zeros(batch, heads, key_features.shape[-1], dim + 1)
     return out, new_state
