@@ -62,9 +62,9 @@ class ZformerLlamaConfig(LlamaConfig):
             state gains their S keys and values, still constant in the generated length.
         feature_map_horizon (`int`): 0 (default) or a number of tokens tau: the feature-map weights of
             the tokens older than the window fade with their age, w * exp(-age / tau), tau learned per
-            head from this start. Without it their total grows with the count of older tokens, and
-            past the length a model was trained on it outweighs the window; with it the total stays
-            bounded whatever the length. Needs a window; the decoding state keeps its size.
+            head from this start. Without it every older token keeps its full weight however old,
+            and their total grows with the text; with it the total stays bounded. Needs a window;
+            the decoding state keeps its size.
         zformer_scale_init (`float`): initial `s` of identity-map zformer layers (the converter
             calibrates each layer's own).
     """

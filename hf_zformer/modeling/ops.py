@@ -374,8 +374,8 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
 
     With `decay` r (H,) in (0, 1], the feature-map weights fade with age beyond the window:
     w_ij = (1 - g) r^(i - window - j) phi(q_i) . phi(k_j), so that their total stays bounded however
-    long the text (without it, it grows with the count of older tokens and past the training length
-    outweighs the window); `state` then holds the faded sum as the first query sees it.
+    long the text (without it, it grows with the count of older tokens); `state` then holds the
+    faded sum as the first query sees it.
 
     The N queries are the last N of the P + N keys (P <= window - 1 earlier tokens from the cache);
     `state` (B, H, F, d + 1) or None holds sum phi(k_j) [v_j, 1]^T over every token before those
