@@ -438,7 +438,7 @@ def main(argv=None):
     run = Run(args, device, output_dir, tokenizer)
     run.results["config"] = {key: getattr(model.config, key) for key in (
         "attention_type", "zformer_feature_map", "attention_window", "attention_sinks", "feature_map_horizon",
-        "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")}
+        "rotary_feature_maps", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")}
     run.score("source", source)
     run.score(start, model)
     documents = read_documents(args.train_file, args.text_column, args.seed)

@@ -29,6 +29,8 @@ KINDS = {
                                  attention_sinks=2),
     "zformer-window-sinks-fading": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3,
                                         attention_sinks=2, feature_map_horizon=4),
+    "zformer-window-unrotated-maps": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3,
+                                          attention_sinks=2, rotary_feature_maps=False),
     "fastformer": dict(attention_type="fastformer"),
     "hybrid": dict(attention_type=["zformer", "full", "fastformer"], attention_window=[4, 0, 0]),
 }
@@ -237,7 +239,8 @@ def test_window_fills_up_while_decoding_from_a_prompt_shorter_than_it():
     assert kept == [3, 4, 5, 6, 7, 7, 7, 7, 7, 7, 7, 7]
 
 
-@pytest.mark.parametrize("kind", ["zformer-window", "zformer-window-sinks", "zformer-window-sinks-fading"])
+@pytest.mark.parametrize("kind", ["zformer-window", "zformer-window-sinks", "zformer-window-sinks-fading",
+                                  "zformer-window-unrotated-maps"])
 def test_steady_decoding_steps_take_the_short_form_and_give_the_long_forms_logits(kind, monkeypatch):
     """Past the prompt, once the window holds only real tokens and every sink lies before it, each
     step runs `ops.windowed_decode_step` (grouped key/value heads read without repeating them); in
@@ -272,6 +275,20 @@ def test_steady_decoding_steps_take_the_short_form_and_give_the_long_forms_logit
     # tokens 9 and 10; its second sink (token 5) is inside the window up to token 12
     first_steady = 4 if sinks else 2
     assert steady == [0] * first_steady + [len(model.model.layers)] * (8 - first_steady), steady
+
+
+@pytest.mark.parametrize("rotary_maps", [True, False], ids=["rotated-maps", "unrotated-maps"])
+def test_unrotated_feature_maps_make_the_model_the_same_at_every_position(rotary_maps):
+    """Rotary attention sees only distances: with the maps on the unrotated projections, a text gives
+    the same logits at positions 0... and 40... (to the rotary table's fp32 rounding); with the maps
+    on the rotated ones it does not."""
+    model = converted("zformer-window-sinks" if rotary_maps else "zformer-window-unrotated-maps").double()
+    ids = torch.randint(5, 97, (2, 12))
+    with torch.no_grad():
+        first = model(input_ids=ids).logits
+        later = model(input_ids=ids, position_ids=torch.arange(40, 52)[None]).logits
+    difference = float((first - later).abs().max())
+    assert difference > 1e-2 if rotary_maps else difference < 1e-4, difference
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
@@ -377,6 +394,8 @@ def test_identity_and_fastformer_layers_are_calibrated_to_the_softmax_size():
     (dict(attention_type="zformer", attention_sinks=4), "attention_sinks=4 needs a softmax window"),
     (dict(attention_type="zformer", attention_window=8, attention_sinks=True), "attention_sinks=True must be"),
     (dict(attention_type="zformer", feature_map_horizon=512), "feature_map_horizon=512 needs a softmax window"),
+    (dict(attention_type="zformer", rotary_feature_maps=False), "rotary_feature_maps=False needs a softmax window"),
+    (dict(attention_type="zformer", attention_window=8, rotary_feature_maps="no"), "rotary_feature_maps='no' must be"),
     (dict(attention_type="zformer", attention_window=8, feature_map_horizon=-5),
      "feature_map_horizon=-5 must be a non-negative integer"),
 ])

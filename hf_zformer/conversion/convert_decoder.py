@@ -146,7 +146,8 @@ def full_attention_copy(model) -> ZformerLlamaForCausalLM:
     """`model` with full attention in every layer and the same weights: the source's function (the
     reference that calibration and attention transfer compare with)."""
     fields = model.config.to_dict()
-    fields.update(attention_type="full", attention_window=0, attention_sinks=0, feature_map_horizon=0)
+    fields.update(attention_type="full", attention_window=0, attention_sinks=0, feature_map_horizon=0,
+                  rotary_feature_maps=True)
     for key in ("model_type", "architectures", "transformers_version", "auto_map"):
         fields.pop(key, None)
     reference = ZformerLlamaForCausalLM(ZformerLlamaConfig(**fields)).eval()

@@ -323,7 +323,8 @@ class HedgehogFeatureMap(nn.Module):
 
 def windowed_self_attention(query, key, value, attention_mask, layer, window: int, query_map: "HedgehogFeatureMap",
                             key_map: "HedgehogFeatureMap", window_gate: torch.Tensor, scaling: float,
-                            groups: int = 1, sinks: int = 0, decay: torch.Tensor | None = None) -> torch.Tensor:
+                            groups: int = 1, sinks: int = 0, decay: torch.Tensor | None = None,
+                            feature_inputs: tuple | None = None) -> torch.Tensor:
     """Causal self-attention with a softmax window of `window` tokens and the Hedgehog map beyond it
     (`ops.windowed_linear_attention`), reading and writing a decoding cache layer: the one form of
     every zformer layer with `attention_window` (`ZformerAttention`, `attention_llama.RotaryLinearAttention`).
@@ -334,17 +335,23 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     state over the older tokens, the sinks) or None; softmax share sigmoid(`window_gate`) (H,). With
     `sinks` S > 0 the first S real tokens of each sequence stay softmax keys of every later query
     (`sink_slots`). With `decay` (H,) the feature-map weights fade by that factor per token of age
-    (`ops.windowed_linear_attention`). Returns the context (B, H, N, d) in fp32 (fp64 for fp64 inputs) and stores the
-    new state in `layer`."""
+    (`ops.windowed_linear_attention`). `feature_inputs` = (queries (B, H, N, d), keys (B, H / groups,
+    N, d)) are what the feature maps read instead of `query` and `key` (a Llama layer's unrotated
+    projections: a feature-map part free of absolute positions); the cache then keeps the window's
+    such keys too (`feature_keys`), each read by the map when it leaves the window. Returns the
+    context (B, H, N, d) in fp32 (fp64 for fp64 inputs) and stores the new state in `layer`."""
     length = query.shape[2]
     seen = 0 if layer is None else layer.num_tokens  # tokens before these, padding included
     repeat = (lambda t: t.repeat_interleave(groups, 1)) if groups > 1 else (lambda t: t)  # transformers' repeat_kv
     if _steady_decoding(layer, length, attention_mask, window, sinks, seen):
         return _decode_step(query, key, value, layer, window, query_map, key_map, window_gate, scaling, sinks, repeat,
-                            decay)
+                            decay, feature_inputs)
     new_key, new_value = key, value
+    feature_query, feature_key = (query, None) if feature_inputs is None else feature_inputs
     if layer is not None and layer.keys is not None:  # the last window - 1 tokens before these
         key, value = torch.cat([layer.keys, key], 2), torch.cat([layer.values, value], 2)
+        if feature_key is not None:
+            feature_key = torch.cat([layer.feature_keys, feature_key], 2)
     total = key.shape[2]
     mask = None if attention_mask is None else attention_mask[:, attention_mask.shape[1] - total :]
     if mask is not None and mask.shape[1] != total:
@@ -354,7 +361,7 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     # phi(k) of the keys that leave the window in this call, the only ones the feature-map part reads
     # (decoding: one key, not the window's W - 1)
     leaving = max(total - (window - 1), 0)
-    key_features = key_map(repeated_key[:, :, :leaving])
+    key_features = key_map(repeated_key[:, :, :leaving] if feature_key is None else repeat(feature_key[:, :, :leaving]))
     if mask is not None:  # phi(0) is not zero
         key_features = key_features * mask[:, :leaving].to(key_features.dtype)[:, None, :, None]
     sink_state = None
@@ -364,7 +371,7 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
         is_sink = (key_positions[None, :, None] == sink_state[2][:, None, :]).any(-1)  # (B, leaving)
         key_features = key_features * (~is_sink).to(key_features.dtype)[:, None, :, None]
     context, state = windowed_linear_attention(
-        query, repeated_key, repeated_value, query_map(query), key_features, mask,
+        query, repeated_key, repeated_value, query_map(feature_query), key_features, mask,
         None if layer is None else layer.state, window, torch.sigmoid(window_gate), scaling,
         return_state=layer is not None,
         sinks=None if sink_state is None else (repeat(sink_state[0]), repeat(sink_state[1]), sink_state[2]),
@@ -372,7 +379,8 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     )
     if layer is not None:
         # the cache keeps the last window - 1 keys (all of them while fewer were seen)
-        layer.store(state, key[:, :, leaving:], value[:, :, leaving:], length)
+        layer.store(state, key[:, :, leaving:], value[:, :, leaving:], length,
+                    None if feature_key is None else feature_key[:, :, leaving:])
         if sink_state is not None:
             layer.sink_keys, layer.sink_values, layer.sink_index = sink_state
     return context
@@ -392,7 +400,8 @@ def _steady_decoding(layer, length: int, attention_mask, window: int, sinks: int
     return True
 
 
-def _decode_step(query, key, value, layer, window, query_map, key_map, window_gate, scaling, sinks, repeat, decay):
+def _decode_step(query, key, value, layer, window, query_map, key_map, window_gate, scaling, sinks, repeat, decay,
+                 feature_inputs):
     """`windowed_self_attention` for a steady-state decoding step: the sinks, the cached W - 1 tokens
     and the new one in one concatenation, attended to by `ops.windowed_decode_step`; the oldest
     window token moves into the feature-map state, the cache keeps the last W - 1."""
@@ -401,15 +410,21 @@ def _decode_step(query, key, value, layer, window, query_map, key_map, window_ga
         parts_key.insert(0, layer.sink_keys)
         parts_value.insert(0, layer.sink_values)
     keys, values = torch.cat(parts_key, 2), torch.cat(parts_value, 2)  # (B, H_kv, S + W, d)
-    context = windowed_decode_step(query, keys, values, query_map(query), layer.state, torch.sigmoid(window_gate),
-                                   scaling)
+    feature_query, feature_keys = query, None
+    if feature_inputs is not None:
+        feature_query, feature_keys = feature_inputs[0], torch.cat([layer.feature_keys, feature_inputs[1]], 2)
+    context = windowed_decode_step(query, keys, values, query_map(feature_query), layer.state,
+                                   torch.sigmoid(window_gate), scaling)
     leaving_key, leaving_value = keys[:, :, sinks : sinks + 1], values[:, :, sinks : sinks + 1]  # never a sink here
+    if feature_keys is not None:
+        leaving_key = feature_keys[:, :, :1]
     state = layer.state
     if decay is not None and state is not None:  # one token older
         state = state * decay.to(state.dtype).view(1, -1, 1, 1)
     state = add_key_value_products(state, key_map(repeat(leaving_key)), with_ones(at_least_fp32(
         repeat(leaving_value))[0]))
-    layer.store(state, keys[:, :, sinks + 1 :], values[:, :, sinks + 1 :], 1)
+    layer.store(state, keys[:, :, sinks + 1 :], values[:, :, sinks + 1 :], 1,
+                None if feature_keys is None else feature_keys[:, :, 1:])
     return context
 
 

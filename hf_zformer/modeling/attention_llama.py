@@ -112,7 +112,9 @@ class RotaryLinearAttention(RotaryAttention):
       the normalisation (`windowed_linear_attention`, share g = sigmoid(`window_gate`) per head,
       0.5 at init); the cache then keeps the last W - 1 rotated keys and values besides the state.
       With `feature_map_horizon` the feature-map weights fade with age, exp(-age / tau) per head,
-      tau learned (`log_horizon`, starting at the configured number of tokens).
+      tau learned (`log_horizon`, starting at the configured number of tokens). With
+      `rotary_feature_maps=False` the maps of a windowed layer read the unrotated queries and keys:
+      the feature-map part then does not depend on absolute positions.
     """
 
     def __init__(self, config, layer_idx: int):
@@ -130,6 +132,7 @@ class RotaryLinearAttention(RotaryAttention):
             self.window_gate = nn.Parameter(torch.zeros(self.num_heads))
         else:
             self.register_parameter("window_gate", None)
+        self.rotary_maps = config.rotary_feature_maps or not self.window
         self.horizon_init = config.feature_map_horizon if self.window else 0
         if self.horizon_init:  # log of each head's time constant (tokens) for the feature-map part's fading
             self.log_horizon = nn.Parameter(torch.full((self.num_heads,), math.log(self.horizon_init)))
@@ -142,11 +145,11 @@ class RotaryLinearAttention(RotaryAttention):
         return None if self.log_horizon is None else torch.exp(-torch.exp(-self.log_horizon))
 
     def context(self, hidden_states, position_embeddings, attention_mask, cache):
-        query, key, value = self.projections(hidden_states, position_embeddings)
         length = hidden_states.shape[1]
         layer = self._layer(cache)
         if self.window:
-            return self._windowed(query, key, value, attention_mask, layer)
+            return self._windowed(hidden_states, position_embeddings, attention_mask, layer)
+        query, key, value = self.projections(hidden_states, position_embeddings)
         key, value = repeat_kv(key, self.groups), repeat_kv(value, self.groups)
         mask = new_tokens_mask(attention_mask, length)
         state = None if layer is None else layer.state
@@ -169,10 +172,15 @@ class RotaryLinearAttention(RotaryAttention):
         features = self.key_map(key)
         return features if mask is None else features * mask.to(features.dtype)[:, None, :, None]
 
-    def _windowed(self, query, key, value, attention_mask, layer):
+    def _windowed(self, hidden_states, position_embeddings, attention_mask, layer):
+        query, key, value = self.projections(hidden_states, position_embeddings, rotate=self.rotary_maps)
+        feature_inputs = None
+        if not self.rotary_maps:  # the maps read the unrotated projections, the softmax the rotated ones
+            feature_inputs = (query, key)
+            query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
         return windowed_self_attention(query, key, value, attention_mask, layer, self.window, self.query_map,
                                        self.key_map, self.window_gate, self.scaling, groups=self.groups,
-                                       sinks=self.sinks, decay=self.decay())
+                                       sinks=self.sinks, decay=self.decay(), feature_inputs=feature_inputs)
 
 
 class RotaryFastformerAttention(RotaryAttention):

@@ -128,10 +128,12 @@ class WindowedStateLayer(RecurrentLayer):
     the keys (rotated, in a Llama-family decoder) and the values of the last W - 1 tokens, and
     `state` (B, H, F, d + 1) in fp32, sum phi(k_j) [v_j, 1]^T over every older token (None before the first token),
     and with attention sinks `sink_keys`, `sink_values` (B, H_kv, S, d) and `sink_index` (B, S) of
-    the first S real tokens (-1 for a slot still empty). The attention
-    (`attention.windowed_self_attention`) reads them, computes the next ones and stores them here."""
+    the first S real tokens (-1 for a slot still empty), and where the feature maps read other keys
+    than the softmax (a Llama layer's unrotated ones) `feature_keys` (B, H_kv, <= W - 1, d) of the
+    window's tokens. The attention (`attention.windowed_self_attention`) reads them, computes the
+    next ones and stores them here."""
 
-    FIELDS = ("keys", "values", "state", "sink_keys", "sink_values", "sink_index")
+    FIELDS = ("keys", "values", "state", "sink_keys", "sink_values", "sink_index", "feature_keys")
 
     def __init__(self):
         super().__init__()
@@ -141,13 +143,16 @@ class WindowedStateLayer(RecurrentLayer):
         self.sink_keys: torch.Tensor | None = None
         self.sink_values: torch.Tensor | None = None
         self.sink_index: torch.Tensor | None = None
+        self.feature_keys: torch.Tensor | None = None
 
-    def store(self, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, new_tokens: int) -> None:
-        """Keep the state over the tokens before the window and the window's keys and values,
-        `new_tokens` of the tokens seen being new."""
+    def store(self, state: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, new_tokens: int,
+              feature_keys: torch.Tensor | None = None) -> None:
+        """Keep the state over the tokens before the window and the window's keys and values (and
+        the keys its feature maps read, when they are others), `new_tokens` of the tokens seen
+        being new."""
         if not self.is_initialized:
             self.lazy_initialization(keys, values)
-        self.state, self.keys, self.values = state, keys, values
+        self.state, self.keys, self.values, self.feature_keys = state, keys, values, feature_keys
         self.num_tokens += new_tokens
 
     def tensors(self):

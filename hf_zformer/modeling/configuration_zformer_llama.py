@@ -65,6 +65,12 @@ class ZformerLlamaConfig(LlamaConfig):
             head from this start. Without it every older token keeps its full weight however old,
             and their total grows with the text; with it the total stays bounded. Needs a window;
             the decoding state keeps its size.
+        rotary_feature_maps (`bool`, default `True`): whether the Hedgehog maps of windowed layers read
+            the rotated queries and keys (as the softmax does) or, with `False`, the unrotated
+            projections. A map of a rotated vector depends on the token's absolute position, which a
+            model trained on short texts has not seen past their length; unrotated, the feature-map
+            part is the same at every position (the window keeps the rotary positions). The cache
+            then keeps the window's unrotated keys too. Needs a window.
         zformer_scale_init (`float`): initial `s` of identity-map zformer layers (the converter
             calibrates each layer's own).
     """
@@ -76,6 +82,7 @@ class ZformerLlamaConfig(LlamaConfig):
     attention_window: int | list[int] = 0
     attention_sinks: int = 0
     feature_map_horizon: int = 0
+    rotary_feature_maps: bool = True
     zformer_scale_init: float = 1.0
 
     def __post_init__(self, **kwargs):
@@ -101,6 +108,11 @@ class ZformerLlamaConfig(LlamaConfig):
         horizon = self.feature_map_horizon
         if not (isinstance(horizon, int) and not isinstance(horizon, bool) and horizon >= 0):
             raise ValueError(f"feature_map_horizon={horizon!r} must be a non-negative integer (0: no fading)")
+        if not isinstance(self.rotary_feature_maps, bool):
+            raise ValueError(f"rotary_feature_maps={self.rotary_feature_maps!r} must be True or False")
+        if not self.rotary_feature_maps and not any(windows):
+            raise ValueError("rotary_feature_maps=False needs a softmax window (attention_window); no layer has one, "
+                             "and a feature map without a window is the layer's only source of positions")
         if horizon and not any(windows):
             raise ValueError(f"feature_map_horizon={horizon} needs a softmax window (attention_window); no layer "
                              "has one, and without a window there is no older part to fade")
