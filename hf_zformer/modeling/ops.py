@@ -439,7 +439,7 @@ def windowed_linear_attention(query, key, value, query_features, key_features, k
 
 
 def windowed_decode_step(query, window_key, window_value, query_features, state, softmax_share: torch.Tensor,
-                         scaling: float, sinks: int = 0) -> torch.Tensor:
+                         scaling: float) -> torch.Tensor:
     """`windowed_linear_attention` for one query in the steady state of decoding: its W keys (the
     last W - 1 tokens and its own) all real, the S attention sinks all before them, every older
     token in `state`. Nothing is masked then, so the softmax part is one product per key/value head
