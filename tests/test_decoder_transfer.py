@@ -18,14 +18,16 @@ from hf_zformer.conversion.decoder_finetune import peft_available
 from hf_zformer.conversion.decoder_transfer import AttentionTransfer, layer_errors, new_attention_parameters, perplexity
 
 
-def hedgehog_window(source=None, sinks=0, horizon=0):
+def hedgehog_window(source=None, sinks=0, horizon=0, rotary_maps=True):
     return convert_causal_lm("tiny", source=source or tiny_llama(), attention_type=["zformer", "full", "fastformer"],
-                             attention_window=[4, 0, 0], attention_sinks=sinks, feature_map_horizon=horizon)
+                             attention_window=[4, 0, 0], attention_sinks=sinks, feature_map_horizon=horizon,
+                             rotary_feature_maps=rotary_maps)
 
 
-@pytest.mark.parametrize("sinks,horizon", [(0, 0), (2, 0), (2, 8)], ids=["window", "window-and-sinks", "fading"])
-def test_only_the_new_attention_parameters_train_and_the_fit_improves(sinks, horizon):
-    model = hedgehog_window(sinks=sinks, horizon=horizon)
+@pytest.mark.parametrize("sinks,horizon,rotary_maps", [(0, 0, True), (2, 0, True), (2, 8, True), (2, 8, False)],
+                         ids=["window", "window-and-sinks", "fading", "fading-unrotated-maps"])
+def test_only_the_new_attention_parameters_train_and_the_fit_improves(sinks, horizon, rotary_maps):
+    model = hedgehog_window(sinks=sinks, horizon=horizon, rotary_maps=rotary_maps)
     reference = full_attention_copy(model)
     names = set(new_attention_parameters(model))
     assert names == {

@@ -85,9 +85,7 @@ class RotarySoftmaxAttention(RotaryAttention):
             key, value = cache.update(key, value, self.layer_idx)  # (B, H_kv, past + N, d)
         queries, keys = query.shape[2], key.shape[2]
         key, value = repeat_kv(key, self.groups), repeat_kv(value, self.groups)
-        mask = attention_mask
-        if mask is not None and bool(mask.all()):
-            mask = None
+        mask = attention_mask  # None when it had no padding (the model drops a full mask once per forward)
         if mask is None and queries == keys:
             return nn.functional.scaled_dot_product_attention(query, key, value, is_causal=True, scale=self.scaling)
         if mask is not None and mask.shape[1] != keys:

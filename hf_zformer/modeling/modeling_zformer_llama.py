@@ -23,6 +23,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from .attention import HedgehogFeatureMap
 from .attention_llama import LLAMA_ATTENTION_CLASSES, RotaryFastformerAttention, RotaryLinearAttention
+from .blocks import drop_full_mask
 from .cache_zformer_llama import ZformerLlamaCache
 from .configuration_zformer_llama import ZformerLlamaConfig
 from .modeling_zformer import CACHE_FIELD, causal_lm_loss, decoding_state
@@ -115,6 +116,8 @@ class ZformerLlamaModel(ZformerLlamaPreTrainedModel):
         if attention_mask is not None and attention_mask.dim() != 2:
             raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, tokens), 1 at "
                              "real tokens and 0 at padding")
+        # settled once per forward (each decoding step), not per layer: generate() passes all ones without padding
+        attention_mask = drop_full_mask(attention_mask)
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         if position_ids is None:
             past = cache.get_seq_length() if cache is not None else 0
