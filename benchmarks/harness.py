@@ -10,6 +10,7 @@ import random
 import statistics
 import subprocess
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import asdict
 
@@ -311,15 +312,20 @@ class _Runner:
         return self.result.status == "ok"
 
     def guarded(self, action: Callable[[], None]):
-        """Run `action`, turning out-of-memory errors into an "oom" result."""
+        """Run `action`, turning out-of-memory errors into an "oom" result and any other failure (a
+        kernel that does not compile on this device, say) into an "error" result naming it, so one
+        failing case does not cost the rest of the grid; the traceback goes to stderr."""
         if not self.active:
             return
         try:
             action()
-        except (torch.OutOfMemoryError, RuntimeError) as error:
-            if not _is_oom(error):
-                raise
-            self.result.status, self.result.note = "oom", str(error).splitlines()[0][:200]
+        except Exception as error:  # noqa: BLE001 - reported in the result, traceback printed
+            if _is_oom(error):
+                self.result.status, self.result.note = "oom", str(error).splitlines()[0][:200]
+            else:
+                traceback.print_exc()
+                first = (str(error).strip().splitlines() or [""])[0]
+                self.result.status, self.result.note = "error", f"{type(error).__name__}: {first}"[:200]
             self.release()
 
     def build(self):

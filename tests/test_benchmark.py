@@ -139,6 +139,27 @@ def test_slow_and_memory_hungry_configurations_are_skipped(tmp_path):
     assert rows[("full", 32)]["speedup_vs_full"] == ""
 
 
+def test_a_failing_case_is_reported_and_the_grid_goes_on(tmp_path, monkeypatch, capsys):
+    from benchmarks import harness
+
+    real_build = harness.build_module
+
+    def build(attention_type, *args, **kwargs):
+        if attention_type == "zformer":
+            raise ValueError("kernel did not compile\nsecond line")
+        return real_build(attention_type, *args, **kwargs)
+
+    monkeypatch.setattr(harness, "build_module", build)
+    prefix = tmp_path / "failing"
+    load_script().main(TINY + ["--types", "full", "zformer", "fastformer", "--no_plot", "--output", str(prefix)])
+    rows = {(r["attention_type"], int(r["length"])): r for r in read_csv(f"{prefix}.csv")}
+    for length in (16, 32):
+        assert rows[("zformer", length)]["status"] == "error"
+        assert rows[("zformer", length)]["note"] == "ValueError: kernel did not compile"
+        assert rows[("full", length)]["status"] == rows[("fastformer", length)]["status"] == "ok"
+    assert "kernel did not compile" in capsys.readouterr().err  # the traceback is printed
+
+
 def test_flop_counts_follow_the_documented_formulas():
     b, n, d, h = 2, 64, 32, 4
     assert benchmarks.attention_flops("full", b, n, d, h) == 6 * b * n * d * d + 4 * b * n * n * d
