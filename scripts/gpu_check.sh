@@ -39,7 +39,9 @@ step() {  # step NAME SECONDS COMMAND...: run and log it, record its exit status
     timeout "$limit" "$@" > "$out/$name.log" 2>&1
     local status=$?
     printf '%-14s rc=%-3s %4ss\n' "$name" "$status" "$((SECONDS - start))" | tee -a "$summary"
-    tar -czf "$out.tar.gz" -C "$(dirname "$out")" "$(basename "$out")"
+    # the archive holds every result but not the training steps' checkpoints (train/), so it stays a
+    # few hundred KiB: the one file to fetch where a machine hands back only a few small files
+    tar -czf "$out.tar.gz" --exclude "$(basename "$out")/train" -C "$(dirname "$out")" "$(basename "$out")"
 }
 
 device=cuda
