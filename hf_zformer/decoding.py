@@ -101,6 +101,10 @@ class StepDecoder:
         self.buffers = [[t.clone() for t in layer.tensors()] for layer in self.layers]
         for layer, buffers in zip(self.layers, self.buffers):
             _point_at(layer, buffers)
+        # the causal convolutions' last inputs (decoder_conv_size), fixed buffers as well
+        self.conv_buffers = [layer.state.clone() for layer in self.cache.conv_layers]
+        for layer, buffer in zip(self.cache.conv_layers, self.conv_buffers):
+            layer.state = buffer
         self.steps, self.graph = 0, None
 
     def _step(self) -> None:
@@ -116,6 +120,9 @@ class StepDecoder:
             for buffer, tensor in zip(buffers, layer.tensors()):
                 buffer.copy_(tensor)
             _point_at(layer, buffers)
+        for layer, buffer in zip(self.cache.conv_layers, self.conv_buffers):
+            buffer.copy_(layer.state)
+            layer.state = buffer
 
     def _capture(self) -> None:
         counts = [layer.num_tokens for layer in self.layers]

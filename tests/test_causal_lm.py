@@ -16,8 +16,11 @@ WINDOWED = dict(attention_type=["zformer", "zformer", "full"], zformer_feature_m
                 attention_window=[3, 0, 0])
 # the same with the first 2 real tokens of each sequence kept as softmax keys (attention sinks)
 SINKS = {**WINDOWED, "attention_sinks": 2}
-TYPES = ["full", "zformer", "fastformer", HYBRID, WINDOWED, SINKS]
-IDS = ["full", "zformer", "fastformer", "hybrid", "windowed", "windowed-sinks"]
+# a 3-tap causal convolution ahead of every self-attention (its last inputs are decoding state)
+CONV = dict(attention_type=["fastformer", "full"], decoder_conv_size=3)
+WINDOWED_CONV = {**WINDOWED, "decoder_conv_size": 3}
+TYPES = ["full", "zformer", "fastformer", HYBRID, WINDOWED, SINKS, CONV, WINDOWED_CONV]
+IDS = ["full", "zformer", "fastformer", "hybrid", "windowed", "windowed-sinks", "conv", "windowed-conv"]
 
 
 def causal_lm(attention_type="zformer", model_type="zformer", **overrides):

@@ -99,9 +99,13 @@ def test_refusals_name_the_problem():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA GPU")
-@pytest.mark.parametrize("attention_type", ["zformer", "fastformer"])
-def test_graph_replays_decode_what_eager_steps_do(attention_type):
-    model = causal_lm(attention_type).cuda()
+@pytest.mark.parametrize("options", [dict(attention_type="zformer"), dict(attention_type="fastformer"),
+                                     dict(attention_type="fastformer", decoder_conv_size=3)],
+                         ids=["zformer", "fastformer", "fastformer-conv"])
+def test_graph_replays_decode_what_eager_steps_do(options):
+    """Replays read and write only the fixed buffers (recurrent states, convolution inputs): a state
+    left outside them would freeze at its captured value and change the tokens."""
+    model = causal_lm(**options).cuda()
     ids, mask = (t.cuda() for t in left_pad(*random_batch([9, 5, 7], seed=1)))
     eager = greedy_generate(model, ids, mask, max_new_tokens=20, eos_token_id=None, graphs=False)
     graphed = greedy_generate(model, ids, mask, max_new_tokens=20, eos_token_id=None, graphs=True)

@@ -163,13 +163,13 @@ def test_bad_configs_raise(overrides, message):
         tiny_config(**overrides)
 
 
-@pytest.mark.parametrize("field, off, on", [("zformer_normalization", "none", "tokens"), ("decoder_conv_size", 0, 4)])
+@pytest.mark.parametrize("field, off, on", [("zformer_normalization", "none", "tokens"),
+                                           ("fastformer_global_value", False, True)])
 def test_a_config_with_a_removed_option_is_refused(tmp_path, field, off, on):
     """Development versions had `zformer_normalization` ("none" = the plain sum, "tokens" = a mean)
-    and `decoder_conv_size` (0 = none, k = a k-tap causal convolution ahead of each decoder
-    self-attention); neither beat the model without it and both were removed. A folder saved with
-    the "off" value loads as before; one saved with the option on is refused by name instead of
-    silently computing a different function."""
+    and `fastformer_global_value`; neither beat the model without it and both were removed. A folder
+    saved with the "off" value loads as before; one saved with the option on is refused by name
+    instead of silently computing a different function."""
     from transformers import AutoConfig
 
     tiny_config(attention_type="zformer").save_pretrained(tmp_path)

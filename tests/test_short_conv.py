@@ -6,7 +6,8 @@ import pytest
 import torch
 from conftest import TINY, run_isolated
 from test_modeling import _check_padding_invariance, _output, _real, left_pad
-from transformers import AutoConfig, AutoModel, AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
+from transformers import (AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSeq2SeqLM,
+                          AutoModelForSequenceClassification)
 
 from hf_zformer import ZformerConfig
 from hf_zformer.modeling.modeling_zformer import ZformerShortConv
@@ -58,24 +59,29 @@ def test_formula_against_conv1d(size):
         x.transpose(1, 2), kernel, padding=size // 2, groups=TINY["hidden_size"]).transpose(1, 2))
 
 
-@pytest.mark.parametrize("model_class", [AutoModel, AutoModelForSeq2SeqLM])
-def test_starts_as_the_identity(model_class):
-    """A fresh model with the convolution computes what the same weights compute without it."""
+@pytest.mark.parametrize("model_class, conv", [
+    (AutoModel, dict(encoder_conv_size=5)), (AutoModelForSeq2SeqLM, dict(encoder_conv_size=5)),
+    (AutoModelForSeq2SeqLM, dict(decoder_conv_size=3)), (AutoModelForCausalLM, dict(decoder_conv_size=3)),
+])
+def test_starts_as_the_identity(model_class, conv):
+    """A fresh model with either convolution (the encoder's centred one, the decoder's causal one)
+    computes what the same weights compute without it (at the real tokens: a convolution zeroes
+    padding's inputs)."""
     overrides = dict(attention_type="fastformer", decoder_attention_type="fastformer", num_decoder_layers=2)
     torch.manual_seed(0)
-    with_conv = model_class.from_config(AutoConfig.for_model("zformer", **TINY, **overrides, encoder_conv_size=5))
+    with_conv = model_class.from_config(AutoConfig.for_model("zformer", **TINY, **overrides, **conv))
     plain = model_class.from_config(AutoConfig.for_model("zformer", **TINY, **overrides)).eval()
     missing, unexpected = plain.load_state_dict(with_conv.state_dict(), strict=False)
     assert not missing and unexpected and all("short_conv.weight" in key for key in unexpected)
     with_conv.eval()
     ids, mask = _batch()
     inputs = dict(input_ids=ids, attention_mask=mask)
+    real = mask.bool()
     if model_class is AutoModelForSeq2SeqLM:
         inputs["decoder_input_ids"] = ids[:, :4]
-        torch.testing.assert_close(with_conv(**inputs).logits, plain(**inputs).logits)
-    else:
-        real = mask.bool()
-        torch.testing.assert_close(with_conv(**inputs).last_hidden_state[real], plain(**inputs).last_hidden_state[real])
+        real = torch.ones(3, 4, dtype=torch.bool)
+    output = "last_hidden_state" if model_class is AutoModel else "logits"
+    torch.testing.assert_close(getattr(with_conv(**inputs), output)[real], getattr(plain(**inputs), output)[real])
 
 
 @pytest.mark.parametrize("attention_type", TYPES, ids=IDS)

@@ -183,6 +183,21 @@ class MemoryLayer:
         return list(self.memory) if isinstance(self.memory, tuple) else [self.memory]
 
 
+class ConvLayer:
+    """A decoder layer's causal convolution (`decoder_conv_size`): its last `size - 1` inputs
+    (B, size - 1, D), zeros before the first token and at padding."""
+
+    def __init__(self):
+        self.state = None
+
+    def _map(self, function):
+        if self.state is not None:
+            self.state = function(self.state)
+
+    def tensors(self) -> list[torch.Tensor]:
+        return [] if self.state is None else [self.state]
+
+
 RECURRENT_LAYERS = {"zformer": ZformerStateLayer, "fastformer": FastformerStateLayer}
 
 
@@ -198,15 +213,19 @@ class ZformerCache(Cache):
     layer's `update` stores keys/values and returns them all (transformers' protocol); a Zformer or
     Fastformer layer is read and written by its attention (`layers[i].state`, `.query_pool`,
     `.key_pool`, `.store(...)`). A zformer layer with a softmax window gets a `WindowedStateLayer`
-    (the window's last keys and values and the state over older tokens: also fixed size).
+    (the window's last keys and values and the state over older tokens: also fixed size). With
+    `conv_size` > 0, `conv_layers[i]` keeps the last inputs of layer i's causal convolution
+    (`conv_state` / `update_conv`). Beam search reorders every part.
 
     Args:
         layer_types: the decoder's attention type per layer (`"full"`, `"zformer"` or `"fastformer"`).
         cross_attention: whether the decoder has cross-attention.
         windows: the softmax window of each layer (0: none), or None (no layer has one).
+        conv_size: the decoder's `decoder_conv_size` (0: no convolution).
     """
 
-    def __init__(self, layer_types: list[str], cross_attention: bool = False, windows: list[int] | None = None):
+    def __init__(self, layer_types: list[str], cross_attention: bool = False, windows: list[int] | None = None,
+                 conv_size: int = 0):
         windows = [0] * len(layer_types) if windows is None else windows
         layers = [
             DynamicLayer() if kind == "full" else WindowedStateLayer() if window else RECURRENT_LAYERS[kind]()
@@ -214,6 +233,7 @@ class ZformerCache(Cache):
         ]
         super().__init__(layers=layers)
         self.memory_layers = [MemoryLayer() for _ in layer_types] if cross_attention else []
+        self.conv_layers = [ConvLayer() for _ in layer_types] if conv_size else []
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Full self-attention of layer `layer_idx`: stores the new tokens' keys/values (B, H, N, d) and
@@ -230,10 +250,17 @@ class ZformerCache(Cache):
         """Store cross-attention layer `layer_idx`'s projected encoder states."""
         self.memory_layers[layer_idx].memory = memory
 
+    def conv_state(self, layer_idx: int) -> torch.Tensor | None:
+        """Layer `layer_idx`'s last convolution inputs (B, size - 1, D), None before the first call."""
+        return self.conv_layers[layer_idx].state
+
+    def update_conv(self, state: torch.Tensor, layer_idx: int) -> None:
+        self.conv_layers[layer_idx].state = state
+
     def self_attention_numel(self) -> int:
-        """Elements held by the self-attention layers: constant in the generated length for Zformer
-        and Fastformer layers, growing for full attention."""
-        total = 0
+        """Elements held by the self-attention layers (causal convolutions included): constant in the
+        generated length for Zformer and Fastformer layers, growing for full attention."""
+        total = sum(t.numel() for layer in self.conv_layers for t in layer.tensors())
         for layer in self.layers:
             if isinstance(layer, RecurrentLayer):
                 total += sum(t.numel() for t in layer.tensors())
@@ -241,14 +268,16 @@ class ZformerCache(Cache):
                 total += layer.keys.numel() + layer.values.numel()
         return total
 
-    def _for_memories(self, function):
-        for layer in self.memory_layers:
+    def _for_memories(self, function):  # cross-attention memories and convolution inputs
+        for layer in (*self.memory_layers, *self.conv_layers):
             layer._map(function)
 
     def reset(self):
         super().reset()
         for layer in self.memory_layers:
             layer.memory = None
+        for layer in self.conv_layers:
+            layer.state = None
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         super().reorder_cache(beam_idx)

@@ -33,7 +33,6 @@ def _check_choice(field, value, choices):
 # (field, its "off" value, what it did): options of earlier versions, refused when set
 REMOVED_OPTIONS = (
     ("zformer_normalization", "none", "each output row divided by its token count"),
-    ("decoder_conv_size", 0, "a causal depthwise convolution ahead of every decoder self-attention"),
     ("fastformer_global_value", False, "a pooled global value added to every fastformer token's mix"),
 )
 
@@ -152,6 +151,13 @@ class ZformerConfig(PreTrainedConfig):
         decoder_attention_type (`str` or `list[str]`): decoder self-attention, causal: `"full"`, `"zformer"`
             or `"fastformer"` (per layer allowed).
         cross_attention_type (`"full"` or `"zformer"`): decoder-to-encoder attention.
+        decoder_conv_size (`int`): 0 (default) or the width (>= 2) of a causal depthwise convolution
+            over the input of every decoder self-attention (causal language models and the decoders of
+            encoder-decoders): token i sees `sum_k w_k * x_{i-k}`, k < `decoder_conv_size`, per
+            channel, with zeros before the first token and at padding, so linear attention, which sees
+            the prefix through a sum or a pooling, gets the last few tokens exactly. It starts as the
+            identity, and decoding keeps each layer's last `decoder_conv_size - 1` inputs (a state of
+            fixed size).
         label_smoothing (`float`): label smoothing of the seq2seq loss.
 
     Example:
@@ -207,6 +213,7 @@ class ZformerConfig(PreTrainedConfig):
     num_decoder_layers: int = 6
     decoder_attention_type: str | list[str] = "full"
     cross_attention_type: str = "full"
+    decoder_conv_size: int = 0
     label_smoothing: float = 0.0
     use_cache: bool = True
     tie_word_embeddings: bool = True
@@ -266,6 +273,11 @@ class ZformerConfig(PreTrainedConfig):
             raise ValueError(
                 f"encoder_conv_size={self.encoder_conv_size} must be 0 (no convolution) or an odd width >= 3 "
                 "(a window centred on each token)"
+            )
+        _check_positive("decoder_conv_size", self.decoder_conv_size, allow_zero=True)
+        if self.decoder_conv_size == 1:
+            raise ValueError(
+                "decoder_conv_size=1 would only rescale each channel: use 0 (no convolution) or a width >= 2"
             )
         _check_choice("position_embedding_type", self.position_embedding_type, POSITION_EMBEDDING_TYPES)
         _check_choice("position_embedding_merge", self.position_embedding_merge, POSITION_EMBEDDING_MERGES)

@@ -277,6 +277,39 @@ class ZformerShortConv(nn.Module):
         return output
 
 
+class ZformerCausalConv(nn.Module):
+    """Causal depthwise convolution over the sequence (`decoder_conv_size` taps): output i is
+    sum_k weight[k] * x_{i-k}, per channel, with x = 0 before the first token and at padding, so a
+    row's real tokens get the same outputs whatever its (left) padding. Linear attention sees its
+    prefix only through a fixed-size sum or pooling; this gives it the last few tokens exactly, as
+    the short convolutions of H3, Mamba or GLA do. Initialised as the identity (weight[0] = 1): a new
+    model starts as the same model without it. With a cache, the last `size - 1` inputs carry over
+    to the next call (`ZformerCache.conv_state`)."""
+
+    def __init__(self, config, layer_idx: int):
+        super().__init__()
+        self.size = config.decoder_conv_size
+        self.layer_idx = layer_idx
+        self.weight = nn.Parameter(torch.empty(self.size, config.hidden_size))  # weight[k]: tap of x_{i-k}
+
+    def forward(self, hidden_states, attention_mask=None, cache=None):
+        """hidden_states (B, N, D); attention_mask (B, past + N), 1 at real tokens, or None."""
+        length = hidden_states.shape[1]
+        if attention_mask is not None:
+            hidden_states = zero_padding(hidden_states, attention_mask[:, -length:])
+        past = None if cache is None else cache.conv_state(self.layer_idx)
+        if past is None:
+            past = hidden_states.new_zeros(hidden_states.shape[0], self.size - 1, hidden_states.shape[2])
+        window = torch.cat([past.to(hidden_states.dtype), hidden_states], dim=1)  # (B, size - 1 + N, D)
+        if cache is not None:
+            cache.update_conv(window[:, length:], self.layer_idx)  # the last size - 1 inputs
+        weight = self.weight.to(hidden_states.dtype)
+        output = hidden_states * weight[0]
+        for k in range(1, self.size):
+            output = torch.addcmul(output, window[:, self.size - 1 - k : self.size - 1 - k + length], weight[k])
+        return output
+
+
 class ZformerLayer(GradientCheckpointingLayer):
     """Pre-LayerNorm encoder layer: x + W_o Attn(LN(x)), then x + FFN(LN(x)); or, with
     `layer_norm_position="post"` (BERT), LN(x + W_o Attn(x)), then LN(x + FFN(x)).
@@ -365,6 +398,10 @@ class ZformerPreTrainedModel(PreTrainedModel):
         elif isinstance(module, ZformerShortConv):  # the identity: only the centre tap
             taps = torch.zeros_like(module.weight)
             taps[module.size // 2] = 1.0
+            init.copy_(module.weight, taps)
+        elif isinstance(module, ZformerCausalConv):  # the identity: only the current token's tap
+            taps = torch.zeros_like(module.weight)
+            taps[0] = 1.0
             init.copy_(module.weight, taps)
 
 
@@ -724,7 +761,8 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
 
 class ZformerDecoderLayer(GradientCheckpointingLayer):
     """Decoder layer: causal self-attention, cross-attention to the encoder (encoder-decoders only),
-    FFN; each a residual branch with pre- or post-LayerNorm (`layer_norm_position`), as in `ZformerLayer`."""
+    FFN; each a residual branch with pre- or post-LayerNorm (`layer_norm_position`), as in `ZformerLayer`.
+    With `decoder_conv_size` > 0 the self-attention's input first goes through a `ZformerCausalConv`."""
 
     def __init__(self, config, attention_type: str, layer_idx: int, cross_attention: bool = True):
         super().__init__()
@@ -732,6 +770,7 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
         self.post_norm = config.layer_norm_position == "post"
         width, eps = config.hidden_size, config.layer_norm_eps
         self.self_attention_norm = nn.LayerNorm(width, eps=eps)
+        self.short_conv = ZformerCausalConv(config, layer_idx) if config.decoder_conv_size else None
         # a zformer layer's softmax window (causal LM) comes from the config, as its cache layer's
         self.self_attention = ATTENTION_CLASSES[attention_type](config, is_causal=True, layer_idx=layer_idx)
         if cross_attention:
@@ -749,9 +788,10 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
         """hidden_states (B, N, D); attention_mask (B, past + N) or None; encoder states (B, S, D) and
         mask (B, S) for cross-attention; past_key_values: the `ZformerCache` when decoding."""
         post = self.post_norm
-        branch, _ = self.self_attention(
-            norm_input(self.self_attention_norm, hidden_states, post), attention_mask, cache=past_key_values
-        )
+        attention_input = norm_input(self.self_attention_norm, hidden_states, post)
+        if self.short_conv is not None:
+            attention_input = self.short_conv(attention_input, attention_mask, past_key_values)
+        branch, _ = self.self_attention(attention_input, attention_mask, cache=past_key_values)
         hidden_states = residual(self.dropout(branch), hidden_states, self.self_attention_norm, post)
         if self.cross_attention is not None:
             branch, _ = self.cross_attention(
@@ -780,9 +820,11 @@ class ZformerDecoder(nn.Module):
         self.windows = [getattr(layer.self_attention, "window", 0) for layer in self.layers]
         self.final_norm = final_norm(config)
         self.position_offset = config.position_offset
+        self.conv_size = config.decoder_conv_size
 
     def new_cache(self) -> ZformerCache:
-        return ZformerCache(self.layer_types, cross_attention=self.cross_attention, windows=self.windows)
+        return ZformerCache(self.layer_types, cross_attention=self.cross_attention, windows=self.windows,
+                            conv_size=self.conv_size)
 
     def forward(self, input_ids=None, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
                 past_key_values=None, inputs_embeds=None, position_ids=None, token_type_ids=None,
