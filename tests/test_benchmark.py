@@ -499,3 +499,16 @@ def test_executed_flops_follow_the_form_each_precision_runs():
     assert executed("zformer", "cuda") == executed("zformer_kernels", "cuda") == executed("zformer", "cpu") == plain
     assert benchmarks.cases.attention_of("fastformer_kernels") == "fastformer"
     assert benchmarks.cases.kernel_backend_of("fastformer_kernels") == "triton"
+
+
+def test_fastformer_gpu_ab_checks_its_variants_and_times_them(capsys):
+    """The A/B script of fastformer's GPU remedies, dry-run on the CPU: the folded product form gives
+    the shipped module's output (the script stops otherwise) and every variant gets a time."""
+    spec = importlib.util.spec_from_file_location(
+        "fastformer_gpu", Path(__file__).resolve().parents[1] / "docs" / "bench" / "ab" / "fastformer_gpu.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module.main(["--batch", "2", "--width", "32", "--heads", "4", "--lengths", "16", "--rounds", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 16 |")]
+    assert [row.split(" | ")[1] for row in rows] == ["forward", "train"]
+    assert all(row.count("x)") == 5 for row in rows)
