@@ -102,9 +102,9 @@ class StepDecoder:
         for layer, buffers in zip(self.layers, self.buffers):
             _point_at(layer, buffers)
         # the causal convolutions' last inputs (decoder_conv_size), fixed buffers as well
-        self.conv_buffers = [layer.state.clone() for layer in self.cache.conv_layers]
+        self.conv_buffers = [layer.value.clone() for layer in self.cache.conv_layers]
         for layer, buffer in zip(self.cache.conv_layers, self.conv_buffers):
-            layer.state = buffer
+            layer.value = buffer
         self.steps, self.graph = 0, None
 
     def _step(self) -> None:
@@ -121,8 +121,8 @@ class StepDecoder:
                 buffer.copy_(tensor)
             _point_at(layer, buffers)
         for layer, buffer in zip(self.cache.conv_layers, self.conv_buffers):
-            buffer.copy_(layer.state)
-            layer.state = buffer
+            buffer.copy_(layer.value)
+            layer.value = buffer
 
     def _capture(self) -> None:
         counts = [layer.num_tokens for layer in self.layers]

@@ -61,7 +61,7 @@ def test_seq2seq_state_is_fixed_and_every_tap_learns(decoder):
     state = model.generate(input_ids=src, attention_mask=mask, max_new_tokens=8, min_new_tokens=8,
                            return_dict_in_generate=True).past_key_values
     # the convolution's window is part of the decoding state, and the state does not grow
-    assert [tuple(layer.state.shape) for layer in state.conv_layers] == [(3, SIZE - 1, TINY["hidden_size"])] * 2
+    assert [tuple(layer.value.shape) for layer in state.conv_layers] == [(3, SIZE - 1, TINY["hidden_size"])] * 2
     sizes = [model.generate(input_ids=src, attention_mask=mask, max_new_tokens=n, min_new_tokens=n,
                             return_dict_in_generate=True).past_key_values.self_attention_numel() for n in (8, 40)]
     assert sizes[0] == sizes[1] > 0

@@ -164,38 +164,26 @@ class WindowedStateLayer(RecurrentLayer):
                 setattr(self, name, function(getattr(self, name)))
 
 
-class MemoryLayer:
-    """A cross-attention's projected memory (keys/values (B, H, Nk, d) for full attention, K^T V
-    (B, H, d, d) for Zformer), stored at the first decoding step."""
+class SideLayer:
+    """Decoding state of a decoder layer beside its self-attention's, `value` (a tensor, a tuple of
+    them, or None before the first step), batch first: a cross-attention's projected memory
+    (keys/values (B, H, Nk, d) for full attention, K^T V (B, H, d, d) for Zformer), stored at the first
+    decoding step, or a causal convolution's last `size - 1` inputs (B, size - 1, D)
+    (`decoder_conv_size`). Beam search maps every tensor of it."""
 
     def __init__(self):
-        self.memory = None
+        self.value = None
 
     def _map(self, function):
-        if self.memory is not None:
-            self.memory = tuple(function(t) for t in self.memory) if isinstance(self.memory, tuple) else function(
-                self.memory
+        if self.value is not None:
+            self.value = tuple(function(t) for t in self.value) if isinstance(self.value, tuple) else function(
+                self.value
             )
 
     def tensors(self) -> list[torch.Tensor]:
-        if self.memory is None:
+        if self.value is None:
             return []
-        return list(self.memory) if isinstance(self.memory, tuple) else [self.memory]
-
-
-class ConvLayer:
-    """A decoder layer's causal convolution (`decoder_conv_size`): its last `size - 1` inputs
-    (B, size - 1, D), zeros before the first token and at padding."""
-
-    def __init__(self):
-        self.state = None
-
-    def _map(self, function):
-        if self.state is not None:
-            self.state = function(self.state)
-
-    def tensors(self) -> list[torch.Tensor]:
-        return [] if self.state is None else [self.state]
+        return list(self.value) if isinstance(self.value, tuple) else [self.value]
 
 
 RECURRENT_LAYERS = {"zformer": ZformerStateLayer, "fastformer": FastformerStateLayer}
@@ -232,8 +220,8 @@ class ZformerCache(Cache):
             for kind, window in zip(layer_types, windows, strict=True)
         ]
         super().__init__(layers=layers)
-        self.memory_layers = [MemoryLayer() for _ in layer_types] if cross_attention else []
-        self.conv_layers = [ConvLayer() for _ in layer_types] if conv_size else []
+        self.memory_layers = [SideLayer() for _ in layer_types] if cross_attention else []
+        self.conv_layers = [SideLayer() for _ in layer_types] if conv_size else []
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Full self-attention of layer `layer_idx`: stores the new tokens' keys/values (B, H, N, d) and
@@ -241,21 +229,21 @@ class ZformerCache(Cache):
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
 
     def has_memory(self, layer_idx: int) -> bool:
-        return layer_idx < len(self.memory_layers) and self.memory_layers[layer_idx].memory is not None
+        return layer_idx < len(self.memory_layers) and self.memory_layers[layer_idx].value is not None
 
     def memory(self, layer_idx: int):
-        return self.memory_layers[layer_idx].memory
+        return self.memory_layers[layer_idx].value
 
     def update_memory(self, memory, layer_idx: int) -> None:
         """Store cross-attention layer `layer_idx`'s projected encoder states."""
-        self.memory_layers[layer_idx].memory = memory
+        self.memory_layers[layer_idx].value = memory
 
     def conv_state(self, layer_idx: int) -> torch.Tensor | None:
         """Layer `layer_idx`'s last convolution inputs (B, size - 1, D), None before the first call."""
-        return self.conv_layers[layer_idx].state
+        return self.conv_layers[layer_idx].value
 
     def update_conv(self, state: torch.Tensor, layer_idx: int) -> None:
-        self.conv_layers[layer_idx].state = state
+        self.conv_layers[layer_idx].value = state
 
     def self_attention_numel(self) -> int:
         """Elements held by the self-attention layers (causal convolutions included): constant in the
@@ -268,28 +256,26 @@ class ZformerCache(Cache):
                 total += layer.keys.numel() + layer.values.numel()
         return total
 
-    def _for_memories(self, function):  # cross-attention memories and convolution inputs
+    def _map_side_layers(self, function):
         for layer in (*self.memory_layers, *self.conv_layers):
             layer._map(function)
 
     def reset(self):
         super().reset()
-        for layer in self.memory_layers:
-            layer.memory = None
-        for layer in self.conv_layers:
-            layer.state = None
+        for layer in (*self.memory_layers, *self.conv_layers):
+            layer.value = None
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         super().reorder_cache(beam_idx)
-        self._for_memories(lambda t: t.index_select(0, beam_idx.to(t.device)))
+        self._map_side_layers(lambda t: t.index_select(0, beam_idx.to(t.device)))
 
     def batch_repeat_interleave(self, repeats: int):
         super().batch_repeat_interleave(repeats)
-        self._for_memories(lambda t: t.repeat_interleave(repeats, dim=0))
+        self._map_side_layers(lambda t: t.repeat_interleave(repeats, dim=0))
 
     def batch_select_indices(self, indices: torch.Tensor):
         super().batch_select_indices(indices)
-        self._for_memories(lambda t: t[indices])
+        self._map_side_layers(lambda t: t[indices])
 
 
 __all__ = ["ZformerCache", "ZformerStateLayer", "FastformerStateLayer", "WindowedStateLayer"]
