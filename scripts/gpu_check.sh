@@ -80,10 +80,10 @@ step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths 
     --output "$out/attention_grid_bf16"
 step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider -k "not fla ${KERNEL_TESTS:+and ($KERNEL_TESTS)}" tests/test_kernels.py \
     tests/test_decoding.py "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
-# two remedies for fastformer's element-wise passes and pooling occupancy, against the shipped form
+# fastformer's shipped form against the older one, unstacked projections and split poolings
 # (docs/bench/ab/fastformer_gpu.py: outputs checked first, then CUDA-graph replays side by side)
 ab_args="--batch $batch --width $width --lengths $profiled --rounds $((repeats * 4))"
-step ab_fastformer 120 "$python" docs/bench/ab/fastformer_gpu.py $ab_args
+step ab_fastformer 150 "$python" docs/bench/ab/fastformer_gpu.py $ab_args
 step grid_wide 100 $bench $graphs --dtype bf16 --batch $batch --widths $wide --lengths $lengths \
     --types $forms --output "$out/attention_grid_wide_bf16_graphs"
 step decoding 150 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \

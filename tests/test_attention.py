@@ -283,7 +283,7 @@ def _assert_same_function(first, second):
 def _folding(monkeypatch, enabled):
     import hf_zformer.modeling.attention as attention_module
 
-    monkeypatch.setattr(attention_module, "use_folded_form", lambda hidden_states, pays_off: enabled)
+    monkeypatch.setattr(attention_module, "use_folded_form", lambda hidden_states, pays_off, *layers: enabled)
 
 
 @pytest.mark.parametrize(
@@ -560,3 +560,117 @@ def test_few_row_linear_equals_nn_linear(in_features, out_features, bias, monkey
     assert len(plain_calls) == 2
     with pytest.raises(RuntimeError, match="cannot be multiplied"):  # a wrong width is refused, not reshaped
         layer(torch.randn(2, in_features // 2))  # as many numbers as one row
+
+
+# Stacked projections (`blocks.project`): on CUDA, plain Linear projections of one input run as one
+# product against their stacked weights. The CPU keeps a product per layer; the tests stack there too.
+
+
+@pytest.fixture
+def stacking_on_cpu(monkeypatch):
+    import hf_zformer.modeling.blocks as blocks
+
+    monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
+
+
+def test_project_stacks_plain_layers_into_one_product(stacking_on_cpu):
+    from hf_zformer.modeling.blocks import Linear, project
+
+    torch.manual_seed(0)
+    layers = [Linear(D, D).double() for _ in range(3)]
+    x = torch.randn(3, 16, D, dtype=torch.float64)  # 48 rows >= D: stacked
+    outputs = project(x, *layers)
+    assert len({t.untyped_storage().data_ptr() for t in outputs}) == 1  # slices of one product
+    for layer, out in zip(layers, outputs):
+        torch.testing.assert_close(out, layer(x), atol=1e-12, rtol=1e-12)
+    shifted = project(x, *layers, biases=[layers[0].bias + 1.0, None, None])
+    torch.testing.assert_close(shifted[0], layers[0](x) + 1.0, atol=1e-12, rtol=1e-12)
+    few = project(x[:1, :4], *layers)  # 4 rows < D: a product per layer
+    assert len({t.untyped_storage().data_ptr() for t in few}) == 3
+    with pytest.raises(ValueError, match="plain Linear"):
+        project(x, torch.nn.Linear(D, D).double(), biases=[None])
+
+
+@pytest.mark.parametrize("attention_type, role", [
+    ("full", "self"), ("full", "causal"), ("full", "cross"), ("zformer", "self"), ("zformer", "causal"),
+    ("zformer", "cross"), ("fastformer", "self"), ("fastformer", "causal"),
+])
+def test_stacked_projections_compute_what_one_product_per_layer_does(monkeypatch, attention_type, role):
+    """fp64, random weights and biases, padding: outputs and every gradient agree with the stacking
+    off; length 40 >= D also takes fastformer's pooled context."""
+    import hf_zformer.modeling.blocks as blocks
+    from hf_zformer.modeling.attention import ATTENTION_CLASSES
+
+    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=64, attention_type=attention_type)
+    attention = _randomize(ATTENTION_CLASSES[attention_type](
+        config, is_causal=role == "causal", is_cross=role == "cross", layer_idx=0)).double()
+    _folding(monkeypatch, False)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 40, D, generator=generator, dtype=torch.float64).requires_grad_()
+    mask = torch.ones(2, 40, dtype=torch.long)
+    mask[1, 25:] = 0
+    inputs = [x]
+    kwargs = {}
+    if role == "cross":
+        memory = torch.randn(2, 36, D, generator=generator, dtype=torch.float64).requires_grad_()
+        inputs.append(memory)
+        kwargs = dict(memory=memory, memory_mask=mask[:, :36])
+    results = []
+    for devices in (("cuda", "cpu"), ("cuda",)):
+        monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", devices)
+        results.append(_output_and_gradients(attention, inputs, None if role == "cross" else mask, **kwargs))
+    _assert_same_function(*results)
+
+
+@pytest.mark.parametrize("attention_type", ["full", "zformer", "fastformer"])
+@pytest.mark.parametrize("length", [8, 40, 80])
+def test_a_hook_on_a_projection_is_honoured_by_every_form(monkeypatch, stacking_on_cpu, attention_type, length):
+    """A forward hook (or an adapter wrapping the layer) must see its layer's every use: stacked
+    products, fastformer's pooled context and the fp32 folded forms (length 80) all step aside."""
+    from hf_zformer.modeling.attention import ATTENTION_CLASSES
+
+    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type=attention_type)
+    attention = _randomize(ATTENTION_CLASSES[attention_type](config))
+    x = torch.randn(2, length, D, generator=torch.Generator().manual_seed(0))
+    calls = []
+
+    def silence(module, args, output):
+        calls.append(output.shape)
+        return torch.zeros_like(output)
+
+    handle = attention.value.register_forward_hook(silence)
+    hooked, _ = attention(x)
+    handle.remove()
+    assert calls, "the hook never ran"
+    with torch.no_grad():
+        attention.value.weight.zero_()
+        attention.value.bias.zero_()
+    silenced, _ = attention(x)
+    torch.testing.assert_close(hooked, silenced, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("attention_type", ["zformer", "fastformer"])
+def test_lora_adapters_on_the_projections_count_in_every_form(attention_type):
+    """PEFT LoRA on `query` and `value`: the adapted module computes what a module with the merged
+    weights does, on inputs past the width too (where the fp32 folded forms would read the base
+    weights) and through fastformer's pooled context."""
+    import copy
+
+    peft = pytest.importorskip("peft")
+    from hf_zformer.modeling.attention import ATTENTION_CLASSES
+
+    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type=attention_type)
+    attention = _randomize(ATTENTION_CLASSES[attention_type](config)).double()
+    adapted = peft.inject_adapter_in_model(
+        peft.LoraConfig(r=4, lora_alpha=8, target_modules=["query", "value"], init_lora_weights=False),
+        copy.deepcopy(attention),
+    )
+    merged = copy.deepcopy(attention)
+    with torch.no_grad():
+        for name in ("query", "value"):
+            getattr(merged, name).weight += getattr(adapted, name).get_delta_weight("default")
+    for length in (12, 40, 80):
+        x = torch.randn(2, length, D, generator=torch.Generator().manual_seed(length), dtype=torch.float64)
+        expected, _ = merged(x)
+        assert not torch.allclose(expected, attention(x)[0], atol=1e-3)
+        torch.testing.assert_close(adapted(x)[0], expected, atol=1e-9, rtol=1e-9)

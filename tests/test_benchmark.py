@@ -502,13 +502,14 @@ def test_executed_flops_follow_the_form_each_precision_runs():
 
 
 def test_fastformer_gpu_ab_checks_its_variants_and_times_them(capsys):
-    """The A/B script of fastformer's GPU remedies, dry-run on the CPU: the folded product form gives
-    the shipped module's output (the script stops otherwise) and every variant gets a time."""
+    """The A/B script of fastformer's GPU remedies, dry-run on the CPU (48 tokens >= width 32: the
+    pooled context runs): every variant gives the older form's output (the script stops otherwise)
+    and gets a time, SDPA's module beside them."""
     spec = importlib.util.spec_from_file_location(
         "fastformer_gpu", Path(__file__).resolve().parents[1] / "docs" / "bench" / "ab" / "fastformer_gpu.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    module.main(["--batch", "2", "--width", "32", "--heads", "4", "--lengths", "16", "--rounds", "1"])
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 16 |")]
+    module.main(["--batch", "2", "--width", "32", "--heads", "4", "--lengths", "48", "--rounds", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 48 |")]
     assert [row.split(" | ")[1] for row in rows] == ["forward", "train"]
-    assert all(row.count("x)") == 5 for row in rows)
+    assert all(row.count("x)") == 7 for row in rows)

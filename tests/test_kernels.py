@@ -171,7 +171,9 @@ def test_direction_pool_kernel_matches_the_naive_reference(kernels):
     assert _relative(pooled.cpu(), expected) < 1e-6
 
 
-def test_direction_pool_kernel_extra_padding_changes_nothing(kernels):
+@pytest.mark.parametrize("chunk", [512, 128])  # rows per slice of a split pooling (`POOL_CHUNK`)
+def test_direction_pool_kernel_extra_padding_changes_nothing(kernels, monkeypatch, chunk):
+    monkeypatch.setattr(triton_ops, "POOL_CHUNK", chunk)
     generator = torch.Generator().manual_seed(7)
     values = _heads(2, 600, 2, 16, generator)
     direction = torch.randn(1, 2, 16, generator=generator).to(DEVICE)

@@ -33,6 +33,8 @@ from .blocks import (
     merge_heads,
     new_tokens_mask,
     no_autocast,
+    plain_linears,
+    project,
     split_heads,
     zero_padding,
 )
@@ -53,13 +55,14 @@ from .ops import (
 logger = logging.get_logger(__name__)
 
 
-def use_folded_form(hidden_states: torch.Tensor, pays_off: bool) -> bool:
+def use_folded_form(hidden_states: torch.Tensor, pays_off: bool, *layers: nn.Module) -> bool:
     """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
     `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences), in
-    fp32/fp64 and outside autocast. Under autocast the plain form keeps its low-precision
+    fp32/fp64, outside autocast, and with the projections `layers` plain `Linear`s (the form reads
+    their weights: an adapter or a hook on one keeps the layers' own forward). Under autocast the plain form keeps its low-precision
     projections and fp32 sequence sums, which on CUDA run as the fused kernels: in bf16 these beat
     the folded form's products (benchmark in docs/benchmarks.md, "On a GPU")."""
-    if not pays_off or torch.is_autocast_enabled(hidden_states.device.type):
+    if not pays_off or torch.is_autocast_enabled(hidden_states.device.type) or not plain_linears(*layers):
         return False
     return hidden_states.dtype in (torch.float32, torch.float64)
 
@@ -236,7 +239,7 @@ class FullAttention(_QKVAttention):
 
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None):
         """Keys and values (B, H, Nk, d) of `memory` (B, Nk, D)."""
-        return split_heads(self.key(memory), self.num_heads), split_heads(self.value(memory), self.num_heads)
+        return tuple(split_heads(t, self.num_heads) for t in project(memory, self.key, self.value))
 
     def forward(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None, output_attentions=False):
@@ -250,16 +253,18 @@ class FullAttention(_QKVAttention):
         return self._attend(hidden_states, attention_mask, memory, memory_mask, cache)[0]
 
     def _attend(self, hidden_states, attention_mask, memory, memory_mask, cache, output_attentions=False):
-        query = split_heads(self.query(hidden_states), self.num_heads)  # (B, H, Nq, d)
-        batch, _, q_len, _ = query.shape
         if self.is_cross:
+            query = split_heads(self.query(hidden_states), self.num_heads)  # (B, H, Nq, d)
             key, value = self._memory(memory, memory_mask, cache)
             key_mask = memory_mask
         else:
-            key, value = self._project_memory(hidden_states, None)
+            query, key, value = (
+                split_heads(t, self.num_heads) for t in project(hidden_states, self.query, self.key, self.value)
+            )
             if cache is not None:
                 key, value = cache.update(key, value, self.layer_idx)  # (B, H, past + Nq, d)
             key_mask = attention_mask
+        batch, _, q_len, _ = query.shape
         k_len = key.shape[2]
         key_mask = drop_full_mask(key_mask)  # no padding: SDPA can take its unmasked (fastest) kernel
         if key_mask is not None and key_mask.shape[1] != k_len:
@@ -537,13 +542,16 @@ class ZformerAttention(_QKVAttention):
     def _keys_values(self, x: torch.Tensor, mask: torch.Tensor | None):
         """K (zero at padding) and V (B, H, N, d) of `x` (B, N, D); with a feature map phi(K) (zero at
         padding, B, H, N, 2 d) and [V, 1] (B, H, N, d + 1), in fp32."""
+        return self._key_value_heads(*project(x, self.key, self.value), mask)
+
+    def _key_value_heads(self, key: torch.Tensor, value: torch.Tensor, mask: torch.Tensor | None):
+        """`_keys_values` from the projections K and V (B, N, D)."""
         if self.key_map is None:
-            key = split_heads(zero_padding(self.key(x), mask), self.num_heads)
-            return key, split_heads(self.value(x), self.num_heads)
-        key = self.key_map(split_heads(self.key(x), self.num_heads))
+            return split_heads(zero_padding(key, mask), self.num_heads), split_heads(value, self.num_heads)
+        key = self.key_map(split_heads(key, self.num_heads))
         if mask is not None:  # after phi: phi(0) is not zero
             key = key * mask.to(key.dtype)[:, None, :, None]
-        return key, with_ones(at_least_fp32(split_heads(self.value(x), self.num_heads))[0])
+        return key, with_ones(at_least_fp32(split_heads(value, self.num_heads))[0])
 
     def attention_weights(self, hidden_states, attention_mask=None, memory=None, memory_mask=None) -> torch.Tensor:
         """The weights a_ij (B, H, N, Nk) of the feature-map form, built explicitly (quadratic,
@@ -572,7 +580,8 @@ class ZformerAttention(_QKVAttention):
 
     def _folded_output(self, hidden_states, attention_mask):
         # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
-        if self.key_map is None and use_folded_form(hidden_states, pays_off=hidden_states.shape[1] > hidden_states.shape[2]):
+        pays_off = hidden_states.shape[1] > hidden_states.shape[2]
+        if self.key_map is None and use_folded_form(hidden_states, pays_off, self.query, self.key, self.value):
             return self._folded(hidden_states, attention_mask)
         return None
 
@@ -585,13 +594,16 @@ class ZformerAttention(_QKVAttention):
         computed at the first step and kept (`_memory`). With a feature map the same calls take
         phi(Q), phi(K) and [V, 1], and the result is normalised (`ops.normalize`)."""
         length = hidden_states.shape[1]
-        projected = self.query(hidden_states)
+        if self.is_cross:
+            projected = self.query(hidden_states)
+        else:  # K and V of the sequence itself (B, N, D)
+            projected, key_proj, value_proj = project(hidden_states, self.query, self.key, self.value)
         query = split_heads(projected, self.num_heads)
         if self.window:
             layer = None if cache is None else cache.layers[self.layer_idx]
             context = windowed_self_attention(
-                query, split_heads(self.key(hidden_states), self.num_heads),
-                split_heads(self.value(hidden_states), self.num_heads), attention_mask, layer, self.window,
+                query, split_heads(key_proj, self.num_heads),
+                split_heads(value_proj, self.num_heads), attention_mask, layer, self.window,
                 self.query_map, self.key_map, self.window_gate, self.head_dim**-0.5, sinks=self.sinks,
             )
             return merge_heads(context.to(projected.dtype))
@@ -609,7 +621,8 @@ class ZformerAttention(_QKVAttention):
             mask = new_tokens_mask(attention_mask, length) if self.is_causal else attention_mask
             layer = cache.layers[self.layer_idx] if self.is_causal and cache is not None else None
             context, state = linear_attention(
-                query, *self._keys_values(hidden_states, None), mask, None if layer is None else layer.state,
+                query, *self._key_value_heads(key_proj, value_proj, None), mask,
+                None if layer is None else layer.state,
                 causal=self.is_causal, scale=scale, return_state=layer is not None,
             )
             if layer is not None:
@@ -780,20 +793,25 @@ class FastformerAttention(_QKVAttention):
         projections = 3 if self.value is None else 4
         # fewer FLOPs when 2 (projections - 1) N D^2 > 2 D^3
         length, width = hidden_states.shape[1:]
-        if use_folded_form(hidden_states, pays_off=(projections - 1) * length > width):
+        layers = [layer for layer in (self.query, self.key, self.value, self.transform) if layer is not None]
+        if use_folded_form(hidden_states, (projections - 1) * length > width, *layers):
             return self._folded(hidden_states, attention_mask)
         return None
 
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
-        """The plain form: the four projections and two (prefix) poolings."""
-        query_proj = self.query(hidden_states)
-        value_proj = query_proj if self.value is None else self.value(hidden_states)
-        query = split_heads(query_proj, self.num_heads)
-        key = split_heads(self.key(hidden_states), self.num_heads)
-        value = split_heads(value_proj, self.num_heads)
+        """The plain form: the projections and two (prefix) poolings. Bidirectional attention with a
+        value projection takes the pooled form (`_pooled_context`)."""
         w_q = self.query_score if self.additive else None
         w_k = self.key_score if self.additive else None
+        if not self.is_causal and self._takes_pooled_context(*hidden_states.shape[1:]):
+            return self._pooled_context(hidden_states, w_q, w_k, attention_mask)
+        if self.value is None:
+            query_proj, key_proj = project(hidden_states, self.query, self.key)
+            value_proj = query_proj
+        else:
+            query_proj, key_proj, value_proj = project(hidden_states, self.query, self.key, self.value)
+        query, key, value = (split_heads(t, self.num_heads) for t in (query_proj, key_proj, value_proj))
         if not self.is_causal:
             global_key = self._pooled_key(query, key, w_q, w_k, attention_mask)  # (B, H, 1, d)
         else:
@@ -803,12 +821,50 @@ class FastformerAttention(_QKVAttention):
         mixed_value = merge_heads(global_key * value)  # u_i  (B, N, D)
         return add_into_fresh(self.transform(mixed_value), query_proj)  # r_i = W_r u_i + q_i
 
-    def _pooled_key(self, query, key, w_q, w_k, attention_mask):
+    def _takes_pooled_context(self, length: int, width: int) -> bool:
+        """Whether bidirectional attention over `length` tokens of `width` takes `_pooled_context`:
+        where its (B, D, D) map is no larger than v (N >= D; on shorter inputs building the map costs
+        more than the passes it saves: 0.70-0.77x on a CPU at 128 tokens, width 512), with a value
+        projection, biases on the query and W_r, and plain `Linear` layers (adapters and hooks keep
+        the layers' own forward)."""
+        layers = (self.query, self.key, self.value, self.transform)
+        return length >= width and self.value is not None and self.query.bias is not None and (
+            self.transform.bias is not None and plain_linears(*layers)
+        )
+
+    def _pooled_context(self, hidden_states, w_q, w_k, attention_mask):
+        """Bidirectional r_i = W_r (k_g * v_i) + b_r + q_i as one batched product per sequence,
+
+            r_i = q'_i + (W_r diag(k_g)) v_i,    q'_i = W_q x_i + (b_q + b_r),
+
+        whose accumulator starts from q' (the query projection carrying b_r in its bias). The softmax
+        pooling of q' is q's pooling plus b_r (a constant added to every q_i of a head shifts all its
+        scores alike, and the weights sum to 1), so q_g = pool(q') - b_r (a sequence without real
+        tokens pools its keys to 0: its k_g is 0 whatever q_g). Against u_i = k_g * v_i, W_r u_i and
+        the residual add, no element-wise pass over a (B, N, D) tensor is left, forward or backward
+        (on an H200 at 2,048 tokens, width 512, those passes took 174 of the module's 814 us);
+        W_r diag(k_g) is (B, D, D), no larger than v where this form is taken
+        (`_takes_pooled_context`)."""
+        batch = hidden_states.shape[0]
+        shift = self.transform.bias
+        query_proj, key_proj, value_proj = project(
+            hidden_states, self.query, self.key, self.value, biases=[self.query.bias + shift, None, None]
+        )
+        query, key = split_heads(query_proj, self.num_heads), split_heads(key_proj, self.num_heads)
+        global_key = self._pooled_key(query, key, w_q, w_k, attention_mask, shift=shift)  # k_g (B, H, 1, d)
+        dtype = value_proj.dtype  # the projections' (autocast's) precision
+        scaled_transform = self.transform.weight.to(dtype) * global_key.reshape(batch, 1, -1).to(dtype)
+        return torch.baddbmm(query_proj, value_proj, scaled_transform.transpose(1, 2))  # (B, N, D)
+
+    def _pooled_key(self, query, key, w_q, w_k, attention_mask, shift=None):
         """k_g (B, H, 1, d) of bidirectional attention, both poolings by `ops.direction_pool`:
         q_g pools q_i along w_q; w_k . (q_g * k_i) = (w_k * q_g) . k_i, so k_g = q_g * (the pooling of
-        k_i along w_k * q_g): p_i = q_g * k_i is never formed."""
+        k_i along w_k * q_g): p_i = q_g * k_i is never formed. `shift` (D,): the queries carry it
+        (q_i + shift), and it comes off their pooling."""
         scale = self.head_dim**-0.5
         global_query = direction_pool(query, None if w_q is None else (w_q * scale)[None], attention_mask)
+        if shift is not None:
+            global_query = global_query - shift.view(self.num_heads, 1, self.head_dim).to(global_query.dtype)
         direction = None if w_k is None else w_k * scale * global_query[:, :, 0]  # (B, H, d)
         return global_query * direction_pool(key, direction, attention_mask)
 

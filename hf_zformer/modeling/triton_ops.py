@@ -589,12 +589,17 @@ def _direction_strides(direction):
     return (0 if direction.shape[0] == 1 else direction.stride(0)), direction.stride(1)
 
 
+# Rows per slice of a split pooling (a multiple of the tile; fixed, so padding keeps every real row
+# in its slice). The GPU check's A/B (docs/bench/ab/fastformer_gpu.py) times other sizes.
+POOL_CHUNK = _CHUNK
+
+
 def _pool_slices(values) -> tuple[int, int]:
     """(slices, rows per slice) of a pooling: the whole sequence in one where the pairs fill the GPU."""
     batch, heads, length, _ = values.shape
     if fused(batch * heads, values.device):
         return 1, max(_BLOCK_N, triton.cdiv(length, _BLOCK_N) * _BLOCK_N)
-    return _slices(length)
+    return max(1, triton.cdiv(length, POOL_CHUNK)), POOL_CHUNK
 
 
 def _pool_forward(values, direction, mask):
