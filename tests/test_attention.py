@@ -638,10 +638,23 @@ def test_a_hook_on_a_projection_is_honoured_by_every_form(monkeypatch, stacking_
         calls.append(output.shape)
         return torch.zeros_like(output)
 
+    if length == 80:  # the folded forms would also fold the output projection in
+        output_calls = []
+        handle = attention.output.register_forward_hook(lambda module, args, output: output_calls.append(output.shape))
+        attention(x)
+        handle.remove()
+        assert (2, length, D) in output_calls  # the hook saw the output of every token
     handle = attention.value.register_forward_hook(silence)
     hooked, _ = attention(x)
     handle.remove()
     assert calls, "the hook never ran"
+    # accelerate's device hooks replace the instance's forward instead
+    plain_forward = attention.value.forward
+    attention.value.forward = lambda *args, **kwargs: silence(attention.value, args, plain_forward(*args, **kwargs))
+    replaced, _ = attention(x)
+    del attention.value.forward
+    torch.testing.assert_close(replaced, hooked)
+    assert len(calls) == 2
     with torch.no_grad():
         attention.value.weight.zero_()
         attention.value.bias.zero_()

@@ -73,9 +73,10 @@ def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, o
     x (B, N, D); matrix (B, D, D) and offset (B, D) map every token of a sequence. A Linear
     projection y = W c + b of that output is itself one per-sequence map (W matrix, W offset + b),
     which costs 2 D^3 FLOPs per sequence instead of 2 N D^2, and saves a (B, N, D) intermediate: it
-    is folded in when N > D, and applied afterwards otherwise (or when `output` is not a Linear).
+    is folded in when N > D, and applied afterwards otherwise (or when `output` is not a plain
+    `Linear`: an adapter or a hook keeps its own forward).
     """
-    if isinstance(output, nn.Linear) and x.shape[1] > x.shape[2]:
+    if plain_linears(output) and x.shape[1] > x.shape[2]:
         return torch.baddbmm(output(offset)[:, None, :], x, (output.weight @ matrix).transpose(1, 2))
     return output(torch.baddbmm(offset[:, None, :], x, matrix.transpose(1, 2)))
 

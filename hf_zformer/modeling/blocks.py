@@ -236,9 +236,15 @@ STACKED_PROJECTION_DEVICES = ("cuda",)
 
 def plain_linears(*layers: nn.Module) -> bool:
     """Whether every layer is a `Linear` used as it is: not wrapped (adapters, sharding and
-    quantisation replace the class) and without hooks, so its product may run outside its own
+    quantisation replace the class), without hooks and without a forward of its own (accelerate's
+    offloading hooks replace the instance's `forward`), so its product may run outside its own
     forward (stacked with others, or with another bias: `project`)."""
-    return all(type(layer) is Linear and not (layer._forward_hooks or layer._forward_pre_hooks) for layer in layers)
+    return all(
+        type(layer) is Linear
+        and "forward" not in vars(layer)
+        and not (layer._forward_hooks or layer._forward_pre_hooks)
+        for layer in layers
+    )
 
 
 def project(x: torch.Tensor, *layers: nn.Module, biases: list | None = None) -> tuple[torch.Tensor, ...]:
