@@ -80,7 +80,7 @@ step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths 
     --output "$out/attention_grid_bf16"
 step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider -k "not fla ${KERNEL_TESTS:+and ($KERNEL_TESTS)}" tests/test_kernels.py \
     tests/test_decoding.py "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
-# fastformer's shipped form against the older one, unstacked projections and split poolings
+# fastformer's shipped form against the form without each remedy and other pooling slices
 # (docs/bench/ab/fastformer_gpu.py: outputs checked first, then CUDA-graph replays side by side)
 ab_args="--batch $batch --width $width --lengths $profiled --rounds $((repeats * 4))"
 step ab_fastformer 150 "$python" docs/bench/ab/fastformer_gpu.py $ab_args

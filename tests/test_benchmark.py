@@ -512,4 +512,4 @@ def test_fastformer_gpu_ab_checks_its_variants_and_times_them(capsys):
     module.main(["--batch", "2", "--width", "32", "--heads", "4", "--lengths", "48", "--rounds", "1"])
     rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 48 |")]
     assert [row.split(" | ")[1] for row in rows] == ["forward", "train"]
-    assert all(row.count("x)") == 7 for row in rows)
+    assert all(row.count("x)") == 8 for row in rows)

@@ -171,7 +171,7 @@ def test_direction_pool_kernel_matches_the_naive_reference(kernels):
     assert _relative(pooled.cpu(), expected) < 1e-6
 
 
-@pytest.mark.parametrize("chunk", [512, 128])  # rows per slice of a split pooling (`POOL_CHUNK`)
+@pytest.mark.parametrize("chunk", [None, 128])  # rows per program (`POOL_CHUNK`); None: the pairs' rule
 def test_direction_pool_kernel_extra_padding_changes_nothing(kernels, monkeypatch, chunk):
     monkeypatch.setattr(triton_ops, "POOL_CHUNK", chunk)
     generator = torch.Generator().manual_seed(7)

@@ -10,8 +10,8 @@
   over tiles of rows (`_state_product`).
 - `direction_pool_kernel(values, direction, mask)`: Fastformer's bidirectional pooling
   `sum_j softmax_j(values_j . u) values_j` over the real positions by an online softmax (`_pool`:
-  one program per pair over the whole sequence, or per slice with the slices merged in order,
-  `_merge_pools`); the backward (`_pool_backward`) reads the values once more:
+  one program per slice of `POOL_CHUNK` rows, the slices merged in order, `_merge_pools`; one per
+  pair where the sequence fits one slice); the backward (`_pool_backward`) reads the values once more:
   dx_j = w_j g + w_j (g . x_j - g . pooled) u, du = sum_j w_j (g . x_j - g . pooled) x_j.
 - `prefix_pool_kernel(scores, values, mask)`: Fastformer's causal pooling
   `p_i = sum_{j <= i} softmax_j(s) x_j`, one program per pair walking the sequence in tiles: each
@@ -589,17 +589,23 @@ def _direction_strides(direction):
     return (0 if direction.shape[0] == 1 else direction.stride(0)), direction.stride(1)
 
 
-# Rows per slice of a split pooling (a multiple of the tile; fixed, so padding keeps every real row
-# in its slice). The GPU check's A/B (docs/bench/ab/fastformer_gpu.py) times other sizes.
-POOL_CHUNK = _CHUNK
+# Rows per program of the bidirectional pooling (a multiple of the tile; fixed, so padding keeps
+# every real row in its slice), or None for the other kernels' rule (one program per (sequence,
+# head) pair where the pairs fill the GPU, else slices of `_CHUNK` rows). A pooling program does
+# little work per row: walking a whole sequence, it waits on one tile's load after another (on an
+# H200 at 2,048 tokens, batch 40, one program per pair read at about a quarter of the copy rate),
+# while short slices put many programs' loads in flight at once. The GPU check's A/B
+# (docs/bench/ab/fastformer_gpu.py) times this against the other rule and longer slices.
+POOL_CHUNK: int | None = 128
 
 
 def _pool_slices(values) -> tuple[int, int]:
-    """(slices, rows per slice) of a pooling: the whole sequence in one where the pairs fill the GPU."""
+    """(slices, rows per slice) of a pooling; one slice is the whole sequence (`POOL_CHUNK`)."""
     batch, heads, length, _ = values.shape
-    if fused(batch * heads, values.device):
-        return 1, max(_BLOCK_N, triton.cdiv(length, _BLOCK_N) * _BLOCK_N)
-    return max(1, triton.cdiv(length, POOL_CHUNK)), POOL_CHUNK
+    whole = 1, max(_BLOCK_N, triton.cdiv(length, _BLOCK_N) * _BLOCK_N)
+    if POOL_CHUNK is None:
+        return whole if fused(batch * heads, values.device) else _slices(length)
+    return whole if length <= POOL_CHUNK else (triton.cdiv(length, POOL_CHUNK), POOL_CHUNK)
 
 
 def _pool_forward(values, direction, mask):

@@ -5,15 +5,16 @@ training step, SDPA's module beside them (with and without stacked projections);
 output is first checked, in fp32, against the shipped form's.
 
 Variants of the module:
-- `shipped`: the projections of one input stacked into one product (`blocks.project`), and from
-  N >= D the pooled context (`FastformerAttention._pooled_context`): r = q' + v (W_r diag(k_g))^T in
-  one batched product whose accumulator starts from q' = W_q x + (b_q + b_r);
+- `shipped`: the projections of one input stacked into one product (`blocks.project`), from N >= D
+  the pooled context (`FastformerAttention._pooled_context`): r = q' + v (W_r diag(k_g))^T in one
+  batched product whose accumulator starts from q' = W_q x + (b_q + b_r), and poolings split into
+  slices of 128 rows, one program each (`triton_ops.POOL_CHUNK`);
 - `unstacked`: one product per projection (autocast casts the fp32 input once per projection);
 - `unpooled`: u_i = k_g * v_i, then r_i = W_r u_i + b_r + q_i (two element-wise passes over (B, N, D)
   tensors besides the products);
-- `split512`, `split128`: the pooling kernels split each sequence into slices of 512 or 128 rows
-  even when the (sequence, head) pairs fill the GPU (`triton_ops.FUSED_MIN_PAIRS`, `POOL_CHUNK`), to
-  have more memory reads in flight.
+- `per_pair`: the pooling kernels with one program per (sequence, head) pair over the whole
+  sequence where the pairs fill the GPU (`triton_ops.POOL_CHUNK = None`, the rule before slices);
+- `chunk512`, `chunk256`: slices of 512 or 256 rows per program instead of the shipped 128.
 
     python docs/bench/ab/fastformer_gpu.py                      # on a CUDA GPU: 512 and 2,048 tokens
     python docs/bench/ab/fastformer_gpu.py --batch 2 --width 64 --lengths 64 --rounds 2   # a dry run on a CPU
@@ -41,25 +42,24 @@ from hf_zformer.modeling import attention as attention_module  # noqa: E402
 from hf_zformer.modeling.attention import FastformerAttention  # noqa: E402
 
 FULL = ("full", "full_unstacked")
-VARIANTS = ("shipped", "unstacked", "unpooled", "split512", "split128")
+VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256")
 
 
 @contextlib.contextmanager
 def variant(name, device):
     """Within: the projections, FastformerAttention and the pooling kernels as variant `name` has them."""
-    saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_context,
-             triton_ops.FUSED_MIN_PAIRS, triton_ops.POOL_CHUNK)
+    saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_context, triton_ops.POOL_CHUNK)
     blocks.STACKED_PROJECTION_DEVICES = () if name.endswith("unstacked") else (device.type,)
     if name == "unpooled":
         FastformerAttention._takes_pooled_context = lambda self, length, width: False
-    if name.startswith("split"):
-        triton_ops.FUSED_MIN_PAIRS = 1 << 30  # never one program per pair: the pooling always split
-        triton_ops.POOL_CHUNK = int(name[len("split"):])
+    if name == "per_pair":
+        triton_ops.POOL_CHUNK = None
+    if name.startswith("chunk"):
+        triton_ops.POOL_CHUNK = int(name[len("chunk"):])
     try:
         yield
     finally:
-        (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_context,
-         triton_ops.FUSED_MIN_PAIRS, triton_ops.POOL_CHUNK) = saved
+        blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_context, triton_ops.POOL_CHUNK = saved
 
 
 def variant_step(name, case, device):
