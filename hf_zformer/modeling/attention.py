@@ -59,9 +59,10 @@ def use_folded_form(hidden_states: torch.Tensor, pays_off: bool, *layers: nn.Mod
     """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
     `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences), in
     fp32/fp64, outside autocast, and with the projections `layers` plain `Linear`s (the form reads
-    their weights: an adapter or a hook on one keeps the layers' own forward). Under autocast the plain form keeps its low-precision
-    projections and fp32 sequence sums, which on CUDA run as the fused kernels: in bf16 these beat
-    the folded form's products (benchmark in docs/benchmarks.md, "On a GPU")."""
+    their weights: an adapter or a hook on one keeps the layers' own forward). Under autocast the
+    plain form keeps its low-precision projections and fp32 sequence sums, which on CUDA run as the
+    fused kernels: in bf16 these beat the folded form's products (benchmark in docs/benchmarks.md,
+    "On a GPU")."""
     if not pays_off or torch.is_autocast_enabled(hidden_states.device.type) or not plain_linears(*layers):
         return False
     return hidden_states.dtype in (torch.float32, torch.float64)

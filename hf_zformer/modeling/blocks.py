@@ -210,7 +210,9 @@ class Linear(nn.Linear):
     (`set_kernel_backend`) turns it off with the other fast forms.
     """
 
-    def forward(self, x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """`weight` (out_features, in_features) stands in for `self.weight` when given: an alias of it
         that carries its gradient another way (`tied_lookups` in modeling_zformer.py); `bias`, when
         given, for `self.bias` (a sum of biases, `project`)."""
@@ -250,9 +252,9 @@ def plain_linears(*layers: nn.Module) -> bool:
 def project(x: torch.Tensor, *layers: nn.Module, biases: list | None = None) -> tuple[torch.Tensor, ...]:
     """x (..., D) through each of `layers` (D -> D_i), one output per layer.
 
-    On CUDA (`STACKED_PROJECTION_DEVICES`), where every layer is a plain `Linear` (`plain_linears`) and the input has at least as
-    many rows as a layer has inputs, one product against the stacked weights (sum D_i, D) gives all
-    the outputs, as column slices of one (..., sum D_i) tensor. Under autocast the fp32 input is
+    On CUDA (`STACKED_PROJECTION_DEVICES`), where every layer is a plain `Linear` (`plain_linears`)
+    and the input has at least as many rows as a layer has inputs, one product against the stacked
+    weights (sum D_i, D) gives all the outputs, as column slices of one (..., sum D_i) tensor. Under autocast the fp32 input is
     then cast to the low precision once instead of once per projection (on a GPU each cast is a
     pass over the input, a sixth of the SDPA module's time: docs/benchmarks.md, "On a GPU"), one
     wide product runs nearer the matmul rate than several narrow ones, and the input's gradient comes

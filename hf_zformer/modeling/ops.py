@@ -31,8 +31,9 @@ where one exists, a fused Triton kernel (`triton_ops.py`: bidirectional linear a
 direction pooling and causal softmax pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
 is installed; causal linear attention over more than one token runs flash-linear-attention's
 chunked kernel where `fla` is installed (`pip install hf_zformer[gpu]`). The same switch governs the
-CPU's own fast forms outside this file: `blocks.Linear`'s transposed product for a few rows (AMD
-CPUs) and the tied-embedding gradient of `modeling_zformer.tied_lookups`. `HF_ZFORMER_KERNELS` (read
+device-specific fast forms outside this file: the GPU's stacked query/key/value product
+(`blocks.project`), `blocks.Linear`'s transposed product for a few rows (AMD CPUs) and the
+tied-embedding gradient of `modeling_zformer.tied_lookups`. `HF_ZFORMER_KERNELS` (read
 at import), `set_kernel_backend` or `use_kernel_backend` chooses (`blocks.py` keeps the choice):
 `auto` (the default: every fast form where it applies), `torch`
 (plain torch everywhere: the reference to compare with) or `triton` (as `auto`, but the plain forms
