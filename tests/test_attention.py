@@ -687,3 +687,22 @@ def test_lora_adapters_on_the_projections_count_in_every_form(attention_type):
         expected, _ = merged(x)
         assert not torch.allclose(expected, attention(x)[0], atol=1e-3)
         torch.testing.assert_close(adapted(x)[0], expected, atol=1e-9, rtol=1e-9)
+
+
+def test_fastformer_folded_form_under_autocast_reads_its_input_cast_once(monkeypatch):
+    """The folded form under bf16 autocast (the rule takes it in fp32 only; the GPU check's A/B times
+    it in bf16): the fp32 input is cast once, not once per product, and the output stays near fp32's."""
+    import hf_zformer.modeling.blocks as blocks
+
+    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type="fastformer")
+    attention = _randomize(FastformerAttention(config), std=0.1)
+    x = torch.randn(2, 80, D, generator=torch.Generator().manual_seed(0))
+    reference, _ = attention(x)
+    casts = []
+    original = blocks.autocast_input
+    monkeypatch.setattr("hf_zformer.modeling.attention.autocast_input", lambda t: casts.append(t.dtype) or original(t))
+    _folding(monkeypatch, True)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low, _ = attention(x)
+    assert casts == [torch.float32] and low.dtype == torch.bfloat16
+    assert ((low.float() - reference).norm() / reference.norm()) < 0.02

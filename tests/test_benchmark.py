@@ -510,6 +510,9 @@ def test_fastformer_gpu_ab_checks_its_variants_and_times_them(capsys):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module.main(["--batch", "2", "--width", "32", "--heads", "4", "--lengths", "48", "--rounds", "1"])
-    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| 48 |")]
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("| 48 |")]
     assert [row.split(" | ")[1] for row in rows] == ["forward", "train"]
-    assert all(row.count("x)") == 8 for row in rows)
+    assert all(row.count("x)") == 9 for row in rows)
+    errors = [line for line in lines if line.startswith("bf16 error against fp32 at n=48")]
+    assert len(errors) == 1 and errors[0].count("e-0") == 7  # every variant's bf16 error, all small

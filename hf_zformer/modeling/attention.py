@@ -28,6 +28,7 @@ from .blocks import (
     Linear,
     add_into_fresh,
     at_least_fp32,
+    autocast_input,
     drop_full_mask,
     masked_softmax,
     merge_heads,
@@ -907,7 +908,7 @@ class FastformerAttention(_QKVAttention):
         Q, K, V and the other (B, N, D) intermediates are never formed, and the output projection joins
         the per-sequence map (`_apply_folded`).
         """
-        x = hidden_states  # (B, N, D)
+        x = autocast_input(hidden_states)  # (B, N, D); read by five products, so cast once under autocast
         batch, length, width = x.shape
         heads, dim = self.num_heads, self.head_dim
         attention_mask = drop_full_mask(attention_mask)

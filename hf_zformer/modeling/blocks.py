@@ -59,6 +59,15 @@ def at_least_fp32(*tensors):
     return [t if t.dtype in (torch.float32, torch.float64) else t.float() for t in tensors]
 
 
+def autocast_input(x: torch.Tensor) -> torch.Tensor:
+    """x as autocast's products take it: an fp32 tensor under autocast cast once to autocast's dtype
+    (each product would cast it again, a pass over x each time), anything else as it is."""
+    device_type = x.device.type
+    if x.dtype != torch.float32 or not torch.is_autocast_enabled(device_type):
+        return x
+    return x.to(torch.get_autocast_dtype(device_type))
+
+
 def no_autocast(device_type: str):
     """A context that disables autocast for fp32 sums; nothing to enter when autocast is off."""
     if torch.is_autocast_enabled(device_type):

@@ -14,7 +14,11 @@ Variants of the module:
   tensors besides the products);
 - `per_pair`: the pooling kernels with one program per (sequence, head) pair over the whole
   sequence where the pairs fill the GPU (`triton_ops.POOL_CHUNK = None`, the rule before slices);
-- `chunk512`, `chunk256`: slices of 512 or 256 rows per program instead of the shipped 128.
+- `chunk512`, `chunk256`: slices of 512 or 256 rows per program instead of the shipped 128;
+- `folded`: the folded form (`FastformerAttention._folded`, one (D, D) map per sequence, no Q, K, V)
+  under bf16 autocast too, its input cast to bf16 once (the shipped rule takes it in fp32 only).
+
+Forward rows also print each variant's bf16 output error against the fp32 output (relative norm).
 
     python docs/bench/ab/fastformer_gpu.py                      # on a CUDA GPU: 512 and 2,048 tokens
     python docs/bench/ab/fastformer_gpu.py --batch 2 --width 64 --lengths 64 --rounds 2   # a dry run on a CPU
@@ -42,14 +46,18 @@ from hf_zformer.modeling import attention as attention_module  # noqa: E402
 from hf_zformer.modeling.attention import FastformerAttention  # noqa: E402
 
 FULL = ("full", "full_unstacked")
-VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256")
+VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256", "folded")
 
 
 @contextlib.contextmanager
 def variant(name, device):
     """Within: the projections, FastformerAttention and the pooling kernels as variant `name` has them."""
-    saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_context, triton_ops.POOL_CHUNK)
+    saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_context, triton_ops.POOL_CHUNK,
+             attention_module.use_folded_form)
     blocks.STACKED_PROJECTION_DEVICES = () if name.endswith("unstacked") else (device.type,)
+    if name == "folded":  # the rule without its autocast condition
+        attention_module.use_folded_form = lambda hidden_states, pays_off, *layers: (
+            pays_off and blocks.plain_linears(*layers))
     if name == "unpooled":
         FastformerAttention._takes_pooled_context = lambda self, length, width: False
     if name == "per_pair":
@@ -59,11 +67,13 @@ def variant(name, device):
     try:
         yield
     finally:
-        blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_context, triton_ops.POOL_CHUNK = saved
+        (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_context, triton_ops.POOL_CHUNK,
+         attention_module.use_folded_form) = saved
 
 
 def variant_step(name, case, device):
-    """(step, the fp32 output of one forward call or None) of variant `name` at `case`."""
+    """(step, the fp32 and the bf16-autocast output of one forward call, or Nones) of variant `name`
+    at `case`."""
     config = make_config(case.attention_type, case.length, case.width, case.heads)
     torch.manual_seed(0)
     module = build_module(case.attention_type, config, "attention", device)
@@ -78,7 +88,7 @@ def variant_step(name, case, device):
         with variant(name, device):
             step()
 
-    output = None
+    output = low = None
     if case.mode == "forward":  # in fp32 through the plain form (fp32 would otherwise take the folded one)
         plain = attention_module.use_folded_form
         attention_module.use_folded_form = lambda hidden_states, pays_off, *layers: False
@@ -87,7 +97,9 @@ def variant_step(name, case, device):
                 output = module(**inputs)[0]
         finally:
             attention_module.use_folded_form = plain
-    return (capture_graph(patched, device) if case.graphs else patched), output
+        with torch.no_grad(), variant(name, device), torch.autocast(device.type, dtype=torch.bfloat16):
+            low = module(**inputs)[0].float()
+    return (capture_graph(patched, device) if case.graphs else patched), output, low
 
 
 def main(argv=None):
@@ -106,12 +118,12 @@ def main(argv=None):
     print("|---:|---|" + "---:|" * len(names))
     for length in args.lengths:
         for mode in ("forward", "train"):
-            steps, outputs = {}, {}
+            steps, outputs, lows = {}, {}, {}
             for name in names:
                 case = BenchCase("attention", "full" if name in FULL else "fastformer", mode, args.batch, length,
                                  args.width, args.heads, "bf16", device.type, False,
                                  graphs=on_gpu)
-                steps[name], outputs[name] = variant_step(name, case, device)
+                steps[name], outputs[name], lows[name] = variant_step(name, case, device)
             if mode == "forward":
                 reference = outputs["unpooled"]
                 for name in VARIANTS:
@@ -120,6 +132,9 @@ def main(argv=None):
                     if not error < limit:
                         raise SystemExit(f"{name} at n={length}: relative difference {error:.2e} from the shipped "
                                          f"form (limit {limit:g})")
+                errors = [f"{name} {((lows[name] - reference).norm() / reference.norm()).item():.1e}"
+                          for name in VARIANTS]
+                print(f"bf16 error against fp32 at n={length}: " + ", ".join(errors), flush=True)
             times = {name: [] for name in names}
             for _ in range(args.rounds):  # alternate: drift and load hit every variant alike
                 for name in names:
