@@ -17,10 +17,12 @@
 # sizes (a dry run of the script itself, also on a CPU). DECODE=4096 MARKS=512,4096 sets the decoding
 # benchmark's length and reported points; TRAIN_STEPS the training scripts' steps (default 300);
 # KERNEL_TESTS / DEVICE_TESTS a pytest -k expression narrowing those two steps; PREFIXES the decoder
-# prefixes of the long-context decoding steps (default "4096 32768").
+# prefixes of the long-context decoding steps (default "4096 32768"); ARCHIVE the archive's path
+# (default OUTPUT_DIR.tar.gz; a path the machine hands back keeps what a run cut short measured).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu_check}
+archive=${ARCHIVE:-$out.tar.gz}
 python=${PYTHON:-python3}
 mkdir -p "$out"
 summary="$out/summary.txt"
@@ -41,7 +43,7 @@ step() {  # step NAME SECONDS COMMAND...: run and log it, record its exit status
     printf '%-14s rc=%-3s %4ss\n' "$name" "$status" "$((SECONDS - start))" | tee -a "$summary"
     # the archive holds every result but not the training steps' checkpoints (train/), so it stays a
     # few hundred KiB: the one file to fetch where a machine hands back only a few small files
-    tar -czf "$out.tar.gz" --exclude "$(basename "$out")/train" -C "$(dirname "$out")" "$(basename "$out")"
+    tar -czf "$archive" --exclude "$(basename "$out")/train" -C "$(dirname "$out")" "$(basename "$out")"
 }
 
 device=cuda
@@ -129,4 +131,4 @@ if [ "${FLA:-0}" = 1 ]; then
     step fla_tests 150 "$python" -m pytest -q -p no:cacheprovider -k fla tests/test_kernels.py
 fi
 step device_tests 120 env HF_ZFORMER_TEST_DEVICE=$device "$python" -m pytest -q -p no:cacheprovider -x ${DEVICE_TESTS:+-k "$DEVICE_TESTS"} tests/test_device.py
-echo "wrote $out/ and $out.tar.gz"
+echo "wrote $out/ and $archive"
