@@ -95,3 +95,32 @@ def test_gradient_checkpointing_under_compile_matches_eager(kind):
     torch.testing.assert_close(compiled_loss, loss, **TOLERANCE)
     for name, p in net.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("attention", ["full", "fastformer"])
+def test_stacked_projections_and_pooled_context_compile(monkeypatch, attention):
+    """The GPU's stacked query/key/value product (`blocks.project`, turned on for the CPU here) and
+    fastformer's pooled context (40 tokens >= width 16) under torch.compile: the attention module's
+    output and every gradient as in eager mode."""
+    import hf_zformer.modeling.blocks as blocks
+    from conftest import tiny_config
+    from hf_zformer.modeling.attention import ATTENTION_CLASSES
+
+    monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    config = tiny_config(hidden_size=16, num_attention_heads=2, attention_type=attention)
+    torch.manual_seed(0)
+    module = ATTENTION_CLASSES[attention](config)
+    for parameter in module.parameters():
+        torch.nn.init.normal_(parameter, std=0.3)
+    x = torch.randn(3, 40, 16, requires_grad=True)
+    mask = torch.ones(3, 40, dtype=torch.long)
+    mask[1, 29:] = 0
+
+    def run(function):
+        out = function(x, mask)[0]
+        return out, torch.autograd.grad(out.pow(2).sum(), [x, *module.parameters()])
+
+    expected = run(module)
+    fresh_compile()
+    got = run(torch.compile(module, backend="aot_eager"))
+    torch.testing.assert_close(got, expected, **TOLERANCE)
