@@ -18,7 +18,7 @@
 # benchmark's length and reported points; TRAIN_STEPS the training scripts' steps (default 300);
 # KERNEL_TESTS / DEVICE_TESTS a pytest -k expression narrowing those two steps; PREFIXES the decoder
 # prefixes of the long-context decoding steps (default "4096 32768"); ARCHIVE the archive's path
-# (default OUTPUT_DIR.tar.gz; a path the machine hands back keeps what a run cut short measured).
+# (default OUTPUT_DIR.tar.gz; it is rewritten after every step, so a run cut short keeps what it measured).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${1:-gpu_check}

@@ -625,30 +625,38 @@ def test_stacked_projections_compute_what_one_product_per_layer_does(monkeypatch
 @pytest.mark.parametrize("attention_type", ["full", "zformer", "fastformer"])
 @pytest.mark.parametrize("length", [8, 40, 80])
 def test_a_hook_on_a_projection_is_honoured_by_every_form(monkeypatch, stacking_on_cpu, attention_type, length):
-    """A forward hook (or an adapter wrapping the layer) must see its layer's every use: stacked
-    products, fastformer's pooled context and the fp32 folded forms (length 80) all step aside."""
+    """A hook (forward or backward, or a replaced `forward` as accelerate's device hooks do) must see
+    its layer's every use: stacked products, fastformer's pooled output (length 40, the folded form
+    off) and the fp32 folded forms (length 80) all step aside."""
     from hf_zformer.modeling.attention import ATTENTION_CLASSES
 
+    if length == 40:
+        _folding(monkeypatch, False)
     config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type=attention_type)
     attention = _randomize(ATTENTION_CLASSES[attention_type](config))
-    x = torch.randn(2, length, D, generator=torch.Generator().manual_seed(0))
+    if length == 80 and attention_type != "full":
+        assert attention._folded_output(torch.randn(2, length, D), None) is not None  # plain layers fold
+    x = torch.randn(2, length, D, generator=torch.Generator().manual_seed(0), requires_grad=True)
     calls = []
 
     def silence(module, args, output):
         calls.append(output.shape)
         return torch.zeros_like(output)
 
-    if length == 80:  # the folded forms would also fold the output projection in
-        output_calls = []
-        handle = attention.output.register_forward_hook(lambda module, args, output: output_calls.append(output.shape))
-        attention(x)
-        handle.remove()
-        assert (2, length, D) in output_calls  # the hook saw the output of every token
+    output_calls = []
+    handle = attention.output.register_forward_hook(lambda module, args, output: output_calls.append(output.shape))
+    attention(x)
+    handle.remove()
+    assert (2, length, D) in output_calls  # the hook saw the output of every token
+    gradients = []
+    handle = attention.value.register_full_backward_hook(lambda module, grad_in, grad_out: gradients.append(1))
+    attention(x)[0].sum().backward()
+    handle.remove()
+    assert gradients, "the backward hook never ran"
     handle = attention.value.register_forward_hook(silence)
     hooked, _ = attention(x)
     handle.remove()
     assert calls, "the hook never ran"
-    # accelerate's device hooks replace the instance's forward instead
     plain_forward = attention.value.forward
     attention.value.forward = lambda *args, **kwargs: silence(attention.value, args, plain_forward(*args, **kwargs))
     replaced, _ = attention(x)
@@ -658,7 +666,7 @@ def test_a_hook_on_a_projection_is_honoured_by_every_form(monkeypatch, stacking_
     with torch.no_grad():
         attention.value.weight.zero_()
         attention.value.bias.zero_()
-    silenced, _ = attention(x)
+        silenced, _ = attention(x)
     torch.testing.assert_close(hooked, silenced, atol=1e-5, rtol=1e-5)
 
 
@@ -691,18 +699,58 @@ def test_lora_adapters_on_the_projections_count_in_every_form(attention_type):
 
 def test_fastformer_folded_form_under_autocast_reads_its_input_cast_once(monkeypatch):
     """The folded form under bf16 autocast (the rule takes it in fp32 only; the GPU check's A/B times
-    it in bf16): the fp32 input is cast once, not once per product, and the output stays near fp32's."""
-    import hf_zformer.modeling.blocks as blocks
+    it in bf16): of the five products reading the fp32 input, none casts it again (one (B, N, D)
+    copy in all), and the output stays near fp32's."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class InputCopies(TorchDispatchMode):
+        def __init__(self, shape):
+            super().__init__()
+            self.shape, self.count = shape, 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            if func is torch.ops.aten._to_copy.default and tuple(out.shape) == self.shape:
+                self.count += 1
+            return out
 
     config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type="fastformer")
     attention = _randomize(FastformerAttention(config), std=0.1)
     x = torch.randn(2, 80, D, generator=torch.Generator().manual_seed(0))
     reference, _ = attention(x)
-    casts = []
-    original = blocks.autocast_input
-    monkeypatch.setattr("hf_zformer.modeling.attention.autocast_input", lambda t: casts.append(t.dtype) or original(t))
     _folding(monkeypatch, True)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    copies = InputCopies((2, 80, D))
+    with torch.autocast("cpu", dtype=torch.bfloat16), copies:
         low, _ = attention(x)
-    assert casts == [torch.float32] and low.dtype == torch.bfloat16
+    assert copies.count == 1 and low.dtype == torch.bfloat16
     assert ((low.float() - reference).norm() / reference.norm()) < 0.02
+
+
+def test_fastformer_pooled_output_keeps_bf16_precision_with_a_large_transform_bias(monkeypatch):
+    """bf16 autocast, b_r five times larger than q and W_r u_i comparable to q: the pooled output
+    (W_r's bias moved into the output projection's, so no bf16 tensor carries it) is at least as close
+    to the fp64 result as the plain form's u_i, W_r u_i + b_r + q_i (errors of the outputs less
+    their mean over the tokens: b_r's constant part aside)."""
+    import hf_zformer.modeling.attention as attention_module
+
+    _folding(monkeypatch, False)
+    config = tiny_config(hidden_size=64, num_attention_heads=4, max_position_embeddings=256, attention_type="fastformer")
+    attention = _randomize(FastformerAttention(config), std=0.05)
+    with torch.no_grad():
+        attention.transform.weight.normal_(std=1.0)
+        attention.transform.bias.normal_(std=2.0)
+    x = torch.randn(2, 128, 64, generator=torch.Generator().manual_seed(0))
+    reference = attention.double()(x.double())[0]
+    attention.float()
+
+    def centred(t):
+        return t - t.mean(1, keepdim=True)
+
+    errors = {}
+    for pooled in (True, False):
+        if not pooled:
+            monkeypatch.setattr(attention_module.FastformerAttention, "_takes_pooled_output", lambda *args: False)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low, _ = attention(x)
+        errors[pooled] = ((centred(low.double()) - centred(reference)).norm() / centred(reference).norm()).item()
+    assert errors[True] <= 1.1 * errors[False], errors

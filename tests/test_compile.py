@@ -98,15 +98,20 @@ def test_gradient_checkpointing_under_compile_matches_eager(kind):
 
 
 @pytest.mark.parametrize("attention", ["full", "fastformer"])
-def test_stacked_projections_and_pooled_context_compile(monkeypatch, attention):
+def test_stacked_projections_and_pooled_output_compile(monkeypatch, attention):
     """The GPU's stacked query/key/value product (`blocks.project`, turned on for the CPU here) and
-    fastformer's pooled context (40 tokens >= width 16) under torch.compile: the attention module's
-    output and every gradient as in eager mode."""
+    fastformer's pooled output (40 tokens >= width 16; the fp32 folded form off) under
+    torch.compile: the attention module's output and every gradient as in eager mode."""
+    import hf_zformer.modeling.attention as attention_module
     import hf_zformer.modeling.blocks as blocks
     from conftest import tiny_config
     from hf_zformer.modeling.attention import ATTENTION_CLASSES
 
     monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(attention_module, "use_folded_form", lambda hidden_states, pays_off, *layers: False)
+    stacked = []
+    monkeypatch.setattr(attention_module, "project", lambda x, *layers, **kw: stacked.append(1) or blocks.project(
+        x, *layers, **kw))
     config = tiny_config(hidden_size=16, num_attention_heads=2, attention_type=attention)
     torch.manual_seed(0)
     module = ATTENTION_CLASSES[attention](config)
@@ -121,6 +126,7 @@ def test_stacked_projections_and_pooled_context_compile(monkeypatch, attention):
         return out, torch.autograd.grad(out.pow(2).sum(), [x, *module.parameters()])
 
     expected = run(module)
+    assert stacked and (attention == "full" or module._takes_pooled_output(40, 16))
     fresh_compile()
     got = run(torch.compile(module, backend="aot_eager"))
     torch.testing.assert_close(got, expected, **TOLERANCE)

@@ -23,7 +23,8 @@ DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 @pytest.fixture(params=["fused", "split"])
 def kernels(request, monkeypatch):
     """The kernel backend for the test (the previous choice restored after it), in both launch
-    plans: one program per (sequence, head), and sums split over slices of the sequence."""
+    plans of linear attention: one program per (sequence, head), and sums split over slices of the
+    sequence (the pooling's plan is `POOL_CHUNK`'s: slices of 128 rows)."""
     monkeypatch.setattr(triton_ops, "FUSED_MIN_PAIRS", 0 if request.param == "fused" else 10**9)
     previous = ops.set_kernel_backend("triton")
     yield
@@ -169,6 +170,29 @@ def test_direction_pool_kernel_matches_the_naive_reference(kernels):
     pooled = ops.direction_pool(values, direction, mask)
     expected = ops.direction_pool_reference(values.detach().cpu().double(), direction.cpu().double(), mask.cpu())
     assert _relative(pooled.cpu(), expected) < 1e-6
+
+
+def test_direction_pool_kernel_one_slice_and_many_agree_bit_for_bit(kernels):
+    """100 real rows (one slice of `POOL_CHUNK`) padded to 600 (five slices, merged): the same
+    pooling and the same gradients at the real rows, exactly."""
+    generator = torch.Generator().manual_seed(8)
+    values = _heads(2, 100, 2, 16, generator)
+    direction = torch.randn(1, 2, 16, generator=generator).to(DEVICE).requires_grad_()
+    mask = _mask(2, 100, [100, 70])
+    padded = torch.nn.functional.pad(values.detach(), (0, 0, 0, 500)).requires_grad_()
+    short = ops.direction_pool(values, direction, mask)
+    wide = ops.direction_pool(padded, direction, torch.nn.functional.pad(mask, (0, 500)))
+    assert torch.equal(wide, short)
+    wide_values, wide_direction = _grads(wide, [padded, direction])
+    short_values, short_direction = _grads(short, [values, direction])
+    assert torch.equal(wide_values[:, :, :100], short_values) and torch.equal(wide_direction, short_direction)
+
+
+def test_pool_chunk_must_be_whole_tiles(kernels, monkeypatch):
+    monkeypatch.setattr(triton_ops, "POOL_CHUNK", 100)
+    values = _heads(1, 300, 1, 16, torch.Generator().manual_seed(9))
+    with pytest.raises(ValueError, match="POOL_CHUNK=100"):
+        ops.direction_pool(values)
 
 
 @pytest.mark.parametrize("chunk", [None, 128])  # rows per program (`POOL_CHUNK`); None: the pairs' rule

@@ -772,6 +772,8 @@ class FastformerAttention(_QKVAttention):
 
     Bidirectional attention on all but short sequences takes a folded form with the same result
     (`_folded`): 2 N D^2 + 2 D^3 FLOPs per sequence instead of the 8 N D^2 of four projections.
+    Where that form is not taken (under autocast), inputs at least as long as the width take the
+    pooled output (`_pooled_output`): W_r and the residual as one batched product per sequence.
     """
 
     HAS_ATTENTION_DROPOUT = False
@@ -799,16 +801,15 @@ class FastformerAttention(_QKVAttention):
         layers = [layer for layer in (self.query, self.key, self.value, self.transform) if layer is not None]
         if use_folded_form(hidden_states, (projections - 1) * length > width, *layers):
             return self._folded(hidden_states, attention_mask)
+        if self._takes_pooled_output(length, width):
+            return self._pooled_output(hidden_states, attention_mask)
         return None
 
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
-        """The plain form: the projections and two (prefix) poolings. Bidirectional attention with a
-        value projection takes the pooled form (`_pooled_context`)."""
+        """The plain form: the projections and two (prefix) poolings."""
         w_q = self.query_score if self.additive else None
         w_k = self.key_score if self.additive else None
-        if not self.is_causal and self._takes_pooled_context(*hidden_states.shape[1:]):
-            return self._pooled_context(hidden_states, w_q, w_k, attention_mask)
         if self.value is None:
             query_proj, key_proj = project(hidden_states, self.query, self.key)
             value_proj = query_proj
@@ -824,50 +825,47 @@ class FastformerAttention(_QKVAttention):
         mixed_value = merge_heads(global_key * value)  # u_i  (B, N, D)
         return add_into_fresh(self.transform(mixed_value), query_proj)  # r_i = W_r u_i + q_i
 
-    def _takes_pooled_context(self, length: int, width: int) -> bool:
-        """Whether bidirectional attention over `length` tokens of `width` takes `_pooled_context`:
+    def _takes_pooled_output(self, length: int, width: int) -> bool:
+        """Whether bidirectional attention over `length` tokens of `width` takes `_pooled_output`:
         where its (B, D, D) map is no larger than v (N >= D; on shorter inputs building the map costs
         more than the passes it saves: 0.70-0.77x on a CPU at 128 tokens, width 512), with a value
-        projection, biases on the query and W_r, and plain `Linear` layers (adapters and hooks keep
-        the layers' own forward)."""
-        layers = (self.query, self.key, self.value, self.transform)
-        return length >= width and self.value is not None and self.query.bias is not None and (
-            self.transform.bias is not None and plain_linears(*layers)
+        projection, a bias on W_r, and plain `Linear` layers (adapters and hooks keep the layers' own
+        forward)."""
+        layers = (self.query, self.key, self.value, self.transform, self.output)
+        return length >= width and self.value is not None and self.transform.bias is not None and (
+            plain_linears(*layers)
         )
 
-    def _pooled_context(self, hidden_states, w_q, w_k, attention_mask):
-        """Bidirectional r_i = W_r (k_g * v_i) + b_r + q_i as one batched product per sequence,
+    def _pooled_output(self, hidden_states, attention_mask):
+        """Bidirectional attention's output W_o r_i + b_o, r_i = W_r (k_g * v_i) + b_r + q_i, with
+        one batched product per sequence for r and W_r's bias moved into the output projection's:
 
-            r_i = q'_i + (W_r diag(k_g)) v_i,    q'_i = W_q x_i + (b_q + b_r),
+            W_o r_i + b_o = W_o (q_i + (W_r diag(k_g)) v_i) + (W_o b_r + b_o).
 
-        whose accumulator starts from q' (the query projection carrying b_r in its bias). The softmax
-        pooling of q' is q's pooling plus b_r (a constant added to every q_i of a head shifts all its
-        scores alike, and the weights sum to 1), so q_g = pool(q') - b_r (a sequence without real
-        tokens pools its keys to 0: its k_g is 0 whatever q_g). Against u_i = k_g * v_i, W_r u_i and
-        the residual add, no element-wise pass over a (B, N, D) tensor is left, forward or backward
-        (on an H200 at 2,048 tokens, width 512, those passes took 174 of the module's 814 us);
-        W_r diag(k_g) is (B, D, D), no larger than v where this form is taken
-        (`_takes_pooled_context`)."""
+        The product's accumulator starts from q. Against u_i = k_g * v_i, W_r u_i and the residual
+        add, no element-wise pass over a (B, N, D) tensor is left, forward or backward (on an H200 at
+        2,048 tokens, width 512, those passes took 174 of the module's 814 us); W_r diag(k_g) is
+        (B, D, D), no larger than v where this form is taken (`_takes_pooled_output`). b_r joins
+        the output's bias rather than q's, so that q rounded to bf16 keeps its own precision."""
         batch = hidden_states.shape[0]
-        shift = self.transform.bias
-        query_proj, key_proj, value_proj = project(
-            hidden_states, self.query, self.key, self.value, biases=[self.query.bias + shift, None, None]
-        )
+        query_proj, key_proj, value_proj = project(hidden_states, self.query, self.key, self.value)
         query, key = split_heads(query_proj, self.num_heads), split_heads(key_proj, self.num_heads)
-        global_key = self._pooled_key(query, key, w_q, w_k, attention_mask, shift=shift)  # k_g (B, H, 1, d)
+        w_q = self.query_score if self.additive else None
+        w_k = self.key_score if self.additive else None
+        global_key = self._pooled_key(query, key, w_q, w_k, attention_mask)  # k_g (B, H, 1, d)
         dtype = value_proj.dtype  # the projections' (autocast's) precision
         scaled_transform = self.transform.weight.to(dtype) * global_key.reshape(batch, 1, -1).to(dtype)
-        return torch.baddbmm(query_proj, value_proj, scaled_transform.transpose(1, 2))  # (B, N, D)
+        context = torch.baddbmm(query_proj, value_proj, scaled_transform.transpose(1, 2))  # r_i - b_r
+        with no_autocast(context.device.type):  # the bias in the weights' precision: a (D, D) product
+            shifted = self.output.weight @ self.transform.bias
+        return self.output(context, bias=shifted if self.output.bias is None else shifted + self.output.bias)
 
-    def _pooled_key(self, query, key, w_q, w_k, attention_mask, shift=None):
+    def _pooled_key(self, query, key, w_q, w_k, attention_mask):
         """k_g (B, H, 1, d) of bidirectional attention, both poolings by `ops.direction_pool`:
         q_g pools q_i along w_q; w_k . (q_g * k_i) = (w_k * q_g) . k_i, so k_g = q_g * (the pooling of
-        k_i along w_k * q_g): p_i = q_g * k_i is never formed. `shift` (D,): the queries carry it
-        (q_i + shift), and it comes off their pooling."""
+        k_i along w_k * q_g): p_i = q_g * k_i is never formed."""
         scale = self.head_dim**-0.5
         global_query = direction_pool(query, None if w_q is None else (w_q * scale)[None], attention_mask)
-        if shift is not None:
-            global_query = global_query - shift.view(self.num_heads, 1, self.head_dim).to(global_query.dtype)
         direction = None if w_k is None else w_k * scale * global_query[:, :, 0]  # (B, H, d)
         return global_query * direction_pool(key, direction, attention_mask)
 

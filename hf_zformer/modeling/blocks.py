@@ -247,13 +247,19 @@ STACKED_PROJECTION_DEVICES = ("cuda",)
 
 def plain_linears(*layers: nn.Module) -> bool:
     """Whether every layer is a `Linear` used as it is: not wrapped (adapters, sharding and
-    quantisation replace the class), without hooks and without a forward of its own (accelerate's
-    offloading hooks replace the instance's `forward`), so its product may run outside its own
-    forward (stacked with others, or with another bias: `project`)."""
+    quantisation replace the class), without hooks of its own or global module hooks (forward or
+    backward), and without a forward of its own (accelerate's offloading hooks replace the
+    instance's `forward`), so its product may run outside its own forward (stacked with others, or
+    with another bias: `project`)."""
+    hooks = nn.modules.module
+    if (hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
+            or hooks._global_backward_pre_hooks):
+        return False
     return all(
         type(layer) is Linear
         and "forward" not in vars(layer)
-        and not (layer._forward_hooks or layer._forward_pre_hooks)
+        and not (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
+                 or layer._backward_pre_hooks)
         for layer in layers
     )
 
@@ -268,14 +274,16 @@ def project(x: torch.Tensor, *layers: nn.Module, biases: list | None = None) -> 
     pass over the input, a sixth of the SDPA module's time: docs/benchmarks.md, "On a GPU"), one
     wide product runs nearer the matmul rate than several narrow ones, and the input's gradient comes
     from one product accumulated in fp32. Fewer rows (decoding steps) keep a product per layer:
-    stacking copies the weights, more than such a product reads. So do CPUs, where the stacked
-    product measured slower (bf16 at 1,024 rows: 5.8 ms against 3.9 for three products, AMD EPYC
-    Zen 4, 2 threads), and the backend `torch` (`set_kernel_backend`), to compare.
+    stacking copies the weights, more than such a product reads. So do CPUs (the casts it saves are
+    a GPU cost; a CPU's BLAS gained nothing from the wider product in a paired check on an AMD EPYC),
+    and the backend `torch` (`set_kernel_backend`), to compare.
 
     `biases` (one per layer, a tensor or None for the layer's own) stand in for the layers' biases,
     e.g. a sum of two biases that carries the gradient to both; plain layers only."""
     if biases is None:
         biases = [None] * len(layers)
+    elif len(biases) != len(layers):
+        raise ValueError(f"project: {len(biases)} biases for {len(layers)} layers")
     elif not plain_linears(*layers):
         raise ValueError("project: biases replace the layers' own only for plain Linear layers")
     biases = [layer.bias if bias is None else bias for layer, bias in zip(layers, biases)]

@@ -605,6 +605,8 @@ def _pool_slices(values) -> tuple[int, int]:
     whole = 1, max(_BLOCK_N, triton.cdiv(length, _BLOCK_N) * _BLOCK_N)
     if POOL_CHUNK is None:
         return whole if fused(batch * heads, values.device) else _slices(length)
+    if POOL_CHUNK <= 0 or POOL_CHUNK % _BLOCK_N:  # a slice ends inside a tile: rows counted twice
+        raise ValueError(f"triton_ops.POOL_CHUNK={POOL_CHUNK}: a positive multiple of {_BLOCK_N} rows, or None")
     return whole if length <= POOL_CHUNK else (triton.cdiv(length, POOL_CHUNK), POOL_CHUNK)
 
 

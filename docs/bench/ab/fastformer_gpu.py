@@ -2,13 +2,13 @@
 time goes"): the benchmark's grid shape (bf16 autocast, batch 40, width 512, 8 heads), each variant
 captured once as a CUDA graph (the GPU's own time) and replayed in alternating rounds, forward and
 training step, SDPA's module beside them (with and without stacked projections); every variant's
-output is first checked, in fp32, against the shipped form's.
+output is first checked, in fp32, against the unpooled form's (the form before these remedies).
 
 Variants of the module:
 - `shipped`: the projections of one input stacked into one product (`blocks.project`), from N >= D
-  the pooled context (`FastformerAttention._pooled_context`): r = q' + v (W_r diag(k_g))^T in one
-  batched product whose accumulator starts from q' = W_q x + (b_q + b_r), and poolings split into
-  slices of 128 rows, one program each (`triton_ops.POOL_CHUNK`);
+  the pooled output (`FastformerAttention._pooled_output`): q + v (W_r diag(k_g))^T in one batched
+  product whose accumulator starts from q, b_r moved into the output projection's bias, and
+  poolings split into slices of 128 rows, one program each (`triton_ops.POOL_CHUNK`);
 - `unstacked`: one product per projection (autocast casts the fp32 input once per projection);
 - `unpooled`: u_i = k_g * v_i, then r_i = W_r u_i + b_r + q_i (two element-wise passes over (B, N, D)
   tensors besides the products);
@@ -52,14 +52,14 @@ VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk25
 @contextlib.contextmanager
 def variant(name, device):
     """Within: the projections, FastformerAttention and the pooling kernels as variant `name` has them."""
-    saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_context, triton_ops.POOL_CHUNK,
+    saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
              attention_module.use_folded_form)
     blocks.STACKED_PROJECTION_DEVICES = () if name.endswith("unstacked") else (device.type,)
     if name == "folded":  # the rule without its autocast condition
         attention_module.use_folded_form = lambda hidden_states, pays_off, *layers: (
             pays_off and blocks.plain_linears(*layers))
     if name == "unpooled":
-        FastformerAttention._takes_pooled_context = lambda self, length, width: False
+        FastformerAttention._takes_pooled_output = lambda self, length, width: False
     if name == "per_pair":
         triton_ops.POOL_CHUNK = None
     if name.startswith("chunk"):
@@ -67,7 +67,7 @@ def variant(name, device):
     try:
         yield
     finally:
-        (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_context, triton_ops.POOL_CHUNK,
+        (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
          attention_module.use_folded_form) = saved
 
 
@@ -130,8 +130,8 @@ def main(argv=None):
                     error = ((outputs[name] - reference).norm() / reference.norm()).item()
                     limit = 1e-5 if device.type == "cpu" else 5e-3  # fp32 (TF32 products on a GPU)
                     if not error < limit:
-                        raise SystemExit(f"{name} at n={length}: relative difference {error:.2e} from the shipped "
-                                         f"form (limit {limit:g})")
+                        raise SystemExit(f"{name} at n={length}: relative difference {error:.2e} from the "
+                                         f"unpooled form (limit {limit:g})")
                 errors = [f"{name} {((lows[name] - reference).norm() / reference.norm()).item():.1e}"
                           for name in VARIANTS]
                 print(f"bf16 error against fp32 at n={length}: " + ", ".join(errors), flush=True)
