@@ -116,6 +116,7 @@ FOOTNOTES = {
     and r.get("mixed_precision") == "bf16",
     "⁴": lambda r: _conv5(r) and bool(r.get("teacher")),
     "⁵": lambda r: r["config"].get("zformer_feature_map") == "hedgehog" and r["config"].get("attention_window") == 64,
+    "⁶": lambda r: r["config"].get("decoder_conv_size") == 4,
 }
 
 
@@ -131,7 +132,7 @@ def _results_table():
 
 
 def _traces(cell: str, attention: str, row_filter, seeds: int, all_records) -> bool:
-    match = re.fullmatch(r"(\d+(?:\.(\d+))?)\s*([¹²³⁴⁵]?)", cell)
+    match = re.fullmatch(r"(\d+(?:\.(\d+))?)\s*([¹²³⁴⁵⁶]?)", cell)
     assert match, f"unreadable cell {cell!r}"
     number, decimals, note = float(match.group(1)), len(match.group(2) or ""), match.group(3)
     kind = FOOTNOTES[note] if note else _plain
