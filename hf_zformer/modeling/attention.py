@@ -161,7 +161,8 @@ class Attention(nn.Module):
         raise NotImplementedError
 
     def _folded_output(self, hidden_states, attention_mask) -> torch.Tensor | None:
-        """The bidirectional output in a folded form where one pays off, else None."""
+        """The bidirectional output in a folded form (the output projection merged into another
+        product) where one pays off, else None."""
         return None
 
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None):
@@ -808,8 +809,7 @@ class FastformerAttention(_QKVAttention):
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
         """The plain form: the projections and two (prefix) poolings."""
-        w_q = self.query_score if self.additive else None
-        w_k = self.key_score if self.additive else None
+        w_q, w_k = self._score_weights()
         if self.value is None:
             query_proj, key_proj = project(hidden_states, self.query, self.key)
             value_proj = query_proj
@@ -824,6 +824,10 @@ class FastformerAttention(_QKVAttention):
             global_key = global_key.to(value.dtype)
         mixed_value = merge_heads(global_key * value)  # u_i  (B, N, D)
         return add_into_fresh(self.transform(mixed_value), query_proj)  # r_i = W_r u_i + q_i
+
+    def _score_weights(self):
+        """(w_q, w_k) of the additive poolings, or (None, None) for the plain mean."""
+        return (self.query_score, self.key_score) if self.additive else (None, None)
 
     def _takes_pooled_output(self, length: int, width: int) -> bool:
         """Whether bidirectional attention over `length` tokens of `width` takes `_pooled_output`:
@@ -850,9 +854,7 @@ class FastformerAttention(_QKVAttention):
         batch = hidden_states.shape[0]
         query_proj, key_proj, value_proj = project(hidden_states, self.query, self.key, self.value)
         query, key = split_heads(query_proj, self.num_heads), split_heads(key_proj, self.num_heads)
-        w_q = self.query_score if self.additive else None
-        w_k = self.key_score if self.additive else None
-        global_key = self._pooled_key(query, key, w_q, w_k, attention_mask)  # k_g (B, H, 1, d)
+        global_key = self._pooled_key(query, key, *self._score_weights(), attention_mask)  # k_g (B, H, 1, d)
         dtype = value_proj.dtype  # the projections' (autocast's) precision
         scaled_transform = self.transform.weight.to(dtype) * global_key.reshape(batch, 1, -1).to(dtype)
         context = torch.baddbmm(query_proj, value_proj, scaled_transform.transpose(1, 2))  # r_i - b_r

@@ -224,7 +224,7 @@ class Linear(nn.Linear):
     ) -> torch.Tensor:
         """`weight` (out_features, in_features) stands in for `self.weight` when given: an alias of it
         that carries its gradient another way (`tied_lookups` in modeling_zformer.py); `bias`, when
-        given, for `self.bias` (a sum of biases, `project`)."""
+        given, for `self.bias` (a bias with another one folded in: `FastformerAttention._pooled_output`)."""
         weight = self.weight if weight is None else weight
         bias = self.bias if bias is None else bias
         if (
@@ -249,8 +249,8 @@ def plain_linears(*layers: nn.Module) -> bool:
     """Whether every layer is a `Linear` used as it is: not wrapped (adapters, sharding and
     quantisation replace the class), without hooks of its own or global module hooks (forward or
     backward), and without a forward of its own (accelerate's offloading hooks replace the
-    instance's `forward`), so its product may run outside its own forward (stacked with others, or
-    with another bias: `project`)."""
+    instance's `forward`), so its product may run outside its own forward (stacked with others,
+    `project`; folded into another form)."""
     hooks = nn.modules.module
     if (hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
             or hooks._global_backward_pre_hooks):
@@ -264,29 +264,20 @@ def plain_linears(*layers: nn.Module) -> bool:
     )
 
 
-def project(x: torch.Tensor, *layers: nn.Module, biases: list | None = None) -> tuple[torch.Tensor, ...]:
+def project(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
     """x (..., D) through each of `layers` (D -> D_i), one output per layer.
 
     On CUDA (`STACKED_PROJECTION_DEVICES`), where every layer is a plain `Linear` (`plain_linears`)
     and the input has at least as many rows as a layer has inputs, one product against the stacked
-    weights (sum D_i, D) gives all the outputs, as column slices of one (..., sum D_i) tensor. Under autocast the fp32 input is
-    then cast to the low precision once instead of once per projection (on a GPU each cast is a
-    pass over the input, a sixth of the SDPA module's time: docs/benchmarks.md, "On a GPU"), one
-    wide product runs nearer the matmul rate than several narrow ones, and the input's gradient comes
-    from one product accumulated in fp32. Fewer rows (decoding steps) keep a product per layer:
-    stacking copies the weights, more than such a product reads. So do CPUs (the casts it saves are
-    a GPU cost; a CPU's BLAS gained nothing from the wider product in a paired check on an AMD EPYC),
-    and the backend `torch` (`set_kernel_backend`), to compare.
-
-    `biases` (one per layer, a tensor or None for the layer's own) stand in for the layers' biases,
-    e.g. a sum of two biases that carries the gradient to both; plain layers only."""
-    if biases is None:
-        biases = [None] * len(layers)
-    elif len(biases) != len(layers):
-        raise ValueError(f"project: {len(biases)} biases for {len(layers)} layers")
-    elif not plain_linears(*layers):
-        raise ValueError("project: biases replace the layers' own only for plain Linear layers")
-    biases = [layer.bias if bias is None else bias for layer, bias in zip(layers, biases)]
+    weights (sum D_i, D) gives all the outputs, as column slices of one (..., sum D_i) tensor. Under
+    autocast the fp32 input is then cast to the low precision once instead of once per projection
+    (on a GPU each cast is a pass over the input, a sixth of the SDPA module's time:
+    docs/benchmarks.md, "On a GPU"), one wide product runs nearer the matmul rate than several
+    narrow ones, and the input's gradient comes from one product accumulated in fp32. Fewer rows
+    (decoding steps) keep a product per layer: stacking copies the weights, more than such a product
+    reads. So do CPUs (the casts it saves are a GPU cost; a CPU's BLAS gained nothing from the wider
+    product in a paired check on an AMD EPYC), and the backend `torch` (`set_kernel_backend`), to
+    compare."""
     rows = x.numel() // max(1, x.shape[-1])
     if (
         len(layers) < 2
@@ -294,11 +285,11 @@ def project(x: torch.Tensor, *layers: nn.Module, biases: list | None = None) -> 
         or _backend == "torch"
         or rows < x.shape[-1]
         or not plain_linears(*layers)
-        or len({bias is None for bias in biases}) > 1
+        or len({layer.bias is None for layer in layers}) > 1
     ):
-        return tuple(layer(x) if bias is layer.bias else layer(x, bias=bias) for layer, bias in zip(layers, biases))
+        return tuple(layer(x) for layer in layers)
     weight = torch.cat([layer.weight for layer in layers])
-    bias = None if biases[0] is None else torch.cat(biases)
+    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
     return nn.functional.linear(x, weight, bias).split([layer.out_features for layer in layers], dim=-1)
 
 
