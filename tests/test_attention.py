@@ -283,7 +283,7 @@ def _assert_same_function(first, second):
 def _folding(monkeypatch, enabled):
     import hf_zformer.modeling.attention as attention_module
 
-    monkeypatch.setattr(attention_module, "use_folded_form", lambda hidden_states, pays_off, *layers: enabled)
+    monkeypatch.setattr(attention_module, "use_folded_form", lambda hidden_states, pays_off, *layers, **_: enabled)
 
 
 @pytest.mark.parametrize(
@@ -298,7 +298,8 @@ def _folding(monkeypatch, enabled):
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("length, projected", [(13, False), (13, True), (40, True)])
 def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_mask, length, projected):
-    """length 40 > D = 32 folds the output projection into the per-sequence map; 13 applies it after.
+    """length 40 folds the output projection into the per-sequence map (zformer from N > D = 32,
+    fastformer from B N >= 2 D); 13 applies it after.
     In fp64, so that the two forms' different summation orders stay far below the tolerance."""
     config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=64, **overrides)
     attention = _randomize(ZformerAttention(config) if config.attention_type == "zformer" else FastformerAttention(config))
@@ -342,6 +343,10 @@ def test_folded_form_is_taken_for_long_fp32_sequences_outside_autocast():
     # under autocast the plain form keeps its fp32 sequence sums (and on CUDA its fused kernels)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not attention_module.use_folded_form(long, pays_off=True)
+        # unless the type takes it under autocast on this device (FOLDED_AUTOCAST_DEVICES)
+        assert attention_module.use_folded_form(long, pays_off=True, autocast_devices=("cpu",))
+        assert not attention_module.use_folded_form(long, pays_off=True, autocast_devices=("cuda",))
+        assert not attention_module.use_folded_form(long, pays_off=False, autocast_devices=("cpu",))
 
 
 @pytest.mark.parametrize("attention_type", ["full", "zformer", "xformer", "fastformer"])
@@ -696,9 +701,9 @@ def test_lora_adapters_on_the_projections_count_in_every_form(attention_type):
 
 
 def test_fastformer_folded_form_under_autocast_reads_its_input_cast_once(monkeypatch):
-    """The folded form under bf16 autocast (the rule takes it in fp32 only; the GPU check's A/B times
-    it in bf16): of the five products reading the fp32 input, none casts it again (one (B, N, D)
-    copy in all), and the output stays near fp32's."""
+    """The folded form under bf16 autocast (`FOLDED_AUTOCAST_DEVICES`): the fp32 input is cast to
+    bf16 once (one (B, N, D) bf16 copy in all: the poolings and the product read that copy; the
+    poolings' torch form sums in fp32), and the output stays near fp32's."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class InputCopies(TorchDispatchMode):
@@ -708,7 +713,8 @@ def test_fastformer_folded_form_under_autocast_reads_its_input_cast_once(monkeyp
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
-            if func is torch.ops.aten._to_copy.default and tuple(out.shape) == self.shape:
+            if func is torch.ops.aten._to_copy.default and tuple(out.shape) == self.shape and (
+                    out.dtype == torch.bfloat16):
                 self.count += 1
             return out
 

@@ -108,7 +108,7 @@ def test_stacked_projections_and_pooled_output_compile(monkeypatch, attention):
     from hf_zformer.modeling.attention import ATTENTION_CLASSES
 
     monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(attention_module, "use_folded_form", lambda hidden_states, pays_off, *layers: False)
+    monkeypatch.setattr(attention_module, "use_folded_form", lambda hidden_states, pays_off, *layers, **_: False)
     stacked = []
     monkeypatch.setattr(attention_module, "project", lambda x, *layers, **kw: stacked.append(1) or blocks.project(
         x, *layers, **kw))

@@ -136,6 +136,21 @@ def test_linear_attention_kernel_extra_padding_changes_nothing(kernels):
 # ----------------------------------------------------------------------------------------------
 
 
+def _assert_pool_matches_fp64(pooled, values, direction, mask, pool):
+    """The kernel's pooling and gradients against `pool` (values, direction, mask) of the torch forms in
+    fp64; with a mask, the third row is all padding and pools to zero."""
+    ops.set_kernel_backend("torch")
+    inputs = [values] + ([direction] if direction is not None else [])
+    inputs64 = _fp64(*inputs)
+    expected = pool(inputs64[0], inputs64[1] if direction is not None else None, mask)
+    assert _relative(pooled, expected) < 1e-6
+    if mask is not None:
+        assert pooled[2].abs().max() == 0
+    for got, want in zip(_grads(pooled, inputs), _grads(expected, inputs64)):
+        assert torch.isfinite(got).all()
+        assert _relative(got, want) < 1e-5
+
+
 @pytest.mark.parametrize("direction_rows", [None, 1, 3])  # the mean, one direction per head, per sequence
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("dim", [32, 24])
@@ -150,16 +165,7 @@ def test_direction_pool_kernel_matches_fp64(kernels, direction_rows, with_mask, 
     pooled = ops.direction_pool(values, direction, mask)
     assert pooled.shape == (batch, heads, 1, dim) and pooled.dtype == torch.float32
 
-    ops.set_kernel_backend("torch")
-    inputs = [values] + ([direction] if direction is not None else [])
-    inputs64 = _fp64(*inputs)
-    expected = ops.direction_pool(inputs64[0], inputs64[1] if direction is not None else None, mask)
-    assert _relative(pooled, expected) < 1e-6
-    if with_mask:
-        assert pooled[2].abs().max() == 0
-    for got, want in zip(_grads(pooled, inputs), _grads(expected, inputs64)):
-        assert torch.isfinite(got).all()
-        assert _relative(got, want) < 1e-5
+    _assert_pool_matches_fp64(pooled, values, direction, mask, ops.direction_pool)
 
 
 def test_direction_pool_kernel_matches_the_naive_reference(kernels):
@@ -206,6 +212,83 @@ def test_direction_pool_kernel_extra_padding_changes_nothing(kernels, monkeypatc
     wide = ops.direction_pool(torch.nn.functional.pad(values.detach(), (0, 0, 0, 500)), direction,
                               torch.nn.functional.pad(mask, (0, 500)))
     assert torch.equal(wide, pooled.detach())
+
+
+def _shared_rows(batch, length, dim, generator, dtype=torch.float32):
+    """(B, 1, N, D) rows shared by every direction, a strided view (the layer input's first D columns)."""
+    x = torch.randn(batch, length, dim + 8, generator=generator).to(DEVICE, dtype)[:, :, :dim]
+    return x.detach().requires_grad_()
+
+
+@pytest.mark.parametrize("direction_rows", [None, 1, 3])  # the mean, one direction per head, per sequence
+@pytest.mark.parametrize("with_mask", [False, True])
+@pytest.mark.parametrize("dim", [64, 40])  # 40: padded to a 64-wide tile
+def test_shared_pool_kernel_matches_fp64(kernels, direction_rows, with_mask, dim):
+    """Fastformer's folded poolings: one sequence's rows pooled along every head's direction
+    (`shared_pool_kernel`), 300 rows in three slices, against the torch form in fp64."""
+    generator = torch.Generator().manual_seed(10)
+    batch, heads, length = 3, 5, 300
+    values = _shared_rows(batch, length, dim, generator)
+    direction = None
+    if direction_rows is not None:
+        direction = (torch.randn(direction_rows, heads, dim, generator=generator) * 0.3).to(DEVICE).requires_grad_()
+    mask = _mask(batch, length, [length, 70, 0]) if with_mask else None  # an all-padding row
+    pooled = ops.direction_pool(values[:, None], direction, mask)
+    assert pooled.shape == (batch, 1 if direction is None else heads, 1, dim) and pooled.dtype == torch.float32
+
+    _assert_pool_matches_fp64(pooled, values, direction, mask, lambda v, *rest: ops.direction_pool(v[:, None], *rest))
+
+
+def test_shared_pool_kernel_matches_the_naive_reference_and_per_head_pooling(kernels):
+    """The same pooling as the per-head kernel over the rows repeated for every head, and as the
+    naive reference."""
+    generator = torch.Generator().manual_seed(11)
+    values = _shared_rows(2, 30, 16, generator)
+    direction = torch.randn(2, 3, 16, generator=generator).to(DEVICE)
+    mask = _mask(2, 30, [30, 9])
+    pooled = ops.direction_pool(values[:, None], direction, mask)
+    repeated = ops.direction_pool(values[:, None].expand(-1, 3, -1, -1), direction, mask)
+    assert _relative(pooled, repeated) < 1e-6
+    expected = ops.direction_pool_reference(values[:, None].detach().cpu().double(), direction.cpu().double(),
+                                            mask.cpu())
+    assert _relative(pooled.cpu(), expected) < 1e-6
+
+
+def test_shared_pool_kernel_in_bf16_stays_close(kernels):
+    generator = torch.Generator().manual_seed(12)
+    values = _shared_rows(2, 200, 64, generator, dtype=torch.bfloat16)
+    direction = (torch.randn(1, 4, 64, generator=generator) * 0.3).to(DEVICE)
+    pooled = ops.direction_pool(values[:, None], direction, _mask(2, 200, [200, 120]))
+    ops.set_kernel_backend("torch")
+    expected = ops.direction_pool(values[:, None].detach().double(), direction.double(), _mask(2, 200, [200, 120]))
+    assert pooled.dtype == torch.float32 and _relative(pooled, expected) < 1e-3
+
+
+def test_shared_pool_kernel_extra_padding_changes_nothing(kernels):
+    """100 real rows (one slice) padded to 600 (five, merged): the same pooling and gradients, exactly."""
+    generator = torch.Generator().manual_seed(13)
+    values = _shared_rows(2, 100, 32, generator)
+    direction = torch.randn(2, 3, 32, generator=generator).to(DEVICE).requires_grad_()
+    mask = _mask(2, 100, [100, 70])
+    padded = torch.nn.functional.pad(values.detach(), (0, 0, 0, 500)).requires_grad_()
+    short = ops.direction_pool(values[:, None], direction, mask)
+    wide = ops.direction_pool(padded[:, None], direction, torch.nn.functional.pad(mask, (0, 500)))
+    assert torch.equal(wide, short)
+    wide_values, wide_direction = _grads(wide, [padded, direction])
+    short_values, short_direction = _grads(short, [values, direction])
+    assert torch.equal(wide_values[:, :100], short_values) and torch.equal(wide_direction, short_direction)
+    assert wide_values[:, 100:].abs().max() == 0
+
+
+def test_shared_pool_kernel_takes_widths_up_to_1024(kernels, monkeypatch):
+    calls = []
+    original = ops.shared_pool_kernel
+    monkeypatch.setattr(ops, "shared_pool_kernel", lambda *a, **k: calls.append(a[0].shape[-1]) or original(*a, **k))
+    generator = torch.Generator().manual_seed(14)
+    for dim in (1024, 1025):
+        values = torch.randn(1, 20, dim, generator=generator).to(DEVICE)
+        ops.direction_pool(values[:, None], torch.randn(1, 2, dim, generator=generator).to(DEVICE) * 0.03)
+    assert calls == [1024]
 
 
 # ----------------------------------------------------------------------------------------------

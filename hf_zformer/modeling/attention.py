@@ -56,16 +56,20 @@ from .ops import (
 logger = logging.get_logger(__name__)
 
 
-def use_folded_form(hidden_states: torch.Tensor, pays_off: bool, *layers: nn.Module) -> bool:
+def use_folded_form(hidden_states: torch.Tensor, pays_off: bool, *layers: nn.Module,
+                    autocast_devices: tuple[str, ...] = ()) -> bool:
     """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
-    `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences), in
-    fp32/fp64, outside autocast, and with the projections `layers` plain `Linear`s (the form reads
-    their weights: an adapter or a hook on one keeps the layers' own forward). Under autocast the
-    plain form keeps its low-precision projections and fp32 sequence sums, which on CUDA run as the
-    fused kernels: in bf16 these beat the folded form's products (benchmark in docs/benchmarks.md,
-    "On a GPU")."""
-    if not pays_off or torch.is_autocast_enabled(hidden_states.device.type) or not plain_linears(*layers):
+    `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences), with
+    the projections `layers` plain `Linear`s (the form reads their weights: an adapter or a hook on
+    one keeps the layers' own forward), and in fp32/fp64 outside autocast, or under autocast on the
+    device types `autocast_devices` (the attention class's `FOLDED_AUTOCAST_DEVICES`). Elsewhere
+    under autocast the plain form keeps its low-precision projections and fp32 sequence sums, which
+    on CUDA run as the fused kernels (docs/benchmarks.md, "On a GPU")."""
+    if not pays_off or not plain_linears(*layers):
         return False
+    device_type = hidden_states.device.type
+    if torch.is_autocast_enabled(device_type):
+        return device_type in autocast_devices
     return hidden_states.dtype in (torch.float32, torch.float64)
 
 
@@ -779,6 +783,8 @@ class FastformerAttention(_QKVAttention):
 
     HAS_ATTENTION_DROPOUT = False
     CAN_BE_CROSS = False
+    # device types on which the folded form is taken under autocast too (`use_folded_form`)
+    FOLDED_AUTOCAST_DEVICES: tuple[str, ...] = ()
 
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
@@ -800,7 +806,8 @@ class FastformerAttention(_QKVAttention):
         # fewer FLOPs when 2 (projections - 1) N D^2 > 2 D^3
         length, width = hidden_states.shape[1:]
         layers = [layer for layer in (self.query, self.key, self.value, self.transform) if layer is not None]
-        if use_folded_form(hidden_states, (projections - 1) * length > width, *layers):
+        if use_folded_form(hidden_states, (projections - 1) * length > width, *layers,
+                           autocast_devices=self.FOLDED_AUTOCAST_DEVICES):
             return self._folded(hidden_states, attention_mask)
         if self._takes_pooled_output(length, width):
             return self._pooled_output(hidden_states, attention_mask)
@@ -903,42 +910,53 @@ class FastformerAttention(_QKVAttention):
             k_g = sum_i beta_i (q_g * k_i) = q_g * (W_k (sum_i beta_i x_i) + b_k)
             r_i = W_r (k_g * (W_v x_i + b_v)) + b_r + W_q x_i + b_q = (W_r diag(k_g) W_v + W_q) x_i + c
 
-        (with the 1/sqrt(d_h) score scaling). The output is one (D, D) matrix per sequence applied
-        to X: 2 N D^2 + 2 D^3 FLOPs, plus 8 N D H for the scores and poolings, instead of 8 N D^2;
-        Q, K, V and the other (B, N, D) intermediates are never formed, and the output projection joins
-        the per-sequence map (`_apply_folded`).
+        (with the 1/sqrt(d_h) score scaling). Both poolings read X itself, every head along its own
+        direction (`ops.direction_pool` of shared rows: one fused kernel on CUDA). The output is one
+        (D, D) matrix per sequence applied to X, with the output projection folded in through
+        W_o W_q and W_o W_r, formed once per call (`_folded_output_maps`): per sequence 2 D^3 FLOPs
+        for the map and 2 N D^2 to apply it, plus 8 N D H for the scores and poolings, instead of
+        10 N D^2 for five projections; Q, K, V and the other (B, N, D) intermediates are never formed.
+        Under autocast (`FOLDED_AUTOCAST_DEVICES`) X is cast once, the per-sequence vectors stay
+        fp32 and the two matrix products run in autocast's dtype.
         """
-        x = autocast_input(hidden_states)  # (B, N, D); read by five products, so cast once under autocast
+        x = autocast_input(hidden_states)  # (B, N, D); read by every step, so cast once under autocast
         batch, length, width = x.shape
         heads, dim = self.num_heads, self.head_dim
         attention_mask = drop_full_mask(attention_mask)
         value_layer = self.query if self.value is None else self.value
         w_q, w_k = self.query.weight.view(heads, dim, width), self.key.weight.view(heads, dim, width)
         b_q, b_k = self.query.bias.view(heads, dim), self.key.bias.view(heads, dim)
-        tokens = x.transpose(1, 2)  # (B, D, N)
-
-        def pool(direction):
-            """sum_i softmax_i(direction . x_i) x_i over real positions; direction (B or 1, H, D)."""
-            if direction is None:  # mean pooling
-                scores = x.new_zeros(batch, heads, length)
-            else:
-                scores = direction @ tokens  # (B, H, N)
-            return masked_softmax(scores, key_mask) @ x  # (B, H, D)
-
-        key_mask = None if attention_mask is None else attention_mask.bool()[:, None, :]  # (B, 1, N)
         scale = dim**-0.5
-        direction = torch.einsum("hkD,hk->hD", w_q, self.query_score)[None] * scale if self.additive else None
-        if attention_mask is not None:  # sum_i alpha_i is 0, not 1, in a row without real tokens: q_g = 0
-            b_q = b_q * key_mask.any(-1, keepdim=True).to(b_q.dtype)  # (B, 1, 1) * (H, d)
-        global_query = torch.einsum("hkD,bhD->bhk", w_q, pool(direction)) + b_q  # q_g (B, H, d)
-        if self.additive:
-            direction = torch.einsum("hkD,bhk->bhD", w_k, self.key_score * global_query * scale)
-        global_key = global_query * (torch.einsum("hkD,bhD->bhk", w_k, pool(direction)) + b_k)  # k_g
+        with no_autocast(x.device.type):  # the per-sequence vectors in the weights' precision
+            direction = torch.einsum("hkD,hk->hD", w_q, self.query_score)[None] * scale if self.additive else None
+            pooled = direction_pool(x[:, None], direction, attention_mask)[:, :, 0].expand(batch, heads, width)
+            if attention_mask is not None:  # sum_i alpha_i is 0, not 1, in a row without real tokens: q_g = 0
+                b_q = b_q * attention_mask.bool().any(-1)[:, None, None].to(b_q.dtype)  # (B, 1, 1) * (H, d)
+            global_query = torch.einsum("hkD,bhD->bhk", w_q, pooled.to(w_q.dtype)) + b_q  # q_g (B, H, d)
+            if self.additive:
+                direction = torch.einsum("hkD,bhk->bhD", w_k, self.key_score * global_query * scale)
+                pooled = direction_pool(x[:, None], direction, attention_mask)[:, :, 0]
+            global_key = global_query * (torch.einsum("hkD,bhD->bhk", w_k, pooled.to(w_k.dtype)) + b_k)  # k_g
+            fold_output = plain_linears(self.output) and batch * length >= 2 * width
+            left_q, left_r, bias = self._folded_output_maps(fold_output)
+            dtype = x.dtype
+            scaled = left_r.to(dtype) * global_key.reshape(batch, 1, width).to(dtype)  # (W_o) W_r diag(k_g)
+            matrix = torch.baddbmm(left_q.to(dtype), scaled, value_layer.weight.to(dtype).expand(batch, -1, -1))
+            offset = (scaled @ value_layer.bias.to(dtype)).to(bias.dtype) + bias  # c (B, D)
+            out = torch.baddbmm(offset.to(dtype)[:, None, :], x, matrix.transpose(1, 2))  # (B, N, D)
+        return out if fold_output else self.output(out)
 
-        scaled_transform = self.transform.weight * global_key.reshape(batch, 1, width)  # W_r diag(k_g)  (B, D, D)
-        matrix = torch.baddbmm(self.query.weight, scaled_transform, value_layer.weight.expand(batch, -1, -1))
-        offset = scaled_transform @ value_layer.bias + self.transform.bias + self.query.bias  # c (B, D)
-        return _apply_folded(x, matrix, offset, self.output)  # (B, N, D)
+    def _folded_output_maps(self, fold_output: bool):
+        """(A, R, b) of the folded form's map A + R diag(k_g) W_v and offset R diag(k_g) b_v + b: with
+        the output projection folded in, (W_o W_q, W_o W_r, W_o (b_q + b_r) + b_o), two (D, D)
+        products per call where applying W_o would cost 2 N D^2 per sequence (taken from B N >= 2 D);
+        else (W_q, W_r, b_q + b_r)."""
+        bias = self.query.bias + self.transform.bias
+        if not fold_output:
+            return self.query.weight, self.transform.weight, bias
+        w_o = self.output.weight
+        bias = w_o @ bias if self.output.bias is None else torch.addmv(self.output.bias, w_o, bias)
+        return w_o @ self.query.weight, w_o @ self.transform.weight, bias
 
 
 ATTENTION_CLASSES = {

@@ -21,14 +21,16 @@ the tests compare every fast form against it in fp64, forward and backward).
 
 - **Direction pooling** (bidirectional Fastformer): `direction_pool(values, direction, mask)`,
   reference `direction_pool_reference`: `softmax_pool` with the scores values_j . u, so a fused
-  kernel reads the values once and no (B, H, N, 1) scores are formed.
+  kernel reads the values once and no (B, H, N, 1) scores are formed. Values (B, 1, N, D) are shared
+  by H directions (B or 1, H, D): the folded form pools the layer's input once per head.
 
 Softmax attention (full) runs through transformers' attention functions, with
 `attention.einsum_attention_forward` as its reference.
 
 **Backends.** Each operation has a torch form (below; every device and dtype, fp64 included) and,
 where one exists, a fused Triton kernel (`triton_ops.py`: bidirectional linear attention,
-direction pooling and causal softmax pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
+direction pooling (per head, or shared rows along every head's direction) and causal softmax
+pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
 is installed; causal linear attention over more than one token runs flash-linear-attention's
 chunked kernel where `fla` is installed (`pip install hf_zformer[gpu]`). The same switch governs the
 device-specific fast forms outside this file: the GPU's stacked query/key/value product
@@ -64,7 +66,14 @@ from .blocks import (  # noqa: F401  (the backend's controls are this module's p
 from .triton_ops import AVAILABLE as TRITON_AVAILABLE
 from .triton_ops import INTERPRETED as TRITON_INTERPRETED
 from .triton_ops import FLOOR as KERNEL_FLOOR
-from .triton_ops import direction_pool_kernel, linear_attention_kernel, prefix_pool_kernel, supported_width
+from .triton_ops import (
+    direction_pool_kernel,
+    linear_attention_kernel,
+    prefix_pool_kernel,
+    shared_pool_kernel,
+    shared_width,
+    supported_width,
+)
 
 logger = logging.get_logger(__name__)
 
@@ -94,9 +103,10 @@ def _torch_form(reason: str) -> bool:
     return False
 
 
-def _kernel_applies(operation: str, *tensors: torch.Tensor) -> bool:
+def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_width) -> bool:
     """Whether `operation` runs its Triton kernel on these inputs (the backend, the device, the
-    dtypes and head widths); `False` means the torch form, with the reason logged once at debug level."""
+    dtypes and widths, `width_ok` of each last dimension); `False` means the torch form, with the
+    reason logged once at debug level."""
     backend = kernel_backend()
     if backend == "torch":
         return False
@@ -117,8 +127,8 @@ def _kernel_applies(operation: str, *tensors: torch.Tensor) -> bool:
     dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if operation == "direction_pool" else ())
     if any(t.dtype not in dtypes for t in tensors):
         return _torch_form(f"{operation} in {tensors[0].dtype}")
-    if not all(supported_width(t.shape[-1]) for t in tensors):
-        return _torch_form(f"{operation} with head widths {sorted({t.shape[-1] for t in tensors})}")
+    if not all(width_ok(t.shape[-1]) for t in tensors):
+        return _torch_form(f"{operation} with widths {sorted({t.shape[-1] for t in tensors})}")
     return True
 
 
@@ -552,12 +562,33 @@ def direction_pool(values, direction=None, mask=None):
     real tokens, or None. Returns (B, H, 1, d) in fp32 (fp64 stays fp64); zero for a row with no real
     token. Fastformer's two poolings both take this form (w . q_i, and w . (q_g * k_i) = (w * q_g) . k_i).
 
-    The Triton kernel where it applies (`_kernel_applies`), else `softmax_pool` over the scores."""
+    Values (B, 1, N, D) are one sequence shared by the H directions (B or 1, H, D): each head pools
+    the whole rows along its own direction (Fastformer's folded form pools the layer's input this
+    way); without a direction that is the plain mean, H = 1.
+
+    The Triton kernel where it applies (`_kernel_applies`; `shared_pool_kernel` for shared values),
+    else `softmax_pool` over the scores (shared values: two batched products)."""
+    if values.shape[1] == 1 and (direction is None or direction.shape[1] > 1):
+        return _shared_direction_pool(values[:, 0], direction, mask)
     if _kernel_applies("direction_pool", values):
         return direction_pool_kernel(values, direction, mask)[:, :, None]
     with no_autocast(values.device.type):
         values = at_least_fp32(values)[0]
         return softmax_pool(direction_scores(values, direction), values, mask)[0]
+
+
+def _shared_direction_pool(values, direction, mask):
+    """`direction_pool` of values (B, N, D) shared by the directions (B or 1, H, D) -> (B, H, 1, D)."""
+    if _kernel_applies("direction_pool", values, width_ok=shared_width):
+        return shared_pool_kernel(values, direction, mask)[:, :, None]
+    with no_autocast(values.device.type):
+        values = at_least_fp32(values)[0]
+        if direction is None:
+            scores = values.new_zeros(values.shape[0], 1, values.shape[1])
+        else:
+            scores = direction.to(values.dtype) @ values.transpose(1, 2)  # (B, H, N)
+        weights = masked_softmax(scores, None if mask is None else mask.bool()[:, None, :])
+        return (weights @ values)[:, :, None]
 
 
 def direction_scores(values, direction):
@@ -572,7 +603,10 @@ def direction_scores(values, direction):
 
 
 def direction_pool_reference(values, direction=None, mask=None):
-    """`direction_pool` computed naively, through `softmax_pool_reference` over the scores."""
+    """`direction_pool` computed naively, through `softmax_pool_reference` over the scores (shared
+    values broadcast to every direction)."""
+    if values.shape[1] == 1 and direction is not None:
+        values = values.expand(-1, direction.shape[1], -1, -1)
     return softmax_pool_reference(direction_scores(values, direction), values, mask)[0]
 
 

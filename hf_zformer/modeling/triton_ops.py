@@ -307,6 +307,111 @@ if AVAILABLE:
         if HAS_DIRECTION:
             tl.store(DU + (bh * tl.num_programs(0) + part) * BD + rd, du)
 
+    @triton.jit
+    def _dot32(a, b, DOT_FP32: tl.constexpr):
+        """a @ b of fp32 tiles: exactly (DOT_FP32: fp32 inputs, the interpreter), else in tf32 (rows
+        read from 16-bit inputs are exact in it; the other operand is rounded to 2^-11)."""
+        if DOT_FP32:
+            return tl.dot(a, b, input_precision="ieee")
+        return tl.dot(a, b, input_precision="tf32")
+
+    @triton.jit
+    def _shared_tile(X, M, smb, smn, b, rows, length, rd, D, sxn, sxd, u, BLOCK_N: tl.constexpr,
+                     BH: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr,
+                     DOT_FP32: tl.constexpr):
+        """(which rows are real, the tile of rows in fp32, their scores x_n . u_h against every
+        direction (BLOCK_N, BH), zero without directions)."""
+        keep = _kept(M, smb, smn, b, rows, length, HAS_MASK)
+        x = _rows(X, rows, keep, rd, D, sxn, sxd).to(tl.float32)
+        if HAS_DIRECTION:
+            scores = _dot32(x, tl.trans(u), DOT_FP32)
+        else:
+            scores = tl.zeros((BLOCK_N, BH), dtype=tl.float32)
+        return keep, x, scores
+
+    @triton.jit
+    def _directions(U, b, sub, suh, rd, rh, columns, BH: tl.constexpr, BD: tl.constexpr,
+                    HAS_DIRECTION: tl.constexpr):
+        """The (BH, BD) fp32 directions of sequence b (zeros without directions: never read)."""
+        if HAS_DIRECTION:
+            return tl.load(U + b * sub + rh[:, None] * suh + rd[None, :], mask=columns, other=0.0).to(tl.float32)
+        return tl.zeros((BH, BD), dtype=tl.float32)
+
+    @triton.jit
+    def _shared_pool(X, U, M, MAX, SUM, ACC, POOLED, LSE, length, chunk, sxb, sxn, sxd, sub, suh, smb, smn,
+                     heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BH: tl.constexpr,
+                     BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr,
+                     FINAL: tl.constexpr, DOT_FP32: tl.constexpr):
+        """`_pool` of one slice of one sequence along all `heads` directions at once: each tile of
+        rows is read once, its scores against every direction are one matrix product and so is its
+        share of every head's pooling. The slices' sums are stored per (b, h) as `_pool` stores
+        them, so `_merge_pools` merges them."""
+        part, b = tl.program_id(0), tl.program_id(1)
+        rd, rh = tl.arange(0, BD), tl.arange(0, BH)
+        real_heads = rh < heads
+        pairs = b * heads + rh  # (b, h) rows of the per-pair outputs
+        columns = real_heads[:, None] & (rd[None, :] < D)
+        u = _directions(U, b, sub, suh, rd, rh, columns, BH, BD, HAS_DIRECTION)
+        top = tl.full((BH,), _FLOOR, tl.float32)
+        total = tl.zeros((BH,), dtype=tl.float32)
+        acc = tl.zeros((BH, BD), dtype=tl.float32)
+        start = part * chunk
+        for offset in range(start, tl.minimum(start + chunk, length), BLOCK_N):
+            rows = offset + tl.arange(0, BLOCK_N)
+            keep, x, scores = _shared_tile(X + b * sxb, M, smb, smn, b, rows, length, rd, D, sxn, sxd, u,
+                                           BLOCK_N, BH, HAS_MASK, HAS_DIRECTION, DOT_FP32)
+            scores = tl.where(keep[:, None], scores, float("-inf"))
+            new_top = tl.maximum(top, tl.max(scores, axis=0))
+            rescale = tl.exp(top - new_top)
+            weights = tl.exp(scores - new_top[None, :])  # (BLOCK_N, BH), 0 at padding
+            total = total * rescale + tl.sum(weights, axis=0)
+            acc = acc * rescale[:, None] + _dot32(tl.trans(weights), x, DOT_FP32)
+            top = new_top
+        if FINAL:
+            empty = total == 0
+            tl.store(POOLED + pairs[:, None] * D + rd[None, :], acc / tl.where(empty, 1.0, total)[:, None],
+                     mask=columns)
+            tl.store(LSE + pairs, tl.where(empty, float("inf"), top + tl.log(tl.where(empty, 1.0, total))),
+                     mask=real_heads)
+        else:
+            index = pairs * tl.num_programs(0) + part
+            tl.store(MAX + index, top, mask=real_heads)
+            tl.store(SUM + index, total, mask=real_heads)
+            tl.store(ACC + index[:, None] * BD + rd[None, :], acc, mask=real_heads[:, None])
+
+    @triton.jit
+    def _shared_pool_backward(X, U, M, G, LSE, GP, DX, DU, length, chunk, sxb, sxn, sxd, sub, suh, smb, smn,
+                              sdb, sdn, sdd, heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
+                              BH: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
+                              HAS_DIRECTION: tl.constexpr, DOT_FP32: tl.constexpr):
+        """`_pool_backward` of one slice along all directions: with w_nh = exp(x_n . u_h - lse_h) and
+        t_nh = w_nh (g_h . x_n - g_h . pooled_h), dx_n = sum_h w_nh g_h + t_nh u_h (two matrix
+        products per tile) and the slice's du_h = sum_n t_nh x_n."""
+        part, b = tl.program_id(0), tl.program_id(1)
+        rd, rh = tl.arange(0, BD), tl.arange(0, BH)
+        real_heads = rh < heads
+        pairs = b * heads + rh
+        columns = real_heads[:, None] & (rd[None, :] < D)
+        g = tl.load(G + pairs[:, None] * D + rd[None, :], mask=columns, other=0.0)
+        lse = tl.load(LSE + pairs, mask=real_heads, other=float("inf"))  # no weight on padded heads
+        g_pooled = tl.load(GP + pairs, mask=real_heads, other=0.0)
+        u = _directions(U, b, sub, suh, rd, rh, columns, BH, BD, HAS_DIRECTION)
+        du = tl.zeros((BH, BD), dtype=tl.float32)
+        start = part * chunk
+        for offset in range(start, tl.minimum(start + chunk, length), BLOCK_N):
+            rows = offset + tl.arange(0, BLOCK_N)
+            keep, x, scores = _shared_tile(X + b * sxb, M, smb, smn, b, rows, length, rd, D, sxn, sxd, u,
+                                           BLOCK_N, BH, HAS_MASK, HAS_DIRECTION, DOT_FP32)
+            weights = tl.where(keep[:, None], tl.exp(scores - lse[None, :]), 0.0)
+            t = weights * (_dot32(x, tl.trans(g), DOT_FP32) - g_pooled[None, :])
+            dx = _dot32(weights, g, DOT_FP32)
+            if HAS_DIRECTION:
+                dx += _dot32(t, u, DOT_FP32)
+                du += _dot32(tl.trans(t), x, DOT_FP32)
+            tl.store(DX + b * sdb + rows[:, None] * sdn + rd[None, :] * sdd, dx.to(DX.dtype.element_ty),
+                     mask=(rows < length)[:, None] & (rd[None, :] < D))
+        if HAS_DIRECTION:
+            tl.store(DU + ((b * tl.num_programs(0) + part) * BH + rh[:, None]) * BD + rd[None, :], du)
 
     @triton.jit
     def _prefix_pool(S, X, M, P, L, length, ssb, ssh, ssn, sxb, sxh, sxn, sxd, smb, smn, spb, sph, spn,
@@ -673,6 +778,92 @@ def direction_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     if _needs_graph(values, direction):
         return _DirectionPool.apply(values, direction, mask)
     return _pool_forward(values, direction, mask)[0]  # inference: no autograd node
+
+
+def shared_width(width: int) -> bool:
+    """Widths `shared_pool_kernel` takes: up to 1,024 (a tile of rows spans the whole width)."""
+    return 1 <= width <= 1024
+
+
+def _shared_block(width: int) -> int:
+    """Rows per tile of the shared pooling: 16,384 elements of a (rows, width) tile, at least 16 (a
+    matrix product's smallest tile); 32 at width 512. A divisor of `POOL_CHUNK` and of `_BLOCK_N`."""
+    return max(16, min(_BLOCK_N, 16384 // _tile(width)))
+
+
+def _shared_launch(values, direction, mask):
+    """The launch arguments the shared pooling's forward and backward have in common."""
+    batch, length, dim = values.shape
+    heads = direction.shape[1]
+    parts, chunk = _pool_slices(values[:, None])
+    mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
+    sub = 0 if direction.shape[0] == 1 else direction.stride(0)
+    constants = dict(heads=heads, D=dim, BD=_tile(dim), BH=_tile(heads), BLOCK_N=_shared_block(dim), HAS_MASK=has_mask,
+                     DOT_FP32=_dot_fp32(values, direction), **_launch_options(dim))
+    return parts, chunk, (mask_ptr,), (values.stride(0), values.stride(1), values.stride(2), sub, direction.stride(1),
+                                       smb, smn), constants
+
+
+def _shared_pool_forward(values, direction, mask, has_direction):
+    """(pooled (B, H, D) fp32, log-sum-exp (B, H) fp32, +inf where a row has no real token)."""
+    batch, length, dim = values.shape
+    heads = direction.shape[1]
+    parts, chunk, (mask_ptr,), strides, constants = _shared_launch(values, direction, mask)
+    pooled = torch.empty(batch, heads, dim, dtype=torch.float32, device=values.device)
+    lse = torch.empty(batch, heads, dtype=torch.float32, device=values.device)
+    if parts == 1:
+        top = total = acc = pooled  # unused: the kernel writes the pooling itself
+    else:
+        top, total = (torch.empty(batch * heads, parts, dtype=torch.float32, device=values.device) for _ in range(2))
+        acc = torch.empty(batch * heads, parts, _tile(dim), dtype=torch.float32, device=values.device)
+    _shared_pool[(parts, batch)](values, direction, mask_ptr, top, total, acc, pooled, lse, length, chunk, *strides,
+                                 HAS_DIRECTION=has_direction, FINAL=parts == 1, **constants)
+    if parts > 1:
+        _merge_pools[(batch * heads,)](top, total, acc, pooled, lse, parts, D=dim, BD=_tile(dim))
+    return pooled, lse
+
+
+class _SharedPool(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values, direction, mask, has_direction):
+        pooled, lse = _shared_pool_forward(values, direction, mask, has_direction)
+        ctx.has_direction = has_direction
+        ctx.save_for_backward(values, direction, mask, pooled, lse)
+        return pooled
+
+    @staticmethod
+    def backward(ctx, grad):
+        values, direction, mask, pooled, lse = ctx.saved_tensors
+        batch, length, dim = values.shape
+        heads = direction.shape[1]
+        grad = grad.float().contiguous()
+        grad_pooled = (grad * pooled).sum(-1).contiguous()  # g . pooled (B, H)
+        parts, chunk, (mask_ptr,), strides, constants = _shared_launch(values, direction, mask)
+        grad_values = torch.empty_like(values, memory_format=torch.contiguous_format)
+        partial = torch.empty(batch, parts, _tile(heads), _tile(dim), dtype=torch.float32, device=values.device)
+        _shared_pool_backward[(parts, batch)](values, direction, mask_ptr, grad, lse, grad_pooled, grad_values, partial,
+                                              length, chunk, *strides, *grad_values.stride(),
+                                              HAS_DIRECTION=ctx.has_direction, **constants)
+        grad_direction = None
+        if ctx.has_direction and ctx.needs_input_grad[1]:
+            grad_direction = partial.sum(1)[:, :heads, :dim]
+            if direction.shape[0] == 1:
+                grad_direction = grad_direction.sum(0, keepdim=True)
+            grad_direction = grad_direction.to(direction.dtype)
+        return grad_values, grad_direction, None, None
+
+
+def shared_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
+    """Bidirectional `ops.direction_pool` of one sequence per batch row along several directions:
+    pooled_h = sum_j softmax_j(values_j . u_h) values_j over the real positions. values (B, N, D),
+    any strides; direction u (B or 1, H, D), or None for zero scores (the plain mean, H = 1); mask
+    (B, N) or None. Returns (B, H, D) in fp32; zero for a row with no real token. One program per
+    slice of `POOL_CHUNK` rows reads each tile once for every head."""
+    has_direction = direction is not None
+    direction = values[:1, :1] if direction is None else direction.contiguous()  # a pointer never read
+    if _needs_graph(values, direction if has_direction else None):
+        return _SharedPool.apply(values, direction, mask, has_direction)
+    return _shared_pool_forward(values, direction, mask, has_direction)[0]
 
 
 def _prefix_pool_forward(scores, values, mask):

@@ -53,11 +53,10 @@ VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk25
 def variant(name, device):
     """Within: the projections, FastformerAttention and the pooling kernels as variant `name` has them."""
     saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
-             attention_module.use_folded_form)
+             FastformerAttention.FOLDED_AUTOCAST_DEVICES)
     blocks.STACKED_PROJECTION_DEVICES = () if name.endswith("unstacked") else (device.type,)
-    if name == "folded":  # the rule without its autocast condition
-        attention_module.use_folded_form = lambda hidden_states, pays_off, *layers: (
-            pays_off and blocks.plain_linears(*layers))
+    if name == "folded":  # the folded form under autocast too
+        FastformerAttention.FOLDED_AUTOCAST_DEVICES = (device.type,)
     if name == "unpooled":
         FastformerAttention._takes_pooled_output = lambda self, length, width: False
     if name == "per_pair":
@@ -68,7 +67,7 @@ def variant(name, device):
         yield
     finally:
         (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
-         attention_module.use_folded_form) = saved
+         FastformerAttention.FOLDED_AUTOCAST_DEVICES) = saved
 
 
 def variant_step(name, case, device):
@@ -91,7 +90,7 @@ def variant_step(name, case, device):
     output = low = None
     if case.mode == "forward":  # in fp32 through the plain form (fp32 would otherwise take the folded one)
         plain = attention_module.use_folded_form
-        attention_module.use_folded_form = lambda hidden_states, pays_off, *layers: False
+        attention_module.use_folded_form = lambda hidden_states, pays_off, *layers, **_: False
         try:
             with torch.no_grad(), variant(name, device):
                 output = module(**inputs)[0]
