@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 from hf_zformer.modeling.ops import quadratic_order_pays_off
-from .cases import TYPES, BenchCase, BenchResult, attention_of, make_config
+from .cases import TYPES, BenchCase, BenchResult, attention_of, folds_under_autocast, make_config
 
 def attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None) -> int:
     """Nominal forward FLOPs of one self-attention call (a multiply-add counts 2), by the equations
@@ -71,12 +71,14 @@ def _hedgehog(config) -> bool:
     return getattr(config, "zformer_feature_map", "identity") == "hedgehog"
 
 
-def folded(attention_type: str, length: int, width: int, config, dtype: str = "fp32") -> bool:
+def folded(attention_type: str, length: int, width: int, config, dtype: str = "fp32",
+           under_autocast: bool = False) -> bool:
     """Whether hf_zformer's bidirectional zformer/fastformer take their folded form: the model's own
     rule (`modeling.attention.use_folded_form`: fp32 outside autocast; a bf16 benchmark runs its
-    fp32 inputs under autocast, which keeps the plain form) given each class's test that the folded
-    form does fewer FLOPs. A zformer with a feature map has no folded form."""
-    if dtype != "fp32" or (attention_type == "zformer" and _hedgehog(config)):
+    fp32 inputs under autocast, which keeps the plain form unless the type takes its folded form
+    there too, `under_autocast`) given each class's test that the folded form does fewer FLOPs. A
+    zformer with a feature map has no folded form."""
+    if (dtype != "fp32" and not under_autocast) or (attention_type == "zformer" and _hedgehog(config)):
         return False
     if attention_type == "zformer":
         return length > width
@@ -86,7 +88,7 @@ def folded(attention_type: str, length: int, width: int, config, dtype: str = "f
 
 
 def executed_attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None,
-                             dtype: str = "fp32") -> int:
+                             dtype: str = "fp32", under_autocast: bool = False) -> int:
     """Forward FLOPs that hf_zformer's implementation actually executes (matmuls only):
 
     - full, full_eager, and zformer/fastformer in their plain form: as `attention_flops`; zformer
@@ -101,7 +103,7 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
     """
     config = config if config is not None else make_config(attention_type, length, width, heads)
     b, n, d = batch, length, width
-    if folded(attention_type, n, d, config, dtype):
+    if folded(attention_type, n, d, config, dtype, under_autocast):
         if attention_type == "zformer":
             return 4 * b * n * d * d + 2 * b * d * (d + 1) ** 2 + 4 * b * d * (d + 1) * (d // heads)
         return 8 * b * heads * n * d + 2 * b * d**3 + 2 * b * n * d * d
@@ -118,19 +120,24 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
 
 
 def model_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config,
-                executed: bool = False, dtype: str = "fp32") -> int:
+                executed: bool = False, dtype: str = "fp32", under_autocast: bool = False) -> int:
     """Forward FLOPs of the one-layer model: attention (`attention_flops`, or
     `executed_attention_flops` when `executed`), the output projection (2 B N D^2), the shrunk
     feed-forward (4 B N D I) and an input convolution of k taps (`encoder_conv_size`), 2 B N D k;
     embeddings and LayerNorms are ignored. Executed, a folded attention form merges the output
-    projection into its per-sequence matrix when N > D, for 2 B D^3."""
+    projection into its per-sequence matrix: zformer's when N > D, for 2 B D^3; fastformer's
+    through W_o W_q and W_o W_r, formed once per call for 4 D^3, when B N >= 2 D."""
     b, n, d = batch, length, width
     convolution = 2 * b * n * d * getattr(config, "encoder_conv_size", 0)
     if not executed:
         return layer_flops(attention_type, b, n, d, heads, config.intermediate_size, config) + convolution
-    attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype)
-    folds = folded(attention_type, n, d, config, dtype)
-    folded_projection = 2 * b * n * d * d - 2 * b * d**3 if folds and n > d else 0
+    attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype, under_autocast)
+    folded_projection = 0
+    if folded(attention_type, n, d, config, dtype, under_autocast):
+        if attention_type == "fastformer" and b * n >= 2 * d:
+            folded_projection = 2 * b * n * d * d - 4 * d**3
+        elif attention_type == "zformer" and n > d:
+            folded_projection = 2 * b * n * d * d - 2 * b * d**3
     return attention + dense_flops(b, n, d, config.intermediate_size) - folded_projection + convolution
 
 
@@ -146,11 +153,12 @@ def case_flops(case: BenchCase, config=None) -> tuple[int, int]:
     # the torch forms of a type do its FLOPs
     kind = "full_eager" if case.attention_type == "full_eager" else attention_of(case.attention_type)
     shape = (kind, case.batch, case.length, case.width, case.heads, config)
+    forced = folds_under_autocast(case.attention_type)
 
     if case.level == "model":
-        counts = model_flops(*shape), model_flops(*shape, executed=True, dtype=case.dtype)
+        counts = model_flops(*shape), model_flops(*shape, executed=True, dtype=case.dtype, under_autocast=forced)
     else:
-        counts = attention_flops(*shape), executed_attention_flops(*shape, dtype=case.dtype)
+        counts = attention_flops(*shape), executed_attention_flops(*shape, dtype=case.dtype, under_autocast=forced)
     return tuple(step_flops(count, case.mode) for count in counts)
 
 

@@ -180,14 +180,17 @@ def test_flop_counts_follow_the_documented_formulas():
             benchmarks.attention_flops(attention_type, b, long, d, h)
         )
     assert benchmarks.executed_attention_flops("full", b, n, d, h) == benchmarks.attention_flops("full", b, n, d, h)
-    # model level: a folded form absorbs the output projection (2 B D^3 instead of 2 B N D^2) when N > D
-    for attention_type, length in (("zformer", long), ("fastformer", long), ("full", long), ("fastformer", d)):
+    # model level: a folded form absorbs the output projection, zformer's for 2 B D^3 when N > D,
+    # fastformer's for 4 D^3 (W_o W_q and W_o W_r, once per call) when B N >= 2 D; else 2 B N D^2
+    for attention_type, length in (("zformer", long), ("fastformer", long), ("full", long), ("fastformer", d),
+                                   ("zformer", d)):
         config = benchmarks.make_config(attention_type, length, d, h)
         nominal = benchmarks.model_flops(attention_type, b, length, d, h, config)
         assert nominal == benchmarks.attention_flops(attention_type, b, length, d, h, config) + 2 * b * length * d * d + (
             4 * b * length * d * config.intermediate_size
         )
-        projection = 2 * b * d**3 if attention_type != "full" and length > d else 2 * b * length * d * d
+        projection = {"zformer": 2 * b * d**3 if length > d else None,
+                      "fastformer": 4 * d**3 if b * length >= 2 * d else None}.get(attention_type) or 2 * b * length * d * d
         assert benchmarks.model_flops(attention_type, b, length, d, h, config, executed=True) == (
             benchmarks.executed_attention_flops(attention_type, b, length, d, h, config)
             + projection
@@ -499,6 +502,12 @@ def test_executed_flops_follow_the_form_each_precision_runs():
     assert executed("zformer", "cuda") == executed("zformer_kernels", "cuda") == executed("zformer", "cpu") == plain
     assert benchmarks.cases.attention_of("fastformer_kernels") == "fastformer"
     assert benchmarks.cases.kernel_backend_of("fastformer_kernels") == "triton"
+    # fastformer_folded: the folded form under bf16 autocast too: 2 scores and 2 poolings, the map, its product
+    assert benchmarks.cases.attention_of("fastformer_folded") == "fastformer"
+    assert benchmarks.cases.kernel_backend_of("fastformer_folded") == "auto"
+    fastformer_folded = 8 * b * 8 * n * d + 2 * b * d**3 + 2 * b * n * d * d
+    assert executed("fastformer_folded", "cuda") == executed("fastformer", "cpu", "fp32") == fastformer_folded
+    assert executed("fastformer", "cuda") == benchmarks.attention_flops("fastformer", b, n, d, 8)
 
 
 def test_fastformer_gpu_ab_checks_its_variants_and_times_them(capsys):

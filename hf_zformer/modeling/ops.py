@@ -569,7 +569,7 @@ def direction_pool(values, direction=None, mask=None):
     The Triton kernel where it applies (`_kernel_applies`; `shared_pool_kernel` for shared values),
     else `softmax_pool` over the scores (shared values: two batched products)."""
     if values.shape[1] == 1 and (direction is None or direction.shape[1] > 1):
-        return _shared_direction_pool(values[:, 0], direction, mask)
+        return _shared_direction_pool(values.squeeze(1), direction, mask)  # a view both ways (no copy in the backward)
     if _kernel_applies("direction_pool", values):
         return direction_pool_kernel(values, direction, mask)[:, :, None]
     with no_autocast(values.device.type):
