@@ -4,7 +4,7 @@ captured once as a CUDA graph (the GPU's own time) and replayed in alternating r
 training step, SDPA's module beside them (with and without stacked projections); every variant's
 output is first checked, in fp32, against the unpooled form's (the form before these remedies).
 
-Variants of the module:
+Variants of the module (all but `folded` in the plain form, as CUDA runs it by default):
 - `shipped`: the projections of one input stacked into one product (`blocks.project`), from N >= D
   the pooled output (`FastformerAttention._pooled_output`): q + v (W_r diag(k_g))^T in one batched
   product whose accumulator starts from q, b_r moved into the output projection's bias, and
@@ -16,7 +16,8 @@ Variants of the module:
   sequence where the pairs fill the GPU (`triton_ops.POOL_CHUNK = None`, the rule before slices);
 - `chunk512`, `chunk256`: slices of 512 or 256 rows per program instead of the shipped 128;
 - `folded`: the folded form (`FastformerAttention._folded`, one (D, D) map per sequence, no Q, K, V)
-  under bf16 autocast too, its input cast to bf16 once (the shipped rule takes it in fp32 only).
+  under bf16 autocast too: its input cast to bf16 once, both poolings of it in one fused kernel
+  each, the output projection folded in (the default on CPUs; on CUDA in fp32 only).
 
 Forward rows also print each variant's bf16 output error against the fp32 output (relative norm).
 
@@ -24,8 +25,8 @@ Forward rows also print each variant's bf16 output error against the fp32 output
     python docs/bench/ab/fastformer_gpu.py --batch 2 --width 64 --lengths 64 --rounds 2   # a dry run on a CPU
 
 On a CPU the variants run eagerly (no graphs) under bf16 autocast, as on the GPU (in fp32 the module
-takes its folded form instead), with the projections stacked as on CUDA: a check of the script and
-of the outputs.
+takes its folded form instead), with the projections stacked and the plain form taken as on CUDA: a
+check of the script and of the outputs.
 """
 import argparse
 import contextlib
@@ -55,8 +56,9 @@ def variant(name, device):
     saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
              FastformerAttention.FOLDED_AUTOCAST_DEVICES)
     blocks.STACKED_PROJECTION_DEVICES = () if name.endswith("unstacked") else (device.type,)
-    if name == "folded":  # the folded form under autocast too
-        FastformerAttention.FOLDED_AUTOCAST_DEVICES = (device.type,)
+    # the folded form under autocast for `folded` only (the CPU takes it by default: the other
+    # variants are the plain form's, as on CUDA)
+    FastformerAttention.FOLDED_AUTOCAST_DEVICES = (device.type,) if name == "folded" else ()
     if name == "unpooled":
         FastformerAttention._takes_pooled_output = lambda self, length, width: False
     if name == "per_pair":
