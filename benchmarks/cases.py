@@ -7,11 +7,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hf_zformer.modeling.attention import ATTENTION_CLASSES
+from hf_zformer.modeling.attention import ATTENTION_CLASSES, FastformerAttention
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
 
 TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer", "zformer_torch", "fastformer_torch",
-         "zformer_kernels", "fastformer_kernels", "fastformer_folded")
+         "zformer_kernels", "fastformer_kernels", "fastformer_folded", "fastformer_plain")
 # Types measured unless others are named: the `_torch` variants (the torch forms of the sequence
 # operations where the default backend would take a fused kernel) only differ from their type on a GPU.
 DEFAULT_TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer")
@@ -73,26 +73,28 @@ def ratios_to_baseline(results: list, baseline: str, key, ratios: dict[str, str]
 # forms of the sequence operations, `_kernels` the plain forms with the fused kernels wherever they
 # apply (where `auto` may take a folded form instead)
 BACKEND_SUFFIXES = {"_torch": "torch", "_kernels": "triton"}
-# `<type>_folded`: the type's folded form under autocast too (its attention modules'
-# `FOLDED_AUTOCAST_DEVICES` set to the case's device), where the shipped rule takes it in fp32 only
-FOLDED_SUFFIX = "_folded"
+# `<type>_folded` / `<type>_plain`: the type's folded form under autocast on every device / on none
+# (its attention modules' `FOLDED_AUTOCAST_DEVICES`), where the class's default takes it on CPUs only
+FORM_SUFFIXES = {"_folded": True, "_plain": False}
 
 
 def attention_of(benchmark_type: str) -> str:
     """The model's attention type of a benchmark type: `full_eager` is full attention through the
     einsum reference, `<type>_torch` / `<type>_kernels` the type on another backend, `<type>_folded`
-    the type taking its folded form under autocast too."""
+    / `<type>_plain` the type with its folded form under autocast everywhere / nowhere."""
     if benchmark_type not in TYPES:
         raise ValueError(f"unknown attention type {benchmark_type!r}; choose one of {list(TYPES)}")
     if benchmark_type.startswith("full"):
         return "full"
-    return next((benchmark_type.removesuffix(s) for s in (*BACKEND_SUFFIXES, FOLDED_SUFFIX)
+    return next((benchmark_type.removesuffix(s) for s in (*BACKEND_SUFFIXES, *FORM_SUFFIXES)
                  if benchmark_type.endswith(s)), benchmark_type)
 
 
-def folds_under_autocast(benchmark_type: str) -> bool:
-    """Whether a benchmark type takes its folded form under autocast too (`FOLDED_SUFFIX`)."""
-    return benchmark_type.endswith(FOLDED_SUFFIX)
+def folds_under_autocast(benchmark_type: str, device_type: str) -> bool:
+    """Whether a benchmark type's fastformer takes its folded form under autocast on `device_type`
+    (`FORM_SUFFIXES`, else `FastformerAttention.FOLDED_AUTOCAST_DEVICES`)."""
+    forced = next((folds for suffix, folds in FORM_SUFFIXES.items() if benchmark_type.endswith(suffix)), None)
+    return device_type in FastformerAttention.FOLDED_AUTOCAST_DEVICES if forced is None else forced
 
 
 def kernel_backend_of(benchmark_type: str) -> str:
@@ -124,10 +126,11 @@ def build_module(attention_type: str, config: ZformerConfig, level: str, device:
     from hf_zformer.modeling.modeling_zformer import ZformerModel
 
     model = ZformerModel(config)  # runs the model's _init_weights on every submodule
-    if folds_under_autocast(attention_type):
+    if attention_type.endswith(tuple(FORM_SUFFIXES)):
+        devices = (device.type,) if folds_under_autocast(attention_type, device.type) else ()
         for module in model.modules():
-            if hasattr(module, "FOLDED_AUTOCAST_DEVICES"):
-                module.FOLDED_AUTOCAST_DEVICES = (device.type,)  # this module only, not its class
+            if isinstance(module, FastformerAttention):
+                module.FOLDED_AUTOCAST_DEVICES = devices  # this module only, not its class
     if level == "model":
         return model.to(device)
     attention = model.encoder.layers[0].attention

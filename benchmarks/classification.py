@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
-from .cases import DTYPES, ModelRow, ModelShape, ratios_to_baseline
+from .cases import DTYPES, ModelRow, ModelShape, folds_under_autocast, ratios_to_baseline
 from .flops import model_flops, step_flops
 from .seq2seq import build_runners, optimizer_step, time_alternating
 
@@ -93,7 +93,7 @@ def build_classifier(model: str, shape: ClassificationShape):
 
 
 def classification_flops(model: str, kind: str, length: int, shape: ClassificationShape, config=None,
-                         executed: bool = False, dtype: str = "fp32") -> int:
+                         executed: bool = False, dtype: str = "fp32", device: str = "cpu") -> int:
     """FLOPs of one timed call on batch x length tokens: per encoder layer attention
     (`attention_flops`, or with `executed` the `executed_attention_flops` that hf_zformer runs:
     folded zformer/fastformer forms on long fp32 inputs) + output projection 2 B N D^2 (folded
@@ -103,7 +103,9 @@ def classification_flops(model: str, kind: str, length: int, shape: Classificati
     train = 3 x forward. BERT counts as `full`."""
     config = config if config is not None else _zformer_config(model, shape)
     b, d = shape.batch, shape.width
-    layer = model_flops(_attention_type(model), b, length, d, shape.heads, config, executed=executed, dtype=dtype)
+    attention_type = _attention_type(model)
+    layer = model_flops(attention_type, b, length, d, shape.heads, config, executed=executed, dtype=dtype,
+                        under_autocast=folds_under_autocast(attention_type, torch.device(device).type))
     forward = shape.layers * layer + 2 * b * d * d + 2 * b * d * shape.labels
     return step_flops(forward, kind)
 
@@ -157,6 +159,6 @@ def _result(name, model, description, kind, n, shape, dtype, device, seconds) ->
         length=n, **shape.size(), dtype=dtype, device=device, time_ms=median * 1e3,
         tokens_per_s=shape.batch * n / median,
         flops=classification_flops(name, kind, n, shape, config),
-        executed_flops=classification_flops(name, kind, n, shape, config, executed=True, dtype=dtype),
+        executed_flops=classification_flops(name, kind, n, shape, config, executed=True, dtype=dtype, device=device),
         times_ms=[t * 1e3 for t in seconds],
     )

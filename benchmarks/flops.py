@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from hf_zformer.modeling.ops import quadratic_order_pays_off
+
 from .cases import TYPES, BenchCase, BenchResult, attention_of, folds_under_autocast, make_config
 
 def attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None) -> int:
@@ -75,10 +78,12 @@ def folded(attention_type: str, length: int, width: int, config, dtype: str = "f
            under_autocast: bool = False) -> bool:
     """Whether hf_zformer's bidirectional zformer/fastformer take their folded form: the model's own
     rule (`modeling.attention.use_folded_form`: fp32 outside autocast; a bf16 benchmark runs its
-    fp32 inputs under autocast, which keeps the plain form unless the type takes its folded form
-    there too, `under_autocast`) given each class's test that the folded form does fewer FLOPs. A
-    zformer with a feature map has no folded form."""
-    if (dtype != "fp32" and not under_autocast) or (attention_type == "zformer" and _hedgehog(config)):
+    fp32 inputs under autocast, which keeps the plain form unless fastformer takes its folded form
+    there too, `under_autocast`: `cases.folds_under_autocast`) given each class's test that the
+    folded form does fewer FLOPs. A zformer with a feature map has no folded form."""
+    if dtype != "fp32" and not (under_autocast and attention_type == "fastformer"):
+        return False
+    if attention_type == "zformer" and _hedgehog(config):
         return False
     if attention_type == "zformer":
         return length > width
@@ -153,7 +158,7 @@ def case_flops(case: BenchCase, config=None) -> tuple[int, int]:
     # the torch forms of a type do its FLOPs
     kind = "full_eager" if case.attention_type == "full_eager" else attention_of(case.attention_type)
     shape = (kind, case.batch, case.length, case.width, case.heads, config)
-    forced = folds_under_autocast(case.attention_type)
+    forced = folds_under_autocast(case.attention_type, torch.device(case.device).type)
 
     if case.level == "model":
         counts = model_flops(*shape), model_flops(*shape, executed=True, dtype=case.dtype, under_autocast=forced)

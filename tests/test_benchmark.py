@@ -274,8 +274,13 @@ def test_classification_flops_follow_the_formulas():
     for model in ("zformer", "fastformer"):
         assert benchmarks.classification_flops(model, "forward", n, shape, executed=True) < (
             benchmarks.classification_flops(model, "forward", n, shape))
-        assert benchmarks.classification_flops(model, "forward", n, shape, executed=True, dtype="bf16") == (
-            benchmarks.classification_flops(model, "forward", n, shape))
+        # under bf16 autocast zformer keeps its plain form; fastformer folds on CPUs only
+        assert benchmarks.classification_flops(model, "forward", n, shape, executed=True, dtype="bf16",
+                                               device="cuda") == benchmarks.classification_flops(model, "forward", n, shape)
+    assert benchmarks.classification_flops("zformer", "forward", n, shape, executed=True, dtype="bf16") == (
+        benchmarks.classification_flops("zformer", "forward", n, shape))
+    assert benchmarks.classification_flops("fastformer", "forward", n, shape, executed=True, dtype="bf16") == (
+        benchmarks.classification_flops("fastformer", "forward", n, shape, executed=True))
     # the hedgehog map: two d_h x d_h maps per head, sums over 2 d_h features against [V, 1]; no folded form
     h = 8  # d_h
     assert (benchmarks.classification_flops("zformer-hedgehog", "forward", n, shape)
@@ -508,7 +513,11 @@ def test_executed_flops_follow_the_form_each_precision_runs():
     assert benchmarks.cases.kernel_backend_of("fastformer_folded") == "auto"
     fastformer_folded = 8 * b * 8 * n * d + 2 * b * d**3 + 2 * b * n * d * d
     assert executed("fastformer_folded", "cuda") == executed("fastformer", "cpu", "fp32") == fastformer_folded
-    assert executed("fastformer", "cuda") == benchmarks.attention_flops("fastformer", b, n, d, 8)
+    # the class's default: the folded form under CPU autocast, the plain form under CUDA's
+    assert executed("fastformer", "cpu") == fastformer_folded
+    assert executed("fastformer", "cuda") == executed("fastformer_plain", "cpu") == (
+        benchmarks.attention_flops("fastformer", b, n, d, 8))
+    assert benchmarks.cases.folds_under_autocast("fastformer_plain", "cpu") is False
 
 
 def test_fastformer_gpu_ab_checks_its_variants_and_times_them(capsys):
