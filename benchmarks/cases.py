@@ -7,11 +7,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hf_zformer.modeling.attention import ATTENTION_CLASSES, FastformerAttention
+from hf_zformer.modeling.attention import ATTENTION_CLASSES, Attention
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
 
 TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer", "zformer_torch", "fastformer_torch",
-         "zformer_kernels", "fastformer_kernels", "fastformer_folded", "fastformer_plain")
+         "zformer_kernels", "fastformer_kernels", "zformer_folded", "zformer_plain", "fastformer_folded",
+         "fastformer_plain")
 # Types measured unless others are named: the `_torch` variants (the torch forms of the sequence
 # operations where the default backend would take a fused kernel) only differ from their type on a GPU.
 DEFAULT_TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer")
@@ -74,7 +75,7 @@ def ratios_to_baseline(results: list, baseline: str, key, ratios: dict[str, str]
 # apply (where `auto` may take a folded form instead)
 BACKEND_SUFFIXES = {"_torch": "torch", "_kernels": "triton"}
 # `<type>_folded` / `<type>_plain`: the type's folded form under autocast on every device / on none
-# (its attention modules' `FOLDED_AUTOCAST_DEVICES`), where the class's default takes it on CPUs only
+# (its attention modules' `FOLDED_AUTOCAST_DEVICES`, where the class has its default)
 FORM_SUFFIXES = {"_folded": True, "_plain": False}
 
 
@@ -91,10 +92,12 @@ def attention_of(benchmark_type: str) -> str:
 
 
 def folds_under_autocast(benchmark_type: str, device_type: str) -> bool:
-    """Whether a benchmark type's fastformer takes its folded form under autocast on `device_type`
-    (`FORM_SUFFIXES`, else `FastformerAttention.FOLDED_AUTOCAST_DEVICES`)."""
+    """Whether a benchmark type takes its folded form (where it has one) under autocast on
+    `device_type` (`FORM_SUFFIXES`, else its attention class's `FOLDED_AUTOCAST_DEVICES`)."""
     forced = next((folds for suffix, folds in FORM_SUFFIXES.items() if benchmark_type.endswith(suffix)), None)
-    return device_type in FastformerAttention.FOLDED_AUTOCAST_DEVICES if forced is None else forced
+    if forced is not None:
+        return forced
+    return device_type in ATTENTION_CLASSES[attention_of(benchmark_type)].FOLDED_AUTOCAST_DEVICES
 
 
 def kernel_backend_of(benchmark_type: str) -> str:
@@ -129,7 +132,7 @@ def build_module(attention_type: str, config: ZformerConfig, level: str, device:
     if attention_type.endswith(tuple(FORM_SUFFIXES)):
         devices = (device.type,) if folds_under_autocast(attention_type, device.type) else ()
         for module in model.modules():
-            if isinstance(module, FastformerAttention):
+            if isinstance(module, Attention):
                 module.FOLDED_AUTOCAST_DEVICES = devices  # this module only, not its class
     if level == "model":
         return model.to(device)

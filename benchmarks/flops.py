@@ -78,12 +78,10 @@ def folded(attention_type: str, length: int, width: int, config, dtype: str = "f
            under_autocast: bool = False) -> bool:
     """Whether hf_zformer's bidirectional zformer/fastformer take their folded form: the model's own
     rule (`modeling.attention.use_folded_form`: fp32 outside autocast; a bf16 benchmark runs its
-    fp32 inputs under autocast, which keeps the plain form unless fastformer takes its folded form
+    fp32 inputs under autocast, which keeps the plain form unless the type takes its folded form
     there too, `under_autocast`: `cases.folds_under_autocast`) given each class's test that the
     folded form does fewer FLOPs. A zformer with a feature map has no folded form."""
-    if dtype != "fp32" and not (under_autocast and attention_type == "fastformer"):
-        return False
-    if attention_type == "zformer" and _hedgehog(config):
+    if (dtype != "fp32" and not under_autocast) or (attention_type == "zformer" and _hedgehog(config)):
         return False
     if attention_type == "zformer":
         return length > width

@@ -64,8 +64,8 @@ def add_case_args(parser) -> None:
                              "with the torch forms of its sequence operations instead of the fused kernels "
                              "(the same code on a CPU), 'zformer_kernels' / 'fastformer_kernels' the plain forms "
                              "with the kernels wherever they apply (also on a CPU under TRITON_INTERPRET=1), "
-                             "'fastformer_folded' / 'fastformer_plain' fastformer with its folded form under "
-                             "autocast on every device / on none (by default: on CPUs only)")
+                             "'<type>_folded' / '<type>_plain' zformer or fastformer with its folded form under "
+                             "autocast on every device / on none (by default: fastformer on CPUs)")
     parser.add_argument("--lengths", nargs="+", type=positive_int, default=None,
                         help="sequence lengths (default 128 ... 8192 by powers of 2); --level causal: training "
                              "length and generation prompt + output, half each (default 64 512 2048 8192); "

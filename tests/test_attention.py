@@ -700,10 +700,11 @@ def test_lora_adapters_on_the_projections_count_in_every_form(attention_type):
         torch.testing.assert_close(adapted(x)[0], expected, atol=1e-9, rtol=1e-9)
 
 
-def test_fastformer_folded_form_under_autocast_reads_its_input_cast_once(monkeypatch):
-    """The folded form under bf16 autocast (`FOLDED_AUTOCAST_DEVICES`): the fp32 input is cast to
-    bf16 once (one (B, N, D) bf16 copy in all: the poolings and the product read that copy; the
-    poolings' torch form sums in fp32), and the output stays near fp32's."""
+@pytest.mark.parametrize("attention_type", ["zformer", "fastformer"])
+def test_folded_form_under_autocast_reads_its_input_cast_once(attention_type):
+    """A folded form under bf16 autocast (`FOLDED_AUTOCAST_DEVICES`, set on the module): the fp32 input
+    is cast to bf16 once (one (B, N, D) bf16 copy in all: every product over the tokens reads it;
+    fastformer's poolings sum in fp32), the output stays near fp32's, and so do the gradients."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class InputCopies(TorchDispatchMode):
@@ -718,16 +719,37 @@ def test_fastformer_folded_form_under_autocast_reads_its_input_cast_once(monkeyp
                 self.count += 1
             return out
 
-    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type="fastformer")
-    attention = _randomize(FastformerAttention(config), std=0.1)
-    x = torch.randn(2, 80, D, generator=torch.Generator().manual_seed(0))
+    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type=attention_type)
+    cls = ZformerAttention if attention_type == "zformer" else FastformerAttention
+    attention = _randomize(cls(config), std=0.1)
+    x = torch.randn(2, 80, D, generator=torch.Generator().manual_seed(0), requires_grad=True)
     reference, _ = attention(x)
-    _folding(monkeypatch, True)
+    (reference_grad,) = torch.autograd.grad(reference.sum(), x)
+    attention.FOLDED_AUTOCAST_DEVICES = ("cpu",)
     copies = InputCopies((2, 80, D))
     with torch.autocast("cpu", dtype=torch.bfloat16), copies:
+        assert attention._folded_output(x, None) is not None  # the folded form is what runs
         low, _ = attention(x)
-    assert copies.count == 1 and low.dtype == torch.bfloat16
+    assert copies.count == 2 and low.dtype == torch.bfloat16  # one cast per call above
     assert ((low.float() - reference).norm() / reference.norm()) < 0.02
+    (low_grad,) = torch.autograd.grad(low.float().sum(), x)
+    assert ((low_grad - reference_grad).norm() / reference_grad.norm()) < 0.03
+
+
+@pytest.mark.parametrize("attention_type, folds", [("zformer", False), ("fastformer", True)])
+def test_folded_forms_under_cpu_autocast_by_default(monkeypatch, attention_type, folds):
+    """By default fastformer takes its folded form under CPU autocast (faster and closer to fp32
+    there, docs/benchmarks.md); zformer keeps its plain form. Both fold in fp32 at this length."""
+    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type=attention_type)
+    cls = ZformerAttention if attention_type == "zformer" else FastformerAttention
+    attention = _randomize(cls(config))
+    x = torch.randn(2, 80, D)
+    calls = []
+    monkeypatch.setattr(cls, "_folded", lambda self, *args: calls.append(1) or torch.zeros_like(x))
+    attention(x)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        attention(x)
+    assert len(calls) == (2 if folds else 1)
 
 
 def test_fastformer_pooled_output_keeps_bf16_precision_with_a_large_transform_bias(monkeypatch):

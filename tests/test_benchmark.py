@@ -506,6 +506,8 @@ def test_executed_flops_follow_the_form_each_precision_runs():
     plain = 6 * b * n * d * d + 4 * b * n * d * (d // 8)
     assert executed("zformer", "cuda", "fp32") == executed("zformer", "cpu", "fp32") == folded
     assert executed("zformer", "cuda") == executed("zformer_kernels", "cuda") == executed("zformer", "cpu") == plain
+    assert executed("zformer_folded", "cpu") == executed("zformer_folded", "cuda") == folded
+    assert executed("zformer_plain", "cpu", "fp32") == folded  # the suffixes only speak of autocast
     assert benchmarks.cases.attention_of("fastformer_kernels") == "fastformer"
     assert benchmarks.cases.kernel_backend_of("fastformer_kernels") == "triton"
     # fastformer_folded: the folded form under bf16 autocast too: 2 scores and 2 poolings, the map, its product

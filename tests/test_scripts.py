@@ -886,3 +886,26 @@ def test_acceptance_on_shared_data(tmp_path):
                "--output_dir", tmp_path / "mt", launcher=DDP)
     assert "eval_accuracy" in json.loads((tmp_path / "clf" / "all_results.json").read_text())
     assert "eval_bleu" in json.loads((tmp_path / "mt" / "all_results.json").read_text())
+
+
+@pytest.mark.slow
+def test_gpu_check_dry_run_on_a_cpu(tmp_path):
+    """`scripts/gpu_check.sh` with QUICK=1 (toy sizes, the kernels through triton's interpreter): its
+    measuring steps finish, each records its exit status, and the archive it rewrites after every
+    step holds their reports, with the folded-form column the bf16 grid needs."""
+    import tarfile
+
+    steps = ["environment", "grid_graphs", "profile", "grid_bf16", "ab_fastformer", "grid_fp32"]
+    archive = tmp_path / "check.tar.gz"
+    env = dict(os.environ, QUICK="1", STEPS=" ".join(steps), PYTHON=sys.executable, ARCHIVE=str(archive))
+    subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), str(tmp_path / "check")], env=env, check=True,
+                   cwd=REPO_ROOT, capture_output=True, timeout=900)
+    summary = (tmp_path / "check" / "summary.txt").read_text().splitlines()
+    assert [line.split()[0] for line in summary] == steps
+    assert all(line.split()[1] == "rc=0" for line in summary), summary
+    with tarfile.open(archive) as packed:
+        names = {Path(name).name for name in packed.getnames()}
+        grid = json.load(packed.extractfile("check/attention_grid_bf16_graphs.json"))
+    assert {"summary.txt", "attention_grid_bf16_graphs.md", "profile_bf16.md", "ab_fastformer.log"} <= names
+    assert "fastformer_folded" in {row["attention_type"] for row in grid["results"]}
+    assert all(row["status"] == "ok" for row in grid["results"])

@@ -112,6 +112,10 @@ class Attention(nn.Module):
     # Whether `attention_probs_dropout_prob` drops something here: types that form no attention
     # probabilities ignore it, and say so once when training with it above zero.
     HAS_ATTENTION_DROPOUT = True
+    # Device types on which a type with a folded form (`_folded_output`) takes it under autocast
+    # too (`use_folded_form`); elsewhere autocast keeps the plain form. A module's own attribute
+    # overrides its class's (the benchmark's `<type>_folded` / `<type>_plain` set it).
+    FOLDED_AUTOCAST_DEVICES: tuple[str, ...] = ()
 
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__()
@@ -589,7 +593,8 @@ class ZformerAttention(_QKVAttention):
     def _folded_output(self, hidden_states, attention_mask):
         # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
         pays_off = hidden_states.shape[1] > hidden_states.shape[2]
-        if self.key_map is None and use_folded_form(hidden_states, pays_off, self.query, self.key, self.value):
+        if self.key_map is None and use_folded_form(hidden_states, pays_off, self.query, self.key, self.value,
+                                                    autocast_devices=self.FOLDED_AUTOCAST_DEVICES):
             return self._folded(hidden_states, attention_mask)
         return None
 
@@ -653,26 +658,29 @@ class ZformerAttention(_QKVAttention):
         [A; c] per head = [W_q | b_q]_h^T K^T V / (sqrt(d_h) s). Cost 4 N D^2 (G and x_i A) + 2 D^3
         instead of the 6 N D^2 of three projections: K and V are never formed, and the output
         projection joins the per-sequence map (`_apply_folded`). The sums over the sequence run in
-        the input's precision (fp32 or fp64).
+        the input's precision (fp32 or fp64); under autocast (`FOLDED_AUTOCAST_DEVICES`) X is cast
+        once, G is one product in autocast's dtype (fp32 accumulation), and the (D + 1)-wide algebra
+        runs in fp32.
         """
-        x = hidden_states  # (B, N, D)
+        x = autocast_input(hidden_states)  # (B, N, D); under autocast cast once for both products over it
         batch, length, width = x.shape
         heads, dim = self.num_heads, self.head_dim
         attention_mask = drop_full_mask(attention_mask)
         masked = zero_padding(x, attention_mask)
-        gram = masked.transpose(1, 2) @ x  # G (B, D, D)
-        total = masked.sum(1, keepdim=True)  # t (B, 1, D)
-        if attention_mask is None:
-            count = x.new_full((batch, 1, 1), float(length))
-        else:
-            count = attention_mask.sum(1).to(x.dtype).view(batch, 1, 1)
-        moments = torch.cat([torch.cat([gram, total], 1), torch.cat([total, count], 2).transpose(1, 2)], 2)  # S
         key, value, query = (torch.cat([p.weight, p.bias[:, None]], 1) for p in (self.key, self.value, self.query))
-        value_moments = (value @ moments).view(batch, heads, dim, width + 1)  # [W_v | b_v] S, per head
-        kv_t = value_moments @ key.view(heads, dim, width + 1).transpose(1, 2)  # (K^T V)^T (B, H, d, d)
-        kv_t = kv_t * self._scale(kv_t.dtype)
-        folded = (kv_t @ query.view(heads, dim, width + 1)).view(batch, width, width + 1)  # [A^T | c]
-        return _apply_folded(x, folded[:, :, :width], folded[:, :, width], self.output)  # (B, N, D)
+        with no_autocast(x.device.type):  # the (D + 1, D + 1) algebra in the weights' precision
+            gram = (masked.transpose(1, 2) @ x).to(key.dtype)  # G (B, D, D)
+            total = masked.sum(1, keepdim=True, dtype=key.dtype)  # t (B, 1, D)
+            if attention_mask is None:
+                count = key.new_full((batch, 1, 1), float(length))
+            else:
+                count = attention_mask.sum(1).to(key.dtype).view(batch, 1, 1)
+            moments = torch.cat([torch.cat([gram, total], 1), torch.cat([total, count], 2).transpose(1, 2)], 2)  # S
+            value_moments = (value @ moments).view(batch, heads, dim, width + 1)  # [W_v | b_v] S, per head
+            kv_t = value_moments @ key.view(heads, dim, width + 1).transpose(1, 2)  # (K^T V)^T (B, H, d, d)
+            kv_t = kv_t * self._scale(kv_t.dtype)
+            folded = (kv_t @ query.view(heads, dim, width + 1)).view(batch, width, width + 1)  # [A^T | c]
+        return _apply_folded(x, folded[:, :, :width].to(x.dtype), folded[:, :, width], self.output)  # (B, N, D)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -783,8 +791,7 @@ class FastformerAttention(_QKVAttention):
 
     HAS_ATTENTION_DROPOUT = False
     CAN_BE_CROSS = False
-    # Device types on which the folded form is taken under autocast too (`use_folded_form`). The CPU:
-    # under bf16 autocast on an AMD EPYC (Zen 4, 2 threads, batch 8, width 512) the folded form ran
+    # The folded form under autocast on CPUs too: under bf16 autocast on an AMD EPYC (Zen 4, 2 threads, batch 8, width 512) the folded form ran
     # 1.15-3.1x faster than the plain one from 256 to 2,048 tokens, forward and training, with a
     # smaller error against fp64 (docs/benchmarks.md). On CUDA the plain form with its kernels stays
     # until the GPU check's `fastformer_folded` type has timed the folded form there.
