@@ -68,13 +68,13 @@ else
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no_plot --no_progress --no_memory --repeats $repeats"
 types="full zformer zformer_kernels zformer_torch fastformer fastformer_kernels fastformer_torch"
-# the default forms (kernels on CUDA under autocast; folded in fp32), and fastformer's folded form
-# under autocast too (the default on CPUs; on CUDA where this grid shows it faster)
-forms="full zformer fastformer fastformer_folded"
+# the default forms (kernels on CUDA under autocast; folded in fp32), and the folded forms under
+# autocast too (the default on CPUs; on CUDA where these grids show them faster)
+forms="full zformer fastformer zformer_folded fastformer_folded"
 # CUDA graphs time the GPU's own work (no host overhead): a CUDA device only
 graphs=""; [ "$device" = cuda ] && graphs="--cuda_graphs"
 
-step grid_graphs 180 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
+step grid_graphs 240 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
     --types $forms --output "$out/attention_grid_bf16_graphs"
 # where each module's GPU time goes (torch.profiler, self CUDA time per operation and kernel), at a
 # short and a long length of the grid, eager calls
