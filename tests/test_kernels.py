@@ -280,6 +280,37 @@ def test_shared_pool_kernel_extra_padding_changes_nothing(kernels):
     assert wide_values[:, 100:].abs().max() == 0
 
 
+def test_shared_rows_are_the_low_precision_copy_only_where_the_kernel_reads_them(kernels):
+    """Fastformer's folded form pools its input: the bf16 copy where the kernel reads it (half the
+    bytes), the fp32 input where the torch form sums it (no fp32 copy of the bf16 one)."""
+    full = torch.randn(2, 30, 64).to(DEVICE)
+    low = full.bfloat16()
+    assert ops.shared_rows(full, low) is low
+    assert ops.shared_rows(full, full) is full
+    ops.set_kernel_backend("torch")
+    assert ops.shared_rows(full, low) is full
+
+
+def test_folded_fastformer_under_autocast_gives_the_torch_forms_results(kernels):
+    """Under bf16 autocast the folded form's poolings through the kernel (reading the bf16 copy)
+    against the torch form's (reading the fp32 input): outputs within bf16's rounding."""
+    config = tiny_config(attention_type="fastformer", hidden_size=64, num_attention_heads=4)
+    torch.manual_seed(0)
+    module = FastformerAttention(config).to(DEVICE)
+    torch.nn.init.normal_(module.query_score)
+    torch.nn.init.normal_(module.key_score)
+    module.FOLDED_AUTOCAST_DEVICES = (DEVICE.type,)
+    x = torch.randn(3, 40, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    mask = _mask(3, 40, [40, 17, 1])
+    outputs = []
+    for backend in ("triton", "torch"):
+        ops.set_kernel_backend(backend)
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            outputs.append(module(x, mask)[0].float())
+    real = mask.bool()
+    assert _relative(outputs[0][real], outputs[1][real]) < 1e-2
+
+
 def test_shared_pool_kernel_takes_widths_up_to_1024(kernels, monkeypatch):
     calls = []
     original = ops.shared_pool_kernel

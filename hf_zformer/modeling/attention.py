@@ -47,6 +47,7 @@ from .ops import (
     linear_attention,
     normalize,
     normalized_attention_weights,
+    shared_rows,
     softmax_pool,
     windowed_decode_step,
     windowed_linear_attention,
@@ -944,15 +945,16 @@ class FastformerAttention(_QKVAttention):
         w_q, w_k = self.query.weight.view(heads, dim, width), self.key.weight.view(heads, dim, width)
         b_q, b_k = self.query.bias.view(heads, dim), self.key.bias.view(heads, dim)
         scale = dim**-0.5
+        rows = shared_rows(hidden_states, x)[:, None]  # what the poolings read (B, 1, N, D)
         with no_autocast(x.device.type):  # the per-sequence vectors in the weights' precision
             direction = torch.einsum("hkD,hk->hD", w_q, self.query_score)[None] * scale if self.additive else None
-            pooled = direction_pool(x[:, None], direction, attention_mask)[:, :, 0].expand(batch, heads, width)
+            pooled = direction_pool(rows, direction, attention_mask)[:, :, 0].expand(batch, heads, width)
             if attention_mask is not None:  # sum_i alpha_i is 0, not 1, in a row without real tokens: q_g = 0
                 b_q = b_q * attention_mask.bool().any(-1)[:, None, None].to(b_q.dtype)  # (B, 1, 1) * (H, d)
             global_query = torch.einsum("hkD,bhD->bhk", w_q, pooled.to(w_q.dtype)) + b_q  # q_g (B, H, d)
             if self.additive:
                 direction = torch.einsum("hkD,bhk->bhD", w_k, self.key_score * global_query * scale)
-                pooled = direction_pool(x[:, None], direction, attention_mask)[:, :, 0]
+                pooled = direction_pool(rows, direction, attention_mask)[:, :, 0]
             global_key = global_query * (torch.einsum("hkD,bhD->bhk", w_k, pooled.to(w_k.dtype)) + b_k)  # k_g
             fold_output = plain_linears(self.output) and batch * length >= 2 * width
             left_q, left_r, bias = self._folded_output_maps(fold_output)

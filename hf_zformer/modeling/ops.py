@@ -577,6 +577,16 @@ def direction_pool(values, direction=None, mask=None):
         return softmax_pool(direction_scores(values, direction), values, mask)[0]
 
 
+def shared_rows(values, low_precision):
+    """Which copy of shared rows (B, N, D) `direction_pool` should read: `low_precision` (the
+    autocast copy, half the bytes) where the kernel takes it, else `values` itself, which the torch
+    form sums without making an fp32 copy (on a CPU under bf16 autocast: 1.3-1.45x faster forward
+    for fastformer's folded form at 2,048 tokens, width 512)."""
+    if low_precision is values or _kernel_applies("direction_pool", low_precision, width_ok=shared_width):
+        return low_precision
+    return values
+
+
 def _shared_direction_pool(values, direction, mask):
     """`direction_pool` of values (B, N, D) shared by the directions (B or 1, H, D) -> (B, H, 1, D)."""
     if _kernel_applies("direction_pool", values, width_ok=shared_width):
