@@ -509,7 +509,7 @@ class ZformerAttention(_QKVAttention):
 
     HAS_ATTENTION_DROPOUT = False
     # The folded form under autocast on CPUs too: under bf16 autocast on an AMD EPYC (Zen 4, 2
-    # threads, batch 8, width 512) it ran 1.7-2.5x faster forward and 1.2-2.0x in training than the
+    # threads, batch 8, width 512) it ran 1.8-2.3x faster forward and 1.06-1.8x in training than the
     # plain form at 1,024-2,048 tokens (docs/benchmarks.md). CUDA keeps the plain form and its
     # kernels (faster there than an earlier form of this fold; the GPU check's `zformer_folded` re-times it).
     FOLDED_AUTOCAST_DEVICES: tuple[str, ...] = ("cpu",)
@@ -798,7 +798,7 @@ class FastformerAttention(_QKVAttention):
     HAS_ATTENTION_DROPOUT = False
     CAN_BE_CROSS = False
     # The folded form under autocast on CPUs too: under bf16 autocast on an AMD EPYC (Zen 4, 2
-    # threads, batch 8, width 512) it ran 1.2-3.8x faster forward and up to 2.25x in training than
+    # threads, batch 8, width 512) it ran 1.1-4.35x faster forward and 1.04-2.0x in training than
     # the plain form from 256 to 2,048 tokens, with a smaller error against fp32 (docs/benchmarks.md).
     # On CUDA the plain form with its kernels stays until the GPU check's `fastformer_folded` type
     # has timed the folded form there.
