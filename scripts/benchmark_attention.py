@@ -62,8 +62,9 @@ def add_case_args(parser) -> None:
                         help="attention types; 'full' is fused SDPA (the baseline of every speedup), "
                              "'full_eager' our einsum reference, 'zformer_torch' / 'fastformer_torch' the type "
                              "with the torch forms of its sequence operations instead of the fused kernels "
-                             "(the same code on a CPU), 'zformer_kernels' / 'fastformer_kernels' the plain forms "
-                             "with the kernels wherever they apply (also on a CPU under TRITON_INTERPRET=1), "
+                             "(the same code on a CPU), 'zformer_kernels' / 'fastformer_kernels' the type with "
+                             "the kernels wherever they apply (also on a CPU under TRITON_INTERPRET=1; the folded "
+                             "forms where the type takes them: fp32, CPU autocast), "
                              "'<type>_folded' / '<type>_plain' zformer or fastformer with its folded form under "
                              "autocast on every device / on none (by default: fastformer on CPUs)")
     parser.add_argument("--lengths", nargs="+", type=positive_int, default=None,

@@ -738,8 +738,8 @@ def test_folded_form_under_autocast_reads_its_input_cast_once(attention_type):
 
 @pytest.mark.parametrize("attention_type", ["zformer", "fastformer"])
 def test_folded_forms_under_cpu_autocast_by_default(monkeypatch, attention_type):
-    """By default zformer and fastformer take their folded forms under CPU autocast as in fp32 (faster
-    there, docs/benchmarks.md), but not under CUDA's (checked through the rule on a CPU tensor)."""
+    """By default zformer and fastformer take their folded forms under CPU bf16 autocast as in fp32
+    (faster there, docs/benchmarks.md), not under fp16 autocast, and CUDA is not among the devices."""
     config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type=attention_type)
     cls = ZformerAttention if attention_type == "zformer" else FastformerAttention
     attention = _randomize(cls(config))
@@ -751,6 +751,9 @@ def test_folded_forms_under_cpu_autocast_by_default(monkeypatch, attention_type)
         attention(x)
     assert len(calls) == 2
     assert "cuda" not in cls.FOLDED_AUTOCAST_DEVICES
+    with torch.autocast("cpu", dtype=torch.float16):  # fp16: a Gram sum over the tokens could overflow
+        attention(x)
+    assert len(calls) == 2
 
 
 def test_fastformer_pooled_output_keeps_bf16_precision_with_a_large_transform_bias(monkeypatch):

@@ -62,15 +62,15 @@ def use_folded_form(hidden_states: torch.Tensor, pays_off: bool, *layers: nn.Mod
     """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
     `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences), with
     the projections `layers` plain `Linear`s (the form reads their weights: an adapter or a hook on
-    one keeps the layers' own forward), and in fp32/fp64 outside autocast, or under autocast on the
-    device types `autocast_devices` (the attention class's `FOLDED_AUTOCAST_DEVICES`). Elsewhere
+    one keeps the layers' own forward), and in fp32/fp64 outside autocast, or under bf16 autocast on
+    the device types `autocast_devices` (the attention class's `FOLDED_AUTOCAST_DEVICES`). Elsewhere
     under autocast the plain form keeps its low-precision projections and fp32 sequence sums, which
     on CUDA run as the fused kernels (docs/benchmarks.md, "On a GPU")."""
     if not pays_off or not plain_linears(*layers):
         return False
     device_type = hidden_states.device.type
-    if torch.is_autocast_enabled(device_type):
-        return device_type in autocast_devices
+    if torch.is_autocast_enabled(device_type):  # bf16 only: fp16's range would overflow zformer's Gram sum
+        return device_type in autocast_devices and torch.get_autocast_dtype(device_type) == torch.bfloat16
     return hidden_states.dtype in (torch.float32, torch.float64)
 
 
@@ -790,9 +790,10 @@ class FastformerAttention(_QKVAttention):
     (`ops.causal_softmax_pool`, fewer operations on short inputs).
 
     Bidirectional attention on all but short sequences takes a folded form with the same result
-    (`_folded`): 2 N D^2 + 2 D^3 FLOPs per sequence instead of the 8 N D^2 of four projections.
-    Where that form is not taken (under autocast), inputs at least as long as the width take the
-    pooled output (`_pooled_output`): W_r and the residual as one batched product per sequence.
+    (`_folded`): 2 N D^2 + 2 D^3 FLOPs per sequence instead of the 8 N D^2 of four projections, in
+    fp32, and under bf16 autocast on the devices of `FOLDED_AUTOCAST_DEVICES` (CPUs). Where that
+    form is not taken (autocast on CUDA), inputs at least as long as the width take the pooled
+    output (`_pooled_output`): W_r and the residual as one batched product per sequence.
     """
 
     HAS_ATTENTION_DROPOUT = False
@@ -945,7 +946,7 @@ class FastformerAttention(_QKVAttention):
         w_q, w_k = self.query.weight.view(heads, dim, width), self.key.weight.view(heads, dim, width)
         b_q, b_k = self.query.bias.view(heads, dim), self.key.bias.view(heads, dim)
         scale = dim**-0.5
-        rows = shared_rows(hidden_states, x)[:, None]  # what the poolings read (B, 1, N, D)
+        rows = shared_rows(hidden_states, x, heads if self.additive else 1)[:, None]  # the poolings' (B, 1, N, D)
         with no_autocast(x.device.type):  # the per-sequence vectors in the weights' precision
             direction = torch.einsum("hkD,hk->hD", w_q, self.query_score)[None] * scale if self.additive else None
             pooled = direction_pool(rows, direction, attention_mask)[:, :, 0].expand(batch, heads, width)
@@ -969,7 +970,9 @@ class FastformerAttention(_QKVAttention):
         """(A, R, b) of the folded form's map A + R diag(k_g) W_v and offset R diag(k_g) b_v + b: with
         the output projection folded in, (W_o W_q, W_o W_r, W_o (b_q + b_r) + b_o), two (D, D)
         products per call where applying W_o would cost 2 N D^2 per sequence (taken from B N >= 2 D);
-        else (W_q, W_r, b_q + b_r)."""
+        else (W_q, W_r, b_q + b_r). The two orders give the same function; under bf16 they round
+        differently (about 1e-3 relative), so a sequence's bf16 output can differ at that level
+        between a batch that folds and one that does not."""
         bias = self.query.bias + self.transform.bias
         if not fold_output:
             return self.query.weight, self.transform.weight, bias

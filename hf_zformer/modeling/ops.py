@@ -70,8 +70,8 @@ from .triton_ops import (
     direction_pool_kernel,
     linear_attention_kernel,
     prefix_pool_kernel,
+    shared_fits,
     shared_pool_kernel,
-    shared_width,
     supported_width,
 )
 
@@ -577,19 +577,29 @@ def direction_pool(values, direction=None, mask=None):
         return softmax_pool(direction_scores(values, direction), values, mask)[0]
 
 
-def shared_rows(values, low_precision):
-    """Which copy of shared rows (B, N, D) `direction_pool` should read: `low_precision` (the
-    autocast copy, half the bytes) where the kernel takes it, else `values` itself, which the torch
-    form sums without making an fp32 copy (on a CPU under bf16 autocast: 1.3-1.45x faster forward
-    for fastformer's folded form at 2,048 tokens, width 512)."""
-    if low_precision is values or _kernel_applies("direction_pool", low_precision, width_ok=shared_width):
+def _shared_kernel_applies(values, heads: int) -> bool:
+    """Whether `direction_pool` of shared rows runs `shared_pool_kernel` (`_shared_direction_pool`)."""
+    if values.dtype == torch.float32 and kernel_backend() != "triton":
+        return False
+    return _kernel_applies("direction_pool", values, width_ok=lambda width: shared_fits(width, heads))
+
+
+def shared_rows(values, low_precision, heads: int):
+    """Which copy of shared rows (B, N, D) `direction_pool` along `heads` directions should read:
+    `low_precision` (the autocast copy, half the bytes) where the kernel takes it, else `values`
+    itself, which the torch form sums without making an fp32 copy (on a CPU under bf16 autocast:
+    1.3-1.45x faster forward for fastformer's folded form at 2,048 tokens, width 512)."""
+    if low_precision is values or _shared_kernel_applies(low_precision, heads):
         return low_precision
     return values
 
 
 def _shared_direction_pool(values, direction, mask):
-    """`direction_pool` of values (B, N, D) shared by the directions (B or 1, H, D) -> (B, H, 1, D)."""
-    if _kernel_applies("direction_pool", values, width_ok=shared_width):
+    """`direction_pool` of values (B, N, D) shared by the directions (B or 1, H, D) -> (B, H, 1, D).
+    The kernel takes 16-bit rows (its products in tf32, exact for them); fp32 rows, whose products
+    the kernel would run exactly on CUDA cores, take the torch form's batched products unless the
+    backend `triton` forces the kernel (the tests)."""
+    if _shared_kernel_applies(values, 1 if direction is None else direction.shape[1]):
         return shared_pool_kernel(values, direction, mask)[:, :, None]
     with no_autocast(values.device.type):
         values = at_least_fp32(values)[0]

@@ -780,9 +780,11 @@ def direction_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     return _pool_forward(values, direction, mask)[0]  # inference: no autograd node
 
 
-def shared_width(width: int) -> bool:
-    """Widths `shared_pool_kernel` takes: up to 1,024 (a tile of rows spans the whole width)."""
-    return 1 <= width <= 1024
+def shared_fits(width: int, heads: int) -> bool:
+    """Whether `shared_pool_kernel` takes `heads` directions over rows `width` wide: a program holds
+    (heads, width) tiles (the directions, the pooling, in the backward the gradients too), padded
+    to powers of two, of at most 16,384 elements (16 heads at width 1,024, 32 at 512)."""
+    return 1 <= width and _tile(heads) * _tile(width) <= 16384
 
 
 def _shared_block(width: int) -> int:
@@ -799,7 +801,7 @@ def _shared_launch(values, direction, mask):
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
     sub = 0 if direction.shape[0] == 1 else direction.stride(0)
     constants = dict(heads=heads, D=dim, BD=_tile(dim), BH=_tile(heads), BLOCK_N=_shared_block(dim), HAS_MASK=has_mask,
-                     DOT_FP32=_dot_fp32(values, direction), **_launch_options(dim))
+                     DOT_FP32=_dot_fp32(values), **_launch_options(dim))  # the rows' precision decides
     return parts, chunk, (mask_ptr,), (values.stride(0), values.stride(1), values.stride(2), sub, direction.stride(1),
                                        smb, smn), constants
 
