@@ -332,6 +332,20 @@ def test_folded_attention_equals_plain_attention(monkeypatch, overrides, with_ma
         torch.testing.assert_close(padded[:, :length][real], folded_out[real], atol=1e-10, rtol=1e-10)
 
 
+def test_a_tensor_subclass_weight_keeps_the_layers_own_forward():
+    """A weight swapped for a tensor subclass in place (as torchao's quantisation does, the module's
+    class unchanged): the folded forms and stacked products must not read it as a plain matrix."""
+    from hf_zformer.modeling.blocks import Linear, plain_linears
+
+    class Marked(torch.Tensor):
+        pass
+
+    layer = Linear(4, 4)
+    assert plain_linears(layer)
+    layer.weight = torch.nn.Parameter(layer.weight.detach().as_subclass(Marked))
+    assert type(layer.weight) is Marked and not plain_linears(layer)
+
+
 def test_folded_form_is_taken_for_long_fp32_sequences_outside_autocast():
     import hf_zformer.modeling.attention as attention_module
 

@@ -247,7 +247,8 @@ STACKED_PROJECTION_DEVICES = ("cuda",)
 
 def plain_linears(*layers: nn.Module) -> bool:
     """Whether every layer is a `Linear` used as it is: not wrapped (adapters, sharding and
-    quantisation replace the class), without hooks of its own or global module hooks (forward or
+    quantisation replace the class), its weight and bias plain tensors (quantisation in place swaps
+    the weight for a tensor subclass), without hooks of its own or global module hooks (forward or
     backward), and without a forward of its own (accelerate's offloading hooks replace the
     instance's `forward`), so its product may run outside its own forward (stacked with others,
     `project`; folded into another form)."""
@@ -260,6 +261,7 @@ def plain_linears(*layers: nn.Module) -> bool:
         and "forward" not in vars(layer)
         and not (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
                  or layer._backward_pre_hooks)
+        and all(type(p) in (nn.Parameter, torch.Tensor) for p in (layer.weight, layer.bias) if p is not None)
         for layer in layers
     )
 
