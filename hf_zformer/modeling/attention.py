@@ -930,7 +930,7 @@ class FastformerAttention(_QKVAttention):
             r_i = W_r (k_g * (W_v x_i + b_v)) + b_r + W_q x_i + b_q = (W_r diag(k_g) W_v + W_q) x_i + c
 
         (with the 1/sqrt(d_h) score scaling). Both poolings read X itself, every head along its own
-        direction (`ops.direction_pool` of shared rows: one fused kernel on CUDA). The output is one
+        direction (`ops.direction_pool` of shared rows: on CUDA one fused kernel for bf16 rows). The output is one
         (D, D) matrix per sequence applied to X, with the output projection folded in through
         W_o W_q and W_o W_r, formed once per call (`_folded_output_maps`): per sequence 2 D^3 FLOPs
         for the map and 2 N D^2 to apply it, plus 8 N D H for the scores and poolings, instead of
