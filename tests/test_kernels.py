@@ -31,6 +31,15 @@ def kernels(request, monkeypatch):
     ops.set_kernel_backend(previous)
 
 
+@pytest.fixture
+def triton_backend():
+    """The kernel backend for a test of a kernel with one launch plan (the shared pooling's slices
+    are `POOL_CHUNK`'s whatever `FUSED_MIN_PAIRS` says)."""
+    previous = ops.set_kernel_backend("triton")
+    yield
+    ops.set_kernel_backend(previous)
+
+
 def _heads(batch, length, heads, dim, generator, dtype=torch.float32, offset=0.0):
     """(B, H, N, d) as the classes pass it: a head view of a (B, N, H * d) projection (strided)."""
     x = torch.randn(batch, length, heads * dim, generator=generator) + offset
@@ -223,7 +232,7 @@ def _shared_rows(batch, length, dim, generator, dtype=torch.float32):
 @pytest.mark.parametrize("direction_rows", [None, 1, 3])  # the mean, one direction per head, per sequence
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("dim", [64, 40])  # 40: padded to a 64-wide tile
-def test_shared_pool_kernel_matches_fp64(kernels, direction_rows, with_mask, dim):
+def test_shared_pool_kernel_matches_fp64(triton_backend, direction_rows, with_mask, dim):
     """Fastformer's folded poolings: one sequence's rows pooled along every head's direction
     (`shared_pool_kernel`), 300 rows in three slices, against the torch form in fp64."""
     generator = torch.Generator().manual_seed(10)
@@ -239,7 +248,7 @@ def test_shared_pool_kernel_matches_fp64(kernels, direction_rows, with_mask, dim
     _assert_pool_matches_fp64(pooled, values, direction, mask, lambda v, *rest: ops.direction_pool(v[:, None], *rest))
 
 
-def test_shared_pool_kernel_matches_the_naive_reference_and_per_head_pooling(kernels):
+def test_shared_pool_kernel_matches_the_naive_reference_and_per_head_pooling(triton_backend):
     """The same pooling as the per-head kernel over the rows repeated for every head, and as the
     naive reference."""
     generator = torch.Generator().manual_seed(11)
@@ -254,7 +263,7 @@ def test_shared_pool_kernel_matches_the_naive_reference_and_per_head_pooling(ker
     assert _relative(pooled.cpu(), expected) < 1e-6
 
 
-def test_shared_pool_kernel_in_bf16_stays_close(kernels):
+def test_shared_pool_kernel_in_bf16_stays_close(triton_backend):
     generator = torch.Generator().manual_seed(12)
     values = _shared_rows(2, 200, 64, generator, dtype=torch.bfloat16)
     direction = (torch.randn(1, 4, 64, generator=generator) * 0.3).to(DEVICE)
@@ -264,7 +273,7 @@ def test_shared_pool_kernel_in_bf16_stays_close(kernels):
     assert pooled.dtype == torch.float32 and _relative(pooled, expected) < 2e-3  # tf32 products on CUDA
 
 
-def test_shared_pool_kernel_extra_padding_changes_nothing(kernels):
+def test_shared_pool_kernel_extra_padding_changes_nothing(triton_backend):
     """100 real rows (one slice) padded to 600 (five, merged): the same pooling and gradients, exactly."""
     generator = torch.Generator().manual_seed(13)
     values = _shared_rows(2, 100, 32, generator)
@@ -280,7 +289,7 @@ def test_shared_pool_kernel_extra_padding_changes_nothing(kernels):
     assert wide_values[:, 100:].abs().max() == 0
 
 
-def test_shared_rows_are_the_low_precision_copy_only_where_the_kernel_reads_them(kernels):
+def test_shared_rows_are_the_low_precision_copy_only_where_the_kernel_reads_them(triton_backend):
     """Fastformer's folded form pools its input: the bf16 copy where the kernel reads it (half the
     bytes), the fp32 input where the torch form sums it (no fp32 copy of the bf16 one)."""
     full = torch.randn(2, 30, 1024).to(DEVICE)
@@ -292,7 +301,7 @@ def test_shared_rows_are_the_low_precision_copy_only_where_the_kernel_reads_them
     assert ops.shared_rows(full, low, 16) is full
 
 
-def test_folded_fastformer_under_autocast_gives_the_torch_forms_results(kernels):
+def test_folded_fastformer_under_autocast_gives_the_torch_forms_results(triton_backend):
     """Under bf16 autocast the folded form's poolings through the kernel (reading the bf16 copy)
     against the torch form's (reading the fp32 input): outputs within bf16's rounding."""
     config = tiny_config(attention_type="fastformer", hidden_size=64, num_attention_heads=4)
@@ -312,7 +321,7 @@ def test_folded_fastformer_under_autocast_gives_the_torch_forms_results(kernels)
     assert _relative(outputs[0][real], outputs[1][real]) < 1e-2
 
 
-def test_shared_pool_kernel_takes_tiles_up_to_16384_elements(kernels, monkeypatch):
+def test_shared_pool_kernel_takes_tiles_up_to_16384_elements(triton_backend, monkeypatch):
     """(heads, width) tiles padded to powers of two: 16 heads at width 1,024, 32 at 512; wider ones
     take the torch form."""
     calls = []
