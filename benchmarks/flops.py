@@ -8,6 +8,7 @@ import math
 
 import torch
 
+from hf_zformer.modeling.attention import ATTENTION_CLASSES
 from hf_zformer.modeling.ops import quadratic_order_pays_off
 
 from .cases import TYPES, BenchCase, BenchResult, attention_of, folds_under_autocast, make_config
@@ -79,15 +80,14 @@ def folded(attention_type: str, length: int, width: int, config, dtype: str = "f
     """Whether hf_zformer's bidirectional zformer/fastformer take their folded form: the model's own
     rule (`modeling.attention.use_folded_form`: fp32 outside autocast; a bf16 benchmark runs its
     fp32 inputs under autocast, which keeps the plain form unless the type takes its folded form
-    there too, `under_autocast`: `cases.folds_under_autocast`) given each class's test that the
-    folded form does fewer FLOPs. A zformer with a feature map has no folded form."""
+    there too, `under_autocast`: `cases.folds_under_autocast`) given the class's own test that the
+    folded form does fewer FLOPs (`folded_form_pays_off`). A zformer with a feature map has no
+    folded form."""
     if (dtype != "fp32" and not under_autocast) or (attention_type == "zformer" and _hedgehog(config)):
         return False
-    if attention_type == "zformer":
-        return length > width
-    if attention_type == "fastformer":
-        return (_fastformer_projections(config) - 1) * length > width
-    return False
+    structure = {"projections": _fastformer_projections(config)} if attention_type == "fastformer" else {}
+    kind = ATTENTION_CLASSES.get(attention_type)  # None for `full_eager`, which has no folded form either
+    return kind is not None and kind.folded_form_pays_off(length, width, **structure)
 
 
 def executed_attention_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config=None,
@@ -135,12 +135,12 @@ def model_flops(attention_type: str, batch: int, length: int, width: int, heads:
     if not executed:
         return layer_flops(attention_type, b, n, d, heads, config.intermediate_size, config) + convolution
     attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype, under_autocast)
-    folded_projection = 0
-    if folded(attention_type, n, d, config, dtype, under_autocast):
-        if attention_type == "fastformer" and b * n >= 2 * d:
-            folded_projection = 2 * b * n * d * d - 4 * d**3
-        elif attention_type == "zformer" and n > d:
-            folded_projection = 2 * b * n * d * d - 2 * b * d**3
+    folded_projection = 0  # W_o's 2 B N D^2, less what merging it into the folded map costs
+    if folded(attention_type, n, d, config, dtype, under_autocast) and (
+        ATTENTION_CLASSES[attention_type].folds_output_projection(b, n, d)
+    ):
+        merge = 4 * d**3 if attention_type == "fastformer" else 2 * b * d**3  # once per call / per sequence
+        folded_projection = 2 * b * n * d * d - merge
     return attention + dense_flops(b, n, d, config.intermediate_size) - folded_projection + convolution
 
 

@@ -160,6 +160,50 @@ def test_a_failing_case_is_reported_and_the_grid_goes_on(tmp_path, monkeypatch, 
     assert "kernel did not compile" in capsys.readouterr().err  # the traceback is printed
 
 
+@pytest.mark.parametrize("attention_type,overrides", [
+    ("zformer", {}), ("zformer", {"zformer_feature_map": "hedgehog"}), ("fastformer", {}),
+    ("fastformer", {"fastformer_share_qv": True}), ("full", {}),
+])
+def test_executed_flop_counts_fold_where_the_module_folds(monkeypatch, attention_type, overrides):
+    """The executed counts' two folding decisions are the module's own, shape by shape: whether the
+    folded form runs, and whether it merges the output projection (W_o never applied per token)."""
+    from hf_zformer.modeling.attention import ATTENTION_CLASSES
+    from hf_zformer.modeling.blocks import Linear
+
+    d, h = 16, 2
+    per_token_outputs = []
+    linear_forward = Linear.forward
+
+    def spy(self, x, *args, **kwargs):
+        if self is attention.output and x.dim() == 3:
+            per_token_outputs.append(x.shape)
+        return linear_forward(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(Linear, "forward", spy)
+    cls = ATTENTION_CLASSES[attention_type]
+    folded_calls = []
+    if hasattr(cls, "_folded"):
+        folded_form = cls._folded
+        monkeypatch.setattr(cls, "_folded", lambda self, *a: folded_calls.append(1) or folded_form(self, *a))
+    seen = set()
+    for batch, length in [(1, 4), (1, 6), (2, 7), (1, 16), (1, 20), (2, 8), (3, 12), (1, 40)]:
+        config = benchmarks.make_config(attention_type, length, d, h, **overrides)
+        attention = cls(config).eval()
+        folded_calls.clear(), per_token_outputs.clear()
+        with torch.no_grad():
+            attention(torch.randn(batch, length, d))
+        folds = benchmarks.flops.folded(attention_type, length, d, config)
+        assert folds == bool(folded_calls), (batch, length)
+        merges = folds and cls.folds_output_projection(batch, length, d)
+        assert merges == (not per_token_outputs), (batch, length)
+        seen.add((folds, merges))
+    expected = {"full": {(False, False)}, "zformer": {(False, False), (True, True)},
+                "fastformer": {(False, False), (True, False), (True, True)}}[attention_type]
+    if overrides.get("zformer_feature_map") == "hedgehog":
+        expected = {(False, False)}
+    assert seen == expected  # the shapes reach every case the type has
+
+
 def test_flop_counts_follow_the_documented_formulas():
     b, n, d, h = 2, 64, 32, 4
     assert benchmarks.attention_flops("full", b, n, d, h) == 6 * b * n * d * d + 4 * b * n * n * d

@@ -80,10 +80,10 @@ def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, o
     x (B, N, D); matrix (B, D, D) and offset (B, D) map every token of a sequence. A Linear
     projection y = W c + b of that output is itself one per-sequence map (W matrix, W offset + b),
     which costs 2 D^3 FLOPs per sequence instead of 2 N D^2, and saves a (B, N, D) intermediate: it
-    is folded in when N > D, and applied afterwards otherwise (or when `output` is not a plain
+    is folded in when N > D (`ZformerAttention.folds_output_projection`), and applied afterwards otherwise (or when `output` is not a plain
     `Linear`: an adapter or a hook keeps its own forward).
     """
-    if plain_linears(output) and x.shape[1] > x.shape[2]:
+    if plain_linears(output) and ZformerAttention.folds_output_projection(*x.shape):
         return torch.baddbmm(output(offset)[:, None, :], x, (output.weight @ matrix).transpose(1, 2))
     return output(torch.baddbmm(offset[:, None, :], x, matrix.transpose(1, 2)))
 
@@ -173,6 +173,22 @@ class Attention(nn.Module):
         """The bidirectional output in a folded form (the output projection merged into another
         product) where one pays off, else None."""
         return None
+
+    @classmethod
+    def folded_form_pays_off(cls, length: int, width: int, **structure) -> bool:
+        """Whether bidirectional self-attention over `length` tokens of `width` does fewer FLOPs in
+        the type's folded form (`_folded_output`) than in its plain one; False for a type without
+        one. `structure` names the layer's own choices that change the count (Fastformer's number of
+        projections). The module takes the form where `use_folded_form` also allows it (precision,
+        plain layers); the benchmarks' executed FLOP counts read this same rule."""
+        return False
+
+    @classmethod
+    def folds_output_projection(cls, batch: int, length: int, width: int) -> bool:
+        """Whether the folded form, where taken for a (batch, length, width) input, merges the output
+        projection W_o into its per-sequence map (with a plain `Linear` as W_o) rather than applying
+        it to every token."""
+        return False
 
     def _project_memory(self, memory: torch.Tensor, memory_mask: torch.Tensor | None):
         """Cross-attention: what the memory (B, Nk, D) becomes for every later query, stored in the
@@ -596,9 +612,18 @@ class ZformerAttention(_QKVAttention):
         context = (weights @ at_least_fp32(value)[0]).to(value.dtype)
         return self.output(merge_heads(context)), weights
 
-    def _folded_output(self, hidden_states, attention_mask):
+    @classmethod
+    def folded_form_pays_off(cls, length: int, width: int, **structure) -> bool:
         # fewer FLOPs when N > D: 2 N D^2 saved against 2 D^3 + 4 D^2 d_h - 4 N D d_h added
-        pays_off = hidden_states.shape[1] > hidden_states.shape[2]
+        return length > width
+
+    @classmethod
+    def folds_output_projection(cls, batch: int, length: int, width: int) -> bool:
+        # W_o joins the per-sequence map for 2 D^3 per sequence where applying it costs 2 N D^2
+        return length > width
+
+    def _folded_output(self, hidden_states, attention_mask):
+        pays_off = self.folded_form_pays_off(*hidden_states.shape[1:])
         if self.key_map is None and use_folded_form(hidden_states, pays_off, self.query, self.key, self.value,
                                                     autocast_devices=self.FOLDED_AUTOCAST_DEVICES):
             return self._folded(hidden_states, attention_mask)
@@ -820,13 +845,21 @@ class FastformerAttention(_QKVAttention):
         (`ops.direction_scores`); zero scores (no weight) give the plain mean."""
         return direction_scores(x, None if weight is None else (weight * self.head_dim**-0.5)[None])
 
+    @classmethod
+    def folded_form_pays_off(cls, length: int, width: int, *, projections: int = 4, **structure) -> bool:
+        # fewer FLOPs when 2 (projections - 1) N D^2 > 2 D^3 (`projections`: 3 with a shared query/value)
+        return (projections - 1) * length > width
+
+    @classmethod
+    def folds_output_projection(cls, batch: int, length: int, width: int) -> bool:
+        # W_o W_q and W_o W_r, formed once per call for 4 D^3, where applying W_o costs 2 B N D^2
+        return batch * length >= 2 * width
+
     def _folded_output(self, hidden_states, attention_mask):
-        projections = 3 if self.value is None else 4
-        # fewer FLOPs when 2 (projections - 1) N D^2 > 2 D^3
         length, width = hidden_states.shape[1:]
         layers = [layer for layer in (self.query, self.key, self.value, self.transform) if layer is not None]
-        if use_folded_form(hidden_states, (projections - 1) * length > width, *layers,
-                           autocast_devices=self.FOLDED_AUTOCAST_DEVICES):
+        pays_off = self.folded_form_pays_off(length, width, projections=len(layers))
+        if use_folded_form(hidden_states, pays_off, *layers, autocast_devices=self.FOLDED_AUTOCAST_DEVICES):
             return self._folded(hidden_states, attention_mask)
         if self._takes_pooled_output(length, width):
             return self._pooled_output(hidden_states, attention_mask)
@@ -957,7 +990,7 @@ class FastformerAttention(_QKVAttention):
                 direction = torch.einsum("hkD,bhk->bhD", w_k, self.key_score * global_query * scale)
                 pooled = direction_pool(rows, direction, attention_mask)[:, :, 0]
             global_key = global_query * (torch.einsum("hkD,bhD->bhk", w_k, pooled.to(w_k.dtype)) + b_k)  # k_g
-            fold_output = plain_linears(self.output) and batch * length >= 2 * width
+            fold_output = plain_linears(self.output) and self.folds_output_projection(batch, length, width)
             left_q, left_r, bias = self._folded_output_maps(fold_output)
             dtype = x.dtype
             scaled = left_r.to(dtype) * global_key.reshape(batch, 1, width).to(dtype)  # (W_o) W_r diag(k_g)
@@ -969,7 +1002,7 @@ class FastformerAttention(_QKVAttention):
     def _folded_output_maps(self, fold_output: bool):
         """(A, R, b) of the folded form's map A + R diag(k_g) W_v and offset R diag(k_g) b_v + b: with
         the output projection folded in, (W_o W_q, W_o W_r, W_o (b_q + b_r) + b_o), two (D, D)
-        products per call where applying W_o would cost 2 N D^2 per sequence (taken from B N >= 2 D);
+        products per call where applying W_o would cost 2 N D^2 per sequence (`folds_output_projection`);
         else (W_q, W_r, b_q + b_r). The two orders give the same function; under bf16 they round
         differently (about 1e-3 relative), so a sequence's bf16 output can differ at that level
         between a batch that folds and one that does not."""
