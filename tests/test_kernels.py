@@ -292,10 +292,10 @@ def test_shared_pool_kernel_extra_padding_changes_nothing(triton_backend):
 def test_shared_rows_are_the_low_precision_copy_only_where_the_kernel_reads_them(triton_backend):
     """Fastformer's folded form pools its input: the bf16 copy where the kernel reads it (half the
     bytes), the fp32 input where the torch form sums it (no fp32 copy of the bf16 one)."""
-    full = torch.randn(2, 30, 1024).to(DEVICE)
+    full = torch.randn(2, 30, 512).to(DEVICE)
     low = full.bfloat16()
     assert ops.shared_rows(full, low, 16) is low
-    assert ops.shared_rows(full, low, 32) is full  # (32, 1024) tiles: too large for the kernel
+    assert ops.shared_rows(full, low, 32) is full  # (32, 512) tiles: too large for the kernel
     assert ops.shared_rows(full, full, 16) is full
     ops.set_kernel_backend("torch")
     assert ops.shared_rows(full, low, 16) is full
@@ -321,18 +321,56 @@ def test_folded_fastformer_under_autocast_gives_the_torch_forms_results(triton_b
     assert _relative(outputs[0][real], outputs[1][real]) < 1e-2
 
 
-def test_shared_pool_kernel_takes_tiles_up_to_16384_elements(triton_backend, monkeypatch):
-    """(heads, width) tiles padded to powers of two: 16 heads at width 1,024, 32 at 512; wider ones
-    take the torch form."""
+def test_shared_pool_kernel_takes_tiles_up_to_8192_elements(triton_backend, monkeypatch):
+    """(heads, width) tiles padded to powers of two: 16 heads at width 512, 32 at 256; wider ones
+    (whose backward outgrows an H200's shared memory) take the torch form."""
     calls = []
     original = ops.shared_pool_kernel
     monkeypatch.setattr(ops, "shared_pool_kernel",
                         lambda *a, **k: calls.append((a[1].shape[1], a[0].shape[-1])) or original(*a, **k))
     generator = torch.Generator().manual_seed(14)
-    for heads, dim in ((16, 1024), (17, 1024), (2, 1025), (32, 512)):
+    for heads, dim in ((16, 512), (17, 512), (2, 513), (16, 1024), (32, 256)):
         values = torch.randn(1, 20, dim, generator=generator).to(DEVICE)
         ops.direction_pool(values[:, None], torch.randn(1, heads, dim, generator=generator).to(DEVICE) * 0.03)
-    assert calls == [(16, 1024), (32, 512)]
+    assert calls == [(16, 512), (32, 256)]
+
+
+@pytest.mark.parametrize("limit,admitted", [
+    (None, {"linear 64x64", "linear 128x65", "linear 192x97", "shared 16x512", "shared 8x256", "prefix 128",
+            "prefix 256"}),
+    (232_448, {"linear 64x64", "linear 128x65", "linear 192x97", "shared 16x512", "shared 8x256", "prefix 128",
+               "prefix 256"}),
+    (166_912, {"linear 64x64", "linear 128x65", "shared 16x512", "shared 8x256", "prefix 128", "prefix 256"}),
+    (101_376, {"linear 64x64", "shared 8x256", "prefix 128"}),
+])
+def test_kernels_run_only_where_their_shared_memory_fits_the_gpu(triton_backend, monkeypatch, limit, admitted):
+    """Each kernel family's shared memory, bounded by its tile (`triton_ops.*_SHARED`), against the
+    GPU's limit: H100/H200 (232,448 bytes), A100 (166,912), RTX 40xx / L4 (101,376); beyond it, or
+    past the largest tile a family has a bound for, the torch form runs."""
+    monkeypatch.setattr(ops, "shared_memory_limit", lambda device: limit)
+    ran = []
+    for name in ("linear_attention_kernel", "shared_pool_kernel", "prefix_pool_kernel"):
+        original = getattr(ops, name)
+        monkeypatch.setattr(ops, name, lambda *a, _name=name, _original=original, **k: ran.append(_name) or _original(*a, **k))
+
+    def admits(label, call):
+        ran.clear()
+        call()
+        return label if ran else None
+
+    found = set()
+    for dk, dv in ((64, 64), (128, 65), (192, 97), (256, 129)):
+        q, k = (torch.randn(1, 1, 3, dk).to(DEVICE) for _ in range(2))
+        v = torch.randn(1, 1, 3, dv).to(DEVICE)
+        found.add(admits(f"linear {dk}x{dv}", lambda: ops.linear_attention(q, k, v)))
+    for heads, dim in ((16, 512), (8, 256)):
+        values = torch.randn(1, 3, dim).to(DEVICE).bfloat16()
+        found.add(admits(f"shared {heads}x{dim}",
+                         lambda: ops.direction_pool(values[:, None], torch.randn(1, heads, dim).to(DEVICE))))
+    for width in (128, 256):
+        values = torch.randn(1, 1, 3, width).to(DEVICE)
+        found.add(admits(f"prefix {width}", lambda: ops.softmax_pool(values[..., :1], values, causal=True)))
+    assert found - {None} == admitted
 
 
 def test_auto_backend_leaves_fp32_shared_rows_to_the_torch_form(monkeypatch):

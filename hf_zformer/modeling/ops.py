@@ -68,9 +68,12 @@ from .triton_ops import INTERPRETED as TRITON_INTERPRETED
 from .triton_ops import FLOOR as KERNEL_FLOOR
 from .triton_ops import (
     direction_pool_kernel,
+    linear_attention_fits,
     linear_attention_kernel,
+    prefix_fits,
     prefix_pool_kernel,
     shared_fits,
+    shared_memory_limit,
     shared_pool_kernel,
     supported_width,
 )
@@ -103,10 +106,11 @@ def _torch_form(reason: str) -> bool:
     return False
 
 
-def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_width) -> bool:
+def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_width, fits=None) -> bool:
     """Whether `operation` runs its Triton kernel on these inputs (the backend, the device, the
-    dtypes and widths, `width_ok` of each last dimension); `False` means the torch form, with the
-    reason logged once at debug level."""
+    dtypes and widths, `width_ok` of each last dimension, and `fits(limit)` of the kernel's tiles
+    against the GPU's shared memory, `triton_ops.shared_memory_limit`); `False` means the torch
+    form, with the reason logged once at debug level."""
     backend = kernel_backend()
     if backend == "torch":
         return False
@@ -129,6 +133,9 @@ def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_w
         return _torch_form(f"{operation} in {tensors[0].dtype}")
     if not all(width_ok(t.shape[-1]) for t in tensors):
         return _torch_form(f"{operation} with widths {sorted({t.shape[-1] for t in tensors})}")
+    if fits is not None and not fits(shared_memory_limit(tensors[0].device)):
+        return _torch_form(f"{operation} with widths {sorted({t.shape[-1] for t in tensors})}: its kernel asks "
+                           f"more shared memory than {tensors[0].device} has")
     return True
 
 
@@ -192,7 +199,10 @@ def linear_attention(query, key, value, mask=None, state=None, *, causal=False, 
             query = at_least_fp32(query)[0]
             query = query if scale is None else query * scale.to(query.dtype)
             return per_head_product(query, state), state if return_state else None
-    if state is None and not (causal or return_state) and _kernel_applies("linear_attention", query, key, value):
+    if state is None and not (causal or return_state) and _kernel_applies(
+        "linear_attention", query, key, value,
+        fits=lambda limit: linear_attention_fits(query.shape[-1], value.shape[-1], limit),
+    ):
         return linear_attention_kernel(query, key, value, mask, scale), None
     if mask is not None:
         key = key * mask.to(key.dtype)[:, None, :, None]  # padding's keys are zero: no k^T v term
@@ -552,7 +562,7 @@ def _prefix_kernel_applies(scores, values, return_state: bool) -> bool:
     no gradient; a prefill under autograd is rare)."""
     if return_state and torch.is_grad_enabled() and (scores.requires_grad or values.requires_grad):
         return False
-    return _kernel_applies("prefix_pool", values)
+    return _kernel_applies("prefix_pool", values, fits=lambda limit: prefix_fits(values.shape[-1], limit))
 
 
 def direction_pool(values, direction=None, mask=None):
@@ -581,7 +591,8 @@ def _shared_kernel_applies(values, heads: int) -> bool:
     """Whether `direction_pool` of shared rows runs `shared_pool_kernel` (`_shared_direction_pool`)."""
     if values.dtype == torch.float32 and kernel_backend() != "triton":
         return False
-    return _kernel_applies("direction_pool", values, width_ok=lambda width: shared_fits(width, heads))
+    return _kernel_applies("direction_pool", values, width_ok=lambda width: width >= 1,
+                           fits=lambda limit: shared_fits(values.shape[-1], heads, limit))
 
 
 def shared_rows(values, low_precision, heads: int):

@@ -519,6 +519,57 @@ def supported_width(width: int) -> bool:
     return 1 <= width <= 256
 
 
+# Shared memory one program may ask for (the opt-in maximum of a block), by compute capability,
+# where triton's driver does not say (NVIDIA's CUDA C++ Programming Guide, technical specifications).
+SHARED_MEMORY_BY_CAPABILITY = {(8, 0): 166_912, (8, 6): 101_376, (8, 7): 166_912, (8, 9): 101_376, (9, 0): 232_448}
+_shared_memory: dict = {}
+
+# The most shared memory one program of a kernel family asks for, by the tile it holds (the product
+# of its widths padded to powers of two): (largest tile, bytes) pairs, over what triton compiles
+# for sm_80 and sm_90 from bf16 and fp32 inputs. `scripts/compile_kernels.py` prints the compiled
+# numbers, and its slow test keeps them within these bounds. A family runs its kernels only where
+# its bound fits the GPU (`shared_memory_limit`); larger tiles, or a GPU with less shared memory,
+# take the torch forms. Linear attention's tile is d_k x d_v (a Hedgehog map's 2 d x (d + 1)).
+LINEAR_ATTENTION_SHARED = ((4096, 98_304), (16_384, 131_072), (32_768, 212_992))
+# the pooling across heads: heads x width (16 x 512 for 8 heads of a 512-wide layer)
+SHARED_POOL_SHARED = ((4096, 98_304), (8192, 163_840))
+# the causal (prefix) pooling: the head width
+PREFIX_POOL_SHARED = ((64, 50_176), (128, 82_944), (256, 153_600))
+
+
+def shared_memory_limit(device: torch.device) -> int | None:
+    """Bytes of shared memory one program may use on `device` (None where there is no limit: the
+    interpreter)."""
+    if INTERPRETED or device.type != "cuda":
+        return None
+    if device not in _shared_memory:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        try:
+            limit = int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
+        except Exception:  # a driver without the query: the capability's limit, or the smallest known
+            limit = SHARED_MEMORY_BY_CAPABILITY.get(torch.cuda.get_device_capability(index),
+                                                    min(SHARED_MEMORY_BY_CAPABILITY.values()))
+        _shared_memory[device] = limit
+    return _shared_memory[device]
+
+
+def _fits(bounds, tile: int, limit: int | None) -> bool:
+    """Whether a family whose `bounds` cover `tile` asks no more shared memory than `limit`."""
+    needed = next((size for largest, size in bounds if tile <= largest), None)
+    return needed is not None and (limit is None or needed <= limit)
+
+
+def linear_attention_fits(dk: int, dv: int, limit: int | None) -> bool:
+    """Whether `linear_attention_kernel` takes keys d_k and values d_v wide on a GPU whose programs
+    may use `limit` bytes of shared memory (None: no limit)."""
+    return supported_width(dk) and supported_width(dv) and _fits(LINEAR_ATTENTION_SHARED, _tile(dk) * _tile(dv), limit)
+
+
+def prefix_fits(width: int, limit: int | None) -> bool:
+    """Whether `prefix_pool_kernel` takes heads `width` wide within `limit` bytes of shared memory."""
+    return supported_width(width) and _fits(PREFIX_POOL_SHARED, _tile(width), limit)
+
+
 def _tile(width: int) -> int:
     """A width padded to a tile: a power of two, at least 16 (the smallest matrix-product tile)."""
     return max(16, triton.next_power_of_2(width))
@@ -780,27 +831,31 @@ def direction_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     return _pool_forward(values, direction, mask)[0]  # inference: no autograd node
 
 
-def shared_fits(width: int, heads: int) -> bool:
-    """Whether `shared_pool_kernel` takes `heads` directions over rows `width` wide: a program holds
-    (heads, width) tiles (the directions, the pooling, in the backward the gradients too), padded
-    to powers of two, of at most 16,384 elements (16 heads at width 1,024, 32 at 512)."""
-    return 1 <= width and _tile(heads) * _tile(width) <= 16384
+def shared_fits(width: int, heads: int, limit: int | None = None) -> bool:
+    """Whether `shared_pool_kernel` takes `heads` directions over rows `width` wide within `limit`
+    bytes of shared memory (None: no limit): a program holds (heads, width) tiles (the directions,
+    the pooling, in the backward the gradients too), padded to powers of two, of at most 8,192
+    elements (16 heads at width 512); the backward's 16 x 1,024 tiles outgrow an H200."""
+    return 1 <= width and _fits(SHARED_POOL_SHARED, _tile(heads) * _tile(width), limit)
 
 
-def _shared_block(width: int) -> int:
-    """Rows per tile of the shared pooling: 16,384 elements of a (rows, width) tile, at least 16 (a
-    matrix product's smallest tile); 32 at width 512. A divisor of `POOL_CHUNK` and of `_BLOCK_N`."""
-    return max(16, min(_BLOCK_N, 16384 // _tile(width)))
+def _shared_block(width: int, backward: bool = False) -> int:
+    """Rows per tile of the shared pooling: 16,384 elements of a (rows, width) tile (8,192 in the
+    backward, which holds more tiles beside it), at least 16 (a matrix product's smallest tile): 32
+    and 16 at width 512. A divisor of `POOL_CHUNK` and of `_BLOCK_N`. At width 512 the backward's
+    32-row tiles asked 196,608 bytes of shared memory (an A100 has 166,912) and ptxas spilled
+    registers; 16 rows ask 163,840."""
+    return max(16, min(_BLOCK_N, (8192 if backward else 16384) // _tile(width)))
 
 
-def _shared_launch(values, direction, mask):
-    """The launch arguments the shared pooling's forward and backward have in common."""
+def _shared_launch(values, direction, mask, backward: bool = False):
+    """The launch arguments of the shared pooling's forward (or `backward`)."""
     batch, length, dim = values.shape
     heads = direction.shape[1]
     parts, chunk = _pool_slices(values[:, None])
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
     sub = 0 if direction.shape[0] == 1 else direction.stride(0)
-    constants = dict(heads=heads, D=dim, BD=_tile(dim), BH=_tile(heads), BLOCK_N=_shared_block(dim), HAS_MASK=has_mask,
+    constants = dict(heads=heads, D=dim, BD=_tile(dim), BH=_tile(heads), BLOCK_N=_shared_block(dim, backward), HAS_MASK=has_mask,
                      DOT_FP32=_dot_fp32(values), **_launch_options(dim))  # the rows' precision decides
     return parts, chunk, (mask_ptr,), (values.stride(0), values.stride(1), values.stride(2), sub, direction.stride(1),
                                        smb, smn), constants
@@ -840,7 +895,7 @@ class _SharedPool(torch.autograd.Function):
         heads = direction.shape[1]
         grad = grad.float().contiguous()
         grad_pooled = (grad * pooled).sum(-1).contiguous()  # g . pooled (B, H)
-        parts, chunk, (mask_ptr,), strides, constants = _shared_launch(values, direction, mask)
+        parts, chunk, (mask_ptr,), strides, constants = _shared_launch(values, direction, mask, backward=True)
         grad_values = torch.empty_like(values, memory_format=torch.contiguous_format)
         partial = torch.empty(batch, parts, _tile(heads), _tile(dim), dtype=torch.float32, device=values.device)
         _shared_pool_backward[(parts, batch)](values, direction, mask_ptr, grad, lse, grad_pooled, grad_values, partial,

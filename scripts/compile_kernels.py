@@ -1,0 +1,371 @@
+"""Compile every Triton kernel of hf_zformer for a CUDA GPU, on a machine without one, and report
+what each compiled kernel asks of the GPU: registers per thread, bytes spilled to local memory,
+shared memory against the architecture's limit, and how many programs fit on one multiprocessor.
+
+    python scripts/compile_kernels.py                       # sm_80 and sm_90, head widths 32 to 256
+    python scripts/compile_kernels.py --arch 90 --widths 64 --dtypes bf16 --json kernels.json
+
+Triton compiles down to the GPU's machine code (cubin) with the ptxas it bundles; neither a GPU nor
+a CUDA driver is needed. The kernels are reached through their public functions in
+`hf_zformer.modeling.triton_ops`, forward and backward, with CPU tensors of the shapes the models
+give them: Zformer's linear attention (one program per (sequence, head) pair, and the split plan),
+with and without a mask and a scale, at head width d against d and, for the Hedgehog feature map,
+2 d against d + 1; Fastformer's poolings per head (one slice and several), across heads at the
+model widths 8 d, and causal (prefix). Every launch compiles and returns at once: nothing runs, so
+the outputs stay unwritten. A kernel compiled for several calls is reported once.
+
+Only what the dispatch would run on each GPU is compiled: `triton_ops` bounds every kernel
+family's shared memory by the tile it holds (`LINEAR_ATTENTION_SHARED`, `SHARED_POOL_SHARED`,
+`PREFIX_POOL_SHARED`) and leaves tiles whose bound exceeds the GPU's shared memory to the torch
+forms; those are listed at the end. Exit status 1 where a kernel fails to compile, asks more shared
+memory than the architecture gives one program (the launch would fail on that GPU with "out of
+resource: shared memory"), or more than its family's bound (the bound the dispatch trusts is
+wrong); with `--strict` spilled registers fail too. Needs triton; `TRITON_INTERPRET` is ignored here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile, not interpret (read when triton_ops is imported)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+
+# Per multiprocessor, by compute capability: (GPUs, shared memory, threads), from NVIDIA's CUDA C++
+# Programming Guide; what one program may ask for is `triton_ops.SHARED_MEMORY_BY_CAPABILITY`.
+# Every one of them has 65,536 registers per multiprocessor.
+ARCHITECTURES = {
+    80: ("A100", 167_936, 2048),
+    86: ("RTX 30xx / A10", 102_400, 1536),
+    89: ("L4 / L40 / RTX 40xx", 102_400, 1536),
+    90: ("H100 / H200", 233_472, 2048),
+}
+REGISTERS_PER_SM = 65_536
+MODEL_HEADS = 8  # the model widths of the cross-head pooling: 8 heads of each head width
+
+
+@dataclass
+class CompiledKernel:
+    arch: int
+    kernel: str
+    dtype: str
+    constants: str
+    num_warps: int
+    num_stages: int
+    registers: int | None
+    spilled_bytes: int | None
+    shared_bytes: int
+    shared_limit: int
+    programs_per_sm: int | None
+    seconds: float
+    bound: int | None = None  # the family's shared-memory bound for this tile (`triton_ops.*_SHARED`)
+    error: str = ""
+
+    @property
+    def fails(self) -> bool:
+        over_bound = self.bound is not None and self.shared_bytes > self.bound
+        return bool(self.error) or self.shared_bytes > self.shared_limit or over_bound
+
+    @property
+    def spills(self) -> bool:
+        return bool(self.spilled_bytes)
+
+
+class _CompileOnlyDriver:
+    """The part of triton's driver interface a compile asks for, naming the target GPU."""
+
+    def __init__(self, arch: int):
+        from triton.backends.compiler import GPUTarget
+
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def is_active(self):
+        return True
+
+    def get_current_target(self):
+        return self.target
+
+    def get_active_torch_device(self):
+        return torch.device("cpu")
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def get_benchmarker(self):
+        raise RuntimeError("compile_kernels.py compiles only: nothing is timed")
+
+
+def _block_limit(arch: int) -> int:
+    """Shared memory one program may ask for on compute capability `arch` (major * 10 + minor)."""
+    from hf_zformer.modeling.triton_ops import SHARED_MEMORY_BY_CAPABILITY
+
+    return SHARED_MEMORY_BY_CAPABILITY[(arch // 10, arch % 10)]
+
+
+def _resource_usage(cubin: bytes) -> tuple[int | None, int | None]:
+    """(registers per thread, local-memory bytes per thread) of a cubin, read with the cuobjdump
+    that triton bundles (None, None where there is none)."""
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    tool = str(tool) if tool.exists() else shutil.which("cuobjdump")
+    if tool is None:
+        return None, None
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        text = subprocess.run([tool, "--dump-resource-usage", handle.name], capture_output=True, text=True).stdout
+    registers = re.search(r"REG:(\d+)", text)
+    local = re.search(r"LOCAL:(\d+)", text)
+    stack = re.search(r"STACK:(\d+)", text)
+    spilled = (int(local.group(1)) if local else 0) + (int(stack.group(1)) if stack else 0)
+    return (int(registers.group(1)) if registers else None), spilled
+
+
+def _programs_per_sm(arch: int, registers: int | None, shared: int, num_warps: int) -> int | None:
+    """Programs resident on one multiprocessor, bounded by registers (allocated per warp in units
+    of 256), shared memory and threads."""
+    if registers is None:
+        return None
+    _, shared_per_sm, threads_per_sm = ARCHITECTURES[arch]
+    per_warp = -(-registers * 32 // 256) * 256
+    bounds = [REGISTERS_PER_SM // (per_warp * num_warps), threads_per_sm // (32 * num_warps)]
+    if shared:
+        bounds.append(shared_per_sm // (shared + 1024))  # the runtime reserves 1 KiB per block
+    return min(bounds)
+
+
+_SHOWN_CONSTANTS = ("heads", "D", "DK", "DV", "DX", "DY", "BD", "BH", "BLOCK_N", "HAS_MASK", "HAS_SCALE",
+                    "HAS_DIRECTION", "FINAL", "DOT_FP32", "TRANSPOSE", "SIZE")
+
+
+class KernelCompiler:
+    """Makes every triton launch compile for `arch` instead of running (`JITFunction.__getitem__`),
+    and records each distinct compiled kernel once."""
+
+    def __init__(self, arch: int):
+        from triton.runtime import driver
+        from triton.runtime.jit import JITFunction
+
+        self.arch = arch
+        self.limit = _block_limit(arch)
+        self.bound: int | None = None  # set by `drive_kernels` before each family's launches
+        self.results: list[CompiledKernel] = []
+        self.torch_forms: list[str] = []  # what the dispatch leaves to the torch forms on this GPU
+        self._seen: set[int] = set()
+        self._driver = driver
+        self._jit = JITFunction
+        self._getitem = JITFunction.__getitem__
+
+    def __enter__(self):
+        self._previous = getattr(self._driver, "_active", None)  # reset_active() would look for a GPU
+        self._driver.set_active(_CompileOnlyDriver(self.arch))
+        compiler = self
+
+        def launcher(function, grid):
+            def launch(*args, **kwargs):
+                compiler._compile(function, grid, args, kwargs)
+
+            return launch
+
+        self._jit.__getitem__ = launcher
+        return self
+
+    def __exit__(self, *exc):
+        self._jit.__getitem__ = self._getitem
+        self._driver._active = self._previous
+
+    def _compile(self, function, grid, args, kwargs):
+        name = function.fn.__name__
+        dtype = next((str(a.dtype).replace("torch.", "") for a in args if isinstance(a, torch.Tensor)), "")
+        constants = ", ".join(f"{k}={kwargs[k]}" for k in _SHOWN_CONSTANTS if k in kwargs)
+        block_limit = self.limit
+        start = time.perf_counter()
+        try:
+            kernel = function.run(*args, grid=grid, warmup=True, **kwargs)
+        except Exception as error:  # a compile error is the finding: report it and go on
+            message = f"{type(error).__name__}: {str(error).strip().splitlines()[-1] if str(error).strip() else ''}"
+            self.results.append(CompiledKernel(self.arch, name, dtype, constants, kwargs.get("num_warps", 4),
+                                               kwargs.get("num_stages", 3), None, None, 0, block_limit, None,
+                                               time.perf_counter() - start, self.bound, error=message))
+            return
+        if id(kernel) in self._seen:
+            return
+        self._seen.add(id(kernel))
+        registers, spilled = _resource_usage(kernel.asm["cubin"])
+        metadata = kernel.metadata
+        self.results.append(CompiledKernel(
+            self.arch, name, dtype, constants, metadata.num_warps, metadata.num_stages, registers, spilled,
+            metadata.shared, block_limit, _programs_per_sm(self.arch, registers, metadata.shared, metadata.num_warps),
+            time.perf_counter() - start, self.bound,
+        ))
+
+
+def _backward(output: torch.Tensor, *inputs: torch.Tensor) -> None:
+    torch.autograd.grad(output, [t for t in inputs if t is not None and t.requires_grad],
+                        torch.ones_like(output), allow_unused=True)
+
+
+def _bound(bounds, tile: int) -> int | None:
+    return next((size for largest, size in bounds if tile <= largest), None)
+
+
+def drive_kernels(triton_ops, compiler: KernelCompiler, widths: list[int], dtypes: list[torch.dtype],
+                  length: int = 600) -> None:
+    """Calls every kernel function the dispatch would run on `compiler`'s GPU (the fit rules of
+    `triton_ops` against its shared memory), forward and backward, at head `widths` and `dtypes`:
+    CPU tensors, whose launches compile (`KernelCompiler`). `length` spans several slices of the
+    split sums. What the rules leave to the torch forms is listed in `compiler.torch_forms`."""
+    batch, heads = 2, 2
+    mask = torch.ones(batch, length, dtype=torch.bool)
+    limit = compiler.limit
+
+    def tensor(*shape, dtype):
+        return torch.zeros(*shape, dtype=dtype, requires_grad=True)
+
+    saved_min_pairs = triton_ops.FUSED_MIN_PAIRS
+    try:
+        for dtype in dtypes:
+            for width in widths:
+                # Zformer: plain heads (d against d) and the Hedgehog map's features (2 d against d + 1)
+                for dk, dv in ((width, width), (2 * width, width + 1)):
+                    if not triton_ops.linear_attention_fits(dk, dv, limit):
+                        compiler.torch_forms.append(f"linear attention {dk} x {dv}")
+                        continue
+                    compiler.bound = _bound(triton_ops.LINEAR_ATTENTION_SHARED,
+                                            triton_ops._tile(dk) * triton_ops._tile(dv))
+                    for min_pairs in (1, 10**9):  # one program per pair, and the split plan
+                        triton_ops.FUSED_MIN_PAIRS = min_pairs
+                        for with_mask in (True, False):
+                            q, k = tensor(batch, heads, length, dk, dtype=dtype), tensor(batch, heads, length, dk,
+                                                                                          dtype=dtype)
+                            v = tensor(batch, heads, length, dv, dtype=dtype)
+                            scale = torch.ones(1, requires_grad=True) if with_mask else None
+                            out = triton_ops.linear_attention_kernel(q, k, v, mask if with_mask else None, scale)
+                            _backward(out, q, k, v, scale)
+                triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
+                # Fastformer: per-head pooling (one slice and several), along a direction and the mean;
+                # a (rows, width) tile and a few vectors, no bound needed
+                compiler.bound = None
+                for rows in (triton_ops.POOL_CHUNK or 64, length):
+                    for with_direction in (True, False):
+                        values = tensor(batch, heads, rows, width, dtype=dtype)
+                        direction = torch.zeros(batch, heads, width, requires_grad=True) if with_direction else None
+                        pooled = triton_ops.direction_pool_kernel(values, direction, mask[:, :rows])
+                        _backward(pooled, values, direction)
+                # across heads: the rows of the layer's input, MODEL_HEADS directions
+                model_width = MODEL_HEADS * width
+                if triton_ops.shared_fits(model_width, MODEL_HEADS, limit):
+                    compiler.bound = _bound(triton_ops.SHARED_POOL_SHARED,
+                                            triton_ops._tile(MODEL_HEADS) * triton_ops._tile(model_width))
+                    for with_direction in (True, False):
+                        rows_input = tensor(batch, length, model_width, dtype=dtype)
+                        direction = (torch.zeros(1, MODEL_HEADS, model_width, requires_grad=True)
+                                     if with_direction else None)
+                        pooled = triton_ops.shared_pool_kernel(rows_input, direction, mask)
+                        _backward(pooled, rows_input, direction)
+                else:
+                    compiler.torch_forms.append(f"pooling across {MODEL_HEADS} heads {model_width} wide")
+                # causal (prefix) pooling
+                if triton_ops.prefix_fits(width, limit):
+                    compiler.bound = _bound(triton_ops.PREFIX_POOL_SHARED, triton_ops._tile(width))
+                    scores = tensor(batch, heads, length, 1, dtype=dtype)
+                    values = tensor(batch, heads, length, width, dtype=dtype)
+                    pooled, _ = triton_ops.prefix_pool_kernel(scores, values, mask)
+                    _backward(pooled, scores, values)
+                else:
+                    compiler.torch_forms.append(f"causal pooling {width} wide")
+    finally:
+        triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
+        compiler.bound = None
+
+
+def compile_all(archs: list[int], widths: list[int], dtypes: list[torch.dtype]
+                ) -> tuple[list[CompiledKernel], dict[int, list[str]]]:
+    """(every distinct compiled kernel, per architecture what runs as the torch form instead)."""
+    from hf_zformer.modeling import triton_ops
+
+    if not triton_ops.AVAILABLE:
+        raise SystemExit("compile_kernels.py needs triton: pip install triton")
+    results, torch_forms = [], {}
+    for arch in archs:
+        with KernelCompiler(arch) as compiler:
+            drive_kernels(triton_ops, compiler, widths, dtypes)
+        results += compiler.results
+        torch_forms[arch] = sorted(set(compiler.torch_forms))
+    return results, torch_forms
+
+
+def report(results: list[CompiledKernel]) -> str:
+    lines = ["| arch | kernel | dtype | constants | warps | stages | registers | spilled B "
+             "| shared B (bound, limit) | programs/SM | compile s |", "|" + " --- |" * 11]
+    for r in results:
+        bound = "-" if r.bound is None else f"{r.bound:,}"
+        shared = f"{r.shared_bytes:,} ({bound}, {r.shared_limit:,})"
+        if r.shared_bytes > r.shared_limit or (r.bound is not None and r.shared_bytes > r.bound):
+            shared += " OVER"
+        spilled = "?" if r.spilled_bytes is None else f"{r.spilled_bytes}" + (" SPILLS" if r.spills else "")
+        if r.error:
+            lines.append(f"| sm_{r.arch} | {r.kernel} | {r.dtype} | {r.constants} | {r.num_warps} | {r.num_stages} "
+                         f"| FAILED: {r.error} | | | | {r.seconds:.1f} |")
+            continue
+        lines.append(f"| sm_{r.arch} | {r.kernel} | {r.dtype} | {r.constants} | {r.num_warps} | {r.num_stages} "
+                     f"| {r.registers if r.registers is not None else '?'} | {spilled} | {shared} "
+                     f"| {r.programs_per_sm if r.programs_per_sm is not None else '?'} | {r.seconds:.1f} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--arch", type=int, nargs="+", default=[80, 90], choices=sorted(ARCHITECTURES),
+                        help="compute capabilities to compile for, as major*10+minor (default: 80 90)")
+    parser.add_argument("--widths", type=int, nargs="+", default=[32, 64, 96, 128, 256],
+                        help="head widths d (default: 32 64 96 128 256; 64/96/128 are the 8-head layers "
+                             "512/768/1,024 wide); the pooling across heads runs at 8 d with 8 heads")
+    parser.add_argument("--dtypes", nargs="+", default=["bf16", "fp32"], choices=["bf16", "fp16", "fp32"],
+                        help="input precisions (default: bf16 fp32)")
+    parser.add_argument("--json", type=Path, help="also write the results as JSON here")
+    parser.add_argument("--strict", action="store_true", help="fail on spilled registers too")
+    args = parser.parse_args(argv)
+    for width in args.widths:
+        if width < 1:
+            parser.error(f"--widths: {width} is not a positive head width")
+    dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[d] for d in args.dtypes]
+    start = time.perf_counter()
+    results, torch_forms = compile_all(args.arch, args.widths, dtypes)
+    print(report(results))
+    for arch, forms in torch_forms.items():
+        if forms:
+            print(f"\nsm_{arch}, the torch forms instead (tiles over the shared-memory bounds): {'; '.join(forms)}")
+    failed = [r for r in results if r.fails]
+    spilled = [r for r in results if r.spills]
+    print(f"\n{len(results)} compiled kernels in {time.perf_counter() - start:.0f} s: {len(failed)} failed "
+          f"(compile error, or shared memory over the GPU's limit or the family's bound), "
+          f"{len(spilled)} spill registers")
+    if args.json:
+        import triton
+
+        args.json.write_text(json.dumps({"triton": triton.__version__, "torch": torch.__version__,
+                                         "kernels": [asdict(r) for r in results],
+                                         "torch_forms": {f"sm_{a}": f for a, f in torch_forms.items()}},
+                                        indent=1) + "\n")
+    return 1 if failed or (args.strict and spilled) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,82 @@
+"""`scripts/compile_kernels.py`: every Triton kernel compiled for a CUDA GPU on this CPU (triton's
+bundled ptxas; no GPU, no driver), each one's registers, spills and shared memory read from the
+compiled code, and the dispatch's shared-memory bounds checked against them.
+
+Default run: one architecture at a toy width (every kernel family, forward and backward), and a
+bound made too small on purpose, which must fail. `-m slow`: the script's default (sm_80 and sm_90,
+bf16 and fp32, head widths 32 to 256), which must pass: no compile error, no kernel over the GPU's
+shared memory or its family's bound.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO_ROOT
+
+pytest.importorskip("triton")
+
+SCRIPT = REPO_ROOT / "scripts" / "compile_kernels.py"
+EVERY_KERNEL = {"_fused_forward", "_fused_backward", "_outer_sum", "_sum_parts", "_state_product", "_pool",
+                "_merge_pools", "_pool_backward", "_shared_pool", "_shared_pool_backward", "_prefix_pool",
+                "_prefix_pool_backward"}
+
+
+def _compile(tmp_path, *args, prelude=""):
+    """Runs the script in a fresh process (compiling needs triton's real `jit`, not the
+    interpreter the kernel tests switch on), with `prelude` run first."""
+    out = tmp_path / "kernels.json"
+    code = f"{prelude}\nimport runpy, sys\nsys.argv = ['compile_kernels.py', *{[*args, '--json', str(out)]!r}]\n" \
+           f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+                            timeout=1800)
+    return result, (json.loads(out.read_text()) if out.exists() else None)
+
+
+def test_every_kernel_compiles_for_an_h100_with_its_resources_read(tmp_path):
+    result, report = _compile(tmp_path, "--arch", "90", "--widths", "16", "--dtypes", "bf16")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    kernels = report["kernels"]
+    assert {k["kernel"] for k in kernels} == EVERY_KERNEL
+    for kernel in kernels:
+        assert kernel["arch"] == 90 and not kernel["error"]
+        assert 0 < kernel["registers"] <= 255 and kernel["spilled_bytes"] >= 0
+        assert kernel["shared_bytes"] <= kernel["shared_limit"] == 232_448
+        assert kernel["bound"] is None or kernel["shared_bytes"] <= kernel["bound"]
+        assert kernel["programs_per_sm"] >= 1
+    # fused and split plans, with and without a mask and a scale: one report per compiled variant
+    assert {k["constants"].split("HAS_MASK=")[1][:4] for k in kernels if k["kernel"] == "_fused_forward"} == {
+        "True", "Fals"}
+    assert "| sm_90 | _shared_pool_backward | bfloat16 |" in result.stdout
+
+
+def test_a_bound_below_what_the_kernel_asks_fails_the_check(tmp_path):
+    """The bounds the dispatch trusts are checked, not assumed: a prefix-pool bound of 1 KiB is
+    exceeded by the compiled kernel, and the script says so and exits 1."""
+    prelude = ("from hf_zformer.modeling import triton_ops\n"
+               "triton_ops.PREFIX_POOL_SHARED = ((64, 1024), (128, 1024), (256, 1024))")
+    result, report = _compile(tmp_path, "--arch", "90", "--widths", "16", "--dtypes", "bf16", prelude=prelude)
+    assert result.returncode == 1
+    over = [k for k in report["kernels"] if k["shared_bytes"] > (k["bound"] or float("inf"))]
+    assert over and {k["kernel"] for k in over} <= {"_prefix_pool", "_prefix_pool_backward"}
+    assert "OVER" in result.stdout
+
+
+def test_bad_arguments_are_named(tmp_path):
+    result, _ = _compile(tmp_path, "--arch", "75")
+    assert result.returncode == 2 and "--arch" in result.stderr and "75" in result.stderr
+    result, _ = _compile(tmp_path, "--widths", "0")
+    assert result.returncode == 2 and "--widths: 0" in result.stderr
+
+
+@pytest.mark.slow
+def test_every_kernel_the_dispatch_admits_fits_a100_and_h100(tmp_path):
+    """The script's default matrix: what the dispatch runs on sm_80 and sm_90 compiles within the
+    GPU's shared memory and its family's bound; what it leaves to the torch forms is listed."""
+    result, report = _compile(tmp_path)
+    assert result.returncode == 0, result.stdout[-4000:]
+    assert {k["arch"] for k in report["kernels"]} == {80, 90}
+    assert "linear attention 256 x 129" in report["torch_forms"]["sm_90"]  # a Hedgehog map at d = 128
