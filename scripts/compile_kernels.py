@@ -345,6 +345,13 @@ def main(argv=None) -> int:
     for width in args.widths:
         if width < 1:
             parser.error(f"--widths: {width} is not a positive head width")
+    if args.json:
+        from hf_zformer import folders
+
+        try:  # before any work: no file of somebody else's is overwritten
+            args.json = folders.check_output_files([args.json], name="--json")[0]
+        except ValueError as error:
+            parser.error(str(error))
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[d] for d in args.dtypes]
     start = time.perf_counter()
     results, torch_forms = compile_all(args.arch, args.widths, dtypes)
@@ -358,12 +365,22 @@ def main(argv=None) -> int:
           f"(compile error, or shared memory over the GPU's limit or the family's bound), "
           f"{len(spilled)} spill registers")
     if args.json:
+        import datetime
+
         import triton
 
-        args.json.write_text(json.dumps({"triton": triton.__version__, "torch": torch.__version__,
-                                         "kernels": [asdict(r) for r in results],
-                                         "torch_forms": {f"sm_{a}": f for a, f in torch_forms.items()}},
-                                        indent=1) + "\n")
+        from benchmarks.harness import source_commit
+        from hf_zformer import folders
+
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({
+            "command": "python scripts/compile_kernels.py " + " ".join(sys.argv[1:] if argv is None else argv),
+            "commit": source_commit(), "date": datetime.date.today().isoformat(), "triton": triton.__version__,
+            "torch": torch.__version__, "kernels": [asdict(r) for r in results],
+            "torch_forms": {f"sm_{a}": f for a, f in torch_forms.items()},
+        }, indent=1) + "\n")
+        folders.record_files([args.json])
+        print(f"wrote {args.json}")
     return 1 if failed or (args.strict and spilled) else 0
 
 
