@@ -341,7 +341,8 @@ def test_shared_pool_kernel_takes_tiles_up_to_8192_elements(triton_backend, monk
     (232_448, {"linear 64x64", "linear 128x65", "linear 192x97", "shared 16x512", "shared 8x256", "prefix 128",
                "prefix 256"}),
     (166_912, {"linear 64x64", "linear 128x65", "shared 16x512", "shared 8x256", "prefix 128", "prefix 256"}),
-    (101_376, {"linear 64x64", "shared 8x256", "prefix 128"}),
+    (101_376, {"linear 64x64", "shared 8x256", "prefix 128", "prefix 256"}),
+    (40_000, {"prefix 128"}),
 ])
 def test_kernels_run_only_where_their_shared_memory_fits_the_gpu(triton_backend, monkeypatch, limit, admitted):
     """Each kernel family's shared memory, bounded by its tile (`triton_ops.*_SHARED`), against the
@@ -402,7 +403,7 @@ def _causal_pool_inputs(batch, heads, length, dim, seed, spread=3.0):
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("dim", [16, 24])
 def test_prefix_pool_kernel_matches_fp64(kernels, with_mask, dim):
-    """Three tiles and a partial one; with the mask: left padding, a gap inside, an all-padding row."""
+    """Several tiles and a partial one; with the mask: left padding, a gap inside, an all-padding row."""
     batch, heads, length = 3, 2, 150
     scores, values = _causal_pool_inputs(batch, heads, length, dim, seed=11)
     mask = None

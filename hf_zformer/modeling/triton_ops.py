@@ -497,6 +497,11 @@ if AVAILABLE:
 # length) keeps every real row in the same tile and slice when padding is appended.
 _BLOCK_N = 64
 _CHUNK = 512
+# Rows per tile of the causal pooling, whose (rows, rows) weights and exact fp32 products (on CUDA
+# cores) weigh on registers: with 64-row tiles ptxas compiled both kernels for sm_90 to 32
+# registers and 6.5-10 KB of spilled stack per thread; 32-row tiles (8 warps from 128-wide heads)
+# need 64-147 registers and spill nothing (`scripts/compile_kernels.py`).
+_PREFIX_BLOCK_N = 32
 # One program per (sequence, head) pair, for the whole sequence, where there are at least this many
 # pairs; None: the GPU's number of multiprocessors (the interpreter: always).
 FUSED_MIN_PAIRS: int | None = None
@@ -534,7 +539,7 @@ LINEAR_ATTENTION_SHARED = ((4096, 98_304), (16_384, 131_072), (32_768, 212_992))
 # the pooling across heads: heads x width (16 x 512 for 8 heads of a 512-wide layer)
 SHARED_POOL_SHARED = ((4096, 98_304), (8192, 163_840))
 # the causal (prefix) pooling: the head width
-PREFIX_POOL_SHARED = ((64, 50_176), (128, 82_944), (256, 153_600))
+PREFIX_POOL_SHARED = ((64, 26_624), (128, 34_816), (256, 55_296))
 
 
 def shared_memory_limit(device: torch.device) -> int | None:
@@ -931,7 +936,8 @@ def _prefix_pool_forward(scores, values, mask):
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
     _prefix_pool[(batch * heads,)](
         scores, values, mask_ptr, pooled, lse, length, *scores.stride()[:3], *values.stride(), smb, smn,
-        *pooled.stride()[:3], heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
+        *pooled.stride()[:3], heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_PREFIX_BLOCK_N, HAS_MASK=has_mask,
+        **_launch_options(dim),
     )
     return pooled, lse
 
@@ -956,7 +962,7 @@ class _PrefixPool(torch.autograd.Function):
         _prefix_pool_backward[(batch * heads,)](
             scores_in, values_in, mask_ptr, pooled, lse, grad, grad_values, grad_scores, length,
             *scores_in.stride()[:3], *values_in.stride(), smb, smn, *pooled.stride()[:3], *grad.stride(),
-            heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
+            heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_PREFIX_BLOCK_N, HAS_MASK=has_mask, **_launch_options(dim),
         )
         return grad_scores.to(scores.dtype), grad_values.to(values.dtype), None
 
