@@ -140,6 +140,17 @@ def test_linear_attention_kernel_extra_padding_changes_nothing(kernels):
     assert torch.equal(wide[:, :, :600], out.detach())
 
 
+def test_linear_attention_kernel_in_16_row_tiles(kernels, monkeypatch):
+    """The tiles fp32 inputs take on CUDA (`triton_ops._linear_rows`; the interpreter keeps 64 rows
+    otherwise): the same results against fp64, gradients included, and padding changes nothing."""
+    rows = []
+    monkeypatch.setattr(triton_ops, "_linear_rows", lambda exact: rows.append(exact) or 16)
+    test_linear_attention_kernel_matches_fp64(kernels, True, True, 150, 150, 16, 32)
+    ops.set_kernel_backend("triton")
+    test_linear_attention_kernel_extra_padding_changes_nothing(kernels)
+    assert rows and all(rows)  # fp32 inputs: exact products
+
+
 # ----------------------------------------------------------------------------------------------
 # direction pooling
 # ----------------------------------------------------------------------------------------------

@@ -502,6 +502,16 @@ _CHUNK = 512
 # registers and 6.5-10 KB of spilled stack per thread; 32-row tiles (8 warps from 128-wide heads)
 # need 64-147 registers and spill nothing (`scripts/compile_kernels.py`).
 _PREFIX_BLOCK_N = 32
+
+
+def _linear_rows(exact: bool) -> int:
+    """Rows per tile of the linear-attention kernels: 16 where their products run exactly in fp32
+    on CUDA cores (fp32 inputs), else `_BLOCK_N`. Compiled for sm_90 with 64-row tiles, the exact
+    products spilled registers: 1.7 KB per thread in the fused backward at 64-wide heads, and the
+    state product at 96- and 128-wide heads got 32 registers and 6.5-8 KB of stack; 16-row tiles
+    spill nothing there (`scripts/compile_kernels.py`). The interpreter keeps 64-row tiles (its
+    products are exact for every dtype), except where a test swaps this function."""
+    return 16 if exact and not INTERPRETED else _BLOCK_N
 # One program per (sequence, head) pair, for the whole sequence, where there are at least this many
 # pairs; None: the GPU's number of multiprocessors (the interpreter: always).
 FUSED_MIN_PAIRS: int | None = None
@@ -625,7 +635,8 @@ def outer_sum(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> to
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, x)
     _outer_sum[(parts, batch * heads)](
         x, y, mask_ptr, partial, length, chunk, *x.stride(), *y.stride(), smb, smn,
-        heads=heads, DX=dx, DY=dy, BX=bx, BY=by, BLOCK_N=_BLOCK_N, HAS_MASK=has_mask, DOT_FP32=_dot_fp32(x, y),
+        heads=heads, DX=dx, DY=dy, BX=bx, BY=by, BLOCK_N=_linear_rows(_dot_fp32(x, y)), HAS_MASK=has_mask,
+        DOT_FP32=_dot_fp32(x, y),
         **_launch_options(dx, dy),
     )
     if parts == 1:
@@ -643,9 +654,10 @@ def state_product(x: torch.Tensor, state: torch.Tensor, width: int, mask: torch.
     batch, heads, length, dx = x.shape
     out = _heads_last(batch, heads, length, width, x)
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, x)
-    _state_product[(triton.cdiv(length, _BLOCK_N), batch * heads)](
+    rows = _linear_rows(_dot_fp32(x))
+    _state_product[(triton.cdiv(length, rows), batch * heads)](
         x, state.contiguous(), out, mask_ptr, _scale_pointer(scale, x), length, *x.stride(), *out.stride(), smb, smn,
-        heads=heads, DX=dx, DY=width, BX=_tile(dx), BY=_tile(width), BLOCK_N=_BLOCK_N, TRANSPOSE=transpose,
+        heads=heads, DX=dx, DY=width, BX=_tile(dx), BY=_tile(width), BLOCK_N=rows, TRANSPOSE=transpose,
         HAS_MASK=has_mask, HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(x), **_launch_options(dx, width),
     )
     return out
@@ -661,7 +673,7 @@ def _launch_fused_forward(query, key, value, mask, scale):
     _fused_forward[(batch * heads,)](
         query, key, value, mask_ptr, _scale_pointer(scale, query), out, state, length_q, length_k,
         *query.stride(), *key.stride(), *value.stride(), *out.stride(), smb, smn,
-        heads=heads, DK=dk, DV=dv, BK=bk, BV=bv, BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
+        heads=heads, DK=dk, DV=dv, BK=bk, BV=bv, BLOCK_N=_linear_rows(_dot_fp32(query, key, value)), HAS_MASK=has_mask,
         HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value), **_launch_options(dk, dv),
     )
     return out, state
@@ -677,8 +689,9 @@ def _launch_fused_backward(query, key, value, mask, scale, state, grad):
         query, key, value, grad, mask_ptr, _scale_pointer(scale, query), state, *grads, scale_products,
         length_q, length_k, *query.stride(), *key.stride(), *value.stride(), *grad.stride(),
         *grads[0].stride(), *grads[1].stride(), *grads[2].stride(), smb, smn,
-        heads=heads, DK=dk, DV=dv, BK=_tile(dk), BV=_tile(dv), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
-        HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value, grad), **_launch_options(dk, dv),
+        heads=heads, DK=dk, DV=dv, BK=_tile(dk), BV=_tile(dv), BLOCK_N=_linear_rows(_dot_fp32(query, key, value, grad)),
+        HAS_MASK=has_mask, HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value, grad),
+        **_launch_options(dk, dv),
     )
     return (*grads, scale_products.sum())
 
