@@ -26,6 +26,7 @@ wrong); with `--strict` spilled registers fail too. Needs triton; `TRITON_INTERP
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import re
@@ -100,7 +101,9 @@ class _CompileOnlyDriver:
         return torch.device("cpu")
 
     def get_current_device(self):
-        return 0
+        # a device per target: triton keeps compiled kernels per device, so a kernel compiled for
+        # one architecture is not handed out again for the next
+        return self.target.arch
 
     def get_current_stream(self, device=None):
         return 0
@@ -208,10 +211,12 @@ class KernelCompiler:
         self._seen.add(id(kernel))
         registers, spilled = _resource_usage(kernel.asm["cubin"])
         metadata = kernel.metadata
+        compiled_for = metadata.target.arch
         self.results.append(CompiledKernel(
             self.arch, name, dtype, constants, metadata.num_warps, metadata.num_stages, registers, spilled,
             metadata.shared, block_limit, _programs_per_sm(self.arch, registers, metadata.shared, metadata.num_warps),
             time.perf_counter() - start, self.bound,
+            error="" if compiled_for == self.arch else f"compiled for sm_{compiled_for}, not sm_{self.arch}",
         ))
 
 
@@ -234,61 +239,70 @@ def drive_kernels(triton_ops, compiler: KernelCompiler, widths: list[int], dtype
     mask = torch.ones(batch, length, dtype=torch.bool)
     limit = compiler.limit
 
+    layout = {"heads": True}
+
     def tensor(*shape, dtype):
-        return torch.zeros(*shape, dtype=dtype, requires_grad=True)
+        """Zeros (B, H, N, d) as head views of a (B, N, H * d) projection (how the attention classes
+        pass Q, K and V), or contiguous (a feature map's output): the strides decide how triton
+        specialises a kernel, and with it the shared memory it asks (65,536 against 40,960 bytes
+        for the fused forward at 64-wide bf16 heads)."""
+        if len(shape) != 4 or not layout["heads"]:
+            return torch.zeros(*shape, dtype=dtype, requires_grad=True)
+        b, h, n, d = shape
+        return torch.zeros(b, n, h * d, dtype=dtype, requires_grad=True).view(b, n, h, d).transpose(1, 2)
 
     saved_min_pairs = triton_ops.FUSED_MIN_PAIRS
     try:
-        for dtype in dtypes:
-            for width in widths:
-                # Zformer: plain heads (d against d) and the Hedgehog map's features (2 d against d + 1)
-                for dk, dv in ((width, width), (2 * width, width + 1)):
-                    if not triton_ops.linear_attention_fits(dk, dv, limit):
-                        compiler.torch_forms.append(f"linear attention {dk} x {dv}")
-                        continue
-                    compiler.bound = _bound(triton_ops.LINEAR_ATTENTION_SHARED,
-                                            triton_ops._tile(dk) * triton_ops._tile(dv))
-                    for min_pairs in (1, 10**9):  # one program per pair, and the split plan
-                        triton_ops.FUSED_MIN_PAIRS = min_pairs
-                        for with_mask in (True, False):
-                            q, k = tensor(batch, heads, length, dk, dtype=dtype), tensor(batch, heads, length, dk,
-                                                                                          dtype=dtype)
-                            v = tensor(batch, heads, length, dv, dtype=dtype)
-                            scale = torch.ones(1, requires_grad=True) if with_mask else None
-                            out = triton_ops.linear_attention_kernel(q, k, v, mask if with_mask else None, scale)
-                            _backward(out, q, k, v, scale)
-                triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
-                # Fastformer: per-head pooling (one slice and several), along a direction and the mean;
-                # a (rows, width) tile and a few vectors, no bound needed
-                compiler.bound = None
-                for rows in (triton_ops.POOL_CHUNK or 64, length):
-                    for with_direction in (True, False):
-                        values = tensor(batch, heads, rows, width, dtype=dtype)
-                        direction = torch.zeros(batch, heads, width, requires_grad=True) if with_direction else None
-                        pooled = triton_ops.direction_pool_kernel(values, direction, mask[:, :rows])
-                        _backward(pooled, values, direction)
-                # across heads: the rows of the layer's input, MODEL_HEADS directions
-                model_width = MODEL_HEADS * width
-                if triton_ops.shared_fits(model_width, MODEL_HEADS, limit):
-                    compiler.bound = _bound(triton_ops.SHARED_POOL_SHARED,
-                                            triton_ops._tile(MODEL_HEADS) * triton_ops._tile(model_width))
-                    for with_direction in (True, False):
-                        rows_input = tensor(batch, length, model_width, dtype=dtype)
-                        direction = (torch.zeros(1, MODEL_HEADS, model_width, requires_grad=True)
-                                     if with_direction else None)
-                        pooled = triton_ops.shared_pool_kernel(rows_input, direction, mask)
-                        _backward(pooled, rows_input, direction)
-                else:
-                    compiler.torch_forms.append(f"pooling across {MODEL_HEADS} heads {model_width} wide")
-                # causal (prefix) pooling
-                if triton_ops.prefix_fits(width, limit):
-                    compiler.bound = _bound(triton_ops.PREFIX_POOL_SHARED, triton_ops._tile(width))
-                    scores = tensor(batch, heads, length, 1, dtype=dtype)
-                    values = tensor(batch, heads, length, width, dtype=dtype)
-                    pooled, _ = triton_ops.prefix_pool_kernel(scores, values, mask)
-                    _backward(pooled, scores, values)
-                else:
-                    compiler.torch_forms.append(f"causal pooling {width} wide")
+        for dtype, heads_layout, width in itertools.product(dtypes, (True, False), widths):
+            layout["heads"] = heads_layout
+            # Zformer: plain heads (d against d) and the Hedgehog map's features (2 d against d + 1)
+            for dk, dv in ((width, width), (2 * width, width + 1)):
+                if not triton_ops.linear_attention_fits(dk, dv, limit):
+                    compiler.torch_forms.append(f"linear attention {dk} x {dv}")
+                    continue
+                compiler.bound = _bound(triton_ops.LINEAR_ATTENTION_SHARED,
+                                        triton_ops._tile(dk) * triton_ops._tile(dv))
+                for min_pairs in (1, 10**9):  # one program per pair, and the split plan
+                    triton_ops.FUSED_MIN_PAIRS = min_pairs
+                    for with_mask in (True, False):
+                        q, k = tensor(batch, heads, length, dk, dtype=dtype), tensor(batch, heads, length, dk,
+                                                                                      dtype=dtype)
+                        v = tensor(batch, heads, length, dv, dtype=dtype)
+                        scale = torch.ones(1, requires_grad=True) if with_mask else None
+                        out = triton_ops.linear_attention_kernel(q, k, v, mask if with_mask else None, scale)
+                        _backward(out, q, k, v, scale)
+            triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
+            # Fastformer: per-head pooling (one slice and several), along a direction and the mean;
+            # a (rows, width) tile and a few vectors, no bound needed
+            compiler.bound = None
+            for rows in (triton_ops.POOL_CHUNK or 64, length):
+                for with_direction in (True, False):
+                    values = tensor(batch, heads, rows, width, dtype=dtype)
+                    direction = torch.zeros(batch, heads, width, requires_grad=True) if with_direction else None
+                    pooled = triton_ops.direction_pool_kernel(values, direction, mask[:, :rows])
+                    _backward(pooled, values, direction)
+            # across heads: the rows of the layer's input, MODEL_HEADS directions
+            model_width = MODEL_HEADS * width
+            if triton_ops.shared_fits(model_width, MODEL_HEADS, limit):
+                compiler.bound = _bound(triton_ops.SHARED_POOL_SHARED,
+                                        triton_ops._tile(MODEL_HEADS) * triton_ops._tile(model_width))
+                for with_direction in (True, False):
+                    rows_input = tensor(batch, length, model_width, dtype=dtype)
+                    direction = (torch.zeros(1, MODEL_HEADS, model_width, requires_grad=True)
+                                 if with_direction else None)
+                    pooled = triton_ops.shared_pool_kernel(rows_input, direction, mask)
+                    _backward(pooled, rows_input, direction)
+            else:
+                compiler.torch_forms.append(f"pooling across {MODEL_HEADS} heads {model_width} wide")
+            # causal (prefix) pooling
+            if triton_ops.prefix_fits(width, limit):
+                compiler.bound = _bound(triton_ops.PREFIX_POOL_SHARED, triton_ops._tile(width))
+                scores = tensor(batch, heads, length, 1, dtype=dtype)
+                values = tensor(batch, heads, length, width, dtype=dtype)
+                pooled, _ = triton_ops.prefix_pool_kernel(scores, values, mask)
+                _backward(pooled, scores, values)
+            else:
+                compiler.torch_forms.append(f"causal pooling {width} wide")
     finally:
         triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
         compiler.bound = None
