@@ -23,8 +23,6 @@ resource: shared memory"), or more than its family's bound (the bound the dispat
 wrong); with `--strict` spilled registers fail too. Needs triton; `TRITON_INTERPRET` is ignored here.
 """
 
-from __future__ import annotations
-
 import argparse
 import itertools
 import json
@@ -38,7 +36,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-os.environ.pop("TRITON_INTERPRET", None)  # compile, not interpret (read when triton_ops is imported)
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
@@ -343,7 +340,7 @@ def report(results: list[CompiledKernel]) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--arch", type=int, nargs="+", default=[80, 90], choices=sorted(ARCHITECTURES),
@@ -366,6 +363,12 @@ def main(argv=None) -> int:
             args.json = folders.check_output_files([args.json], name="--json")[0]
         except ValueError as error:
             parser.error(str(error))
+    return args
+
+
+def main(argv=None) -> int:
+    os.environ.pop("TRITON_INTERPRET", None)  # compile, not interpret (read when triton_ops is first imported)
+    args = parse_args(argv)
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[d] for d in args.dtypes]
     start = time.perf_counter()
     results, torch_forms = compile_all(args.arch, args.widths, dtypes)
