@@ -7,8 +7,8 @@ shared memory against the architecture's limit, and how many programs fit on one
 
 Triton compiles down to the GPU's machine code (cubin) with the ptxas it bundles; neither a GPU nor
 a CUDA driver is needed. The kernels are reached through their public functions in
-`hf_zformer.modeling.triton_ops`, forward and backward, with CPU tensors of the shapes the models
-give them: Zformer's linear attention (one program per (sequence, head) pair, and the split plan),
+`hf_zformer.modeling.triton_ops`, forward and backward, with CPU tensors of the shapes and layouts
+the models give them (head views of a projection, and contiguous): Zformer's linear attention (one program per (sequence, head) pair, and the split plan),
 with and without a mask and a scale, at head width d against d and, for the Hedgehog feature map,
 2 d against d + 1; Fastformer's poolings per head (one slice and several), across heads at the
 model widths 8 d, and causal (prefix). Every launch compiles and returns at once: nothing runs, so
@@ -226,16 +226,16 @@ def _bound(bounds, tile: int) -> int | None:
     return next((size for largest, size in bounds if tile <= largest), None)
 
 
+BATCH, HEADS = 2, 2  # of the calls that compile the kernels (any size compiles the same code)
+
+
 def drive_kernels(triton_ops, compiler: KernelCompiler, widths: list[int], dtypes: list[torch.dtype],
                   length: int = 600) -> None:
     """Calls every kernel function the dispatch would run on `compiler`'s GPU (the fit rules of
     `triton_ops` against its shared memory), forward and backward, at head `widths` and `dtypes`:
     CPU tensors, whose launches compile (`KernelCompiler`). `length` spans several slices of the
     split sums. What the rules leave to the torch forms is listed in `compiler.torch_forms`."""
-    batch, heads = 2, 2
-    mask = torch.ones(batch, length, dtype=torch.bool)
-    limit = compiler.limit
-
+    mask = torch.ones(BATCH, length, dtype=torch.bool)
     layout = {"heads": True}
 
     def tensor(*shape, dtype):
@@ -252,57 +252,59 @@ def drive_kernels(triton_ops, compiler: KernelCompiler, widths: list[int], dtype
     try:
         for dtype, heads_layout, width in itertools.product(dtypes, (True, False), widths):
             layout["heads"] = heads_layout
-            # Zformer: plain heads (d against d) and the Hedgehog map's features (2 d against d + 1)
-            for dk, dv in ((width, width), (2 * width, width + 1)):
-                if not triton_ops.linear_attention_fits(dk, dv, limit):
-                    compiler.torch_forms.append(f"linear attention {dk} x {dv}")
-                    continue
-                compiler.bound = _bound(triton_ops.LINEAR_ATTENTION_SHARED,
-                                        triton_ops._tile(dk) * triton_ops._tile(dv))
-                for min_pairs in (1, 10**9):  # one program per pair, and the split plan
-                    triton_ops.FUSED_MIN_PAIRS = min_pairs
-                    for with_mask in (True, False):
-                        q, k = tensor(batch, heads, length, dk, dtype=dtype), tensor(batch, heads, length, dk,
-                                                                                      dtype=dtype)
-                        v = tensor(batch, heads, length, dv, dtype=dtype)
-                        scale = torch.ones(1, requires_grad=True) if with_mask else None
-                        out = triton_ops.linear_attention_kernel(q, k, v, mask if with_mask else None, scale)
-                        _backward(out, q, k, v, scale)
+            _drive_linear_attention(triton_ops, compiler, tensor, dtype, width, mask)
             triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
-            # Fastformer: per-head pooling (one slice and several), along a direction and the mean;
-            # a (rows, width) tile and a few vectors, no bound needed
-            compiler.bound = None
-            for rows in (triton_ops.POOL_CHUNK or 64, length):
-                for with_direction in (True, False):
-                    values = tensor(batch, heads, rows, width, dtype=dtype)
-                    direction = torch.zeros(batch, heads, width, requires_grad=True) if with_direction else None
-                    pooled = triton_ops.direction_pool_kernel(values, direction, mask[:, :rows])
-                    _backward(pooled, values, direction)
-            # across heads: the rows of the layer's input, MODEL_HEADS directions
-            model_width = MODEL_HEADS * width
-            if triton_ops.shared_fits(model_width, MODEL_HEADS, limit):
-                compiler.bound = _bound(triton_ops.SHARED_POOL_SHARED,
-                                        triton_ops._tile(MODEL_HEADS) * triton_ops._tile(model_width))
-                for with_direction in (True, False):
-                    rows_input = tensor(batch, length, model_width, dtype=dtype)
-                    direction = (torch.zeros(1, MODEL_HEADS, model_width, requires_grad=True)
-                                 if with_direction else None)
-                    pooled = triton_ops.shared_pool_kernel(rows_input, direction, mask)
-                    _backward(pooled, rows_input, direction)
-            else:
-                compiler.torch_forms.append(f"pooling across {MODEL_HEADS} heads {model_width} wide")
-            # causal (prefix) pooling
-            if triton_ops.prefix_fits(width, limit):
-                compiler.bound = _bound(triton_ops.PREFIX_POOL_SHARED, triton_ops._tile(width))
-                scores = tensor(batch, heads, length, 1, dtype=dtype)
-                values = tensor(batch, heads, length, width, dtype=dtype)
-                pooled, _ = triton_ops.prefix_pool_kernel(scores, values, mask)
-                _backward(pooled, scores, values)
-            else:
-                compiler.torch_forms.append(f"causal pooling {width} wide")
+            _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask)
     finally:
         triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
         compiler.bound = None
+
+
+def _drive_linear_attention(triton_ops, compiler, tensor, dtype, width, mask) -> None:
+    """Zformer: plain heads (d against d) and the Hedgehog map's features (2 d against d + 1), in
+    both launch plans, with a mask and a scale and without."""
+    length = mask.shape[1]
+    for dk, dv in ((width, width), (2 * width, width + 1)):
+        if not triton_ops.linear_attention_fits(dk, dv, compiler.limit):
+            compiler.torch_forms.append(f"linear attention {dk} x {dv}")
+            continue
+        compiler.bound = _bound(triton_ops.LINEAR_ATTENTION_SHARED, triton_ops._tile(dk) * triton_ops._tile(dv))
+        for min_pairs, with_mask in itertools.product((1, 10**9), (True, False)):  # one program per pair; split
+            triton_ops.FUSED_MIN_PAIRS = min_pairs
+            q, k = (tensor(BATCH, HEADS, length, dk, dtype=dtype) for _ in range(2))
+            v = tensor(BATCH, HEADS, length, dv, dtype=dtype)
+            scale = torch.ones(1, requires_grad=True) if with_mask else None
+            out = triton_ops.linear_attention_kernel(q, k, v, mask if with_mask else None, scale)
+            _backward(out, q, k, v, scale)
+
+
+def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
+    """Fastformer: the per-head pooling (one slice and several; a (rows, width) tile and a few
+    vectors, no bound needed), the pooling across `MODEL_HEADS` heads of the layer's input, and the
+    causal (prefix) pooling; the first two along a direction and as the mean."""
+    length, limit = mask.shape[1], compiler.limit
+    compiler.bound = None
+    for rows, with_direction in itertools.product((triton_ops.POOL_CHUNK or 64, length), (True, False)):
+        values = tensor(BATCH, HEADS, rows, width, dtype=dtype)
+        direction = torch.zeros(BATCH, HEADS, width, requires_grad=True) if with_direction else None
+        _backward(triton_ops.direction_pool_kernel(values, direction, mask[:, :rows]), values, direction)
+    model_width = MODEL_HEADS * width
+    if triton_ops.shared_fits(model_width, MODEL_HEADS, limit):
+        compiler.bound = _bound(triton_ops.SHARED_POOL_SHARED,
+                                triton_ops._tile(MODEL_HEADS) * triton_ops._tile(model_width))
+        for with_direction in (True, False):
+            rows_input = tensor(BATCH, length, model_width, dtype=dtype)
+            direction = torch.zeros(1, MODEL_HEADS, model_width, requires_grad=True) if with_direction else None
+            _backward(triton_ops.shared_pool_kernel(rows_input, direction, mask), rows_input, direction)
+    else:
+        compiler.torch_forms.append(f"pooling across {MODEL_HEADS} heads {model_width} wide")
+    if triton_ops.prefix_fits(width, limit):
+        compiler.bound = _bound(triton_ops.PREFIX_POOL_SHARED, triton_ops._tile(width))
+        scores, values = tensor(BATCH, HEADS, length, 1, dtype=dtype), tensor(BATCH, HEADS, length, width, dtype=dtype)
+        pooled, _ = triton_ops.prefix_pool_kernel(scores, values, mask)
+        _backward(pooled, scores, values)
+    else:
+        compiler.torch_forms.append(f"causal pooling {width} wide")
 
 
 def compile_all(archs: list[int], widths: list[int], dtypes: list[torch.dtype]

@@ -512,6 +512,8 @@ def _linear_rows(exact: bool) -> int:
     spill nothing there (`scripts/compile_kernels.py`). The interpreter keeps 64-row tiles (its
     products are exact for every dtype), except where a test swaps this function."""
     return 16 if exact and not INTERPRETED else _BLOCK_N
+
+
 # One program per (sequence, head) pair, for the whole sequence, where there are at least this many
 # pairs; None: the GPU's number of multiprocessors (the interpreter: always).
 FUSED_MIN_PAIRS: int | None = None
