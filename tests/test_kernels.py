@@ -385,6 +385,36 @@ def test_kernels_run_only_where_their_shared_memory_fits_the_gpu(triton_backend,
     assert found - {None} == admitted
 
 
+def test_shared_memory_limit_asks_triton_then_the_compute_capability(monkeypatch):
+    """A CUDA device's limit comes from triton's device query, once per device; where the driver
+    cannot say, from the compute capability's table (the smallest known for an unknown one)."""
+    from types import SimpleNamespace
+
+    driver = triton_ops.triton.runtime.driver
+    previous = getattr(driver, "_active", None)
+    asked = []
+
+    def properties(index):
+        asked.append(index)
+        if index != 0:
+            raise RuntimeError("no such query")
+        return {"max_shared_mem": 232_448}
+
+    monkeypatch.setattr(triton_ops, "INTERPRETED", False)
+    monkeypatch.setattr(triton_ops, "_shared_memory", {})
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: {1: (8, 0), 2: (7, 5)}[index])
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    driver.set_active(SimpleNamespace(utils=SimpleNamespace(get_device_properties=properties)))
+    try:
+        assert triton_ops.shared_memory_limit(torch.device("cuda")) == 232_448  # the current device, 0
+        assert triton_ops.shared_memory_limit(torch.device("cuda")) == 232_448 and asked == [0]  # kept
+        assert triton_ops.shared_memory_limit(torch.device("cuda", 1)) == 166_912  # an A100's, by its capability
+        assert triton_ops.shared_memory_limit(torch.device("cuda", 2)) == 101_376  # unknown: the smallest
+        assert triton_ops.shared_memory_limit(torch.device("cpu")) is None
+    finally:
+        driver._active = previous
+
+
 def test_auto_backend_leaves_fp32_shared_rows_to_the_torch_form(monkeypatch):
     """Under `auto`, fp32 rows (the fp32 folded form) pool through the torch form's products, 16-bit
     rows through the kernel (on CUDA): the kernel's fp32 products would run exactly, off the tensor
