@@ -2,7 +2,8 @@
 # The GPU check: on a machine with one CUDA GPU and no network, from a checkout of this repository,
 # run the attention benchmark (the Zformer reference's grid, bf16 and fp32, and long inputs; CUDA-graph
 # replays, the GPU's own time, and eager calls, host work included), the kernel tests on CUDA, the
-# sequence-operation benchmark, the decoding benchmark and the device tests, and write every result
+# sequence-operation benchmark, the decoding benchmark, the device tests and what each kernel asks of
+# the GPU as this machine's triton compiles it (scripts/compile_kernels.py), and write every result
 # into one folder (archived again after each step, so a run cut short still leaves what it measured).
 #
 #     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; 8-12 minutes on an H100/H200
@@ -133,4 +134,7 @@ if [ "${FLA:-0}" = 1 ]; then
     step fla_tests 150 "$python" -m pytest -q -p no:cacheprovider -k fla tests/test_kernels.py
 fi
 step device_tests 120 env HF_ZFORMER_TEST_DEVICE=$device "$python" -m pytest -q -p no:cacheprovider -x ${DEVICE_TESTS:+-k "$DEVICE_TESTS"} tests/test_device.py
+# what each kernel asks of this GPU as this machine's triton compiles it (registers, spills, shared memory)
+arch=$("$python" -c "import torch; m, n = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(10 * m + n)")
+step kernel_resources 90 "$python" scripts/compile_kernels.py --arch "$arch" --widths 64 128 --json "$out/kernel_resources.json"
 echo "wrote $out/ and $archive"
