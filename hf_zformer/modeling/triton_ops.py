@@ -656,11 +656,18 @@ def state_product(x: torch.Tensor, state: torch.Tensor, width: int, mask: torch.
     batch, heads, length, dx = x.shape
     out = _heads_last(batch, heads, length, width, x)
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, x)
-    rows = _linear_rows(_dot_fp32(x))
+    exact = _dot_fp32(x)
+    rows = _linear_rows(exact)
+    options = _launch_options(dx, width)
+    if exact and not INTERPRETED and _tile(dx) * _tile(width) >= 128 * 128:
+        # a (128, 128) fp32 state or wider, multiplied on CUDA cores: with 8 warps ptxas gave the
+        # Hedgehog map's 128 x 65 and 192 x 97 products 32 registers and 3.4-5.6 KB of stack per
+        # thread; 16 warps spill nothing (`scripts/compile_kernels.py`)
+        options["num_warps"] = 16
     _state_product[(triton.cdiv(length, rows), batch * heads)](
         x, state.contiguous(), out, mask_ptr, _scale_pointer(scale, x), length, *x.stride(), *out.stride(), smb, smn,
         heads=heads, DX=dx, DY=width, BX=_tile(dx), BY=_tile(width), BLOCK_N=rows, TRANSPOSE=transpose,
-        HAS_MASK=has_mask, HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(x), **_launch_options(dx, width),
+        HAS_MASK=has_mask, HAS_SCALE=scale is not None, DOT_FP32=exact, **options,
     )
     return out
 
