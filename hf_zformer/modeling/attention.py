@@ -80,8 +80,8 @@ def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, o
     x (B, N, D); matrix (B, D, D) and offset (B, D) map every token of a sequence. A Linear
     projection y = W c + b of that output is itself one per-sequence map (W matrix, W offset + b),
     which costs 2 D^3 FLOPs per sequence instead of 2 N D^2, and saves a (B, N, D) intermediate: it
-    is folded in when N > D (`ZformerAttention.folds_output_projection`), and applied afterwards otherwise (or when `output` is not a plain
-    `Linear`: an adapter or a hook keeps its own forward).
+    is folded in when N > D (`ZformerAttention.folds_output_projection`), and applied afterwards
+    otherwise (or when `output` is not a plain `Linear`: an adapter or a hook keeps its own forward).
     """
     if plain_linears(output) and ZformerAttention.folds_output_projection(*x.shape):
         return torch.baddbmm(output(offset)[:, None, :], x, (output.weight @ matrix).transpose(1, 2))

@@ -134,8 +134,8 @@ def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_w
     if not all(width_ok(t.shape[-1]) for t in tensors):
         return _torch_form(f"{operation} with widths {sorted({t.shape[-1] for t in tensors})}")
     if fits is not None and not fits(shared_memory_limit(tensors[0].device)):
-        return _torch_form(f"{operation} with widths {sorted({t.shape[-1] for t in tensors})}: its kernel asks "
-                           f"more shared memory than {tensors[0].device} has")
+        return _torch_form(f"{operation} with widths {sorted({t.shape[-1] for t in tensors})}: no shared-memory "
+                           f"bound of its kernel's tiles fits {tensors[0].device}")
     return True
 
 
