@@ -222,10 +222,6 @@ def _backward(output: torch.Tensor, *inputs: torch.Tensor) -> None:
                         torch.ones_like(output), allow_unused=True)
 
 
-def _bound(bounds, tile: int) -> int | None:
-    return next((size for largest, size in bounds if tile <= largest), None)
-
-
 BATCH, HEADS = 2, 2  # of the calls that compile the kernels (any size compiles the same code)
 
 
@@ -268,7 +264,7 @@ def _drive_linear_attention(triton_ops, compiler, tensor, dtype, width, mask) ->
         if not triton_ops.linear_attention_fits(dk, dv, compiler.limit):
             compiler.torch_forms.append(f"linear attention {dk} x {dv}")
             continue
-        compiler.bound = _bound(triton_ops.LINEAR_ATTENTION_SHARED, triton_ops._tile(dk) * triton_ops._tile(dv))
+        compiler.bound = triton_ops.linear_attention_shared(dk, dv)
         for min_pairs, with_mask in itertools.product((1, 10**9), (True, False)):  # one program per pair; split
             triton_ops.FUSED_MIN_PAIRS = min_pairs
             q, k = (tensor(BATCH, HEADS, length, dk, dtype=dtype) for _ in range(2))
@@ -290,8 +286,7 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
         _backward(triton_ops.direction_pool_kernel(values, direction, mask[:, :rows]), values, direction)
     model_width = MODEL_HEADS * width
     if triton_ops.shared_fits(model_width, MODEL_HEADS, limit):
-        compiler.bound = _bound(triton_ops.SHARED_POOL_SHARED,
-                                triton_ops._tile(MODEL_HEADS) * triton_ops._tile(model_width))
+        compiler.bound = triton_ops.shared_pool_shared(model_width, MODEL_HEADS)
         for with_direction in (True, False):
             rows_input = tensor(BATCH, length, model_width, dtype=dtype)
             direction = torch.zeros(1, MODEL_HEADS, model_width, requires_grad=True) if with_direction else None
@@ -299,7 +294,7 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     else:
         compiler.torch_forms.append(f"pooling across {MODEL_HEADS} heads {model_width} wide")
     if triton_ops.prefix_fits(width, limit):
-        compiler.bound = _bound(triton_ops.PREFIX_POOL_SHARED, triton_ops._tile(width))
+        compiler.bound = triton_ops.prefix_shared(width)
         scores, values = tensor(BATCH, HEADS, length, 1, dtype=dtype), tensor(BATCH, HEADS, length, width, dtype=dtype)
         pooled, _ = triton_ops.prefix_pool_kernel(scores, values, mask)
         _backward(pooled, scores, values)

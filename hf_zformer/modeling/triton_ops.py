@@ -570,21 +570,38 @@ def shared_memory_limit(device: torch.device) -> int | None:
     return _shared_memory[device]
 
 
-def _fits(bounds, tile: int, limit: int | None) -> bool:
-    """Whether a family whose `bounds` cover `tile` asks no more shared memory than `limit`."""
-    needed = next((size for largest, size in bounds if tile <= largest), None)
+def _bound(bounds, tile: int) -> int | None:
+    """The shared memory a family with `bounds` asks for at `tile`, or None past its largest tile."""
+    return next((size for largest, size in bounds if tile <= largest), None)
+
+
+def _fits(needed: int | None, limit: int | None) -> bool:
     return needed is not None and (limit is None or needed <= limit)
+
+
+def linear_attention_shared(dk: int, dv: int) -> int | None:
+    """The most shared memory `linear_attention_kernel`'s programs ask for with keys d_k and values
+    d_v wide (`LINEAR_ATTENTION_SHARED`), or None where it takes no such widths."""
+    if not (supported_width(dk) and supported_width(dv)):
+        return None
+    return _bound(LINEAR_ATTENTION_SHARED, _tile(dk) * _tile(dv))
 
 
 def linear_attention_fits(dk: int, dv: int, limit: int | None) -> bool:
     """Whether `linear_attention_kernel` takes keys d_k and values d_v wide on a GPU whose programs
     may use `limit` bytes of shared memory (None: no limit)."""
-    return supported_width(dk) and supported_width(dv) and _fits(LINEAR_ATTENTION_SHARED, _tile(dk) * _tile(dv), limit)
+    return _fits(linear_attention_shared(dk, dv), limit)
+
+
+def prefix_shared(width: int) -> int | None:
+    """The most shared memory `prefix_pool_kernel`'s programs ask for at heads `width` wide
+    (`PREFIX_POOL_SHARED`), or None where it takes no such width."""
+    return _bound(PREFIX_POOL_SHARED, _tile(width)) if supported_width(width) else None
 
 
 def prefix_fits(width: int, limit: int | None) -> bool:
     """Whether `prefix_pool_kernel` takes heads `width` wide within `limit` bytes of shared memory."""
-    return supported_width(width) and _fits(PREFIX_POOL_SHARED, _tile(width), limit)
+    return _fits(prefix_shared(width), limit)
 
 
 def _tile(width: int) -> int:
@@ -635,10 +652,10 @@ def outer_sum(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> to
     parts, chunk = _slices(length)
     partial = torch.empty(batch * heads, parts, bx, by, dtype=torch.float32, device=x.device)
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, x)
+    exact = _dot_fp32(x, y)
     _outer_sum[(parts, batch * heads)](
         x, y, mask_ptr, partial, length, chunk, *x.stride(), *y.stride(), smb, smn,
-        heads=heads, DX=dx, DY=dy, BX=bx, BY=by, BLOCK_N=_linear_rows(_dot_fp32(x, y)), HAS_MASK=has_mask,
-        DOT_FP32=_dot_fp32(x, y),
+        heads=heads, DX=dx, DY=dy, BX=bx, BY=by, BLOCK_N=_linear_rows(exact), HAS_MASK=has_mask, DOT_FP32=exact,
         **_launch_options(dx, dy),
     )
     if parts == 1:
@@ -679,11 +696,12 @@ def _launch_fused_forward(query, key, value, mask, scale):
     out = _heads_last(batch, heads, length_q, dv, query)
     state = torch.empty(batch, heads, bk, bv, dtype=torch.float32, device=query.device)
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, query)
+    exact = _dot_fp32(query, key, value)
     _fused_forward[(batch * heads,)](
         query, key, value, mask_ptr, _scale_pointer(scale, query), out, state, length_q, length_k,
         *query.stride(), *key.stride(), *value.stride(), *out.stride(), smb, smn,
-        heads=heads, DK=dk, DV=dv, BK=bk, BV=bv, BLOCK_N=_linear_rows(_dot_fp32(query, key, value)), HAS_MASK=has_mask,
-        HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value), **_launch_options(dk, dv),
+        heads=heads, DK=dk, DV=dv, BK=bk, BV=bv, BLOCK_N=_linear_rows(exact), HAS_MASK=has_mask,
+        HAS_SCALE=scale is not None, DOT_FP32=exact, **_launch_options(dk, dv),
     )
     return out, state
 
@@ -694,13 +712,13 @@ def _launch_fused_backward(query, key, value, mask, scale, state, grad):
     grads = [_heads_last(batch, heads, t.shape[2], t.shape[-1], t) for t in (query, key, value)]
     scale_products = torch.empty(batch * heads, dtype=torch.float32, device=query.device)
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, query)
+    exact = _dot_fp32(query, key, value, grad)
     _fused_backward[(batch * heads,)](
         query, key, value, grad, mask_ptr, _scale_pointer(scale, query), state, *grads, scale_products,
         length_q, length_k, *query.stride(), *key.stride(), *value.stride(), *grad.stride(),
         *grads[0].stride(), *grads[1].stride(), *grads[2].stride(), smb, smn,
-        heads=heads, DK=dk, DV=dv, BK=_tile(dk), BV=_tile(dv), BLOCK_N=_linear_rows(_dot_fp32(query, key, value, grad)),
-        HAS_MASK=has_mask, HAS_SCALE=scale is not None, DOT_FP32=_dot_fp32(query, key, value, grad),
-        **_launch_options(dk, dv),
+        heads=heads, DK=dk, DV=dv, BK=_tile(dk), BV=_tile(dv), BLOCK_N=_linear_rows(exact), HAS_MASK=has_mask,
+        HAS_SCALE=scale is not None, DOT_FP32=exact, **_launch_options(dk, dv),
     )
     return (*grads, scale_products.sum())
 
@@ -858,12 +876,19 @@ def direction_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     return _pool_forward(values, direction, mask)[0]  # inference: no autograd node
 
 
+def shared_pool_shared(width: int, heads: int) -> int | None:
+    """The most shared memory `shared_pool_kernel`'s programs ask for with `heads` directions over
+    rows `width` wide (`SHARED_POOL_SHARED`), or None past its largest tile: a program holds
+    (heads, width) tiles (the directions, the pooling, in the backward the gradients too), padded to
+    powers of two, of at most 8,192 elements (16 heads at width 512); the backward's 16 x 1,024
+    tiles outgrow an H200."""
+    return _bound(SHARED_POOL_SHARED, _tile(heads) * _tile(width)) if width >= 1 else None
+
+
 def shared_fits(width: int, heads: int, limit: int | None = None) -> bool:
     """Whether `shared_pool_kernel` takes `heads` directions over rows `width` wide within `limit`
-    bytes of shared memory (None: no limit): a program holds (heads, width) tiles (the directions,
-    the pooling, in the backward the gradients too), padded to powers of two, of at most 8,192
-    elements (16 heads at width 512); the backward's 16 x 1,024 tiles outgrow an H200."""
-    return 1 <= width and _fits(SHARED_POOL_SHARED, _tile(heads) * _tile(width), limit)
+    bytes of shared memory (None: no limit)."""
+    return _fits(shared_pool_shared(width, heads), limit)
 
 
 def _shared_block(width: int, backward: bool = False) -> int:
