@@ -74,16 +74,17 @@ def use_folded_form(hidden_states: torch.Tensor, pays_off: bool, *layers: nn.Mod
     return hidden_states.dtype in (torch.float32, torch.float64)
 
 
-def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, output: nn.Module) -> torch.Tensor:
+def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, output: nn.Module,
+                  fold: bool) -> torch.Tensor:
     """`output(x @ matrix^T + offset)`: the output of a folded attention form, through its output projection.
 
     x (B, N, D); matrix (B, D, D) and offset (B, D) map every token of a sequence. A Linear
     projection y = W c + b of that output is itself one per-sequence map (W matrix, W offset + b),
     which costs 2 D^3 FLOPs per sequence instead of 2 N D^2, and saves a (B, N, D) intermediate: it
-    is folded in when N > D (`ZformerAttention.folds_output_projection`), and applied afterwards
+    is folded in where `fold` (the type's `folds_output_projection`), and applied afterwards
     otherwise (or when `output` is not a plain `Linear`: an adapter or a hook keeps its own forward).
     """
-    if plain_linears(output) and ZformerAttention.folds_output_projection(*x.shape):
+    if fold and plain_linears(output):
         return torch.baddbmm(output(offset)[:, None, :], x, (output.weight @ matrix).transpose(1, 2))
     return output(torch.baddbmm(offset[:, None, :], x, matrix.transpose(1, 2)))
 
@@ -711,7 +712,8 @@ class ZformerAttention(_QKVAttention):
             kv_t = value_moments @ key.view(heads, dim, width + 1).transpose(1, 2)  # (K^T V)^T (B, H, d, d)
             kv_t = kv_t * self._scale(kv_t.dtype)
             folded = (kv_t @ query.view(heads, dim, width + 1)).view(batch, width, width + 1)  # [A^T | c]
-        return _apply_folded(x, folded[:, :, :width].to(x.dtype), folded[:, :, width], self.output)  # (B, N, D)
+        return _apply_folded(x, folded[:, :, :width].to(x.dtype), folded[:, :, width], self.output,
+                             self.folds_output_projection(batch, length, width))  # (B, N, D)
 
 
 # ----------------------------------------------------------------------------------------------
