@@ -637,3 +637,129 @@ def test_auto_backend_leaves_the_cpu_to_the_torch_forms(monkeypatch):
         assert out.shape == (1, 2, 20, 16)
     finally:
         ops.set_kernel_backend(previous)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.compile: the kernels as operators
+# ----------------------------------------------------------------------------------------------
+
+
+def _operator_cases():
+    """(operator, its inputs) for each family's forward: with and without a mask, a scale, a
+    direction (one per sequence, one for the batch, none)."""
+    generator = torch.Generator().manual_seed(21)
+    mask = _mask(2, 70, [70, 50])
+    query, key = _heads(2, 70, 2, 16, generator), _heads(2, 70, 2, 16, generator)
+    value = _heads(2, 70, 2, 24, generator)
+    scale = torch.tensor([0.3], device=DEVICE, requires_grad=True)
+    rows = torch.randn(2, 70, 32, generator=generator).to(DEVICE).requires_grad_()
+    directions = [torch.randn(n, 2, 24, generator=generator).to(DEVICE).requires_grad_() for n in (2, 1)]
+    scores = torch.randn(2, 2, 70, 1, generator=generator).to(DEVICE).requires_grad_()
+    return [
+        ("linear_attention", (query, key, value, mask, scale)),
+        ("linear_attention", (query, key, value, None, None)),
+        ("direction_pool", (value, directions[0], mask)),
+        ("direction_pool", (value, directions[1], None)),
+        ("direction_pool", (value, None, mask)),
+        # 3 directions per sequence: a padded tile of heads
+        ("shared_pool", (rows, torch.randn(2, 3, 32, device=DEVICE, requires_grad=True), mask, True)),
+        ("shared_pool", (rows, rows[:1, :1].detach(), None, False)),
+        ("prefix_pool", (scores, value, mask)),
+    ]
+
+
+@pytest.mark.parametrize("case", range(8))
+def test_kernel_operators_pass_opcheck(case, kernels):
+    """Each forward operator: its schema, fake implementation (shapes, dtypes, strides of the real
+    outputs), autograd registration and a compiled trace with dynamic shapes (`torch.library.opcheck`);
+    then its gradient operator's fake against the real gradients."""
+    name, inputs = _operator_cases()[case]
+    operator = getattr(triton_ops.OPERATORS, name)
+    torch.library.opcheck(operator, inputs)
+    outputs = operator(*inputs)
+    tensors = [x for x in inputs if not isinstance(x, bool)]
+    flags = [x for x in inputs if isinstance(x, bool)]
+    saved = (*tensors, outputs[1]) if name == "linear_attention" else (*tensors, *outputs)  # as the backward's
+    grads = getattr(triton_ops.OPERATORS, f"{name}_grads")
+    torch.library.opcheck(grads, (*saved, torch.randn_like(outputs[0]), *flags),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+@pytest.mark.parametrize("attention, options", [
+    ("zformer", {}),  # linear attention
+    ("zformer", {"zformer_feature_map": "hedgehog"}),  # fp32 features beside the values
+    ("fastformer", {}),  # per-head pooling (plain form) or pooling across heads (folded form)
+    ("fastformer", {"is_causal": True}),  # prefix pooling
+])
+@pytest.mark.parametrize("folded", [False, True])
+@pytest.mark.parametrize("backend, mode", [("aot_eager", None), ("inductor", None), ("inductor", "reduce-overhead")])
+def test_compiled_modules_run_the_kernels(attention, options, folded, backend, mode, triton_backend, monkeypatch):
+    """A module compiled whole (`fullgraph=True`; `aot_eager` traces the graphs, `inductor` also
+    generates the code around the operators and plans its buffers, on a GPU with `reduce-overhead`
+    in CUDA graphs) calls the kernels' operators, forward and backward, and gives the eager
+    kernels' outputs and gradients (padding included)."""
+    if mode == "reduce-overhead" and DEVICE.type != "cuda":
+        pytest.skip("CUDA graphs need a GPU")
+    import hf_zformer.modeling.attention as attention_module
+
+    options = dict(options)
+    is_causal = options.pop("is_causal", False)
+    if folded and (attention == "zformer" or is_causal):
+        pytest.skip("no sequence kernel in zformer's folded form; no folded form of causal attention")
+    if not folded:
+        monkeypatch.setattr(attention_module, "use_folded_form", lambda *args, **kwargs: False)
+    calls = []
+    for name in ("_linear_attention_forward", "_linear_attention_grads", "_pool_forward", "_direction_pool_grads",
+                 "_shared_pool_forward", "_shared_pool_grads", "_prefix_pool_forward", "_prefix_pool_grads"):
+        original = getattr(triton_ops, name)
+        monkeypatch.setattr(triton_ops, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    config = tiny_config(attention_type=attention, hidden_size=32, num_attention_heads=2, **options)
+    torch.manual_seed(0)
+    module = (ZformerAttention(config) if attention == "zformer" else FastformerAttention(config, is_causal=is_causal))
+    module = module.to(DEVICE)
+    for parameter in module.parameters():  # the pooling directions are left to the model's initialisation
+        torch.nn.init.normal_(parameter, std=0.3)
+    x = torch.randn(2, 40, 32, generator=torch.Generator().manual_seed(3)).to(DEVICE).requires_grad_()
+    mask = _mask(2, 40, [40, 29])
+
+    def run(function):
+        out = function(x, mask)[0]
+        return out, torch.autograd.grad((out * out).sum(), [x, *module.parameters()], allow_unused=True)
+
+    expected, eager_calls = run(module), sorted(set(calls))
+    assert any(name.endswith("_grads") for name in eager_calls)
+    calls.clear()
+    torch._dynamo.reset()
+    got = run(torch.compile(module, backend=backend, mode=mode, fullgraph=True))
+    assert sorted(set(calls)) == eager_calls
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # inductor reorders the sums around them
+
+
+def test_a_copy_of_the_kernels_module_registers_operators_of_its_own():
+    """A checkpoint's copy of triton_ops.py (`trust_remote_code` imports it under another name)
+    registers its operators in a namespace of its own, and a torch that refuses to redefine an
+    operator gets a numbered namespace instead of an error."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("checkpoint_folder.triton_ops", triton_ops.__file__)
+    copy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(copy)
+    assert copy.operator_namespace() == "checkpoint_folder_triton_ops" != triton_ops.operator_namespace()
+    values = torch.randn(2, 1, 20, 16, device=DEVICE)
+    pooled = copy.OPERATORS.direction_pool(values, None, None)[0]
+    torch.testing.assert_close(pooled, values.float().mean(2))
+
+    define = torch.library.custom_op
+
+    def refuse_redefinition(name, *args, **kwargs):  # as some torch versions answer a second definition
+        if name.startswith(copy.operator_namespace() + "::"):
+            raise RuntimeError(f"Tried to register an operator ({name}) with the same name multiple times")
+        return define(name, *args, **kwargs)
+
+    try:
+        torch.library.custom_op = refuse_redefinition
+        operators = copy._register_operators()
+    finally:
+        torch.library.custom_op = define
+    assert operators.prefix_pool is not copy.OPERATORS.prefix_pool
+    assert hasattr(torch.ops.checkpoint_folder_triton_ops_1, "prefix_pool")

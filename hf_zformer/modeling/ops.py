@@ -41,8 +41,9 @@ at import), `set_kernel_backend` or `use_kernel_backend` chooses (`blocks.py` ke
 (plain torch everywhere: the reference to compare with) or `triton` (as `auto`, but the plain forms
 with the kernels wherever these apply, also on CPU tensors under `TRITON_INTERPRET=1`, as the tests
 run them). A call a kernel does not cover (a state, causal,
-fp64, an unsupported head width, inside `torch.compile`) takes the torch form; the reason is logged
-once at debug level.
+fp64, an unsupported head width) takes the torch form; the reason is logged once at debug level.
+Inside `torch.compile` the kernels run as operators the compiler calls without tracing into them
+(`triton_ops.OPERATORS`); fla's kernel runs in eager calls only.
 
 Each function picks its form by a rule stated in its docstring (the cheaper order on short inputs,
 blocks for long causal inputs, a four-operation step while decoding). Sums over the sequence run in
@@ -124,8 +125,6 @@ def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_w
     if device != "cuda" and not TRITON_INTERPRETED:
         raise RuntimeError(f"HF_ZFORMER_KERNELS=triton on a {device} tensor: the kernels need CUDA, or "
                            "TRITON_INTERPRET=1 set before the first import to run them on the CPU")
-    if torch.compiler.is_compiling():
-        return _torch_form(f"{operation} inside torch.compile")
     # fp16: the pooling's fp32 result only; attention outputs written in fp16 overflow where the
     # sums over long sequences are large (bf16 has fp32's range)
     dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if operation == "direction_pool" else ())
@@ -148,6 +147,8 @@ def _fla_applies(*tensors: torch.Tensor) -> bool:
     global _fla_chunk
     if not tensors[0].is_cuda or not _kernel_applies("causal linear_attention", *tensors):
         return False
+    if torch.compiler.is_compiling():  # fla's launches are not operators the compiler can call
+        return _torch_form("causal linear_attention inside torch.compile: fla's kernel runs in eager calls only")
     if _fla_chunk is None:
         try:
             from fla.ops.linear_attn import chunk_linear_attn

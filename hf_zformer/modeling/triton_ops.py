@@ -26,6 +26,10 @@ dtype, laid out (B, N, H, d) so that merging the heads is a view. Sums run over 
 slices in sequence order, and padding's rows add exact zeros, so outputs at real positions do not
 change, bit for bit, when padding is appended.
 
+Inside `torch.compile` each family's forward and backward run as operators (`OPERATORS`,
+`torch.library.custom_op`, with fake implementations for tracing), so compiled graphs and their
+CUDA graphs launch the same kernels as eager calls.
+
 The functions here do no dispatch: `ops.py` decides when they run. This file ships to the Hugging
 Face Hub with every checkpoint and imports where triton is not installed (`AVAILABLE` is then False
 and nothing here may be called); with `TRITON_INTERPRET=1` the kernels run on the CPU, which is how
@@ -33,6 +37,9 @@ the tests check them without a GPU.
 """
 
 import os
+import re
+import types
+from typing import Optional
 
 import torch
 
@@ -554,6 +561,7 @@ SHARED_POOL_SHARED = ((4096, 98_304), (8192, 163_840))
 PREFIX_POOL_SHARED = ((64, 26_624), (128, 34_816), (256, 55_296))
 
 
+@torch.compiler.assume_constant_result  # inside torch.compile: asked once while tracing, not a graph break
 def shared_memory_limit(device: torch.device) -> int | None:
     """Bytes of shared memory one program may use on `device` (None where there is no limit: the
     interpreter)."""
@@ -724,11 +732,31 @@ def _launch_fused_backward(query, key, value, mask, scale, state, grad):
 
 
 def _linear_attention_forward(query, key, value, mask, scale):
-    """(out, the state K^T V padded to tiles, whether the fused plan ran)."""
+    """(out, the state K^T V over the real keys, fp32, padded to tiles)."""
     if fused(query.shape[0] * query.shape[1], query.device):
-        return (*_launch_fused_forward(query, key, value, mask, scale), True)
-    state = outer_sum(key, value, mask)  # K^T V over the real keys, fp32
-    return state_product(query, state, value.shape[-1], scale=scale), state, False
+        return _launch_fused_forward(query, key, value, mask, scale)
+    state = outer_sum(key, value, mask)
+    return state_product(query, state, value.shape[-1], scale=scale), state
+
+
+def _linear_attention_grads(query, key, value, mask, scale, state, grad):
+    """(dQ, dK, dV, each in its input's dtype and stored heads-last, and <K^T V, Q^T dO>, the
+    scale's gradient before its dtype) from the forward's inputs and state and the output's
+    gradient: one launch where the forward took the fused plan and the tiles fit, else the split
+    sums and products."""
+    if grad.stride(-1) != 1:
+        grad = grad.contiguous()
+    if fused(query.shape[0] * query.shape[1], query.device) and _fused_backward_fits(query.shape[-1], value.shape[-1]):
+        return _launch_fused_backward(query, key, value, mask, scale, state, grad)
+    products = outer_sum(query, grad, None)  # Q^T dO, unscaled
+    scale_products = (products * state).sum()
+    if scale is not None:
+        products = products * scale.detach().float()
+    grad_query = state_product(grad, state, query.shape[-1], scale=scale, transpose=True)
+    grad_key = state_product(value, products, key.shape[-1], mask, transpose=True)
+    grad_value = state_product(key, products, value.shape[-1], mask)
+    # a feature map's fp32 keys beside 16-bit values: each gradient in its own input's dtype
+    return grad_query.to(query.dtype), grad_key.to(key.dtype), grad_value.to(value.dtype), scale_products
 
 
 def _fused_backward_fits(dk: int, dv: int) -> bool:
@@ -742,36 +770,28 @@ def _fused_backward_fits(dk: int, dv: int) -> bool:
 class _LinearAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, query, key, value, mask, scale):
-        out, state, ctx.fused = _linear_attention_forward(query, key, value, mask, scale)
+        out, state = _linear_attention_forward(query, key, value, mask, scale)
         ctx.save_for_backward(query, key, value, mask, state, scale)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         query, key, value, mask, state, scale = ctx.saved_tensors
-        if grad.stride(-1) != 1:
-            grad = grad.contiguous()
-        if ctx.fused and _fused_backward_fits(query.shape[-1], value.shape[-1]):
-            grad_query, grad_key, grad_value, scale_products = _launch_fused_backward(
-                query, key, value, mask, scale, state, grad)
-        else:
-            products = outer_sum(query, grad, None)  # Q^T dO, unscaled
-            scale_products = (products * state).sum()
-            if scale is not None:
-                products = products * scale.detach().float()
-            grad_query = state_product(grad, state, query.shape[-1], scale=scale, transpose=True)
-            grad_key = state_product(value, products, key.shape[-1], mask, transpose=True)
-            grad_value = state_product(key, products, value.shape[-1], mask)
-        grad_scale = None
-        if scale is not None and ctx.needs_input_grad[4]:
-            grad_scale = scale_products.reshape(scale.shape).to(scale.dtype)
-        return grad_query, grad_key, grad_value, None, grad_scale
+        *grads, scale_products = _linear_attention_grads(query, key, value, mask, scale, state, grad)
+        return *grads, None, _scale_grad(scale, scale_products, ctx.needs_input_grad[4])
+
+
+def _scale_grad(scale, products, needed: bool):
+    """The scale's gradient from <K^T V, Q^T dO>, or None where no gradient is asked."""
+    return products.reshape(scale.shape).to(scale.dtype) if scale is not None and needed else None
 
 
 def linear_attention_kernel(query, key, value, mask=None, scale=None) -> torch.Tensor:
     """Bidirectional `ops.linear_attention` without a state: out_i = scale * q_i sum_j m_j k_j^T v_j.
     query/key (B, H, Nq/Nk, d), value (B, H, Nk, e) (widths `supported_width`), mask (B, Nk) or None,
     scale a one-element tensor or None. Returns (B, H, Nq, e) in the queries' dtype."""
+    if torch.compiler.is_compiling():
+        return OPERATORS.linear_attention(query, key, value, mask, scale)[0]
     if _needs_graph(query, key, value, scale):
         return _LinearAttention.apply(query, key, value, mask, scale)
     return _linear_attention_forward(query, key, value, mask, scale)[0]  # inference: no autograd node
@@ -834,6 +854,30 @@ def _pool_forward(values, direction, mask):
     return pooled, lse
 
 
+def _direction_pool_grads(values, direction, mask, pooled, lse, grad):
+    """(dvalues stored heads-last in the values' dtype, du in the direction's dtype or None without
+    a direction) from the forward's inputs, pooling and log-sum-exp and the pooling's gradient."""
+    batch, heads, length, dim = values.shape
+    grad = grad.float().contiguous()
+    grad_pooled = (grad * pooled).sum(-1).contiguous()  # g . pooled (B, H)
+    parts, chunk = _pool_slices(values)
+    grad_values = _heads_last(batch, heads, length, dim, values)
+    partial = torch.empty(batch * heads, parts, _tile(dim), dtype=torch.float32, device=values.device)
+    mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
+    _pool_backward[(parts, batch * heads)](
+        values, values if direction is None else direction, mask_ptr, grad, lse, grad_pooled, grad_values,
+        partial, length, chunk, *values.stride(), *_direction_strides(direction), smb, smn,
+        *grad_values.stride(), heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
+        HAS_DIRECTION=direction is not None,
+    )
+    if direction is None:
+        return grad_values, None
+    grad_direction = (partial[:, 0] if parts == 1 else partial.sum(1))[:, :dim].view(batch, heads, dim)
+    if direction.shape[0] == 1 and batch > 1:
+        grad_direction = grad_direction.sum(0, keepdim=True)
+    return grad_values, grad_direction.to(direction.dtype)
+
+
 class _DirectionPool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values, direction, mask):
@@ -843,27 +887,7 @@ class _DirectionPool(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        values, direction, mask, pooled, lse = ctx.saved_tensors
-        batch, heads, length, dim = values.shape
-        grad = grad.float().contiguous()
-        grad_pooled = (grad * pooled).sum(-1).contiguous()  # g . pooled (B, H)
-        parts, chunk = _pool_slices(values)
-        grad_values = _heads_last(batch, heads, length, dim, values)
-        partial = torch.empty(batch * heads, parts, _tile(dim), dtype=torch.float32, device=values.device)
-        mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
-        _pool_backward[(parts, batch * heads)](
-            values, values if direction is None else direction, mask_ptr, grad, lse, grad_pooled, grad_values,
-            partial, length, chunk, *values.stride(), *_direction_strides(direction), smb, smn,
-            *grad_values.stride(), heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
-            HAS_DIRECTION=direction is not None,
-        )
-        grad_direction = None
-        if direction is not None and ctx.needs_input_grad[1]:
-            grad_direction = (partial[:, 0] if parts == 1 else partial.sum(1))[:, :dim].view(batch, heads, dim)
-            if direction.shape[0] == 1 and batch > 1:
-                grad_direction = grad_direction.sum(0, keepdim=True)
-            grad_direction = grad_direction.to(direction.dtype)
-        return grad_values, grad_direction, None
+        return *_direction_pool_grads(*ctx.saved_tensors, grad), None
 
 
 def direction_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
@@ -871,6 +895,8 @@ def direction_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     positions. values (B, H, N, d), direction u (B or 1, H, d) or None (the plain mean), mask (B, N)
     or None. Returns (B, H, d) in fp32; zero for a row with no real token."""
     direction = None if direction is None else direction.contiguous()
+    if torch.compiler.is_compiling():
+        return OPERATORS.direction_pool(values, direction, mask)[0]
     if _needs_graph(values, direction):
         return _DirectionPool.apply(values, direction, mask)
     return _pool_forward(values, direction, mask)[0]  # inference: no autograd node
@@ -932,6 +958,27 @@ def _shared_pool_forward(values, direction, mask, has_direction):
     return pooled, lse
 
 
+def _shared_pool_grads(values, direction, mask, pooled, lse, grad, has_direction: bool):
+    """(dvalues, contiguous in the values' dtype, du in the direction's dtype or None without a
+    direction) of the shared pooling, from the forward's inputs and results and the gradient."""
+    batch, length, dim = values.shape
+    heads = direction.shape[1]
+    grad = grad.float().contiguous()
+    grad_pooled = (grad * pooled).sum(-1).contiguous()  # g . pooled (B, H)
+    parts, chunk, (mask_ptr,), strides, constants = _shared_launch(values, direction, mask, backward=True)
+    grad_values = torch.empty_like(values, memory_format=torch.contiguous_format)
+    partial = torch.empty(batch, parts, _tile(heads), _tile(dim), dtype=torch.float32, device=values.device)
+    _shared_pool_backward[(parts, batch)](values, direction, mask_ptr, grad, lse, grad_pooled, grad_values, partial,
+                                          length, chunk, *strides, *grad_values.stride(),
+                                          HAS_DIRECTION=has_direction, **constants)
+    if not has_direction:
+        return grad_values, None
+    grad_direction = partial.sum(1)[:, :heads, :dim]
+    if direction.shape[0] == 1:
+        grad_direction = grad_direction.sum(0, keepdim=True)
+    return grad_values, grad_direction.to(direction.dtype)
+
+
 class _SharedPool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values, direction, mask, has_direction):
@@ -942,24 +989,7 @@ class _SharedPool(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        values, direction, mask, pooled, lse = ctx.saved_tensors
-        batch, length, dim = values.shape
-        heads = direction.shape[1]
-        grad = grad.float().contiguous()
-        grad_pooled = (grad * pooled).sum(-1).contiguous()  # g . pooled (B, H)
-        parts, chunk, (mask_ptr,), strides, constants = _shared_launch(values, direction, mask, backward=True)
-        grad_values = torch.empty_like(values, memory_format=torch.contiguous_format)
-        partial = torch.empty(batch, parts, _tile(heads), _tile(dim), dtype=torch.float32, device=values.device)
-        _shared_pool_backward[(parts, batch)](values, direction, mask_ptr, grad, lse, grad_pooled, grad_values, partial,
-                                              length, chunk, *strides, *grad_values.stride(),
-                                              HAS_DIRECTION=ctx.has_direction, **constants)
-        grad_direction = None
-        if ctx.has_direction and ctx.needs_input_grad[1]:
-            grad_direction = partial.sum(1)[:, :heads, :dim]
-            if direction.shape[0] == 1:
-                grad_direction = grad_direction.sum(0, keepdim=True)
-            grad_direction = grad_direction.to(direction.dtype)
-        return grad_values, grad_direction, None, None
+        return *_shared_pool_grads(*ctx.saved_tensors, grad, ctx.has_direction), None, None
 
 
 def shared_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
@@ -970,6 +1000,8 @@ def shared_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     slice of `POOL_CHUNK` rows reads each tile once for every head."""
     has_direction = direction is not None
     direction = values[:1, :1] if direction is None else direction.contiguous()  # a pointer never read
+    if torch.compiler.is_compiling():
+        return OPERATORS.shared_pool(values, direction, mask, has_direction)[0]
     if _needs_graph(values, direction if has_direction else None):
         return _SharedPool.apply(values, direction, mask, has_direction)
     return _shared_pool_forward(values, direction, mask, has_direction)[0]
@@ -989,6 +1021,23 @@ def _prefix_pool_forward(scores, values, mask):
     return pooled, lse
 
 
+def _prefix_pool_grads(scores, values, mask, pooled, lse, grad):
+    """(dscores, dvalues), contiguous in their inputs' dtypes, from the forward's inputs and results
+    and the pooling's gradient."""
+    batch, heads, length, dim = values.shape
+    # contiguous inputs: the gradients, laid out alike, share their strides
+    scores_in, values_in = scores.contiguous(), values.contiguous()
+    grad_scores = torch.empty_like(scores_in, dtype=torch.float32)
+    grad_values = torch.empty_like(values_in, dtype=torch.float32)
+    mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
+    _prefix_pool_backward[(batch * heads,)](
+        scores_in, values_in, mask_ptr, pooled, lse, grad, grad_values, grad_scores, length,
+        *scores_in.stride()[:3], *values_in.stride(), smb, smn, *pooled.stride()[:3], *grad.stride(),
+        heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_PREFIX_BLOCK_N, HAS_MASK=has_mask, **_launch_options(dim),
+    )
+    return grad_scores.to(scores.dtype), grad_values.to(values.dtype)
+
+
 class _PrefixPool(torch.autograd.Function):
     @staticmethod
     def forward(ctx, scores, values, mask):
@@ -999,19 +1048,7 @@ class _PrefixPool(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad, _):
-        scores, values, mask, pooled, lse = ctx.saved_tensors
-        batch, heads, length, dim = values.shape
-        # contiguous inputs: the gradients, laid out alike, share their strides
-        scores_in, values_in = scores.contiguous(), values.contiguous()
-        grad_scores = torch.empty_like(scores_in, dtype=torch.float32)
-        grad_values = torch.empty_like(values_in, dtype=torch.float32)
-        mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
-        _prefix_pool_backward[(batch * heads,)](
-            scores_in, values_in, mask_ptr, pooled, lse, grad, grad_values, grad_scores, length,
-            *scores_in.stride()[:3], *values_in.stride(), smb, smn, *pooled.stride()[:3], *grad.stride(),
-            heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_PREFIX_BLOCK_N, HAS_MASK=has_mask, **_launch_options(dim),
-        )
-        return grad_scores.to(scores.dtype), grad_values.to(values.dtype), None
+        return *_prefix_pool_grads(*ctx.saved_tensors, grad), None
 
 
 def prefix_pool_kernel(scores, values, mask=None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -1019,6 +1056,183 @@ def prefix_pool_kernel(scores, values, mask=None) -> tuple[torch.Tensor, torch.T
     over the real positions j <= i, zero where there is none yet. scores (B, H, N, 1), values
     (B, H, N, d), mask (B, N) or None. Returns (pooled (B, H, N, d) fp32, log-sum-exp of the scores
     up to each position (B, H, N) fp32, `FLOOR` where there is no real token yet)."""
+    if torch.compiler.is_compiling():
+        return OPERATORS.prefix_pool(scores, values, mask)
     if _needs_graph(scores, values):
         return _PrefixPool.apply(scores, values, mask)
     return _prefix_pool_forward(scores, values, mask)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.compile: each kernel family as an operator
+# ----------------------------------------------------------------------------------------------
+# Inside torch.compile the public functions above call operators (`torch.library.custom_op`) that
+# the compiler does not trace into: the forward and the backward of each family are an operator
+# each, running the same launches as an eager call, and a fake implementation of each tells the
+# compiler its outputs' shapes, dtypes and strides. Compiled graphs (inductor's CUDA graphs of
+# `mode="reduce-overhead"` included) then launch the kernels as they are. Eager calls keep the
+# autograd functions: an operator's dispatch costs about 10 us more host time per call, and eager
+# calls on short inputs are bound by host time.
+
+Tensor = torch.Tensor
+
+
+def operator_namespace() -> str:
+    """The namespace of this copy's operators (`torch.ops.<namespace>`), named after the module: the
+    installed package and a checkpoint's copy of this file (`trust_remote_code`) register their own."""
+    return re.sub(r"[^0-9A-Za-z_]", "_", __name__)
+
+
+def _linear_attention_op(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor],
+                         scale: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    return _linear_attention_forward(query, key, value, mask, scale)
+
+
+def _fake_linear_attention(query, key, value, mask, scale):
+    batch, heads, length, dk = query.shape
+    dv = value.shape[-1]
+    state = query.new_empty(batch, heads, _tile(dk), _tile(dv), dtype=torch.float32)
+    return _heads_last(batch, heads, length, dv, query), state
+
+
+def _linear_attention_grads_op(query: Tensor, key: Tensor, value: Tensor, mask: Optional[Tensor], scale: Optional[Tensor],
+                               state: Tensor, grad: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return _linear_attention_grads(query, key, value, mask, scale, state, grad)
+
+
+def _fake_linear_attention_grads(query, key, value, mask, scale, state, grad):
+    grads = (_heads_last(*t.shape[:3], t.shape[3], t) for t in (query, key, value))
+    return *grads, query.new_empty((), dtype=torch.float32)
+
+
+def _direction_pool_op(values: Tensor, direction: Optional[Tensor], mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    return _pool_forward(values, direction, mask)
+
+
+def _direction_pool_grads_op(values: Tensor, direction: Optional[Tensor], mask: Optional[Tensor], pooled: Tensor,
+                             lse: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
+    grad_values, grad_direction = _direction_pool_grads(values, direction, mask, pooled, lse, grad)
+    return grad_values, values.new_empty(0) if grad_direction is None else grad_direction.contiguous()
+
+
+def _fake_direction_pool_grads(values, direction, mask, pooled, lse, grad):
+    return _heads_last(*values.shape, values), _fake_direction_grad(values, direction)
+
+
+def _fake_direction_grad(values, direction):
+    """du as the kernels return it: (1 or B, H, d) as u is, or an empty tensor without u."""
+    if direction is None:
+        return values.new_empty(0)
+    rows = 1 if direction.shape[0] == 1 else values.shape[0]
+    return direction.new_empty(rows, *direction.shape[1:])
+
+
+def _fake_pool(values, direction, mask):
+    """(pooled (B, H, d), log-sum-exp (B, H)), fp32; the shared pooling's H is its directions'."""
+    heads = values.shape[1] if values.dim() == 4 else direction.shape[1]
+    return (values.new_empty(values.shape[0], heads, values.shape[-1], dtype=torch.float32),
+            values.new_empty(values.shape[0], heads, dtype=torch.float32))
+
+
+def _shared_pool_op(values: Tensor, direction: Tensor, mask: Optional[Tensor],
+                    has_direction: bool) -> tuple[Tensor, Tensor]:
+    return _shared_pool_forward(values, direction, mask, has_direction)
+
+
+def _shared_pool_grads_op(values: Tensor, direction: Tensor, mask: Optional[Tensor], pooled: Tensor, lse: Tensor,
+                          grad: Tensor, has_direction: bool) -> tuple[Tensor, Tensor]:
+    grad_values, grad_direction = _shared_pool_grads(values, direction, mask, pooled, lse, grad, has_direction)
+    return grad_values, values.new_empty(0) if grad_direction is None else grad_direction.contiguous()
+
+
+def _fake_shared_pool_grads(values, direction, mask, pooled, lse, grad, has_direction):
+    return (torch.empty_like(values, memory_format=torch.contiguous_format),
+            _fake_direction_grad(values, direction if has_direction else None))
+
+
+def _prefix_pool_op(scores: Tensor, values: Tensor, mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
+    return _prefix_pool_forward(scores, values, mask)
+
+
+def _fake_prefix_pool(scores, values, mask):
+    return (values.new_empty(values.shape, dtype=torch.float32),
+            values.new_empty(values.shape[:3], dtype=torch.float32))
+
+
+def _prefix_pool_grads_op(scores: Tensor, values: Tensor, mask: Optional[Tensor], pooled: Tensor, lse: Tensor,
+                          grad: Tensor) -> tuple[Tensor, Tensor]:
+    return _prefix_pool_grads(scores, values, mask, pooled, lse, grad)
+
+
+def _fake_prefix_pool_grads(scores, values, mask, pooled, lse, grad):
+    return scores.new_empty(scores.shape), values.new_empty(values.shape)
+
+
+def _save_all(ctx, inputs, output):
+    """The tensors among the inputs, then the outputs; the last output (a state or a log-sum-exp)
+    takes no gradient."""
+    ctx.save_for_backward(*(x for x in inputs if not isinstance(x, bool)), *output)
+    ctx.mark_non_differentiable(output[-1])
+    ctx.flags = [x for x in inputs if isinstance(x, bool)]
+
+
+def _linear_attention_backward(ctx, grad, _):
+    query, key, value, mask, scale, _out, state = ctx.saved_tensors
+    *grads, products = OPERATORS.linear_attention_grads(query, key, value, mask, scale, state, grad)
+    return *grads, None, _scale_grad(scale, products, ctx.needs_input_grad[4])
+
+
+def _direction_pool_backward(ctx, grad, _):
+    values, direction, mask, pooled, lse = ctx.saved_tensors
+    grad_values, grad_direction = OPERATORS.direction_pool_grads(values, direction, mask, pooled, lse, grad)
+    return grad_values, None if direction is None else grad_direction, None
+
+
+def _shared_pool_backward_op(ctx, grad, _):
+    values, direction, mask, pooled, lse = ctx.saved_tensors
+    (has_direction,) = ctx.flags
+    grad_values, grad_direction = OPERATORS.shared_pool_grads(values, direction, mask, pooled, lse, grad, has_direction)
+    return grad_values, grad_direction if has_direction else None, None, None
+
+
+def _prefix_pool_backward_op(ctx, grad, _):
+    scores, values, mask, pooled, lse = ctx.saved_tensors
+    return *OPERATORS.prefix_pool_grads(scores, values, mask, pooled, lse, grad), None
+
+
+def _register_operators():
+    """Each family's forward and gradient operators with their fake implementations, the forward's
+    backward through the gradient operator; a namespace object of the operators by name."""
+    families = (  # name, forward, its fake, backward, gradient operator, its fake
+        ("linear_attention", _linear_attention_op, _fake_linear_attention, _linear_attention_backward,
+         _linear_attention_grads_op, _fake_linear_attention_grads),
+        ("direction_pool", _direction_pool_op, _fake_pool, _direction_pool_backward,
+         _direction_pool_grads_op, _fake_direction_pool_grads),
+        ("shared_pool", _shared_pool_op, lambda values, direction, mask, has: _fake_pool(values, direction, mask),
+         _shared_pool_backward_op, _shared_pool_grads_op, _fake_shared_pool_grads),
+        ("prefix_pool", _prefix_pool_op, _fake_prefix_pool, _prefix_pool_backward_op,
+         _prefix_pool_grads_op, _fake_prefix_pool_grads),
+    )
+    operators = {}
+    for name, forward, fake, backward, grads, fake_grads in families:
+        operators[name] = _custom_op(name, forward, fake)
+        operators[name].register_autograd(backward, setup_context=_save_all)
+        operators[f"{name}_grads"] = _custom_op(f"{name}_grads", grads, fake_grads)
+    return types.SimpleNamespace(**operators)
+
+
+def _custom_op(name: str, function, fake):
+    """`function` as the operator `name` of this copy's namespace (with a numbered namespace where a
+    torch that refuses to redefine an operator already holds that name: a module executed again)."""
+    for attempt in range(100):
+        namespace = operator_namespace() + (f"_{attempt}" if attempt else "")
+        try:
+            operator = torch.library.custom_op(f"{namespace}::{name}", function, mutates_args=())
+        except RuntimeError:
+            continue
+        operator.register_fake(fake)
+        return operator
+    raise RuntimeError(f"hf_zformer: no free namespace for the operator {name} of {__name__}")
+
+
+OPERATORS = _register_operators() if AVAILABLE else None
