@@ -158,6 +158,9 @@ class BenchCase:
     # each call replays the step captured once as a CUDA graph (host work and launches gone: the
     # GPU's own time, what torch.compile(mode="reduce-overhead") or a captured training step runs)
     graphs: bool = False
+    # the module compiled by torch.compile in this mode ("" for eager calls): inductor's code around
+    # the kernels' operators, and on a GPU in mode "reduce-overhead" its CUDA graphs
+    compiled: str = ""
 
 
 @dataclass

@@ -204,6 +204,22 @@ def _make_step(module, inputs: dict, case: BenchCase, device: torch.device) -> C
     return step
 
 
+# calls of a compiled step before its warm-up: inductor compiles on the first, and in mode
+# "reduce-overhead" its CUDA graph trees run the step once more before recording it, then replay
+COMPILED_WARMUP = 3
+
+
+def compile_module(module: torch.nn.Module, mode: str) -> torch.nn.Module:
+    """`module` under torch.compile in `mode`, for the one shape of its case (`dynamic=False`). Every
+    case compiles its own module, and the modules of one attention class share the code dynamo
+    guards, so its limit on recompilations is raised for the process (beyond it dynamo would fall
+    back to eager calls without saying so in the results)."""
+    config = torch._dynamo.config
+    limit = "recompile_limit" if hasattr(config, "recompile_limit") else "cache_size_limit"
+    setattr(config, limit, max(getattr(config, limit), 1024))
+    return torch.compile(module, mode=mode, dynamic=False)
+
+
 def capture_graph(step: Callable[[], None], device: torch.device, warmup: int = 3) -> Callable[[], None]:
     """`step` captured once as a CUDA graph (after `warmup` calls on a side stream, which compile the
     kernels and let autograd and the allocator settle); returns the graph's replay, which runs the
@@ -332,7 +348,12 @@ class _Runner:
         def action():
             torch.manual_seed(0)
             module = build_module(self.case.attention_type, self.config, self.case.level, self.device)
+            if self.case.compiled:
+                module = compile_module(module, self.case.compiled)
             self.step = _make_step(module, _make_inputs(self.case, self.config, self.device), self.case, self.device)
+            if self.case.compiled:  # compiled on the first call; in "reduce-overhead" recorded on the next
+                for _ in range(COMPILED_WARMUP):
+                    self.step()
             if self.case.graphs:
                 try:
                     self.step = capture_graph(self.step, self.device)
@@ -434,11 +455,13 @@ def sweep(
     progress: bool = True,
     profile: bool = False,
     graphs: bool = False,
+    compiled: str = "",
 ) -> list[BenchResult]:
     """Every (mode, width, heads, length) with all `types` measured side by side (`run_cases`),
     lengths ascending. Once a type takes longer than `max_seconds` per call (or runs out of
     memory), its longer lengths in the same (mode, width, heads) are recorded as skipped. `graphs`:
-    every call replays the step captured as a CUDA graph (`capture_graph`)."""
+    every call replays the step captured as a CUDA graph (`capture_graph`); `compiled`: the modules run
+under torch.compile in that mode (`compile_module`)."""
     from tqdm.auto import tqdm
 
     types, lengths, modes = list(types), sorted(lengths), list(modes)
@@ -457,7 +480,7 @@ def sweep(
         bar.set_postfix_str(f"{mode} n={n} d={w} h={h}")
         cases, group_results = [], []
         for t in types:
-            case = BenchCase(level, t, mode, batch, n, w, h, dtype, device, mask, graphs)
+            case = BenchCase(level, t, mode, batch, n, w, h, dtype, device, mask, graphs, compiled)
             if (mode, w, h, t) in stopped:
                 result = BenchResult(**asdict(case))
                 result.status, result.note = "skipped", stopped[(mode, w, h, t)]
@@ -491,4 +514,4 @@ def add_speedups(results: list[BenchResult]):
 
 
 def _group(r: BenchResult):
-    return (r.level, r.mode, r.batch, r.length, r.width, r.heads, r.dtype, r.device, r.mask, r.graphs)
+    return (r.level, r.mode, r.batch, r.length, r.width, r.heads, r.dtype, r.device, r.mask, r.graphs, r.compiled)

@@ -256,7 +256,8 @@ def ratio_plot(panels: list[tuple[str, list[tuple]]], path: str, baseline: str, 
 
 
 CSV_FIELDS = [
-    "level", "attention_type", "mode", "batch", "length", "width", "heads", "dtype", "device", "mask", "graphs", "status",
+    "level", "attention_type", "mode", "batch", "length", "width", "heads", "dtype", "device", "mask", "graphs", "compiled",
+    "status",
     "time_ms", "speedup_vs_full", "peak_memory_mb", "flops", "executed_flops", "tflops", "flops_fraction",
     "executed_fraction", "note", "times_ms",
 ]
@@ -306,14 +307,16 @@ def markdown_table(results: list[BenchResult]) -> str:
     out = []
     groups = {}
     for r in results:
-        groups.setdefault((r.level, r.mode, r.batch, r.width, r.heads, r.dtype, r.device, r.mask, r.graphs), []).append(r)
-    for (level, mode, batch, width, heads, dtype, device, mask, graphs), rows in groups.items():
+        key = (r.level, r.mode, r.batch, r.width, r.heads, r.dtype, r.device, r.mask, r.graphs, r.compiled)
+        groups.setdefault(key, []).append(r)
+    for (level, mode, batch, width, heads, dtype, device, mask, graphs, compiled), rows in groups.items():
         types = list(dict.fromkeys(r.attention_type for r in rows))
         lengths = sorted({r.length for r in rows})
         by_key = {(r.length, r.attention_type): r for r in rows}
         out.append(
             f"**{level}, {mode}, batch {batch}, width {width}, {heads} heads, {dtype}, {device}"
-            f"{', all-ones padding mask' if mask else ''}{', CUDA graphs' if graphs else ''}** — time ms (speedup vs fused SDPA `full`) · "
+            f"{', all-ones padding mask' if mask else ''}{', CUDA graphs' if graphs else ''}"
+            f"{f', torch.compile(mode={compiled!r})' if compiled else ''}** — time ms (speedup vs fused SDPA `full`) · "
             f"peak extra memory MiB · nominal FLOP/s as % of matmul (executed FLOP/s %, where it differs)\n"
         )
         out.append("| n | " + " | ".join(types) + " |")

@@ -88,6 +88,10 @@ def add_case_args(parser) -> None:
                         help="capture each configuration's call once as a CUDA graph and time its replays: the "
                              "GPU's own time, without the host work of eager PyTorch (what torch.compile(mode="
                              "'reduce-overhead') or a captured training step runs); --level attention/model only")
+    parser.add_argument("--compile", choices=["default", "reduce-overhead", "max-autotune"], default=None,
+                        help="time each module under torch.compile in this mode (inductor; 'reduce-overhead' "
+                             "replays CUDA graphs on a GPU), called three times before its warm-up: what a "
+                             "compiled model or training step runs; --level attention/model only (default: eager)")
 
 
 def add_model_level_args(parser) -> None:
@@ -164,6 +168,9 @@ def check_args(parser, args) -> None:
     if args.cuda_graphs and (args.level not in ("attention", "model") or not args.device.startswith("cuda")):
         parser.error(f"--cuda_graphs needs --level attention or model on a CUDA device, not --level {args.level} "
                      f"on --device {args.device}")
+    if args.compile and (args.level not in ("attention", "model") or args.cuda_graphs):
+        parser.error(f"--compile needs --level attention or model and no --cuda_graphs (mode 'reduce-overhead' "
+                     f"captures them), not --level {args.level}{' with --cuda_graphs' if args.cuda_graphs else ''}")
     if args.level == "causal" and min(args.lengths) < 2:
         parser.error(f"--level causal: every length must be >= 2 (a prompt and a generated token), got {args.lengths}")
     try:  # before any work: no file of somebody else's is overwritten
@@ -253,6 +260,7 @@ def run_grid(args, device, metadata, max_memory):
         progress=not args.no_progress,
         profile=args.profile,
         graphs=args.cuda_graphs,
+        compiled=args.compile or "",
     )
     # Measured again at the end; the FLOP/s fractions use the faster of the two (conservative on a
     # machine shared with other work).

@@ -62,9 +62,9 @@ except ImportError as error: print('fla missing:', error)
 [ "$device" = cuda ] && nvidia-smi >> "$out/environment.log" 2>&1
 
 if [ "${QUICK:-0}" = 1 ]; then
-    lengths="64 128"; profiled="64"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"; prefixes="64"
+    lengths="64 128"; profiled="64"; compiled_lengths="64"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"; prefixes="64"
 else
-    lengths="128 256 512 1024 2048"; profiled="512 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
+    lengths="128 256 512 1024 2048"; profiled="512 2048"; compiled_lengths="512 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
     repeats=5; decode=${DECODE:-2048}; marks=${MARKS:-512,1024,2048}; prefixes=${PREFIXES:-4096 32768}
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no_plot --no_progress --no_memory --repeats $repeats"
@@ -83,7 +83,8 @@ step profile 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $p
     --profile --output "$out/profile_bf16"
 step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
     --output "$out/attention_grid_bf16"
-step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider -k "not fla ${KERNEL_TESTS:+and ($KERNEL_TESTS)}" tests/test_kernels.py \
+step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider \
+    -k "not fla and not compiled_modules ${KERNEL_TESTS:+and ($KERNEL_TESTS)}" tests/test_kernels.py \
     tests/test_decoding.py "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
 # fastformer's shipped form against the form without each remedy and other pooling slices
 # (docs/bench/ab/fastformer_gpu.py: outputs checked first, then CUDA-graph replays side by side)
@@ -133,6 +134,13 @@ if [ "${FLA:-0}" = 1 ]; then
         --lengths $lengths --repeats $repeats --output "$out/ops_causal" --operations causal
     step fla_tests 150 "$python" -m pytest -q -p no:cacheprovider -k fla tests/test_kernels.py
 fi
+# compiled modules (aot_eager, inductor, inductor's CUDA graphs) calling the kernels' operators: each
+# compiles for seconds, so a step of its own
+step compile_tests 180 "$python" -m pytest -q -p no:cacheprovider -k compiled_modules tests/test_kernels.py
+# what a compiled training step gets: the modules under torch.compile(mode="reduce-overhead"), the
+# kernels as operators inside inductor's CUDA graphs (each case compiles for tens of seconds)
+step grid_compiled 300 $bench --compile reduce-overhead --dtype bf16 --batch $batch --widths $width \
+    --lengths $compiled_lengths --modes train --types full zformer fastformer --output "$out/attention_grid_bf16_compiled"
 step device_tests 120 env HF_ZFORMER_TEST_DEVICE=$device "$python" -m pytest -q -p no:cacheprovider -x ${DEVICE_TESTS:+-k "$DEVICE_TESTS"} tests/test_device.py
 # what each kernel asks of this GPU as this machine's triton compiles it (registers, spills, shared memory)
 arch=$("$python" -c "import torch; m, n = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(10 * m + n)")

@@ -399,12 +399,33 @@ def test_classification_level_compares_with_bert(tmp_path):
     (["--level", "classification", "--classification_models", "gpt2"], "invalid choice"),
     (["--cuda_graphs", "--device", "cpu"], "--cuda_graphs needs --level attention or model on a CUDA device"),
     (["--cuda_graphs", "--level", "seq2seq", "--device", "cuda"], "not --level seq2seq"),
+    (["--compile", "default", "--level", "seq2seq"], "--compile needs --level attention or model"),
+    (["--compile", "reduce-overhead", "--cuda_graphs", "--device", "cuda"], "not --level attention with --cuda_graphs"),
+    (["--compile", "fast"], "invalid choice"),
 ])
 def test_bad_arguments_give_clear_errors(argv, message, capsys):
     with pytest.raises(SystemExit) as error:
         load_script().parse_args(argv)
     assert error.value.code == 2
     assert message in capsys.readouterr().err
+
+
+def test_compiled_modules_are_timed_and_labelled(monkeypatch):
+    """--compile: each case's module under torch.compile (inductor), the kernels' operators inside it
+    (`zformer_kernels`, through triton's interpreter here), called before its warm-up so that the
+    timed calls run compiled code; the results and their table say so."""
+    compiled = []
+    monkeypatch.setattr(benchmarks.harness, "compile_module",
+                        lambda module, mode, _compile=benchmarks.harness.compile_module: compiled.append(mode)
+                        or _compile(module, mode))
+    from hf_zformer.modeling import triton_ops
+
+    kernels = "zformer_kernels" if triton_ops.AVAILABLE else "zformer"
+    results = benchmarks.sweep(["full", kernels], [16], widths=[32], heads=[2], batch=2, modes=["train"],
+                               repeats=1, measure_memory=False, progress=False, compiled="default")
+    assert [(r.status, r.compiled) for r in results] == [("ok", "default")] * 2, [r.note for r in results]
+    assert compiled == ["default", "default"] and results[1].speedup_vs_full > 0
+    assert "torch.compile(mode='default')" in benchmarks.markdown_table(results)
 
 
 def test_cuda_graphs_need_a_cuda_device():

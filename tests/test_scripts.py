@@ -895,7 +895,8 @@ def test_gpu_check_dry_run_on_a_cpu(tmp_path):
     step holds their reports, with the folded-form column the bf16 grid needs."""
     import tarfile
 
-    steps = ["environment", "grid_graphs", "profile", "grid_bf16", "ab_fastformer", "grid_fp32", "kernel_resources"]
+    steps = ["environment", "grid_graphs", "profile", "grid_bf16", "ab_fastformer", "grid_fp32", "compile_tests",
+             "grid_compiled", "kernel_resources"]
     archive = tmp_path / "check.tar.gz"
     env = dict(os.environ, QUICK="1", STEPS=" ".join(steps), PYTHON=sys.executable, ARCHIVE=str(archive))
     subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), str(tmp_path / "check")], env=env, check=True,
@@ -908,6 +909,6 @@ def test_gpu_check_dry_run_on_a_cpu(tmp_path):
         names = {Path(name).name for name in packed.getnames()}
         grid = json.load(packed.extractfile("check/attention_grid_bf16_graphs.json"))
     assert {"summary.txt", "attention_grid_bf16_graphs.md", "profile_bf16.md", "ab_fastformer.log",
-            "kernel_resources.json"} <= names
+            "attention_grid_bf16_compiled.md", "kernel_resources.json"} <= names
     assert {"zformer_folded", "fastformer_folded"} <= {row["attention_type"] for row in grid["results"]}
     assert all(row["status"] == "ok" for row in grid["results"])
