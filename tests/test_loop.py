@@ -524,3 +524,28 @@ def test_run_fields_record_the_truncation_side_and_architecture_options_where_se
     assert left["truncation_side"] == "left" and "truncation_side" not in default
     assert left["config"]["encoder_conv_size"] == 5 and "encoder_conv_size" not in default["config"]
     assert left["config"]["fastformer_share_qv"] is True and "fastformer_share_qv" not in default["config"]
+
+
+def test_records_say_whether_accelerate_compiled_the_model():
+    """`accelerate launch --dynamo_backend inductor [--dynamo_mode M]` compiles the model: the loop's
+    results and the run's records name backend and mode; eager runs carry no such field."""
+    import argparse
+
+    from accelerate.utils import TorchDynamoPlugin
+
+    from hf_zformer import ZformerConfig
+    from hf_zformer.training.loop import compile_setting
+    from hf_zformer.training.results import run_fields
+
+    def accelerator(**plugin):
+        return argparse.Namespace(state=argparse.Namespace(dynamo_plugin=TorchDynamoPlugin(**plugin)))
+
+    assert compile_setting(accelerator(backend="no")) is None
+    assert compile_setting(accelerator(backend="inductor")) == "inductor"
+    assert compile_setting(accelerator(backend="inductor", mode="reduce-overhead")) == "inductor/reduce-overhead"
+    args = argparse.Namespace(seed=1, split_seed=2, learning_rate=3e-4, model_name_or_path=None, output_dir="runs/x",
+                              data_dir="data/imdb", dataset_name=None, train_file=None)
+    compiled = run_fields(args, ZformerConfig(), {"compiled": "inductor/reduce-overhead"}, max_length=64,
+                          wall_time_s=1.0)
+    eager = run_fields(args, ZformerConfig(), {"compiled": None}, max_length=64, wall_time_s=1.0)
+    assert compiled["compiled"] == "inductor/reduce-overhead" and "compiled" not in eager

@@ -41,6 +41,17 @@ def make_optimizer(model, training: TrainingArguments) -> torch.optim.Optimizer:
     return torch.optim.AdamW(groups, lr=training.learning_rate, fused=fused or None)
 
 
+def compile_setting(accelerator) -> str | None:
+    """How accelerate compiled the model (`accelerate launch --dynamo_backend inductor [--dynamo_mode
+    reduce-overhead]`): "inductor", "inductor/reduce-overhead", ...; None for eager training."""
+    plugin = getattr(accelerator.state, "dynamo_plugin", None)
+    backend = getattr(getattr(plugin, "backend", None), "value", None)
+    if not backend or str(backend).upper() == "NO":
+        return None
+    mode = getattr(plugin, "mode", None)
+    return str(backend).lower() + (f"/{mode}" if mode and mode != "default" else "")
+
+
 def train(
     args: RunArguments,
     accelerator,
@@ -304,4 +315,5 @@ class _Loop:
             **tracker.summary(),
             "num_processes": accelerator.num_processes,
             "mixed_precision": accelerator.mixed_precision,
+            "compiled": compile_setting(accelerator),
         }

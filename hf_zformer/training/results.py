@@ -446,5 +446,6 @@ def run_fields(args, config, results: dict[str, Any], *, max_length: int | None,
         "wall_time_s": round(wall_time_s, 1),
         "tokens_per_s": None if tokens_per_s is None else round(tokens_per_s, 1),
         "mixed_precision": results.get("mixed_precision"),  # "no", "bf16" or "fp16": runs differ in it
+        **({"compiled": results["compiled"]} if results.get("compiled") else {}),  # torch.compile's backend/mode
         "output_dir": str(flags["output_dir"]),
     }
