@@ -645,7 +645,7 @@ def test_auto_backend_leaves_the_cpu_to_the_torch_forms(monkeypatch):
 
 
 def _operator_cases():
-    """(operator, its inputs) for each family's forward: with and without a mask, a scale, a
+    """(operator name, its inputs) for each family's forward: with and without a mask, a scale, a
     direction (one per sequence, one for the batch, none)."""
     generator = torch.Generator().manual_seed(21)
     mask = _mask(2, 70, [70, 50])

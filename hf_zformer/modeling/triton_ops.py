@@ -1169,33 +1169,33 @@ def _fake_prefix_pool_grads(scores, values, mask, pooled, lse, grad):
 
 
 def _save_all(ctx, inputs, output):
-    """The tensors among the inputs, then the outputs; the last output (a state or a log-sum-exp)
-    takes no gradient."""
+    """Saves the tensor inputs (None included) and the outputs, and the flags aside; the last output
+    (a state or a log-sum-exp) takes no gradient."""
     ctx.save_for_backward(*(x for x in inputs if not isinstance(x, bool)), *output)
     ctx.mark_non_differentiable(output[-1])
     ctx.flags = [x for x in inputs if isinstance(x, bool)]
 
 
-def _linear_attention_backward(ctx, grad, _):
+def _linear_attention_operator_backward(ctx, grad, _):
     query, key, value, mask, scale, _out, state = ctx.saved_tensors
     *grads, products = OPERATORS.linear_attention_grads(query, key, value, mask, scale, state, grad)
     return *grads, None, _scale_grad(scale, products, ctx.needs_input_grad[4])
 
 
-def _direction_pool_backward(ctx, grad, _):
+def _direction_pool_operator_backward(ctx, grad, _):
     values, direction, mask, pooled, lse = ctx.saved_tensors
     grad_values, grad_direction = OPERATORS.direction_pool_grads(values, direction, mask, pooled, lse, grad)
     return grad_values, None if direction is None else grad_direction, None
 
 
-def _shared_pool_backward_op(ctx, grad, _):
+def _shared_pool_operator_backward(ctx, grad, _):
     values, direction, mask, pooled, lse = ctx.saved_tensors
     (has_direction,) = ctx.flags
     grad_values, grad_direction = OPERATORS.shared_pool_grads(values, direction, mask, pooled, lse, grad, has_direction)
     return grad_values, grad_direction if has_direction else None, None, None
 
 
-def _prefix_pool_backward_op(ctx, grad, _):
+def _prefix_pool_operator_backward(ctx, grad, _):
     scores, values, mask, pooled, lse = ctx.saved_tensors
     return *OPERATORS.prefix_pool_grads(scores, values, mask, pooled, lse, grad), None
 
@@ -1204,13 +1204,13 @@ def _register_operators():
     """Each family's forward and gradient operators with their fake implementations, the forward's
     backward through the gradient operator; a namespace object of the operators by name."""
     families = (  # name, forward, its fake, backward, gradient operator, its fake
-        ("linear_attention", _linear_attention_op, _fake_linear_attention, _linear_attention_backward,
+        ("linear_attention", _linear_attention_op, _fake_linear_attention, _linear_attention_operator_backward,
          _linear_attention_grads_op, _fake_linear_attention_grads),
-        ("direction_pool", _direction_pool_op, _fake_pool, _direction_pool_backward,
+        ("direction_pool", _direction_pool_op, _fake_pool, _direction_pool_operator_backward,
          _direction_pool_grads_op, _fake_direction_pool_grads),
         ("shared_pool", _shared_pool_op, lambda values, direction, mask, has: _fake_pool(values, direction, mask),
-         _shared_pool_backward_op, _shared_pool_grads_op, _fake_shared_pool_grads),
-        ("prefix_pool", _prefix_pool_op, _fake_prefix_pool, _prefix_pool_backward_op,
+         _shared_pool_operator_backward, _shared_pool_grads_op, _fake_shared_pool_grads),
+        ("prefix_pool", _prefix_pool_op, _fake_prefix_pool, _prefix_pool_operator_backward,
          _prefix_pool_grads_op, _fake_prefix_pool_grads),
     )
     operators = {}
