@@ -6,7 +6,7 @@
 # the GPU as this machine's triton compiles it (scripts/compile_kernels.py), and write every result
 # into one folder (archived again after each step, so a run cut short still leaves what it measured).
 #
-#     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; 8-12 minutes on an H100/H200
+#     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; 8-12 minutes on an H100/H200, up to 8 more for the compiled steps
 #
 # Steps run most important first, each under its own time limit. Python packages the machine lacks
 # can sit as wheel files in .whl/ (e.g. transformers, fla-core, datasets): they are installed into a
