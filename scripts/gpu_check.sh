@@ -6,7 +6,7 @@
 # the GPU as this machine's triton compiles it (scripts/compile_kernels.py), and write every result
 # into one folder (archived again after each step, so a run cut short still leaves what it measured).
 #
-#     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; 8-12 minutes on an H100/H200, up to 8 more for the compiled steps
+#     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; 8-12 minutes on an H100/H200, up to 10 more for the compiled steps
 #
 # Steps run most important first, each under its own time limit. Python packages the machine lacks
 # can sit as wheel files in .whl/ (e.g. transformers, fla-core, datasets): they are installed into a
@@ -136,7 +136,7 @@ if [ "${FLA:-0}" = 1 ]; then
 fi
 # compiled modules (aot_eager, inductor, inductor's CUDA graphs) calling the kernels' operators: each
 # compiles for seconds, so a step of its own
-step compile_tests 180 "$python" -m pytest -q -p no:cacheprovider -k compiled_modules tests/test_kernels.py
+step compile_tests 300 "$python" -m pytest -q -p no:cacheprovider -k compiled_modules tests/test_kernels.py
 # what a compiled training step gets: the modules under torch.compile(mode="reduce-overhead"), the
 # kernels as operators inside inductor's CUDA graphs (each case compiles for tens of seconds)
 step grid_compiled 300 $bench --compile reduce-overhead --dtype bf16 --batch $batch --widths $width \
