@@ -460,8 +460,8 @@ def sweep(
     """Every (mode, width, heads, length) with all `types` measured side by side (`run_cases`),
     lengths ascending. Once a type takes longer than `max_seconds` per call (or runs out of
     memory), its longer lengths in the same (mode, width, heads) are recorded as skipped. `graphs`:
-    every call replays the step captured as a CUDA graph (`capture_graph`); `compiled`: the modules run
-under torch.compile in that mode (`compile_module`)."""
+    every call replays the step captured as a CUDA graph (`capture_graph`); `compiled`: the modules
+    run under torch.compile in that mode (`compile_module`)."""
     from tqdm.auto import tqdm
 
     types, lengths, modes = list(types), sorted(lengths), list(modes)
