@@ -2,7 +2,8 @@
 # The GPU check: on a machine with one CUDA GPU and no network, from a checkout of this repository,
 # run the attention benchmark (the Zformer reference's grid, bf16 and fp32, and long inputs; CUDA-graph
 # replays, the GPU's own time, and eager calls, host work included), the kernel tests on CUDA, the
-# sequence-operation benchmark, the decoding benchmark, the device tests and what each kernel asks of
+# sequence-operation benchmark, the decoding benchmark, compiled modules (their tests and a training
+# grid under torch.compile(mode="reduce-overhead")), the device tests and what each kernel asks of
 # the GPU as this machine's triton compiles it (scripts/compile_kernels.py), and write every result
 # into one folder (archived again after each step, so a run cut short still leaves what it measured).
 #
