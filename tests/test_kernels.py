@@ -685,6 +685,18 @@ def test_kernel_operators_pass_opcheck(case, kernels):
                           test_utils=("test_schema", "test_faketensor"))
 
 
+@pytest.fixture
+def kernel_calls(monkeypatch):
+    """The names of the launching functions behind the kernels' operators and autograd functions,
+    in the order they are called (forward launches and gradients of each family)."""
+    calls = []
+    for name in ("_linear_attention_forward", "_linear_attention_grads", "_pool_forward", "_direction_pool_grads",
+                 "_shared_pool_forward", "_shared_pool_grads", "_prefix_pool_forward", "_prefix_pool_grads"):
+        original = getattr(triton_ops, name)
+        monkeypatch.setattr(triton_ops, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    return calls
+
+
 @pytest.mark.parametrize("attention, options", [
     ("zformer", {}),  # linear attention
     ("zformer", {"zformer_feature_map": "hedgehog"}),  # fp32 features beside the values
@@ -693,7 +705,8 @@ def test_kernel_operators_pass_opcheck(case, kernels):
 ])
 @pytest.mark.parametrize("folded", [False, True])
 @pytest.mark.parametrize("backend, mode", [("aot_eager", None), ("inductor", None), ("inductor", "reduce-overhead")])
-def test_compiled_modules_run_the_kernels(attention, options, folded, backend, mode, triton_backend, monkeypatch):
+def test_compiled_modules_run_the_kernels(attention, options, folded, backend, mode, triton_backend, kernel_calls,
+                                          monkeypatch):
     """A module compiled whole (`fullgraph=True`; `aot_eager` traces the graphs, `inductor` also
     generates the code around the operators and plans its buffers, on a GPU with `reduce-overhead`
     in CUDA graphs) calls the kernels' operators, forward and backward, and gives the eager
@@ -708,11 +721,6 @@ def test_compiled_modules_run_the_kernels(attention, options, folded, backend, m
         pytest.skip("no sequence kernel in zformer's folded form; no folded form of causal attention")
     if not folded:
         monkeypatch.setattr(attention_module, "use_folded_form", lambda *args, **kwargs: False)
-    calls = []
-    for name in ("_linear_attention_forward", "_linear_attention_grads", "_pool_forward", "_direction_pool_grads",
-                 "_shared_pool_forward", "_shared_pool_grads", "_prefix_pool_forward", "_prefix_pool_grads"):
-        original = getattr(triton_ops, name)
-        monkeypatch.setattr(triton_ops, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     config = tiny_config(attention_type=attention, hidden_size=32, num_attention_heads=2, **options)
     torch.manual_seed(0)
     module = (ZformerAttention(config) if attention == "zformer" else FastformerAttention(config, is_causal=is_causal))
@@ -726,12 +734,12 @@ def test_compiled_modules_run_the_kernels(attention, options, folded, backend, m
         out = function(x, mask)[0]
         return out, torch.autograd.grad((out * out).sum(), [x, *module.parameters()], allow_unused=True)
 
-    expected, eager_calls = run(module), sorted(set(calls))
+    expected, eager_calls = run(module), sorted(set(kernel_calls))
     assert any(name.endswith("_grads") for name in eager_calls)
-    calls.clear()
+    kernel_calls.clear()
     torch._dynamo.reset()
     got = run(torch.compile(module, backend=backend, mode=mode, fullgraph=True))
-    assert sorted(set(calls)) == eager_calls
+    assert sorted(set(kernel_calls)) == eager_calls
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)  # inductor reorders the sums around them
 
 
@@ -763,3 +771,28 @@ def test_a_copy_of_the_kernels_module_registers_operators_of_its_own():
         torch.library.custom_op = define
     assert operators.prefix_pool is not copy.OPERATORS.prefix_pool
     assert hasattr(torch.ops.checkpoint_folder_triton_ops_1, "prefix_pool")
+
+
+@pytest.mark.parametrize("kind, attention", [("classification", "zformer"), ("seq2seq", "fastformer")])
+def test_compiled_models_train_through_the_kernels(kind, attention, triton_backend, kernel_calls):
+    """A whole model compiled (embeddings, masks, every layer; the encoder-decoder's fastformer runs
+    the pooling across heads and the decoder's prefix pooling): its training loss and gradients
+    equal eager mode's with the kernels, and the compiled graphs call the same kernel operators."""
+    from model_kinds import batch, model
+
+    net = model(kind, attention).train().to(DEVICE)
+    inputs = {name: value.to(DEVICE) for name, value in batch(kind).items()}
+    loss = net(**inputs).loss
+    loss.backward()
+    expected = {name: p.grad.clone() for name, p in net.named_parameters()}
+    eager_calls = sorted(set(kernel_calls))
+    assert any(name.endswith("_grads") for name in eager_calls)
+    kernel_calls.clear()
+    net.zero_grad(set_to_none=True)
+    torch._dynamo.reset()
+    compiled_loss = torch.compile(net, backend="aot_eager")(**inputs).loss
+    compiled_loss.backward()
+    assert sorted(set(kernel_calls)) == eager_calls
+    torch.testing.assert_close(compiled_loss, loss, rtol=1e-5, atol=1e-6)
+    for name, p in net.named_parameters():
+        torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
