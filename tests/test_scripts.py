@@ -888,6 +888,20 @@ def test_acceptance_on_shared_data(tmp_path):
     assert "eval_bleu" in json.loads((tmp_path / "mt" / "all_results.json").read_text())
 
 
+def test_gpu_prepare_writes_only_git_ignored_folders():
+    """gpu_prepare.sh fills .whl/ (wheels, ~16 MB) and gpu_data/ (the datasets' files) in the checkout, as
+    its header says git-ignored: `git add -A` after preparing a GPU run must not take them."""
+    if not (REPO_ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    script = (SCRIPTS / "gpu_prepare.sh").read_text()
+    folders = {path.split("/")[0] for path in re.findall(r"^mkdir -p (.+)$", script, re.M) for path in path.split()}
+    assert folders == {".whl", "gpu_data"}, folders
+    for folder in folders:
+        probe = f"{folder}/probe.whl"
+        check = subprocess.run(["git", "check-ignore", "-q", probe], cwd=REPO_ROOT)
+        assert check.returncode == 0, f"{probe} is not git-ignored"
+
+
 @pytest.mark.slow
 def test_gpu_check_dry_run_on_a_cpu(tmp_path):
     """`scripts/gpu_check.sh` with QUICK=1 (toy sizes, the kernels through triton's interpreter): its
