@@ -82,8 +82,9 @@ def add_case_args(parser) -> None:
     parser.add_argument("--dtype", choices=list(benchmarks.DTYPES), default="fp32",
                         help="bf16 runs fp32 parameters and inputs under torch.autocast(dtype=bfloat16)")
     parser.add_argument("--mask", action="store_true",
-                        help="pass an all-ones (B, N) padding mask, as the models do (default: no mask, "
-                             "SDPA's best case)")
+                        help="pass an all-ones (B, N) padding mask (default: no mask, SDPA's best case); a model "
+                             "drops a mask without padding once per forward, an attention module (--level "
+                             "attention) uses it as given, so there it times the masked forms")
     parser.add_argument("--cuda_graphs", action="store_true",
                         help="capture each configuration's call once as a CUDA graph and time its replays: the "
                              "GPU's own time, without the host work of eager PyTorch (what torch.compile(mode="

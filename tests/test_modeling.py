@@ -13,6 +13,7 @@ from transformers import (
 )
 
 import hf_zformer
+import model_kinds
 
 AUTO_CLASSES = [AutoModel, AutoModelForSequenceClassification, AutoModelForMaskedLM]
 HYBRID = ["fastformer", "xformer"]  # a per-layer list: one entry per layer
@@ -397,6 +398,41 @@ def test_layer_positions_are_settled_once_per_forward(monkeypatch):
     assert all(torch.equal(p, position_ids_from_mask(left_mask)) for p in seen) and len(seen) == 2
     plain = AutoModel.from_config(tiny_config(attention_type="zformer")).eval()
     assert plain._layer_positions(position_ids_from_mask(left_mask), left_mask, 0) is None  # no xformer layer
+
+
+class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the operations that read a tensor's value back to the host (`bool(t)`, `t.item()`):
+    on a GPU each waits for the device to finish the work queued before it."""
+
+    def __init__(self):
+        super().__init__()
+        self.count = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.count += func is torch.ops.aten._local_scalar_dense.default
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("kind,attention", model_kinds.cases())
+def test_host_reads_do_not_grow_with_depth(kind, attention):
+    """A training step on a padded batch (forward and backward, at lengths where the folded forms
+    apply) reads values back to the host only where the masks enter the model, never per layer:
+    two more layers add no read."""
+    inputs = model_kinds.batch(kind, rows=3)
+    inputs = {name: torch.cat([value[:, :1].expand(-1, 24), value], 1) if value.dim() == 2 else value
+              for name, value in inputs.items()}  # 24 real tokens first: past the width, the folded forms apply
+    reads, shallow = [], model_kinds.config(kind, attention)
+    for layers in (2, 4):
+        per_layer = {field: getattr(shallow, field) * (layers // 2) for field in
+                     ("attention_type", "decoder_attention_type", "cross_attention_type")
+                     if isinstance(getattr(shallow, field, None), list)}  # a hybrid's list, one entry per layer
+        model = model_kinds.model(kind, attention, num_hidden_layers=layers, num_decoder_layers=layers,
+                                  max_position_embeddings=64, **per_layer)
+        counter = _HostReads()
+        with counter:
+            model(**inputs).loss.backward()
+        reads.append(counter.count)
+    assert 0 < reads[0] == reads[1], reads
 
 
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)

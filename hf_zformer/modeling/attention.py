@@ -29,7 +29,6 @@ from .blocks import (
     add_into_fresh,
     at_least_fp32,
     autocast_input,
-    drop_full_mask,
     masked_softmax,
     merge_heads,
     new_tokens_mask,
@@ -102,7 +101,10 @@ class Attention(nn.Module):
     returns `(output (B, N, D), weights or None)`. The output has been through the attention's own
     output projection `output` (W_o); the layer adds the residual. Masks are 1/True at real tokens:
     `attention_mask` (B, past + N) covers the tokens a causal cache already holds and the N new ones
-    (past = 0 without a cache), `memory_mask` (B, Nk) the memory. Decoding state lives in `cache` (a
+    (past = 0 without a cache), `memory_mask` (B, Nk) the memory. A mask is used as given: pass None
+    where there is no padding (the unmasked forms are the fastest; the models drop a mask without
+    padding once per forward, `blocks.drop_full_mask`, so that no layer reads a mask back to the host,
+    which would wait for the GPU once per layer). Decoding state lives in `cache` (a
     `ZformerCache`): full attention's keys/values through `cache.update(...)`, a Zformer or Fastformer
     layer's fixed-size state read from and stored into `cache.layers[layer_idx]`, cross-attention's
     projected memory through `cache.update_memory(...)`. The cache only stores.
@@ -296,7 +298,6 @@ class FullAttention(_QKVAttention):
             key_mask = attention_mask
         batch, _, q_len, _ = query.shape
         k_len = key.shape[2]
-        key_mask = drop_full_mask(key_mask)  # no padding: SDPA can take its unmasked (fastest) kernel
         if key_mask is not None and key_mask.shape[1] != k_len:
             raise ValueError(
                 f"the attention mask covers {key_mask.shape[1]} tokens, the keys {k_len} (cached and new tokens)"
@@ -697,7 +698,6 @@ class ZformerAttention(_QKVAttention):
         x = autocast_input(hidden_states)  # (B, N, D); under autocast cast once for both products over it
         batch, length, width = x.shape
         heads, dim = self.num_heads, self.head_dim
-        attention_mask = drop_full_mask(attention_mask)
         masked = zero_padding(x, attention_mask)
         key, value, query = (torch.cat([p.weight, p.bias[:, None]], 1) for p in (self.key, self.value, self.query))
         with no_autocast(x.device.type):  # the (D + 1, D + 1) algebra in the weights' precision
@@ -976,7 +976,6 @@ class FastformerAttention(_QKVAttention):
         x = autocast_input(hidden_states)  # (B, N, D); read by every step, so cast once under autocast
         batch, length, width = x.shape
         heads, dim = self.num_heads, self.head_dim
-        attention_mask = drop_full_mask(attention_mask)
         value_layer = self.query if self.value is None else self.value
         w_q, w_k = self.query.weight.view(heads, dim, width), self.key.weight.view(heads, dim, width)
         b_q, b_k = self.query.bias.view(heads, dim), self.key.bias.view(heads, dim)

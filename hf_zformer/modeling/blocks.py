@@ -121,7 +121,9 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -
 
 
 def drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
-    """None when `attention_mask` has no padding (saves masking passes over the sequence)."""
+    """None when `attention_mask` has no padding (saves masking passes over the sequence). Reading the
+    answer waits for the device (a host synchronisation), so models call it once per forward, where a
+    mask enters the stack, never per layer."""
     if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
         return None
     return attention_mask
