@@ -240,14 +240,28 @@ def _shared_rows(batch, length, dim, generator, dtype=torch.float32):
     return x.detach().requires_grad_()
 
 
+class _Launches:
+    """Stands in for a triton kernel and counts its launches (`kernel[grid](...)`)."""
+
+    def __init__(self, kernel):
+        self.kernel, self.count = kernel, 0
+
+    def __getitem__(self, grid):
+        self.count += 1
+        return self.kernel[grid]
+
+
 @pytest.mark.parametrize("direction_rows", [None, 1, 3])  # the mean, one direction per head, per sequence
 @pytest.mark.parametrize("with_mask", [False, True])
-@pytest.mark.parametrize("dim", [64, 40])  # 40: padded to a 64-wide tile
-def test_shared_pool_kernel_matches_fp64(triton_backend, direction_rows, with_mask, dim):
+@pytest.mark.parametrize("dim,heads", [(64, 5), (40, 5), (64, 12)])  # 40: a 64-wide tile; 12: u, g in two tiles
+def test_shared_pool_kernel_matches_fp64(triton_backend, monkeypatch, direction_rows, with_mask, dim, heads):
     """Fastformer's folded poolings: one sequence's rows pooled along every head's direction
-    (`shared_pool_kernel`), 300 rows in three slices, against the torch form in fp64."""
+    (`shared_pool_kernel`), 300 rows in three slices, against the torch form in fp64. Up to 8
+    heads the backward pairs each direction with its gradient in one tile, beyond that not."""
+    paired = _Launches(triton_ops._shared_pool_backward_paired)
+    monkeypatch.setattr(triton_ops, "_shared_pool_backward_paired", paired)
     generator = torch.Generator().manual_seed(10)
-    batch, heads, length = 3, 5, 300
+    batch, length = 3, 300
     values = _shared_rows(batch, length, dim, generator)
     direction = None
     if direction_rows is not None:
@@ -257,6 +271,7 @@ def test_shared_pool_kernel_matches_fp64(triton_backend, direction_rows, with_ma
     assert pooled.shape == (batch, 1 if direction is None else heads, 1, dim) and pooled.dtype == torch.float32
 
     _assert_pool_matches_fp64(pooled, values, direction, mask, lambda v, *rest: ops.direction_pool(v[:, None], *rest))
+    assert paired.count == (direction is not None and heads <= 8)
 
 
 def test_shared_pool_kernel_matches_the_naive_reference_and_per_head_pooling(triton_backend):
