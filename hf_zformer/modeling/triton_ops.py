@@ -997,6 +997,13 @@ def _shared_pool_forward(values, direction, mask, has_direction):
     return pooled, lse
 
 
+def _paired_backward(heads: int) -> bool:
+    """Whether the shared pooling's backward with `heads` directions takes
+    `_shared_pool_backward_paired`: where each direction and its gradient fit one tile's rows (up
+    to 8 heads, whose directions alone are padded to the 16 rows of a matrix product's tile)."""
+    return _tile(2 * heads) == _tile(heads)
+
+
 def _shared_pool_grads(values, direction, mask, pooled, lse, grad, has_direction: bool):
     """(dvalues, contiguous in the values' dtype, du in the direction's dtype or None without a
     direction) of the shared pooling, from the forward's inputs and results and the gradient."""
@@ -1006,7 +1013,7 @@ def _shared_pool_grads(values, direction, mask, pooled, lse, grad, has_direction
     grad_pooled = (grad * pooled).sum(-1).contiguous()  # g . pooled (B, H)
     parts, chunk, (mask_ptr,), strides, constants = _shared_launch(values, direction, mask, backward=True)
     grad_values = torch.empty_like(values, memory_format=torch.contiguous_format)
-    paired = has_direction and _tile(2 * heads) == _tile(heads)  # u and g fit one tile's padding
+    paired = has_direction and _paired_backward(heads)
     rows = _tile(heads) // 2 if paired else _tile(heads)
     partial = torch.empty(batch, parts, rows, _tile(dim), dtype=torch.float32, device=values.device)
     arguments = (values, direction, mask_ptr, grad, lse, grad_pooled, grad_values, partial, length, chunk, *strides,

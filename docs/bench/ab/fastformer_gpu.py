@@ -17,7 +17,9 @@ Variants of the module (all but `folded` in the plain form, as CUDA runs it by d
 - `chunk512`, `chunk256`: slices of 512 or 256 rows per program instead of the shipped 128;
 - `folded`: the folded form (`FastformerAttention._folded`, one (D, D) map per sequence, no Q, K, V)
   under bf16 autocast too: its input cast to bf16 once, both poolings of it in one fused kernel
-  each, the output projection folded in (the default on CPUs; on CUDA in fp32 only).
+  each, the output projection folded in (the default on CPUs; on CUDA in fp32 only);
+- `folded_unpaired`: `folded` with the poolings' backward holding each head's direction and its
+  gradient in separate tiles (`triton_ops._paired_backward` false: the kernel before pairing).
 
 Forward rows also print each variant's bf16 output error against the fp32 output (relative norm).
 
@@ -47,18 +49,20 @@ from hf_zformer.modeling import attention as attention_module  # noqa: E402
 from hf_zformer.modeling.attention import FastformerAttention  # noqa: E402
 
 FULL = ("full", "full_unstacked")
-VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256", "folded")
+VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256", "folded", "folded_unpaired")
 
 
 @contextlib.contextmanager
 def variant(name, device):
     """Within: the projections, FastformerAttention and the pooling kernels as variant `name` has them."""
     saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
-             FastformerAttention.FOLDED_AUTOCAST_DEVICES)
+             FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward)
     blocks.STACKED_PROJECTION_DEVICES = () if name.endswith("unstacked") else (device.type,)
-    # the folded form under autocast for `folded` only (the CPU takes it by default: the other
-    # variants are the plain form's, as on CUDA)
-    FastformerAttention.FOLDED_AUTOCAST_DEVICES = (device.type,) if name == "folded" else ()
+    # the folded form under autocast for the `folded` variants only (the CPU takes it by default:
+    # the other variants are the plain form's, as on CUDA)
+    FastformerAttention.FOLDED_AUTOCAST_DEVICES = (device.type,) if name.startswith("folded") else ()
+    if name == "folded_unpaired":
+        triton_ops._paired_backward = lambda heads: False
     if name == "unpooled":
         FastformerAttention._takes_pooled_output = lambda self, length, width: False
     if name == "per_pair":
@@ -69,7 +73,7 @@ def variant(name, device):
         yield
     finally:
         (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
-         FastformerAttention.FOLDED_AUTOCAST_DEVICES) = saved
+         FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward) = saved
 
 
 def variant_step(name, case, device):
