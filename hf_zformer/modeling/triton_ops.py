@@ -189,12 +189,13 @@ if AVAILABLE:
         tl.store(P + (bh * tl.num_programs(0) + part) * BX * BY + rx[:, None] * BY + ry[None, :], acc)
 
     @triton.jit
-    def _sum_parts(P, OUT, parts, SIZE: tl.constexpr):
+    def _sum_parts(P, OUT, parts, SIZE: tl.constexpr, BLOCK: tl.constexpr):
         """OUT[bh] = sum over p of P[bh, p] (SIZE fp32 each), in order: trailing all-zero parts (the
-        slices of appended padding) add exact zeros."""
-        bh = tl.program_id(0)
-        r = tl.arange(0, SIZE)
-        acc = tl.zeros((SIZE,), dtype=tl.float32)
+        slices of appended padding) add exact zeros. Each program sums one block of BLOCK elements
+        (a divisor of SIZE) of one (sequence, head) pair."""
+        bh, block = tl.program_id(0), tl.program_id(1)
+        r = block * BLOCK + tl.arange(0, BLOCK)
+        acc = tl.zeros((BLOCK,), dtype=tl.float32)
         for part in range(0, parts):
             acc += tl.load(P + (bh * parts + part) * SIZE + r)
         tl.store(OUT + bh * SIZE + r, acc)
@@ -548,6 +549,9 @@ _CHUNK = 512
 # registers and 6.5-10 KB of spilled stack per thread; 32-row tiles (8 warps from 128-wide heads)
 # need 64-147 registers and spill nothing (`scripts/compile_kernels.py`).
 _PREFIX_BLOCK_N = 32
+# Elements per program of the sum over slices (`_sum_parts`): a whole (256, 128) state per program
+# held 256 fp32 values per thread, and ptxas gave it 255 registers and spilled 200 bytes for sm_90.
+_SUM_BLOCK = 2048
 
 
 def _linear_rows(exact: bool) -> int:
@@ -708,7 +712,8 @@ def outer_sum(x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor | None) -> to
     if parts == 1:
         return partial.view(batch, heads, bx, by)
     summed = torch.empty(batch, heads, bx, by, dtype=torch.float32, device=x.device)
-    _sum_parts[(batch * heads,)](partial, summed, parts, SIZE=bx * by)
+    block = min(bx * by, _SUM_BLOCK)
+    _sum_parts[(batch * heads, bx * by // block)](partial, summed, parts, SIZE=bx * by, BLOCK=block)
     return summed
 
 
