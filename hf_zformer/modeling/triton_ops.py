@@ -458,7 +458,7 @@ if AVAILABLE:
             tl.store(DX + b * sdb + rows[:, None] * sdn + rd[None, :] * sdd, dx.to(DX.dtype.element_ty),
                      mask=(rows < length)[:, None] & (rd[None, :] < D))
         tl.store(DU + ((b * tl.num_programs(0) + part) * HALF + head[:, None]) * BD + rd[None, :], du,
-                 mask=is_u[:, None] & (rd[None, :] < BD))
+                 mask=is_u[:, None])  # du_h, from row 2h
 
     @triton.jit
     def _prefix_pool(S, X, M, P, L, length, ssb, ssh, ssn, sxb, sxh, sxn, sxd, smb, smn, spb, sph, spn,
