@@ -32,6 +32,20 @@ TINY = dict(
 )
 
 
+class CountedOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """While active, counts the aten operations for which `counts(func, output)` is true (e.g. the
+    reads of a tensor's value back to the host, or casts of one shape)."""
+
+    def __init__(self, counts):
+        super().__init__()
+        self.counts, self.count = counts, 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        output = func(*args, **(kwargs or {}))
+        self.count += bool(self.counts(func, output))
+        return output
+
+
 def tiny_config(**overrides):
     from transformers import AutoConfig
 

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import CountedOps, tiny_config
 
 from hf_zformer.modeling.attention import (
     FastformerAttention,
@@ -719,20 +719,6 @@ def test_folded_form_under_autocast_reads_its_input_cast_once(attention_type):
     """A folded form under bf16 autocast (`FOLDED_AUTOCAST_DEVICES`, set on the module): the fp32 input
     is cast to bf16 once (one (B, N, D) bf16 copy in all: every product over the tokens reads it;
     fastformer's poolings sum in fp32), the output stays near fp32's, and so do the gradients."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class InputCopies(TorchDispatchMode):
-        def __init__(self, shape):
-            super().__init__()
-            self.shape, self.count = shape, 0
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            if func is torch.ops.aten._to_copy.default and tuple(out.shape) == self.shape and (
-                    out.dtype == torch.bfloat16):
-                self.count += 1
-            return out
-
     config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type=attention_type)
     cls = ZformerAttention if attention_type == "zformer" else FastformerAttention
     attention = _randomize(cls(config), std=0.1)
@@ -740,7 +726,8 @@ def test_folded_form_under_autocast_reads_its_input_cast_once(attention_type):
     reference, _ = attention(x)
     (reference_grad,) = torch.autograd.grad(reference.sum(), x)
     attention.FOLDED_AUTOCAST_DEVICES = ("cpu",)
-    copies = InputCopies((2, 80, D))
+    copies = CountedOps(lambda func, out: func is torch.ops.aten._to_copy.default and tuple(out.shape) == (2, 80, D)
+                        and out.dtype == torch.bfloat16)  # bf16 copies of the input
     with torch.autocast("cpu", dtype=torch.bfloat16), copies:
         assert attention._folded_output(x, None) is not None  # the folded form is what runs
         low, _ = attention(x)

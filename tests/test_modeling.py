@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from conftest import ATTENTION_TYPES, TINY, random_batch, repad, run_isolated, tiny_config
+from conftest import ATTENTION_TYPES, TINY, CountedOps, random_batch, repad, run_isolated, tiny_config
 from transformers import (
     AutoConfig,
     AutoModel,
@@ -400,19 +400,6 @@ def test_layer_positions_are_settled_once_per_forward(monkeypatch):
     assert plain._layer_positions(position_ids_from_mask(left_mask), left_mask, 0) is None  # no xformer layer
 
 
-class _HostReads(torch.utils._python_dispatch.TorchDispatchMode):
-    """Counts the operations that read a tensor's value back to the host (`bool(t)`, `t.item()`):
-    on a GPU each waits for the device to finish the work queued before it."""
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.count += func is torch.ops.aten._local_scalar_dense.default
-        return func(*args, **(kwargs or {}))
-
-
 @pytest.mark.parametrize("kind,attention", model_kinds.cases())
 def test_host_reads_do_not_grow_with_depth(kind, attention):
     """A training step on a padded batch (forward and backward, at lengths where the folded forms
@@ -428,7 +415,8 @@ def test_host_reads_do_not_grow_with_depth(kind, attention):
                      if isinstance(getattr(shallow, field, None), list)}  # a hybrid's list, one entry per layer
         model = model_kinds.model(kind, attention, num_hidden_layers=layers, num_decoder_layers=layers,
                                   max_position_embeddings=64, **per_layer)
-        counter = _HostReads()
+        # reads of a value back to the host (`bool(t)`, `t.item()`): on a GPU each waits for the queue
+        counter = CountedOps(lambda func, _: func is torch.ops.aten._local_scalar_dense.default)
         with counter:
             model(**inputs).loss.backward()
         reads.append(counter.count)
