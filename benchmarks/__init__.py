@@ -3,10 +3,13 @@ May import: hf_zformer (any floor), torch, transformers; outside the installed p
 
 The harness of `scripts/benchmark_attention.py` (beside `scripts/` in a checkout; never installed). Levels:
 
-- ``"attention"``: the attention module alone (the timing experiment of the Zformer_Pytorch reference
-  code). That code feeds a tensor of shape (n, batch, d); we create it in that layout and transpose
-  it to our (B, N, D) layout *before* the timed region (`.transpose(0, 1).contiguous()`), so every
-  type pays the same.
+- ``"attention"``: the attention module alone, its output projection replaced by the identity (the
+  timing experiment of the Zformer_Pytorch reference code). That code feeds a tensor of shape
+  (n, batch, d); we create it in that layout and transpose it to our (B, N, D) layout *before* the
+  timed region (`.transpose(0, 1).contiguous()`), so every type pays the same.
+- ``"module"``: the same with the whole module, output projection included, as a model's layer
+  calls it (the forms that merge the projection into another product, fastformer's pooled output
+  and the folded forms, can only do so here).
 - ``"model"``: a one-layer ``ZformerModel`` with the feed-forward shrunk away
   (``intermediate_size=1``): embeddings, LayerNorms, attention, output projection and residuals.
 - ``"seq2seq"`` (`seq2seq_benchmark`): training tokens/s and greedy-generation sentences/s of our
@@ -38,7 +41,7 @@ time per token and resident memory), `classification` (the sequence-classificati
 (CSV/JSON/markdown/plots). Every public name is importable from `benchmarks`.
 """
 
-from .cases import BASELINE, DEFAULT_TYPES, DTYPES, LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, make_config
+from .cases import BASELINE, DEFAULT_TYPES, DTYPES, GRID_LEVELS, LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, make_config
 from .causal import (
     CAUSAL_KINDS,
     CAUSAL_MODELS,
@@ -66,6 +69,7 @@ from .flops import (
     folded,
     layer_flops,
     model_flops,
+    module_flops,
     set_flops_fractions,
     step_flops,
     token_attention_flops,
@@ -110,7 +114,7 @@ from .seq2seq import (SEQ2SEQ_DEFAULT_MODELS, SEQ2SEQ_MODELS, Seq2SeqResult, Seq
 
 __all__ = [
     "BASELINE", "CAUSAL_KINDS", "CAUSAL_MODELS", "CLASSIFICATION_KINDS", "CLASSIFICATION_MODELS", "CSV_FIELDS",
-    "DEFAULT_TYPES", "DTYPES", "LEVELS", "MODES", "SEQ2SEQ_DEFAULT_MODELS", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase",
+    "DEFAULT_TYPES", "DTYPES", "GRID_LEVELS", "LEVELS", "MODES", "SEQ2SEQ_DEFAULT_MODELS", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase",
     "BenchResult",
     "CausalResult", "CausalShape", "CausalStepper", "LockstepModels", "context_ids", "greedy_samples", "load_causal_lm",
     "memory_status", "reset_peak", "ClassificationResult", "ClassificationShape", "Seq2SeqResult", "Seq2SeqShape",
@@ -118,7 +122,7 @@ __all__ = [
     "build_seq2seq", "cache_bytes", "case_flops", "causal_benchmark", "causal_flops", "causal_markdown",
     "classification_benchmark", "classification_flops", "classification_markdown", "classification_plot",
     "command_line", "dense_flops", "executed_attention_flops", "folded", "layer_flops", "load_average",
-    "machine_info", "make_config", "markdown_header", "markdown_table", "measure_matmul_flops", "model_flops",
+    "machine_info", "make_config", "markdown_header", "markdown_table", "measure_matmul_flops", "model_flops", "module_flops",
     "paired_ratio_interval", "peak_memory_bytes", "plot", "ratio_plot", "run_cases", "seq2seq_benchmark",
     "seq2seq_flops", "seq2seq_markdown", "seq2seq_plot", "seq2seq_sweep_markdown", "set_flops_fractions", "step_flops", "sweep",
     "synchronize", "token_attention_flops", "write_causal_reports", "write_classification_reports", "write_csv",

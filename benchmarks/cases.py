@@ -17,7 +17,10 @@ TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer", "zformer_torc
 # operations where the default backend would take a fused kernel) only differ from their type on a GPU.
 DEFAULT_TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer")
 MODES = ("forward", "train")
-LEVELS = ("attention", "model", "seq2seq", "causal", "classification")
+LEVELS = ("attention", "module", "model", "seq2seq", "causal", "classification")
+# The levels `sweep` runs, one module per case: the attention alone (its output projection set
+# aside), the whole attention module (output projection included) and a one-layer model.
+GRID_LEVELS = ("attention", "module", "model")
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 # Baseline of every speedup column: PyTorch's fused attention.
 BASELINE = "full"
@@ -125,7 +128,9 @@ def make_config(attention_type: str, length: int, width: int, heads: int, **over
 
 
 def build_module(attention_type: str, config: ZformerConfig, level: str, device: torch.device) -> torch.nn.Module:
-    """The attention module (initialised like a model's) or a one-layer `ZformerModel`."""
+    """The attention module (initialised like a model's) of a one-layer `ZformerModel`, whole (level
+    `module`) or with its output projection replaced by the identity (`attention`), or the model
+    itself (`model`)."""
     from hf_zformer.modeling.modeling_zformer import ZformerModel
 
     model = ZformerModel(config)  # runs the model's _init_weights on every submodule
@@ -139,7 +144,8 @@ def build_module(attention_type: str, config: ZformerConfig, level: str, device:
     attention = model.encoder.layers[0].attention
     if not isinstance(attention, ATTENTION_CLASSES[config.layer_attention_types()[0]]):  # pragma: no cover
         raise TypeError(f"unexpected attention module {type(attention).__name__}")
-    attention.output = torch.nn.Identity()  # the attention alone: model-level cases count the output projection
+    if level == "attention":  # the attention alone; where a folded form would merge W_o, it then has none to merge
+        attention.output = torch.nn.Identity()
     return attention.to(device)
 
 

@@ -122,26 +122,40 @@ def executed_attention_flops(attention_type: str, batch: int, length: int, width
     return attention_flops(attention_type, batch, length, width, heads, config)
 
 
-def model_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config,
-                executed: bool = False, dtype: str = "fp32", under_autocast: bool = False) -> int:
-    """Forward FLOPs of the one-layer model: attention (`attention_flops`, or
-    `executed_attention_flops` when `executed`), the output projection (2 B N D^2), the shrunk
-    feed-forward (4 B N D I) and an input convolution of k taps (`encoder_conv_size`), 2 B N D k;
-    embeddings and LayerNorms are ignored. Executed, a folded attention form merges the output
-    projection into its per-sequence matrix: zformer's when N > D, for 2 B D^3; fastformer's
-    through W_o W_q and W_o W_r, formed once per call for 4 D^3, when B N >= 2 D."""
+def executed_output_flops(attention_type: str, batch: int, length: int, width: int, config,
+                          dtype: str = "fp32", under_autocast: bool = False) -> int:
+    """Forward FLOPs that the attention's output projection executes: 2 B N D^2 applied to every
+    token, unless a folded form merges it into its per-sequence matrix: zformer's when N > D, for
+    2 B D^3; fastformer's through W_o W_q and W_o W_r, formed once per call for 4 D^3, when
+    B N >= 2 D (`folds_output_projection`)."""
     b, n, d = batch, length, width
-    convolution = 2 * b * n * d * getattr(config, "encoder_conv_size", 0)
-    if not executed:
-        return layer_flops(attention_type, b, n, d, heads, config.intermediate_size, config) + convolution
-    attention = executed_attention_flops(attention_type, b, n, d, heads, config, dtype, under_autocast)
-    folded_projection = 0  # W_o's 2 B N D^2, less what merging it into the folded map costs
     if folded(attention_type, n, d, config, dtype, under_autocast) and (
         ATTENTION_CLASSES[attention_type].folds_output_projection(b, n, d)
     ):
-        merge = 4 * d**3 if attention_type == "fastformer" else 2 * b * d**3  # once per call / per sequence
-        folded_projection = 2 * b * n * d * d - merge
-    return attention + dense_flops(b, n, d, config.intermediate_size) - folded_projection + convolution
+        return 4 * d**3 if attention_type == "fastformer" else 2 * b * d**3  # once per call / per sequence
+    return 2 * b * n * d * d
+
+
+def module_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config,
+                 executed: bool = False, dtype: str = "fp32", under_autocast: bool = False) -> int:
+    """Forward FLOPs of the whole attention module: the attention (`attention_flops`, or
+    `executed_attention_flops` when `executed`) and its output projection (2 B N D^2 nominal,
+    `executed_output_flops` executed)."""
+    if not executed:
+        return attention_flops(attention_type, batch, length, width, heads, config) + 2 * batch * length * width**2
+    return (executed_attention_flops(attention_type, batch, length, width, heads, config, dtype, under_autocast)
+            + executed_output_flops(attention_type, batch, length, width, config, dtype, under_autocast))
+
+
+def model_flops(attention_type: str, batch: int, length: int, width: int, heads: int, config,
+                executed: bool = False, dtype: str = "fp32", under_autocast: bool = False) -> int:
+    """Forward FLOPs of the one-layer model: the attention module (`module_flops`), the shrunk
+    feed-forward (4 B N D I) and an input convolution of k taps (`encoder_conv_size`), 2 B N D k;
+    embeddings and LayerNorms are ignored."""
+    b, n, d = batch, length, width
+    convolution = 2 * b * n * d * getattr(config, "encoder_conv_size", 0)
+    feed_forward = 4 * b * n * d * config.intermediate_size
+    return module_flops(attention_type, b, n, d, heads, config, executed, dtype, under_autocast) + feed_forward + convolution
 
 
 def step_flops(forward_flops: int, mode: str) -> int:
@@ -158,8 +172,9 @@ def case_flops(case: BenchCase, config=None) -> tuple[int, int]:
     shape = (kind, case.batch, case.length, case.width, case.heads, config)
     forced = folds_under_autocast(case.attention_type, torch.device(case.device).type)
 
-    if case.level == "model":
-        counts = model_flops(*shape), model_flops(*shape, executed=True, dtype=case.dtype, under_autocast=forced)
+    if case.level in ("model", "module"):
+        count = model_flops if case.level == "model" else module_flops
+        counts = count(*shape), count(*shape, executed=True, dtype=case.dtype, under_autocast=forced)
     else:
         counts = attention_flops(*shape), executed_attention_flops(*shape, dtype=case.dtype, under_autocast=forced)
     return tuple(step_flops(count, case.mode) for count in counts)

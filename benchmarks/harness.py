@@ -17,7 +17,7 @@ from dataclasses import asdict
 import torch
 
 from hf_zformer.modeling.ops import use_kernel_backend
-from .cases import BASELINE, DTYPES, MODES, TYPES, BenchCase, BenchResult, build_module, kernel_backend_of, make_config
+from .cases import BASELINE, DTYPES, GRID_LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, kernel_backend_of, make_config
 from .flops import case_flops, set_flops_fractions
 
 # Environment variables that change CPU timings (THP_MEM_ALLOC_ENABLE=1: transparent huge pages for
@@ -471,8 +471,8 @@ def sweep(
     for mode in modes:
         if mode not in MODES:
             raise ValueError(f"unknown mode {mode!r}; choose one of {list(MODES)}")
-    if level not in ("attention", "model"):
-        raise ValueError(f"sweep level must be 'attention' or 'model', not {level!r}")
+    if level not in GRID_LEVELS:
+        raise ValueError(f"sweep level must be one of {list(GRID_LEVELS)}, not {level!r}")
     groups = [(mode, w, h, n) for mode in modes for w in widths for h in heads for n in lengths]
     results, stopped = [], {}
     bar = tqdm(total=len(groups) * len(types), disable=not progress, desc="benchmark", dynamic_ncols=True)

@@ -8,6 +8,7 @@ fraction of this machine's measured matmul FLOP/s, as CSV, JSON, a markdown tabl
 
     python scripts/benchmark_attention.py                                   # CPU fp32 forward sweep
     python scripts/benchmark_attention.py --modes forward train --widths 512 768 1024
+    python scripts/benchmark_attention.py --level module --dtype bf16       # whole attention modules, output projection included
     python scripts/benchmark_attention.py --level model --mask              # one-layer models, FFN shrunk away
     python scripts/benchmark_attention.py --device cuda --dtype bf16 --lengths 1024 4096 16384
     python scripts/benchmark_attention.py --level seq2seq --batch 16 --source_length 32   # vs BART
@@ -15,7 +16,7 @@ fraction of this machine's measured matmul FLOP/s, as CSV, JSON, a markdown tabl
     python scripts/benchmark_attention.py --level causal --lengths 64 512 2048 8192       # vs GPT-2
     python scripts/benchmark_attention.py --level classification --batch 8 --lengths 128 256 512 1024 2048 4096
 
-Levels: 'attention' and 'model' (above); 'seq2seq' (our encoder-decoder against BART of identical
+Levels: 'attention', 'module' (the same with the output projection) and 'model' (above); 'seq2seq' (our encoder-decoder against BART of identical
 size, at one source/target length or swept with --seq2seq_lengths, source = target = n); 'causal'
 (our causal LM against GPT-2); 'classification' (our sequence classifier against BERT). The last
 three measure all models side by side (timed calls alternating) and report nominal FLOP ratios next
@@ -52,7 +53,10 @@ def parse_args(argv=None):
 def add_case_args(parser) -> None:
     """What is measured: level, types, lengths, sizes, modes, device and precision."""
     parser.add_argument("--level", choices=benchmarks.LEVELS, default="attention",
-                        help="'attention': the attention module alone; 'model': a one-layer ZformerModel with "
+                        help="'attention': the attention module alone, its output projection set aside; 'module': "
+                             "the whole attention module, output projection included, as a model's layer calls it "
+                             "(where a form merges the projection into another product); 'model': a one-layer "
+                             "ZformerModel with "
                              "intermediate_size=1 (the FFN shrunk away), fed token ids; 'seq2seq': training "
                              "tokens/s and greedy sentences/s of our encoder-decoder against BART of identical size; "
                              "'causal': training and generation tokens/s, cache size and FLOP ratios of our causal LM "
@@ -84,15 +88,15 @@ def add_case_args(parser) -> None:
     parser.add_argument("--mask", action="store_true",
                         help="pass an all-ones (B, N) padding mask (default: no mask, SDPA's best case); a model "
                              "drops a mask without padding once per forward, an attention module (--level "
-                             "attention) uses it as given, so there it times the masked forms")
+                             "attention, module) uses it as given, so there it times the masked forms")
     parser.add_argument("--cuda_graphs", action="store_true",
                         help="capture each configuration's call once as a CUDA graph and time its replays: the "
                              "GPU's own time, without the host work of eager PyTorch (what torch.compile(mode="
-                             "'reduce-overhead') or a captured training step runs); --level attention/model only")
+                             "'reduce-overhead') or a captured training step runs); --level attention/module/model only")
     parser.add_argument("--compile", choices=["default", "reduce-overhead", "max-autotune"], default=None,
                         help="time each module under torch.compile in this mode (inductor; 'reduce-overhead' "
                              "replays CUDA graphs on a GPU), called three times before its warm-up: what a "
-                             "compiled model or training step runs; --level attention/model only (default: eager)")
+                             "compiled model or training step runs; --level attention/module/model only (default: eager)")
 
 
 def add_model_level_args(parser) -> None:
@@ -166,11 +170,11 @@ def check_args(parser, args) -> None:
     args.target_length = args.target_length or 32
     if args.level in ("seq2seq", "causal", "classification") and args.widths[0] % args.heads[0]:
         parser.error(f"the width ({args.widths[0]}) must be a multiple of the number of heads ({args.heads[0]})")
-    if args.cuda_graphs and (args.level not in ("attention", "model") or not args.device.startswith("cuda")):
-        parser.error(f"--cuda_graphs needs --level attention or model on a CUDA device, not --level {args.level} "
+    if args.cuda_graphs and (args.level not in benchmarks.GRID_LEVELS or not args.device.startswith("cuda")):
+        parser.error(f"--cuda_graphs needs --level attention, module or model on a CUDA device, not --level {args.level} "
                      f"on --device {args.device}")
-    if args.compile and (args.level not in ("attention", "model") or args.cuda_graphs):
-        parser.error(f"--compile needs --level attention or model and no --cuda_graphs (mode 'reduce-overhead' "
+    if args.compile and (args.level not in benchmarks.GRID_LEVELS or args.cuda_graphs):
+        parser.error(f"--compile needs --level attention, module or model and no --cuda_graphs (mode 'reduce-overhead' "
                      f"captures them), not --level {args.level}{' with --cuda_graphs' if args.cuda_graphs else ''}")
     if args.level == "causal" and min(args.lengths) < 2:
         parser.error(f"--level causal: every length must be >= 2 (a prompt and a generated token), got {args.lengths}")
@@ -235,7 +239,7 @@ def prepare_machine(args):
 
 
 def run_grid(args, device, metadata, max_memory):
-    """--level attention / model: every type, length, width, heads and mode, with the machine's matmul FLOP/s."""
+    """--level attention / module / model: every type, length, width, heads and mode, with the machine's matmul FLOP/s."""
     dtype = benchmarks.DTYPES[args.dtype]
     print(f"measuring {args.dtype} matmul FLOP/s on {device} ...", file=sys.stderr)
     metadata["matmul_start"] = benchmarks.measure_matmul_flops(device, dtype, max_size=args.matmul_size)

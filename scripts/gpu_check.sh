@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check: on a machine with one CUDA GPU and no network, from a checkout of this repository,
 # run the attention benchmark (the Zformer reference's grid, bf16 and fp32, and long inputs; CUDA-graph
-# replays, the GPU's own time, and eager calls, host work included), the kernel tests on CUDA, the
+# replays, the GPU's own time, and eager calls, host work included; the attention alone and whole
+# modules with their output projection), the kernel tests on CUDA, the
 # sequence-operation benchmark, the decoding benchmark, compiled modules (their tests and a training
 # grid under torch.compile(mode="reduce-overhead")), the device tests and what each kernel asks of
 # the GPU as this machine's triton compiles it (scripts/compile_kernels.py), and write every result
@@ -78,9 +79,13 @@ graphs=""; [ "$device" = cuda ] && graphs="--cuda_graphs"
 
 step grid_graphs 240 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
     --types $forms --output "$out/attention_grid_bf16_graphs"
-# where each module's GPU time goes (torch.profiler, self CUDA time per operation and kernel), at a
-# short and a long length of the grid, eager calls
-step profile 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $profiled --types $forms \
+# the same grid with whole modules (output projection included, as a model's layer calls them):
+# fastformer's pooled output and the folded forms merge W_o into their own products only there
+step grid_module 240 $bench $graphs --level module --dtype bf16 --batch $batch --widths $width --lengths $lengths \
+    --types $forms --output "$out/module_grid_bf16_graphs"
+# where each whole module's GPU time goes (torch.profiler, self CUDA time per operation and kernel),
+# at a short and a long length of the grid, eager calls
+step profile 120 $bench --level module --dtype bf16 --batch $batch --widths $width --lengths $profiled --types $forms \
     --profile --output "$out/profile_bf16"
 step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
     --output "$out/attention_grid_bf16"

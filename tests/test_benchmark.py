@@ -68,6 +68,50 @@ def test_model_level_with_mask(tmp_path):
     assert not Path(f"{prefix}.png").exists()
 
 
+def test_module_level_keeps_the_output_projection(tmp_path, monkeypatch):
+    """--level module times the whole attention module: the output projection is there (fastformer
+    from N >= D takes its pooled output, which merges W_r's bias into W_o's; level attention, without
+    W_o, cannot) and its 2 B N D^2 FLOPs are counted."""
+    from hf_zformer.modeling.attention import FastformerAttention
+
+    pooled = []
+    original = FastformerAttention._pooled_output
+    monkeypatch.setattr(FastformerAttention, "_pooled_output",
+                        lambda self, *args: pooled.append(args[0].shape[1]) or original(self, *args))
+    rows = {}
+    for level in ("attention", "module"):
+        prefix = tmp_path / level
+        load_script().main(TINY + ["--level", level, "--dtype", "bf16", "--types", "full", "fastformer_plain",
+                                   "--no_plot", "--no_memory", "--warmup", "0", "--output", str(prefix)])
+        rows[level] = {(r["attention_type"], int(r["length"])): r for r in read_csv(f"{prefix}.csv")}
+        assert {r["level"] for r in rows[level].values()} == {level}
+        assert all(r["status"] == "ok" for r in rows[level].values())
+        assert f"**{level}, forward" in Path(f"{prefix}.md").read_text()
+    assert pooled and set(pooled) == {32}  # width 32: from 32 tokens, and only at level module
+    for key, row in rows["module"].items():
+        projection = 2 * 2 * key[1] * 32 * 32  # 2 B N D^2
+        assert int(row["flops"]) - int(rows["attention"][key]["flops"]) == projection
+        assert int(row["executed_flops"]) - int(rows["attention"][key]["executed_flops"]) == projection
+
+
+def test_module_flops_count_a_merged_output_projection_once_per_call():
+    """Executed, a folded form that merges W_o (fastformer: W_o W_q and W_o W_r once per call, from
+    B N >= 2 D) counts 4 D^3 for it instead of 2 B N D^2; the one-layer model adds its FFN to the same."""
+    b, n, d, h = 2, 1024, 512, 8
+
+    def counts(level, attention_type, dtype="fp32"):
+        return benchmarks.case_flops(benchmarks.BenchCase(level, attention_type, "forward", b, n, d, h, dtype, "cpu", False))
+
+    nominal, executed = counts("module", "fastformer")
+    attention_nominal, attention_executed = counts("attention", "fastformer")
+    assert nominal == attention_nominal + 2 * b * n * d * d
+    assert executed == attention_executed + 4 * d**3
+    assert counts("module", "full") == tuple(c + 2 * b * n * d * d for c in counts("attention", "full"))
+    config = benchmarks.make_config("fastformer", n, d, h)
+    assert benchmarks.model_flops("fastformer", b, n, d, h, config, executed=True) == (
+        executed + 4 * b * n * d * config.intermediate_size)
+
+
 def test_seq2seq_level_compares_with_bart(tmp_path):
     prefix = tmp_path / "seq2seq"
     load_script().main(["--level", "seq2seq", "--widths", "32", "--heads", "4", "--layers", "1", "--ffn", "64",
@@ -397,9 +441,9 @@ def test_classification_level_compares_with_bert(tmp_path):
     (["--level", "classification", "--repeats", "0"], "'0' is not a positive integer"),
     (["--level", "classification", "--warmup", "-1"], "'-1' is not an integer >= 0"),
     (["--level", "classification", "--classification_models", "gpt2"], "invalid choice"),
-    (["--cuda_graphs", "--device", "cpu"], "--cuda_graphs needs --level attention or model on a CUDA device"),
+    (["--cuda_graphs", "--device", "cpu"], "--cuda_graphs needs --level attention, module or model on a CUDA device"),
     (["--cuda_graphs", "--level", "seq2seq", "--device", "cuda"], "not --level seq2seq"),
-    (["--compile", "default", "--level", "seq2seq"], "--compile needs --level attention or model"),
+    (["--compile", "default", "--level", "seq2seq"], "--compile needs --level attention, module or model"),
     (["--compile", "reduce-overhead", "--cuda_graphs", "--device", "cuda"], "not --level attention with --cuda_graphs"),
     (["--compile", "fast"], "invalid choice"),
 ])

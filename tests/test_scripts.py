@@ -909,7 +909,7 @@ def test_gpu_check_dry_run_on_a_cpu(tmp_path):
     step holds their reports, with the folded-form column the bf16 grid needs."""
     import tarfile
 
-    steps = ["environment", "grid_graphs", "profile", "grid_bf16", "ab_fastformer", "grid_fp32", "compile_tests",
+    steps = ["environment", "grid_graphs", "grid_module", "profile", "grid_bf16", "ab_fastformer", "grid_fp32", "compile_tests",
              "grid_compiled", "kernel_resources"]
     archive = tmp_path / "check.tar.gz"
     env = dict(os.environ, QUICK="1", STEPS=" ".join(steps), PYTHON=sys.executable, ARCHIVE=str(archive))
@@ -922,7 +922,9 @@ def test_gpu_check_dry_run_on_a_cpu(tmp_path):
     with tarfile.open(archive) as packed:
         names = {Path(name).name for name in packed.getnames()}
         grid = json.load(packed.extractfile("check/attention_grid_bf16_graphs.json"))
+        modules = json.load(packed.extractfile("check/module_grid_bf16_graphs.json"))
     assert {"summary.txt", "attention_grid_bf16_graphs.md", "profile_bf16.md", "ab_fastformer.log",
             "attention_grid_bf16_compiled.md", "kernel_resources.json"} <= names
     assert {"zformer_folded", "fastformer_folded"} <= {row["attention_type"] for row in grid["results"]}
-    assert all(row["status"] == "ok" for row in grid["results"])
+    assert all(row["status"] == "ok" for row in grid["results"] + modules["results"])
+    assert {row["level"] for row in modules["results"]} == {"module"}

@@ -2,7 +2,10 @@
 time goes"): the benchmark's grid shape (bf16 autocast, batch 40, width 512, 8 heads), each variant
 captured once as a CUDA graph (the GPU's own time) and replayed in alternating rounds, forward and
 training step, SDPA's module beside them (with and without stacked projections); every variant's
-output is first checked, in fp32, against the unpooled form's (the form before these remedies).
+output is first checked, in fp32, against the unpooled form's (the form before these remedies), and
+the script stops unless each variant ran the form it names. Every module is whole (the benchmark's
+level `module`, output projection included): the pooled output and the folded form merge that
+projection into their own products, which a module without one (level `attention`) cannot show.
 
 Variants of the module (all but `folded` in the plain form, as CUDA runs it by default):
 - `shipped`: the projections of one input stacked into one product (`blocks.project`), from N >= D
@@ -76,12 +79,41 @@ def variant(name, device):
          FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward) = saved
 
 
+def expected_form(name, length, width):
+    """The FastformerAttention method that computes variant `name`'s output at this shape under bf16
+    autocast (what `forms_taken` must see)."""
+    if name.startswith("folded"):
+        return "_folded"
+    return "_pooled_output" if name != "unpooled" and length >= width else "context"
+
+
+@contextlib.contextmanager
+def forms_taken():
+    """Within: a list that names each of FastformerAttention's forms (`_folded`, `_pooled_output`,
+    `context`) as a forward call enters it."""
+    taken, saved = [], {name: getattr(FastformerAttention, name) for name in ("_folded", "_pooled_output", "context")}
+
+    def recording(name, method):
+        def recorded(self, *args, **kwargs):
+            taken.append(name)
+            return method(self, *args, **kwargs)
+        return recorded
+
+    for name, method in saved.items():
+        setattr(FastformerAttention, name, recording(name, method))
+    try:
+        yield taken
+    finally:
+        for name, method in saved.items():
+            setattr(FastformerAttention, name, method)
+
+
 def variant_step(name, case, device):
     """(step, the fp32 and the bf16-autocast output of one forward call, or Nones) of variant `name`
-    at `case`."""
+    at `case`; stops unless the bf16 call takes the variant's form (`expected_form`)."""
     config = make_config(case.attention_type, case.length, case.width, case.heads)
     torch.manual_seed(0)
-    module = build_module(case.attention_type, config, "attention", device)
+    module = build_module(case.attention_type, config, case.level, device)
     with torch.no_grad():  # biases away from their zero start, so the check sees b_r's path
         for parameter_name, parameter in module.named_parameters():
             if parameter_name.endswith("bias"):
@@ -102,8 +134,12 @@ def variant_step(name, case, device):
                 output = module(**inputs)[0]
         finally:
             attention_module.use_folded_form = plain
-        with torch.no_grad(), variant(name, device), torch.autocast(device.type, dtype=torch.bfloat16):
+        with torch.no_grad(), variant(name, device), torch.autocast(device.type, dtype=torch.bfloat16), \
+                forms_taken() as taken:
             low = module(**inputs)[0].float()
+        if name in VARIANTS and taken != [expected_form(name, case.length, case.width)]:
+            raise SystemExit(f"{name} at n={case.length}: the module ran {taken}, not "
+                             f"{expected_form(name, case.length, case.width)!r}")
     return (capture_graph(patched, device) if case.graphs else patched), output, low
 
 
@@ -125,7 +161,7 @@ def main(argv=None):
         for mode in ("forward", "train"):
             steps, outputs, lows = {}, {}, {}
             for name in names:
-                case = BenchCase("attention", "full" if name in FULL else "fastformer", mode, args.batch, length,
+                case = BenchCase("module", "full" if name in FULL else "fastformer", mode, args.batch, length,
                                  args.width, args.heads, "bf16", device.type, False,
                                  graphs=on_gpu)
                 steps[name], outputs[name], lows[name] = variant_step(name, case, device)
