@@ -415,12 +415,63 @@ def test_host_reads_do_not_grow_with_depth(kind, attention):
                      if isinstance(getattr(shallow, field, None), list)}  # a hybrid's list, one entry per layer
         model = model_kinds.model(kind, attention, num_hidden_layers=layers, num_decoder_layers=layers,
                                   max_position_embeddings=64, **per_layer)
-        # reads of a value back to the host (`bool(t)`, `t.item()`): on a GPU each waits for the queue
-        counter = CountedOps(lambda func, _: func is torch.ops.aten._local_scalar_dense.default)
-        with counter:
-            model(**inputs).loss.backward()
+        with _host_reads() as counter:  # fresh masks: one already read is not read again
+            model(**{name: value.clone() for name, value in inputs.items()}).loss.backward()
         reads.append(counter.count)
     assert 0 < reads[0] == reads[1], reads
+
+
+def _host_reads():
+    """A counter of reads of a value back to the host (`bool(t)`, `t.item()`): on a GPU each waits
+    for the queue. Under inference mode `bool(t)` reaches the dispatcher as `is_nonzero`."""
+    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default)
+    return CountedOps(lambda func, _: func in reads)
+
+
+@pytest.mark.parametrize("attention", ["full", "zformer", "fastformer"])
+def test_an_encoder_decoder_reads_its_source_mask_once(attention):
+    """The source mask enters the encoder and every decoding step's cross-attention: a training
+    step on a padded batch reads it back once, and decoding steps after the encoder (as generation
+    calls them, encoder outputs given) do not read it again."""
+    from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
+
+    model = model_kinds.model("seq2seq", attention)
+    inputs = model_kinds.batch("seq2seq", rows=3)
+    with _host_reads() as counter:
+        model(**inputs).loss.backward()
+    assert counter.count == 1
+    model.eval()
+    ids, mask = inputs["input_ids"], inputs["attention_mask"]
+    with torch.no_grad():
+        encoder_outputs = model.get_encoder()(input_ids=ids, attention_mask=mask)
+        token, cache = torch.full((3, 1), model.config.decoder_start_token_id), None
+        with _host_reads() as counter:
+            for _ in range(3):
+                output = model(encoder_outputs=encoder_outputs, attention_mask=mask, decoder_input_ids=token,
+                               past_key_values=cache, use_cache=True)
+                token, cache = output.logits[:, -1:].argmax(-1), getattr(output, CACHE_FIELD)
+        assert counter.count == 0
+
+
+def test_a_mask_read_once_is_read_again_once_written():
+    """`drop_full_mask` keeps its answer per mask tensor until the mask is written in place (its
+    version counter); a copy or an inference tensor is read anew."""
+    from hf_zformer.modeling.blocks import drop_full_mask
+
+    mask = torch.ones(2, 4, dtype=torch.long)
+    mask[1, 2:] = 0
+    with _host_reads() as counter:
+        assert drop_full_mask(mask) is mask and drop_full_mask(mask) is mask
+    assert counter.count == 1
+    mask[1, 2:] = 1  # no padding left
+    assert drop_full_mask(mask) is None
+    mask[0, 3] = 0
+    assert drop_full_mask(mask) is mask
+    with torch.inference_mode():
+        frozen = torch.ones(2, 4)
+        with _host_reads() as counter:
+            assert drop_full_mask(frozen) is None and drop_full_mask(frozen) is None
+        assert counter.count == 2
 
 
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)

@@ -10,6 +10,7 @@ import platform
 
 import torch
 from torch import nn
+from torch.utils.weak import WeakTensorKeyDictionary
 
 # ----------------------------------------------------------------------------------------------
 # the backend of the fast forms (ops.py, "Backends"; kept here, where every module can read it)
@@ -120,13 +121,28 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -
     return weights.masked_fill(blocked, 0.0) if may_be_empty else weights
 
 
+# The masks `drop_full_mask` has read, each with its version counter and whether it has padding: a
+# mask that enters several stacks (an encoder-decoder's source mask, in the encoder and in the
+# decoder's cross-attention at every decoding step) is read back once, until it is written in place.
+_READ_MASKS = WeakTensorKeyDictionary()
+
+
 def drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """None when `attention_mask` has no padding (saves masking passes over the sequence). Reading the
     answer waits for the device (a host synchronisation), so models call it once per forward, where a
-    mask enters the stack, never per layer."""
-    if attention_mask is not None and not torch.compiler.is_compiling() and bool(attention_mask.all()):
-        return None
-    return attention_mask
+    mask enters the stack, never per layer, and the answer is kept for the mask tensor itself: the
+    same mask, unchanged, is not read again (inference tensors, which keep no version counter, are)."""
+    if attention_mask is None or torch.compiler.is_compiling():
+        return attention_mask
+    version = None if attention_mask.is_inference() else attention_mask._version
+    known = _READ_MASKS.get(attention_mask) if version is not None else None
+    if known is not None and known[0] == version:
+        padded = known[1]
+    else:
+        padded = not bool(attention_mask.all())
+        if version is not None:
+            _READ_MASKS[attention_mask] = (version, padded)
+    return attention_mask if padded else None
 
 
 def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
