@@ -453,9 +453,11 @@ def test_an_encoder_decoder_reads_its_source_mask_once(attention):
         assert counter.count == 0
 
 
-def test_a_mask_read_once_is_read_again_once_written():
+def test_a_mask_read_once_is_read_again_once_written(monkeypatch):
     """`drop_full_mask` keeps its answer per mask tensor until the mask is written in place (its
-    version counter); a copy or an inference tensor is read anew."""
+    version counter); an inference tensor, or any mask while a CUDA graph is being captured, is read
+    every time."""
+    from hf_zformer.modeling import blocks
     from hf_zformer.modeling.blocks import drop_full_mask
 
     mask = torch.ones(2, 4, dtype=torch.long)
@@ -472,6 +474,10 @@ def test_a_mask_read_once_is_read_again_once_written():
         with _host_reads() as counter:
             assert drop_full_mask(frozen) is None and drop_full_mask(frozen) is None
         assert counter.count == 2
+    monkeypatch.setattr(blocks, "_capturing", lambda tensor: True)
+    with _host_reads() as counter:
+        assert drop_full_mask(mask) is mask and drop_full_mask(mask) is mask
+    assert counter.count == 2
 
 
 @pytest.mark.parametrize("attention_type", ATTENTION_TYPES)

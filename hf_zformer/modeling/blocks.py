@@ -127,14 +127,22 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -
 _READ_MASKS = WeakTensorKeyDictionary()
 
 
+def _capturing(tensor: torch.Tensor) -> bool:
+    """Whether a CUDA graph is being captured on the stream of CUDA tensor `tensor`."""
+    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
+
+
 def drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """None when `attention_mask` has no padding (saves masking passes over the sequence). Reading the
     answer waits for the device (a host synchronisation), so models call it once per forward, where a
     mask enters the stack, never per layer, and the answer is kept for the mask tensor itself: the
-    same mask, unchanged, is not read again (inference tensors, which keep no version counter, are)."""
+    same mask, unchanged, is not read again. Inference tensors, which keep no version counter, are
+    read every time, and so is a mask during CUDA-graph capture: a graph replays whatever its buffer
+    holds later, so an answer kept from before would be baked into it (the read fails the capture
+    instead, as a host synchronisation does)."""
     if attention_mask is None or torch.compiler.is_compiling():
         return attention_mask
-    version = None if attention_mask.is_inference() else attention_mask._version
+    version = None if attention_mask.is_inference() or _capturing(attention_mask) else attention_mask._version
     known = _READ_MASKS.get(attention_mask) if version is not None else None
     if known is not None and known[0] == version:
         padded = known[1]
