@@ -136,10 +136,11 @@ def drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """None when `attention_mask` has no padding (saves masking passes over the sequence). Reading the
     answer waits for the device (a host synchronisation), so models call it once per forward, where a
     mask enters the stack, never per layer, and the answer is kept for the mask tensor itself: the
-    same mask, unchanged, is not read again. Inference tensors, which keep no version counter, are
-    read every time, and so is a mask during CUDA-graph capture: a graph replays whatever its buffer
-    holds later, so an answer kept from before would be baked into it (the read fails the capture
-    instead, as a host synchronisation does)."""
+    same mask, unchanged, is not read again. In-place writes bump its version counter and are seen;
+    writes through `.data` are not, so a mask edited that way must be passed as a new tensor.
+    Inference tensors, which keep no version counter, are read every time, and so is a mask during
+    CUDA-graph capture: a graph replays whatever its buffer holds later, so a kept answer would be
+    baked into it (the read fails the capture instead, as a host synchronisation does)."""
     if attention_mask is None or torch.compiler.is_compiling():
         return attention_mask
     version = None if attention_mask.is_inference() or _capturing(attention_mask) else attention_mask._version
