@@ -77,9 +77,11 @@ from .flops import (
 from .generation import (CausalStepper, LockstepModels, context_ids, greedy_samples, load_causal_lm, memory_status,
                          reset_peak)
 from .harness import (
+    INTERRUPTED,
     TIMING_ENVIRONMENT,
     add_speedups,
     available_memory_bytes,
+    interrupt_on_terminate,
     load_average,
     machine_info,
     measure_matmul_flops,
@@ -114,14 +116,14 @@ from .seq2seq import (SEQ2SEQ_DEFAULT_MODELS, SEQ2SEQ_MODELS, Seq2SeqResult, Seq
 
 __all__ = [
     "BASELINE", "CAUSAL_KINDS", "CAUSAL_MODELS", "CLASSIFICATION_KINDS", "CLASSIFICATION_MODELS", "CSV_FIELDS",
-    "DEFAULT_TYPES", "DTYPES", "GRID_LEVELS", "LEVELS", "MODES", "SEQ2SEQ_DEFAULT_MODELS", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase",
+    "DEFAULT_TYPES", "DTYPES", "GRID_LEVELS", "INTERRUPTED", "LEVELS", "MODES", "SEQ2SEQ_DEFAULT_MODELS", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase",
     "BenchResult",
     "CausalResult", "CausalShape", "CausalStepper", "LockstepModels", "context_ids", "greedy_samples", "load_causal_lm",
     "memory_status", "reset_peak", "ClassificationResult", "ClassificationShape", "Seq2SeqResult", "Seq2SeqShape",
     "add_speedups", "attention_flops", "available_memory_bytes", "build_causal", "build_classifier", "build_module",
     "build_seq2seq", "cache_bytes", "case_flops", "causal_benchmark", "causal_flops", "causal_markdown",
     "classification_benchmark", "classification_flops", "classification_markdown", "classification_plot",
-    "command_line", "dense_flops", "executed_attention_flops", "folded", "layer_flops", "load_average",
+    "command_line", "dense_flops", "executed_attention_flops", "folded", "interrupt_on_terminate", "layer_flops", "load_average",
     "machine_info", "make_config", "markdown_header", "markdown_table", "measure_matmul_flops", "model_flops", "module_flops",
     "paired_ratio_interval", "peak_memory_bytes", "plot", "ratio_plot", "run_cases", "seq2seq_benchmark",
     "seq2seq_flops", "seq2seq_markdown", "seq2seq_plot", "seq2seq_sweep_markdown", "set_flops_fractions", "step_flops", "sweep",

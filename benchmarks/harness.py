@@ -3,10 +3,12 @@ and peak memory of one call, and the side-by-side runs of cases (`run_cases`, `s
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
 import random
+import signal
 import statistics
 import subprocess
 import time
@@ -26,6 +28,25 @@ from .flops import case_flops, set_flops_fractions
 TIMING_ENVIRONMENT = (
     "THP_MEM_ALLOC_ENABLE", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_",
 )
+
+# the note of a case a stopped run did not reach (Ctrl-C, or SIGTERM under `interrupt_on_terminate`)
+INTERRUPTED = "not measured: the run was stopped first"
+
+
+@contextlib.contextmanager
+def interrupt_on_terminate():
+    """Within the block SIGTERM (what `timeout`, job schedulers and process managers send) raises
+    KeyboardInterrupt as Ctrl-C does, so that a run stopped from outside still writes what it
+    measured; Ctrl-C works too where the process started with SIGINT ignored (a background job of a
+    non-interactive shell). The handlers before it come back after the block."""
+    before = {number: signal.getsignal(number) for number in (signal.SIGTERM, signal.SIGINT)}
+    for number in before:
+        signal.signal(number, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        for number, handler in before.items():
+            signal.signal(number, handler)
 
 
 def synchronize(device: torch.device):
@@ -476,31 +497,43 @@ def sweep(
     groups = [(mode, w, h, n) for mode in modes for w in widths for h in heads for n in lengths]
     results, stopped = [], {}
     bar = tqdm(total=len(groups) * len(types), disable=not progress, desc="benchmark", dynamic_ncols=True)
-    for mode, w, h, n in groups:
-        bar.set_postfix_str(f"{mode} n={n} d={w} h={h}")
-        cases, group_results = [], []
-        for t in types:
-            case = BenchCase(level, t, mode, batch, n, w, h, dtype, device, mask, graphs, compiled)
-            if (mode, w, h, t) in stopped:
-                result = BenchResult(**asdict(case))
-                result.status, result.note = "skipped", stopped[(mode, w, h, t)]
-                result.flops, result.executed_flops = case_flops(case)
-                group_results.append(result)
-            else:
-                cases.append(case)
-        group_results += run_cases(cases, warmup, repeats, max_seconds, measure_memory, max_memory_bytes,
-                                   matmul_flops, profile)
-        for result in sorted(group_results, key=lambda r: types.index(r.attention_type)):
-            key = (mode, w, h, result.attention_type)
-            if result.status == "oom":
-                stopped[key] = f"out of memory at n={result.length}"
-            elif result.status == "ok" and result.time_ms / 1e3 > max_seconds and key not in stopped:
-                stopped[key] = f"n={result.length} took {result.time_ms / 1e3:.1f} s > --max_seconds {max_seconds:g}"
-            results.append(result)
-        bar.update(len(types))
+    try:
+        for mode, w, h, n in groups:
+            bar.set_postfix_str(f"{mode} n={n} d={w} h={h}")
+            cases, group_results = [], []
+            for t in types:
+                case = BenchCase(level, t, mode, batch, n, w, h, dtype, device, mask, graphs, compiled)
+                if (mode, w, h, t) in stopped:
+                    group_results.append(_skipped(case, stopped[(mode, w, h, t)]))
+                else:
+                    cases.append(case)
+            group_results += run_cases(cases, warmup, repeats, max_seconds, measure_memory, max_memory_bytes,
+                                       matmul_flops, profile)
+            group_results.sort(key=lambda r: types.index(r.attention_type))
+            for result in group_results:
+                key = (mode, w, h, result.attention_type)
+                if result.status == "oom":
+                    stopped[key] = f"out of memory at n={result.length}"
+                elif result.status == "ok" and result.time_ms / 1e3 > max_seconds and key not in stopped:
+                    stopped[key] = f"n={result.length} took {result.time_ms / 1e3:.1f} s > --max_seconds {max_seconds:g}"
+            results += group_results  # a whole group at once: an interrupted group leaves nothing half-measured
+            bar.update(len(types))
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM (interrupt_on_terminate): keep what was measured
+        measured = len(results) // len(types)
+        for mode, w, h, n in groups[measured:]:
+            results += [_skipped(BenchCase(level, t, mode, batch, n, w, h, dtype, device, mask, graphs, compiled),
+                                 INTERRUPTED) for t in types]
     bar.close()
     add_speedups(results)
     return results
+
+
+def _skipped(case: BenchCase, note: str) -> BenchResult:
+    """A case recorded without a measurement, with why, and its FLOPs."""
+    result = BenchResult(**asdict(case))
+    result.status, result.note = "skipped", note
+    result.flops, result.executed_flops = case_flops(case)
+    return result
 
 
 def add_speedups(results: list[BenchResult]):

@@ -245,33 +245,39 @@ def run_grid(args, device, metadata, max_memory):
     metadata["matmul_start"] = benchmarks.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
     print(f"matmul: {metadata['matmul_start']['flops'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
 
-    results = benchmarks.sweep(
-        types=args.types,
-        lengths=args.lengths,
-        widths=args.widths,
-        heads=args.heads,
-        batch=args.batch,
-        modes=args.modes,
-        level=args.level,
-        device=str(device),
-        dtype=args.dtype,
-        mask=args.mask,
-        warmup=args.warmup,
-        repeats=args.repeats,
-        max_seconds=args.max_seconds,
-        max_memory_bytes=max_memory,
-        measure_memory=not args.no_memory,
-        matmul_flops=metadata["matmul_start"]["flops"],
-        progress=not args.no_progress,
-        profile=args.profile,
-        graphs=args.cuda_graphs,
-        compiled=args.compile or "",
-    )
-    # Measured again at the end; the FLOP/s fractions use the faster of the two (conservative on a
-    # machine shared with other work).
-    metadata["matmul_end"] = benchmarks.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
+    with benchmarks.interrupt_on_terminate():  # stopped from outside, it still writes what it measured
+        results = benchmarks.sweep(
+            types=args.types,
+            lengths=args.lengths,
+            widths=args.widths,
+            heads=args.heads,
+            batch=args.batch,
+            modes=args.modes,
+            level=args.level,
+            device=str(device),
+            dtype=args.dtype,
+            mask=args.mask,
+            warmup=args.warmup,
+            repeats=args.repeats,
+            max_seconds=args.max_seconds,
+            max_memory_bytes=max_memory,
+            measure_memory=not args.no_memory,
+            matmul_flops=metadata["matmul_start"]["flops"],
+            progress=not args.no_progress,
+            profile=args.profile,
+            graphs=args.cuda_graphs,
+            compiled=args.compile or "",
+        )
+    interrupted = any(r.note == benchmarks.INTERRUPTED for r in results)
+    if interrupted:  # the cases not reached are recorded as skipped; no second matmul measurement
+        print("stopped: writing the cases measured so far", file=sys.stderr)
+        metadata["interrupted"] = True
+    else:  # measured again at the end; the FLOP/s fractions use the faster of the two (conservative
+        # on a machine shared with other work)
+        metadata["matmul_end"] = benchmarks.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
     metadata["load_average_end"] = benchmarks.load_average()
-    metadata["matmul"] = max(metadata["matmul_start"], metadata["matmul_end"], key=lambda m: m["flops"])
+    metadata["matmul"] = max(metadata["matmul_start"], metadata.get("matmul_end", metadata["matmul_start"]),
+                             key=lambda m: m["flops"])
     benchmarks.set_flops_fractions(results, metadata["matmul"]["flops"])
     paths = benchmarks.write_reports(results, args.output, metadata, make_plot=False)
     if not args.no_plot:
@@ -281,6 +287,8 @@ def run_grid(args, device, metadata, max_memory):
         folders.record_files([path])
     print(benchmarks.markdown_table(results))
     print("wrote " + ", ".join(os.path.relpath(p) for p in paths.values()), file=sys.stderr)
+    if interrupted:
+        sys.exit(130)  # what a shell reports for a run stopped by Ctrl-C
 
 
 def run_seq2seq(args, device, metadata):

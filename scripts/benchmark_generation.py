@@ -188,10 +188,13 @@ def measure(args):
                     steps[kind].append(seconds)
             else:
                 decoders[kind] = EagerDecoder(model, source, mask, prefix)
-        for _ in tqdm(range(args.max_length), desc="decoding", unit="token"):
-            for kind, decoder in decoders.items():
-                if len(steps[kind]) < args.max_length:
-                    steps[kind].append(timed(decoder.step, synchronize)[0])
+        try:
+            for _ in tqdm(range(args.max_length), desc="decoding", unit="token"):
+                for kind, decoder in decoders.items():
+                    if len(steps[kind]) < args.max_length:
+                        steps[kind].append(timed(decoder.step, synchronize)[0])
+        except KeyboardInterrupt:  # stopped from outside (Ctrl-C, SIGTERM): the steps timed so far count
+            print(f"stopped after {min(map(len, steps.values()))} tokens", file=sys.stderr)
     state_sizes = {kind: decoder.cache.self_attention_numel() for kind, decoder in decoders.items()}
     return steps, state_sizes
 
@@ -220,8 +223,10 @@ def measure_causal(args):
 
 
 def summarize(args, steps):
-    rows = []
-    for length in args.checkpoints:
+    """ms/token at each checkpoint (the median over the `window` steps before it) that every decoder
+    reached: all of them, unless the run was stopped first."""
+    rows, reached = [], min(len(times) for times in steps.values())
+    for length in (length for length in args.checkpoints if length <= reached):
         row = {"length": length}
         for kind, times in steps.items():
             row[kind] = statistics.median(times[length - args.window : length]) * 1000  # ms per step
@@ -328,10 +333,14 @@ def main(argv=None):
         table = causal_markdown(args, rows, memory, samples)
         results = {"models": described, "memory": memory, "samples": samples}
     else:
-        steps, state_sizes = measure(args)
+        with benchmarks.interrupt_on_terminate():  # stopped from outside, it still writes what it timed
+            steps, state_sizes = measure(args)
         rows = summarize(args, steps)
         table = markdown(args, rows, state_sizes)
-        results = {"state_numel": state_sizes}
+        results = {"state_numel": state_sizes, "tokens_timed": min(map(len, steps.values()))}
+        if results["tokens_timed"] < args.max_length:
+            table += (f"\nStopped after {results['tokens_timed']:,} of {args.max_length:,} tokens: "
+                      "the checkpoints after it are not reported.")
     print(table)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -343,6 +352,8 @@ def main(argv=None):
         if not args.model_name_or_path:
             plot(args, rows, args.output.with_suffix(".png"))
         folders.record_files(output_files(args))
+    if results.get("tokens_timed", args.max_length) < args.max_length:
+        sys.exit(130)  # stopped from outside: what a shell reports for Ctrl-C
     return rows
 
 

@@ -2,22 +2,27 @@
 # The GPU check: on a machine with one CUDA GPU and no network, from a checkout of this repository,
 # run the attention benchmark (the Zformer reference's grid, bf16 and fp32, and long inputs; CUDA-graph
 # replays, the GPU's own time, and eager calls, host work included; the attention alone and whole
-# modules with their output projection), the kernel tests on CUDA, the
-# sequence-operation benchmark, the decoding benchmark, compiled modules (their tests and a training
-# grid under torch.compile(mode="reduce-overhead")), the device tests and what each kernel asks of
-# the GPU as this machine's triton compiles it (scripts/compile_kernels.py), and write every result
-# into one folder (archived again after each step, so a run cut short still leaves what it measured).
+# modules with their output projection), the decoding benchmark, the kernel tests on CUDA, the
+# device tests, the sequence-operation benchmark, compiled modules (their tests and a training
+# grid under torch.compile(mode="reduce-overhead")) and what each kernel asks of the GPU as this
+# machine's triton compiles it (scripts/compile_kernels.py), and write every result into one folder
+# (archived again after each step, so a run cut short still leaves what it measured).
 #
-#     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; 8-12 minutes on an H100/H200, up to 10 more for the compiled steps
+#     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; at most 8 minutes
+#     BUDGET=0 bash scripts/gpu_check.sh              # every step to its end: about 25 minutes on an H100/H200
 #
-# Steps run most important first, each under its own time limit. Python packages the machine lacks
+# Steps run most important first, each under its own time limit, within BUDGET seconds for the whole
+# check (default 460; 0 = none): a step gets at most what is left, and once too little is left the
+# remaining steps are listed in summary.txt as not run. A step stopped at its limit keeps what it
+# measured: the benchmarks write the cases and tokens timed so far (the rest recorded as not
+# measured) and pytest reports the tests that ran. Python packages the machine lacks
 # can sit as wheel files in .whl/ (e.g. transformers, fla-core, datasets): they are installed into a
 # private folder, nothing else is touched; `bash scripts/gpu_prepare.sh` gathers them, and the data
 # of the training scripts' throughput steps (gpu_data/), before the machine is reached. HF_ZFORMER_COMMIT names the commit where the checkout has no git
 # history; PYTHON the interpreter (default python3); STEPS="kernel_tests grid_bf16 ..." runs only the
 # steps named; FLA=1 adds flash-linear-attention's causal kernel against ours and its tests (fla
 # tunes itself on the first call of every shape: minutes more); QUICK=1 runs every step at toy
-# sizes (a dry run of the script itself, also on a CPU). DECODE=4096 MARKS=512,4096 sets the decoding
+# sizes (a dry run of the script itself, also on a CPU; no BUDGET unless one is given). DECODE=1024 MARKS=256,512,1024 sets the decoding
 # benchmark's length and reported points; TRAIN_STEPS the training scripts' steps (default 300);
 # KERNEL_TESTS / DEVICE_TESTS a pytest -k expression narrowing those two steps; PREFIXES the decoder
 # prefixes of the long-context decoding steps (default "4096 32768"); ARCHIVE the archive's path
@@ -37,13 +42,30 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 
-step() {  # step NAME SECONDS COMMAND...: run and log it, record its exit status and time, archive
+budget=${BUDGET:-460}
+[ "${QUICK:-0}" = 1 ] && budget=${BUDGET:-0}  # a dry run runs every step to its end unless told otherwise
+left() {  # seconds a step may still take; kept back: up to 10 s for a stopped step to write, then the archive
+    echo $((budget - SECONDS - 20))
+}
+spent() {  # whether too little of the budget is left to start a step
+    [ "$budget" -gt 0 ] && [ "$(left)" -lt 20 ]
+}
+step() {  # step NAME SECONDS COMMAND...: run and log it within the budget, record its exit status and time, archive
     local name=$1 limit=$2 start=$SECONDS
     shift 2
     if [ -n "${STEPS:-}" ] && [[ " $STEPS " != *" $name "* ]]; then return; fi
-    timeout "$limit" "$@" > "$out/$name.log" 2>&1
+    if spent; then
+        printf '%-14s not run: the budget (BUDGET=%ss) is spent\n' "$name" "$budget" | tee -a "$summary"
+        return
+    fi
+    [ "$budget" -gt 0 ] && [ "$(left)" -lt "$limit" ] && limit=$(left)
+    # SIGTERM at the limit: the benchmarks and pytest then write what they measured; killed 10 s later
+    timeout -k 10 "$limit" "$@" > "$out/$name.log" 2>&1
     local status=$?
     printf '%-14s rc=%-3s %4ss\n' "$name" "$status" "$((SECONDS - start))" | tee -a "$summary"
+    pack
+}
+pack() {
     # the archive holds every result but not the training steps' checkpoints (train/), so it stays a
     # few hundred KiB: the one file to fetch where a machine hands back only a few small files
     tar -czf "$archive" --exclude "$(basename "$out")/train" -C "$(dirname "$out")" "$(basename "$out")"
@@ -67,7 +89,7 @@ if [ "${QUICK:-0}" = 1 ]; then
     lengths="64 128"; profiled="64"; compiled_lengths="64"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"; prefixes="64"
 else
     lengths="128 256 512 1024 2048"; profiled="512 2048"; compiled_lengths="512 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
-    repeats=5; decode=${DECODE:-2048}; marks=${MARKS:-512,1024,2048}; prefixes=${PREFIXES:-4096 32768}
+    repeats=5; decode=${DECODE:-1024}; marks=${MARKS:-256,512,1024}; prefixes=${PREFIXES:-4096 32768}
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no_plot --no_progress --no_memory --repeats $repeats"
 types="full zformer zformer_kernels zformer_torch fastformer fastformer_kernels fastformer_torch"
@@ -77,27 +99,9 @@ forms="full zformer fastformer zformer_folded fastformer_folded"
 # CUDA graphs time the GPU's own work (no host overhead): a CUDA device only
 graphs=""; [ "$device" = cuda ] && graphs="--cuda_graphs"
 
-step grid_graphs 240 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
+# the acceptance grid first: forward and training, bf16, every form, CUDA-graph replays
+step grid_graphs 150 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
     --types $forms --output "$out/attention_grid_bf16_graphs"
-# the same grid with whole modules (output projection included, as a model's layer calls them):
-# fastformer's pooled output and the folded forms merge W_o into their own products only there
-step grid_module 240 $bench $graphs --level module --dtype bf16 --batch $batch --widths $width --lengths $lengths \
-    --types $forms --output "$out/module_grid_bf16_graphs"
-# where each whole module's GPU time goes (torch.profiler, self CUDA time per operation and kernel),
-# at a short and a long length of the grid, eager calls
-step profile 120 $bench --level module --dtype bf16 --batch $batch --widths $width --lengths $profiled --types $forms \
-    --profile --output "$out/profile_bf16"
-step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
-    --output "$out/attention_grid_bf16"
-step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider \
-    -k "not fla and not compiled_modules ${KERNEL_TESTS:+and ($KERNEL_TESTS)}" tests/test_kernels.py \
-    tests/test_decoding.py "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
-# fastformer's shipped form against the form without each remedy and other pooling slices
-# (docs/bench/ab/fastformer_gpu.py: outputs checked first, then CUDA-graph replays side by side)
-ab_args="--batch $batch --width $width --lengths $profiled --rounds $((repeats * 4))"
-step ab_fastformer 150 "$python" docs/bench/ab/fastformer_gpu.py $ab_args
-step grid_wide 100 $bench $graphs --dtype bf16 --batch $batch --widths $wide --lengths $lengths \
-    --types $forms --output "$out/attention_grid_wide_bf16_graphs"
 step decoding 150 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
     --max_length $decode --checkpoints $marks --batch_size 8 --output "$out/decoding"
 # ms/token after long contexts: every decoder reads a decoder prefix in one forward first (generating
@@ -106,9 +110,36 @@ for prefix in $prefixes; do
     step "decoding_$prefix" 90 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
         --prefill $prefix --max_length 64 --checkpoints 32,64 --batch_size 8 --output "$out/decoding_prefill_$prefix"
 done
+# the same grid with whole modules (output projection included, as a model's layer calls them):
+# fastformer's pooled output and the folded forms merge W_o into their own products only there
+step grid_module 150 $bench $graphs --level module --dtype bf16 --batch $batch --widths $width --lengths $lengths \
+    --types $forms --output "$out/module_grid_bf16_graphs"
+step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider \
+    -k "not fla and not compiled_modules ${KERNEL_TESTS:+and ($KERNEL_TESTS)}" tests/test_kernels.py \
+    tests/test_decoding.py "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
+step device_tests 120 env HF_ZFORMER_TEST_DEVICE=$device "$python" -m pytest -q -p no:cacheprovider -x ${DEVICE_TESTS:+-k "$DEVICE_TESTS"} tests/test_device.py
+# fastformer's shipped form against the form without each remedy and other pooling slices
+# (docs/bench/ab/fastformer_gpu.py: outputs checked first, then CUDA-graph replays side by side)
+ab_args="--batch $batch --width $width --lengths $profiled --rounds $((repeats * 4))"
+step ab_fastformer 150 "$python" docs/bench/ab/fastformer_gpu.py $ab_args
+# where each whole module's GPU time goes (torch.profiler, self CUDA time per operation and kernel),
+# at a short and a long length of the grid, eager calls
+step profile 120 $bench --level module --dtype bf16 --batch $batch --widths $width --lengths $profiled --types $forms \
+    --profile --output "$out/profile_bf16"
+step grid_bf16 120 $bench --dtype bf16 --batch $batch --widths $width --lengths $lengths --types $types \
+    --output "$out/attention_grid_bf16"
+step grid_fp32 90 $bench $graphs --dtype fp32 --batch $batch --widths $width --lengths $lengths \
+    --types full zformer fastformer --output "$out/attention_grid_fp32_graphs"
+step grid_wide 100 $bench $graphs --dtype bf16 --batch $batch --widths $wide --lengths $lengths \
+    --types $forms --output "$out/attention_grid_wide_bf16_graphs"
+step long_bf16 120 $bench $graphs --dtype bf16 --batch 4 --widths $width --lengths $long \
+    --types $forms --output "$out/attention_long_bf16_graphs"
+step ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
+    --lengths $lengths --repeats $repeats --output "$out/ops" --operations bidirectional pooling causal_pooling
 # the training scripts' throughput (bf16 on the GPU) against full attention: where the data travelled
-# with the checkout into gpu_data/ and `datasets` / `evaluate` import (scripts/gpu_prepare.sh)
-if [ -d gpu_data/imdb ] && [ -d gpu_data/multi30k ] && "$python" -c "import datasets, evaluate" 2> /dev/null; then
+# with the checkout into gpu_data/ and `datasets` / `evaluate` import (scripts/gpu_prepare.sh; with
+# the budget spent each says it was not run, without the imports)
+if [ -d gpu_data/imdb ] && [ -d gpu_data/multi30k ] && { spent || "$python" -c "import datasets, evaluate" 2> /dev/null; }; then
     precision=bf16; [ "$device" = cpu ] && precision=no
     if [ "${QUICK:-0}" = 1 ]; then
         train="--max_train_steps 2 --max_train_samples 64 --max_eval_samples 8"; cls_length=64; batch_size=8; mt_batch=8
@@ -129,12 +160,6 @@ if [ -d gpu_data/imdb ] && [ -d gpu_data/multi30k ] && "$python" -c "import data
 else
     echo "training steps skipped: no gpu_data/ (scripts/gpu_prepare.sh) or no datasets/evaluate" | tee -a "$summary"
 fi
-step ops 90 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
-    --lengths $lengths --repeats $repeats --output "$out/ops" --operations bidirectional pooling causal_pooling
-step grid_fp32 90 $bench $graphs --dtype fp32 --batch $batch --widths $width --lengths $lengths \
-    --types full zformer fastformer --output "$out/attention_grid_fp32_graphs"
-step long_bf16 120 $bench $graphs --dtype bf16 --batch 4 --widths $width --lengths $long \
-    --types $forms --output "$out/attention_long_bf16_graphs"
 if [ "${FLA:-0}" = 1 ]; then
     step fla 240 "$python" scripts/benchmark_kernels.py --device $device --batch $batch --width $width \
         --lengths $lengths --repeats $repeats --output "$out/ops_causal" --operations causal
@@ -147,8 +172,8 @@ step compile_tests 300 "$python" -m pytest -q -p no:cacheprovider -k compiled_mo
 # kernels as operators inside inductor's CUDA graphs (each case compiles for tens of seconds)
 step grid_compiled 300 $bench --compile reduce-overhead --dtype bf16 --batch $batch --widths $width \
     --lengths $compiled_lengths --modes train --types full zformer fastformer --output "$out/attention_grid_bf16_compiled"
-step device_tests 120 env HF_ZFORMER_TEST_DEVICE=$device "$python" -m pytest -q -p no:cacheprovider -x ${DEVICE_TESTS:+-k "$DEVICE_TESTS"} tests/test_device.py
 # what each kernel asks of this GPU as this machine's triton compiles it (registers, spills, shared memory)
-arch=$("$python" -c "import torch; m, n = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(10 * m + n)")
+arch=90; spent || arch=$("$python" -c "import torch; m, n = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(10 * m + n)")
 step kernel_resources 90 "$python" scripts/compile_kernels.py --arch "$arch" --widths 64 128 --json "$out/kernel_resources.json"
+pack
 echo "wrote $out/ and $archive"

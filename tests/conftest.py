@@ -1,4 +1,5 @@
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -13,6 +14,10 @@ if not torch.cuda.is_available() and "triton" not in sys.modules:
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import hf_zformer  # noqa: E402,F401  (registers the Auto classes)
+
+# A run stopped from outside (SIGTERM: `timeout`, a CI runner, the GPU check's step limits) ends as
+# Ctrl-C does: pytest reports the tests that ran and what failed before it exits.
+signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # the benchmark harness (benchmarks/) lives beside the package, in the checkout

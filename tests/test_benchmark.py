@@ -204,6 +204,64 @@ def test_a_failing_case_is_reported_and_the_grid_goes_on(tmp_path, monkeypatch, 
     assert "kernel did not compile" in capsys.readouterr().err  # the traceback is printed
 
 
+def test_a_stopped_grid_writes_what_it_measured(tmp_path, monkeypatch):
+    """SIGTERM mid-grid (`timeout`, the GPU check's step limit; Ctrl-C alike): the groups measured
+    are written, the rest recorded as not measured, and the run exits with 130."""
+    import os
+    import signal
+
+    from benchmarks import harness
+
+    real_run_cases, calls = harness.run_cases, []
+
+    def run_cases(*args, **kwargs):
+        calls.append(1)
+        if len(calls) == 2:  # while the second length is measured
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_run_cases(*args, **kwargs)
+
+    monkeypatch.setattr(harness, "run_cases", run_cases)
+    handler = signal.getsignal(signal.SIGTERM)
+    prefix = tmp_path / "stopped"
+    with pytest.raises(SystemExit) as stopped:
+        load_script().main(TINY + ["--lengths", "16", "32", "64", "--types", "full", "zformer", "--no_plot",
+                                   "--output", str(prefix)])
+    assert stopped.value.code == 130
+    assert signal.getsignal(signal.SIGTERM) is handler  # the handlers before the grid are back
+    record = json.loads(Path(f"{prefix}.json").read_text())
+    assert record["metadata"]["interrupted"] and "matmul_end" not in record["metadata"]
+    rows = {(r["attention_type"], r["length"]): r for r in record["results"]}
+    assert all(rows[(t, 16)]["status"] == "ok" and rows[(t, 16)]["time_ms"] > 0 for t in ("full", "zformer"))
+    for key in [(t, n) for t in ("full", "zformer") for n in (32, 64)]:
+        assert (rows[key]["status"], rows[key]["note"]) == ("skipped", benchmarks.INTERRUPTED)
+    assert benchmarks.INTERRUPTED in Path(f"{prefix}.md").read_text()
+
+
+def test_a_grid_stopped_from_outside_writes_what_it_measured(tmp_path):
+    """The same with a real SIGTERM from another process, as `timeout` sends it, in a process whose
+    SIGTERM handler is the default: the script itself turns it into a stop that writes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    prefix = tmp_path / "grid"
+    lengths = [str(2**k) for k in range(4, 17)]  # far more than is measured before the signal
+    command = [sys.executable, str(SCRIPT), *TINY, "--lengths", *lengths, "--types", "full", "zformer",
+               "--no_plot", "--no_memory", "--output", str(prefix)]
+    with open(tmp_path / "err.log", "w") as err:
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=err)
+        deadline = time.monotonic() + 120
+        while "matmul:" not in (tmp_path / "err.log").read_text() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(2)
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 130, (tmp_path / "err.log").read_text()
+    results = json.loads(Path(f"{prefix}.json").read_text())["results"]
+    assert results[-1]["note"] == benchmarks.INTERRUPTED
+    assert {r["status"] for r in results} <= {"ok", "skipped"}
+
+
 @pytest.mark.parametrize("attention_type,overrides", [
     ("zformer", {}), ("zformer", {"zformer_feature_map": "hedgehog"}), ("fastformer", {}),
     ("fastformer", {"fastformer_share_qv": True}), ("full", {}),

@@ -45,6 +45,35 @@ def test_generation_benchmark_times_steps_after_a_decoder_prefix(tmp_path):
     assert "40-token decoder prefix" in record["markdown"]
 
 
+def test_a_stopped_decoding_run_reports_the_checkpoints_it_reached(tmp_path):
+    """SIGTERM (the GPU check's step limit) mid-run: the checkpoints every decoder reached are
+    reported and written, the table says where it stopped, and the run exits with 130."""
+    import os
+    import signal
+
+    script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
+    namespace = script["main"].__globals__  # the functions' own globals (run_path returns a copy)
+    real_timed, calls = namespace["timed"], []
+
+    def timed(action, synchronize):
+        calls.append(1)
+        if len(calls) == 3 * 20:  # the 20th token of the third decoder
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_timed(action, synchronize)
+
+    namespace["timed"] = timed
+    output = tmp_path / "gen"
+    with pytest.raises(SystemExit) as stopped:
+        script["main"](["--max_length", "32", "--checkpoints", "8,16,32", "--window", "4", "--layers", "1",
+                        "--hidden_size", "32", "--heads", "4", "--batch_size", "2", "--vocab_size", "50",
+                        "--output", str(output)])
+    assert stopped.value.code == 130
+    record = json.loads(output.with_suffix(".json").read_text())
+    assert [row["length"] for row in record["rows"]] == [8, 16]
+    assert record["tokens_timed"] == 19  # the third decoder's 20th step was cut short
+    assert "Stopped after 19 of 32 tokens" in record["markdown"]
+
+
 def test_generation_benchmark_rejects_bad_checkpoints():
     script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
     with pytest.raises(SystemExit, match="--checkpoints"):

@@ -909,7 +909,7 @@ def test_gpu_check_dry_run_on_a_cpu(tmp_path):
     step holds their reports, with the folded-form column the bf16 grid needs."""
     import tarfile
 
-    steps = ["environment", "grid_graphs", "grid_module", "profile", "grid_bf16", "ab_fastformer", "grid_fp32", "compile_tests",
+    steps = ["environment", "grid_graphs", "grid_module", "ab_fastformer", "profile", "grid_bf16", "grid_fp32", "compile_tests",
              "grid_compiled", "kernel_resources"]
     archive = tmp_path / "check.tar.gz"
     env = dict(os.environ, QUICK="1", STEPS=" ".join(steps), PYTHON=sys.executable, ARCHIVE=str(archive))
@@ -928,3 +928,38 @@ def test_gpu_check_dry_run_on_a_cpu(tmp_path):
     assert {"zformer_folded", "fastformer_folded"} <= {row["attention_type"] for row in grid["results"]}
     assert all(row["status"] == "ok" for row in grid["results"] + modules["results"])
     assert {row["level"] for row in modules["results"]} == {"module"}
+
+
+def _gpu_check_within(budget, tmp_path):
+    """The GPU check (QUICK=1, on this CPU) under BUDGET=`budget`: (seconds it took, its step records)."""
+    import time
+
+    env = dict(os.environ, QUICK="1", BUDGET=str(budget), PYTHON=sys.executable, ARCHIVE=str(tmp_path / "check.tar.gz"))
+    start = time.monotonic()
+    subprocess.run(["bash", str(SCRIPTS / "gpu_check.sh"), str(tmp_path / "check")], env=env, check=True,
+                   cwd=REPO_ROOT, capture_output=True, timeout=budget + 120)
+    lines = (tmp_path / "check" / "summary.txt").read_text().splitlines()
+    return time.monotonic() - start, [line for line in lines if " rc=" in line or " not run: " in line]
+
+
+def test_gpu_check_with_its_budget_spent_names_every_step_it_did_not_run(tmp_path):
+    """Too little budget to start a step: each is listed as not run, in the order it would have run
+    (the acceptance grid and decoding first), and the archive still holds the summary."""
+    import tarfile
+
+    seconds, records = _gpu_check_within(25, tmp_path)
+    assert all(line.endswith("not run: the budget (BUDGET=25s) is spent") for line in records), records
+    assert [line.split()[0] for line in records[:4]] == ["environment", "grid_graphs", "decoding", "decoding_64"]
+    assert {"kernel_tests", "device_tests", "grid_compiled", "kernel_resources"} <= {line.split()[0] for line in records}
+    with tarfile.open(tmp_path / "check.tar.gz") as packed:
+        assert "check/summary.txt" in packed.getnames()
+
+
+@pytest.mark.slow
+def test_gpu_check_ends_within_its_budget(tmp_path):
+    """A step gets at most what is left of BUDGET and is stopped there; the steps after it are not
+    run: the whole check ends within its budget."""
+    seconds, records = _gpu_check_within(60, tmp_path)
+    assert seconds < 60 + 5, seconds
+    assert records[0].startswith("environment    rc=0"), records
+    assert any(" not run: " in line for line in records), records
