@@ -87,11 +87,12 @@ except ImportError as error: print('fla missing:', error)
 
 if [ "${QUICK:-0}" = 1 ]; then
     lengths="64 128"; profiled="64"; compiled_lengths="64"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"; prefixes="64"
+    matmul="--matmul_size 512"  # the machine's matmul rate from a small product (a CPU's bf16 product of 4,096 takes long)
 else
     lengths="128 256 512 1024 2048"; profiled="512 2048"; compiled_lengths="512 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
-    repeats=5; decode=${DECODE:-1024}; marks=${MARKS:-256,512,1024}; prefixes=${PREFIXES:-4096 32768}
+    repeats=5; matmul=""; decode=${DECODE:-1024}; marks=${MARKS:-256,512,1024}; prefixes=${PREFIXES:-4096 32768}
 fi
-bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no_plot --no_progress --no_memory --repeats $repeats"
+bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no_plot --no_progress --no_memory --repeats $repeats $matmul"
 types="full zformer zformer_kernels zformer_torch fastformer fastformer_kernels fastformer_torch"
 # the default forms (kernels on CUDA under autocast; folded in fp32), and the folded forms under
 # autocast too (the default on CPUs; on CUDA where these grids show them faster)
