@@ -4,12 +4,12 @@ source (hidden states, classification and MLM logits) to 1e-5 in fp32, padded ba
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import warm_scripts
 from transformers import (
     AutoModel,
     AutoModelForSequenceClassification,
@@ -349,8 +349,7 @@ def test_existing_output_dir_is_kept_unless_overwrite(tmp_path):
 def _run_converter(*args):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ACCELERATE_", "WORLD_SIZE", "RANK"))}
     env.update(HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-    return subprocess.run([sys.executable, *map(str, args)], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                          timeout=600)
+    return warm_scripts.run_python([sys.executable, *args], cwd=REPO_ROOT, env=env)
 
 
 def test_script_writes_folder_that_loads_in_clean_process(tmp_path):

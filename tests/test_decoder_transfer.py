@@ -4,11 +4,11 @@ scripts/linearize_decoder.py end to end on a tiny random Llama with a word-level
 import gzip
 import json
 import math
-import subprocess
 import sys
 
 import pytest
 import torch
+import warm_scripts
 from conftest import REPO_ROOT
 from transformers import AutoModelForCausalLM
 from test_llama_decoder import tiny_llama
@@ -133,7 +133,7 @@ def test_linearize_script_end_to_end_and_resume(tmp_path):
                "--finetune_steps", "4", "--finetune_method", method, "--distill_weight", "0.5",
                "--eval_block_size", "32", "--eval_blocks", "3", "--log_every", "2", "--checkpoint_every", "2",
                "--output_dir", str(tmp_path / "run")]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    result = warm_scripts.run_python(command, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "attention transfer step 4/4 error" in result.stdout
     assert "fine-tuning step 4/4 loss" in result.stdout and "distillation" in result.stdout
@@ -158,19 +158,19 @@ def test_linearize_script_end_to_end_and_resume(tmp_path):
     assert (tmp_path / "run" / "transferred" / "config.json").exists()
     assert set(results["greedy_samples"]["This movie was"]) == set(results["perplexity"])
     # started again: resumes from the checkpoints (nothing left to train) and keeps the numbers
-    again = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    again = warm_scripts.run_python(command, timeout=300)
     assert again.returncode == 0, again.stderr
     assert "attention transfer: resumed from" in again.stdout and "fine-tuning: resumed from" in again.stdout
     assert "at step 4" in again.stdout
     assert json.loads((tmp_path / "run" / "results.json").read_text())["perplexity"] == results["perplexity"]
     changed = [part if part != "4" else "5" for part in command]  # --steps 5: another run
-    refused = subprocess.run(changed, capture_output=True, text=True, timeout=300)
+    refused = warm_scripts.run_python(changed, timeout=300)
     assert refused.returncode != 0 and "holds a run with other arguments" in refused.stderr
     # stage 2 alone from the transferred model of that run, the source not scored again
     alone = [part if part != str(tmp_path / "run") else str(tmp_path / "stage2") for part in command]
     alone[alone.index("--steps") + 1] = "0"
     alone += ["--init_model", str(tmp_path / "run" / "transferred"), "--skip_scores", "source"]
-    result = subprocess.run(alone, capture_output=True, text=True, timeout=300)
+    result = warm_scripts.run_python(alone, timeout=300)
     assert result.returncode == 0, result.stderr
     second = json.loads((tmp_path / "stage2" / "results.json").read_text())
     assert set(second["perplexity"]) == {"init_model", "finetuned"}
@@ -181,7 +181,7 @@ def test_linearize_script_end_to_end_and_resume(tmp_path):
     users.mkdir()
     (users / "todo.txt").write_text("mine")
     foreign = [part if part != str(tmp_path / "run") else str(users) for part in command]
-    refused = subprocess.run(foreign, capture_output=True, text=True, timeout=300)
+    refused = warm_scripts.run_python(foreign, timeout=300)
     assert refused.returncode != 0 and "did not write" in refused.stderr
     assert sorted(p.name for p in users.iterdir()) == ["todo.txt"]
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_scripts
 from test_convert import _bert_tokenizer, make_source
 from test_scripts import TINY_CLF, load_script, run_script, run_script_failing, tiny_data  # noqa: F401  (fixture)
 
@@ -126,14 +127,13 @@ def tree(root):
 
 
 def run_in(cwd, name, *args, env=None):
-    """scripts/<name> run from ``cwd`` (the scripts' own helper runs from the repository root)."""
-    import subprocess
-    import sys
-
+    """scripts/<name> run from ``cwd`` (the scripts' own helper runs from the repository root), in a
+    process of its own (tests/warm_scripts.py); stdout and stderr as text."""
     script = Path(__file__).resolve().parents[1] / "scripts" / name
-    return subprocess.run([sys.executable, str(script), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})},
-                          timeout=600)
+    base = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    result = warm_scripts.run(script, args, cwd, {**base, **(env or {})}, base, timeout=600)
+    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
+    return result
 
 
 USER_FOLDERS = {".tmp-cache/a.bin": "cache", ".old-notes/n.txt": "old notes", "notes/n.txt": "notes",

@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import warm_scripts
 from conftest import REPO_ROOT, SHARED_DATA, run_isolated
 
 SCRIPTS = REPO_ROOT / "scripts"
@@ -31,14 +32,14 @@ def _env():
 
 
 def _run_script(name, args, launcher=(), timeout=600, prelude=None, env=None):
-    script = str(SCRIPTS / name)
-    if prelude is not None:
-        code = prelude + f"\nimport runpy, sys\nsys.argv = {[script, *map(str, args)]!r}\nrunpy.run_path({script!r}, run_name='__main__')\n"
-        command = [sys.executable, "-c", code]
+    """scripts/<name> in a process of its own: under `launcher`, or forked from a warm interpreter
+    (tests/warm_scripts.py: the imports paid once, not per run)."""
+    script = SCRIPTS / name
+    if launcher:
+        result = subprocess.run([*launcher, str(script), *map(str, args)], cwd=REPO_ROOT, env={**_env(), **(env or {})},
+                                capture_output=True, timeout=timeout)
     else:
-        command = [*launcher, script, *map(str, args)] if launcher else [sys.executable, script, *map(str, args)]
-    result = subprocess.run(command, cwd=REPO_ROOT, env={**_env(), **(env or {})}, capture_output=True,
-                            timeout=timeout)
+        result = warm_scripts.run(script, args, REPO_ROOT, {**_env(), **(env or {})}, _env(), timeout, prelude)
     # decoded by hand: text=True would turn carriage returns (progress-bar redraws) into newlines
     result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
     return result
