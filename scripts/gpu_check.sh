@@ -101,7 +101,7 @@ forms="full zformer fastformer zformer_folded fastformer_folded"
 graphs=""; [ "$device" = cuda ] && graphs="--cuda_graphs"
 
 # the acceptance grid first: forward and training, bf16, every form, CUDA-graph replays
-step grid_graphs 150 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
+step grid_graphs 240 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
     --types $forms --output "$out/attention_grid_bf16_graphs"
 step decoding 150 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
     --max_length $decode --checkpoints $marks --batch_size 8 --output "$out/decoding"
@@ -113,7 +113,7 @@ for prefix in $prefixes; do
 done
 # the same grid with whole modules (output projection included, as a model's layer calls them):
 # fastformer's pooled output and the folded forms merge W_o into their own products only there
-step grid_module 150 $bench $graphs --level module --dtype bf16 --batch $batch --widths $width --lengths $lengths \
+step grid_module 240 $bench $graphs --level module --dtype bf16 --batch $batch --widths $width --lengths $lengths \
     --types $forms --output "$out/module_grid_bf16_graphs"
 step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider \
     -k "not fla and not compiled_modules ${KERNEL_TESTS:+and ($KERNEL_TESTS)}" tests/test_kernels.py \
