@@ -69,17 +69,12 @@ def test_folder_guard_never_replaces_the_current_home_root_or_foreign_folders(tm
 @pytest.mark.parametrize("output_dir", ["", "."])
 def test_converter_never_deletes_the_current_directory(tmp_path, output_dir):
     """What an unset "$OUT" gives, run from a folder holding the user's files."""
-    import subprocess
-    import sys
-
     source, _ = make_source(tmp_path, "bert", "classification")
     work = tmp_path / "work"
     work.mkdir()
     (work / "keep.txt").write_text("user data")
-    script = Path(__file__).resolve().parents[1] / "scripts" / "convert_checkpoint.py"
-    result = subprocess.run([sys.executable, str(script), "--model_name_or_path", str(source), "--attention_type",
-                             "zformer", "--output_dir", output_dir, "--overwrite"], cwd=work, capture_output=True,
-                            text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, timeout=300)
+    result = run_in(work, "convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer",
+                    "--output_dir", output_dir, "--overwrite")
     assert result.returncode == 2 and "--output_dir" in result.stderr, result.stderr[-3000:]
     assert (work / "keep.txt").read_text() == "user data" and sorted(p.name for p in work.iterdir()) == ["keep.txt"]
 

@@ -15,6 +15,7 @@ PROBE = textwrap.dedent("""
     print("cwd", os.getcwd())
     print("argv", sys.argv[1:])
     print("warm", "transformers" in sys.modules)
+    print("parent", os.getppid())
     print("precision", os.environ.get("ACCELERATE_MIXED_PRECISION"))
     print("to stderr", file=sys.stderr)
     if sys.argv[1] == "raise":
@@ -49,6 +50,19 @@ def test_a_forked_run_has_its_own_status_streams_directory_and_runtime_environme
     assert result.stderr.decode() == "to stderr\n"
     assert run(probe, "0").returncode == 0
     assert "precision None" in run(probe, "0").stdout.decode()  # nothing carried over from the run before
+
+
+def test_the_runs_of_every_test_share_one_warm_interpreter(probe, monkeypatch):
+    """pytest names the running test in the environment: that alone must not start another server
+    (each holds its imports), and no more than MAX_SERVERS are kept."""
+    def parent(result):
+        return next(line for line in result.stdout.decode().splitlines() if line.startswith("parent"))
+
+    first = run(probe, "0")
+    monkeypatch.setenv("PYTEST_CURRENT_TEST", "tests/other.py::test_other (call)")
+    second = run(probe, "0")
+    assert "warm True" in second.stdout.decode() and parent(second) == parent(first)
+    assert len(warm_scripts._servers) <= warm_scripts.MAX_SERVERS
 
 
 def test_failures_exit_as_the_interpreter_would(probe):

@@ -24,8 +24,10 @@ import time
 from pathlib import Path
 
 SERVER = Path(__file__).resolve().with_name("script_server.py")
-# variables the libraries read when used, not when imported: a run may set them in a forked process
-RUNTIME_ENV = frozenset({"ACCELERATE_MIXED_PRECISION"})
+# variables no library reads when imported (pytest's name of the running test among them): a run
+# may differ in them from the warm interpreter's environment and still be forked from it
+RUNTIME_ENV = frozenset({"ACCELERATE_MIXED_PRECISION", "PYTEST_CURRENT_TEST"})
+MAX_SERVERS = 2  # warm interpreters kept at once (each holds its imports: some hundred MB)
 
 
 class ScriptServer:
@@ -76,7 +78,7 @@ class ScriptServer:
             return subprocess.CompletedProcess(request["argv"], done["returncode"], out.read_bytes(), err.read_bytes())
 
 
-_servers: dict[tuple, ScriptServer] = {}
+_servers: dict[tuple, ScriptServer] = {}  # by the environment that matters at import; the oldest first
 
 
 def fresh_env(env: dict, base_env: dict) -> bool:
@@ -95,10 +97,13 @@ def run(script, argv, cwd, env: dict, base_env: dict, timeout: float, prelude: s
             code = [sys.executable, "-c", prelude + f"\nimport runpy, sys\nsys.argv = {[str(script), *map(str, argv)]!r}\n"
                     f"runpy.run_path({str(script)!r}, run_name='__main__')\n"]
         return subprocess.run(code, cwd=cwd, env=env, capture_output=True, timeout=timeout)
-    key = tuple(sorted(base_env.items()))
-    server = _servers.get(key)
+    key = tuple(sorted((k, v) for k, v in base_env.items() if k not in RUNTIME_ENV))
+    server = _servers.pop(key, None)
     if server is None or not server.alive():
-        server = _servers[key] = ScriptServer(base_env)
+        while len(_servers) >= MAX_SERVERS:
+            _servers.pop(next(iter(_servers))).close()
+        server = ScriptServer(base_env)
+    _servers[key] = server  # now the newest
     return server.run(script, argv, cwd, env, timeout, prelude)
 
 
