@@ -6,6 +6,7 @@ Refusals come before any work, exit with code 2 and name the bad value."""
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -125,10 +126,8 @@ def run_in(cwd, name, *args, env=None):
     """scripts/<name> run from ``cwd`` (the scripts' own helper runs from the repository root), in a
     process of its own (tests/warm_scripts.py); stdout and stderr as text."""
     script = Path(__file__).resolve().parents[1] / "scripts" / name
-    base = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    result = warm_scripts.run(script, args, cwd, {**base, **(env or {})}, base, timeout=600)
-    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
-    return result
+    return warm_scripts.run_python([sys.executable, script, *args], cwd=cwd,
+                                   env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})})
 
 
 USER_FOLDERS = {".tmp-cache/a.bin": "cache", ".old-notes/n.txt": "old notes", "notes/n.txt": "notes",
