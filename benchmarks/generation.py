@@ -110,7 +110,16 @@ def _memory(stepper: CausalStepper, baseline: int, peak_tracked: bool, seen_peak
 
 
 def _worker(path: str, gguf_file: str | None, threads: int | None, connection) -> None:
-    """One model's process: answers the parent's commands ("samples", "start", "step", "memory", "stop")."""
+    """One model's process: answers the parent's commands ("samples", "start", "step", "memory", "stop").
+    Ctrl-C (which a terminal sends to every process of the run) and a closed pipe (the parent gone)
+    end it quietly: the parent reports what was timed."""
+    try:
+        _serve(path, gguf_file, threads, connection)
+    except (KeyboardInterrupt, EOFError, BrokenPipeError):
+        pass
+
+
+def _serve(path: str, gguf_file: str | None, threads: int | None, connection) -> None:
     if threads:
         torch.set_num_threads(threads)
     model, tokenizer = load_causal_lm(path, gguf_file)

@@ -194,7 +194,7 @@ def measure(args):
                     if len(steps[kind]) < args.max_length:
                         steps[kind].append(timed(decoder.step, synchronize)[0])
         except KeyboardInterrupt:  # stopped from outside (Ctrl-C, SIGTERM): the steps timed so far count
-            print(f"stopped after {min(map(len, steps.values()))} tokens", file=sys.stderr)
+            print(f"stopped after {tokens_timed(steps)} tokens", file=sys.stderr)
     state_sizes = {kind: decoder.cache.self_attention_numel() for kind, decoder in decoders.items()}
     return steps, state_sizes
 
@@ -213,19 +213,29 @@ def measure_causal(args):
                     samples.setdefault(prompt, {})[name] = text
         for name, length in zip(names, models.ask_all("start", args.prompt, args.prefill)):
             described[name]["prompt_tokens"] = length
-        for t in tqdm(range(1, args.max_length + 1), desc="decoding", unit="token"):
-            for name, seconds in zip(names, models.step_all()):
-                steps[name].append(seconds)
-            if t in checkpoints:
-                for name, state in zip(names, models.ask_all("memory")):
-                    memory[name][t] = state
+        try:
+            for t in tqdm(range(1, args.max_length + 1), desc="decoding", unit="token"):
+                for name, seconds in zip(names, models.step_all()):
+                    steps[name].append(seconds)
+                if t in checkpoints:
+                    for name, state in zip(names, models.ask_all("memory")):
+                        memory[name][t] = state
+        except KeyboardInterrupt:  # stopped from outside: the steps and checkpoints every model reached count
+            print(f"stopped after {tokens_timed(steps)} tokens", file=sys.stderr)
+            reached = set.intersection(*(set(states) for states in memory.values()))
+            memory = {name: {t: states[t] for t in sorted(reached)} for name, states in memory.items()}
     return steps, memory, described, samples
+
+
+def tokens_timed(steps) -> int:
+    """The tokens every decoder was timed on: all of them, unless the run was stopped first."""
+    return min(map(len, steps.values()))
 
 
 def summarize(args, steps):
     """ms/token at each checkpoint (the median over the `window` steps before it) that every decoder
     reached: all of them, unless the run was stopped first."""
-    rows, reached = [], min(len(times) for times in steps.values())
+    rows, reached = [], tokens_timed(steps)
     for length in (length for length in args.checkpoints if length <= reached):
         row = {"length": length}
         for kind, times in steps.items():
@@ -264,7 +274,7 @@ def markdown(args, rows, state_sizes):
 def causal_markdown(args, rows, memory, samples):
     """The ratio table (the first model the baseline), then memory per model and checkpoint (MiB), then
     the greedy samples side by side."""
-    lengths, mib = args.checkpoints, 2.0**20
+    lengths, mib = [n for n in args.checkpoints if all(n in memory[name] for name in args.decoders)], 2.0**20
     lines = ratio_table(args, rows, args.decoders[0]) + ["", "Memory (MiB) after each generated length: bytes held "
                                                          "by the cache object / peak RSS growth of the model's process "
                                                          "since its first token.", ""]
@@ -327,20 +337,20 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     machine = benchmarks.machine_info(torch.device(args.device))  # load average at the start
-    if args.model_name_or_path:
-        steps, memory, described, samples = measure_causal(args)
-        rows = summarize(args, steps)
-        table = causal_markdown(args, rows, memory, samples)
-        results = {"models": described, "memory": memory, "samples": samples}
-    else:
-        with benchmarks.interrupt_on_terminate():  # stopped from outside, it still writes what it timed
+    with benchmarks.interrupt_on_terminate():  # stopped from outside, it still writes what it timed
+        if args.model_name_or_path:
+            steps, memory, described, samples = measure_causal(args)
+        else:
             steps, state_sizes = measure(args)
-        rows = summarize(args, steps)
+    rows, timed = summarize(args, steps), tokens_timed(steps)
+    if args.model_name_or_path:
+        table = causal_markdown(args, rows, memory, samples)
+        results = {"models": described, "memory": memory, "samples": samples, "tokens_timed": timed}
+    else:
         table = markdown(args, rows, state_sizes)
-        results = {"state_numel": state_sizes, "tokens_timed": min(map(len, steps.values()))}
-        if results["tokens_timed"] < args.max_length:
-            table += (f"\nStopped after {results['tokens_timed']:,} of {args.max_length:,} tokens: "
-                      "the checkpoints after it are not reported.")
+        results = {"state_numel": state_sizes, "tokens_timed": timed}
+    if timed < args.max_length:
+        table += f"\nStopped after {timed:,} of {args.max_length:,} tokens: the checkpoints after it are not reported."
     print(table)
     if args.output:
         args.output.parent.mkdir(parents=True, exist_ok=True)
@@ -352,7 +362,7 @@ def main(argv=None):
         if not args.model_name_or_path:
             plot(args, rows, args.output.with_suffix(".png"))
         folders.record_files(output_files(args))
-    if results.get("tokens_timed", args.max_length) < args.max_length:
+    if timed < args.max_length:
         sys.exit(130)  # stopped from outside: what a shell reports for Ctrl-C
     return rows
 

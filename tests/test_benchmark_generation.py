@@ -136,6 +136,46 @@ def test_pretrained_causal_lms_step_in_lockstep_with_memory_and_samples(tmp_path
     assert [r["settings"]["max_length"] for r in records] == [24, 4] and records[1]["settings"]["append"]
 
 
+def test_a_stopped_causal_run_reports_what_every_model_reached(tmp_path, monkeypatch):
+    """Stopped from outside as `timeout` or Ctrl-C stop a process group (each model's process gets the
+    signal too, one SIGTERM, the other SIGINT): the checkpoints every model reached are reported with
+    their memory, the table says where it stopped, and the run exits with 130."""
+    import os
+    import signal
+
+    from test_decoder_transfer import _word_tokenizer
+    from test_llama_decoder import tiny_llama
+
+    import benchmarks
+
+    tiny_llama().save_pretrained(tmp_path / "llama")
+    _word_tokenizer().save_pretrained(tmp_path / "llama")
+    real_step_all, calls = benchmarks.LockstepModels.step_all, []
+
+    def step_all(models):
+        calls.append(1)
+        if len(calls) == 10:  # before the 10th token: the group's signal reaches every process
+            for process, number in zip(models.processes, (signal.SIGTERM, signal.SIGINT)):
+                os.kill(process.pid, number)
+                process.join(timeout=30)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_step_all(models)
+
+    monkeypatch.setattr(benchmarks.LockstepModels, "step_all", step_all)
+    script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
+    output = tmp_path / "causal"
+    with pytest.raises(SystemExit) as stopped:
+        script["main"](["--model_name_or_path", str(tmp_path / "llama"), str(tmp_path / "llama"), "--names", "a,b",
+                        "--prompt", "w5 w6", "--max_length", "16", "--checkpoints", "4,8,16", "--window", "2",
+                        "--threads", "1", "--output", str(output)])
+    assert stopped.value.code == 130
+    record = json.loads(output.with_suffix(".json").read_text())
+    assert [row["length"] for row in record["rows"]] == [4, 8] and record["tokens_timed"] == 9
+    assert {name: sorted(states) for name, states in record["memory"].items()} == {"a": ["4", "8"], "b": ["4", "8"]}
+    assert "Stopped after 9 of 16 tokens" in record["markdown"] and "| 8 tokens |" in record["markdown"]
+    assert "| 16 tokens" not in record["markdown"]
+
+
 def test_pretrained_causal_lms_need_one_name_each():
     script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
     with pytest.raises(SystemExit):
