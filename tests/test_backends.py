@@ -51,3 +51,21 @@ def test_use_kernel_backend_restores_the_choice_and_refuses_unknown_names():
     with pytest.raises(ValueError, match="'fast'.*auto, torch, triton"):
         ops.set_kernel_backend("fast")
     assert ops.kernel_backend() == before
+
+
+def test_an_interpreter_too_old_for_the_kernels_is_named(monkeypatch):
+    """Under TRITON_INTERPRET=1 with a triton older than 3.7 (whose interpreter stops at the kernels'
+    loop bounds): `triton` refuses, naming the version and the remedy; `auto` takes the torch form."""
+    from types import SimpleNamespace
+
+    monkeypatch.setattr(ops, "TRITON_AVAILABLE", True)
+    monkeypatch.setattr(ops, "TRITON_INTERPRETED", True)
+    monkeypatch.setattr(ops, "TRITON_RUNNABLE", False)
+    monkeypatch.setattr(ops, "TRITON_VERSION", (3, 6))
+    tensor = torch.zeros(2, 4, 8)
+    with ops.use_kernel_backend("triton"):
+        with pytest.raises(RuntimeError, match=r"triton 3\.6's interpreter .*cannot run the kernels.*triton>=3\.7"):
+            ops._kernel_applies("linear_attention", tensor)
+    on_cuda = SimpleNamespace(device=SimpleNamespace(type="cuda"), dtype=torch.float32, shape=(2, 4, 8))
+    with ops.use_kernel_backend("auto"):
+        assert ops._kernel_applies("linear_attention", on_cuda) is False

@@ -66,6 +66,8 @@ from .blocks import (  # noqa: F401  (the backend's controls are this module's p
 )
 from .triton_ops import AVAILABLE as TRITON_AVAILABLE
 from .triton_ops import INTERPRETED as TRITON_INTERPRETED
+from .triton_ops import RUNNABLE as TRITON_RUNNABLE
+from .triton_ops import VERSION as TRITON_VERSION
 from .triton_ops import FLOOR as KERNEL_FLOOR
 from .triton_ops import (
     direction_pool_kernel,
@@ -125,6 +127,13 @@ def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_w
     if device != "cuda" and not TRITON_INTERPRETED:
         raise RuntimeError(f"HF_ZFORMER_KERNELS=triton on a {device} tensor: the kernels need CUDA, or "
                            "TRITON_INTERPRET=1 set before the first import to run them on the CPU")
+    if not TRITON_RUNNABLE:
+        version = ".".join(map(str, TRITON_VERSION))
+        reason = f"triton {version}'s interpreter (TRITON_INTERPRET=1) cannot run the kernels"
+        if backend == "triton":
+            raise RuntimeError(f"HF_ZFORMER_KERNELS=triton: {reason}; from triton 3.7 on it can "
+                               "(pip install 'triton>=3.7')")
+        return _torch_form(reason)
     # fp16: the pooling's fp32 result only; attention outputs written in fp16 overflow where the
     # sums over long sequences are large (bf16 has fp32's range)
     dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if operation == "direction_pool" else ())

@@ -32,8 +32,8 @@ CUDA graphs launch the same kernels as eager calls.
 
 The functions here do no dispatch: `ops.py` decides when they run. This file ships to the Hugging
 Face Hub with every checkpoint and imports where triton is not installed (`AVAILABLE` is then False
-and nothing here may be called); with `TRITON_INTERPRET=1` the kernels run on the CPU, which is how
-the tests check them without a GPU.
+and nothing here may be called); with `TRITON_INTERPRET=1` the kernels run on the CPU (triton 3.7 or
+later: `RUNNABLE`), which is how the tests check them without a GPU.
 """
 
 import os
@@ -57,6 +57,12 @@ FLOOR = -1.0e38
 # The Triton interpreter multiplies 16-bit tiles wrongly (numpy has no bf16 product): it takes the
 # fp32 product of the same tiles, as fp32 inputs do anyway.
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+# triton's interpreter before 3.7 stops at a loop bound computed inside a kernel (it asks an integer
+# of a one-element array), and every sequence loop here has one: interpreted, the kernels need 3.7.
+INTERPRETER_MINIMUM = (3, 7)
+VERSION = tuple(int(part) for part in re.findall(r"\d+", triton.__version__)[:2]) if AVAILABLE else None
+RUNNABLE = AVAILABLE and not (INTERPRETED and VERSION < INTERPRETER_MINIMUM)
 
 if AVAILABLE:
     # the running maximum of an online softmax before any real score (finite: no NaN); a constexpr,
