@@ -338,10 +338,15 @@ def main(argv=None):
         torch.set_num_threads(args.threads)
     machine = benchmarks.machine_info(torch.device(args.device))  # load average at the start
     with benchmarks.interrupt_on_terminate():  # stopped from outside, it still writes what it timed
-        if args.model_name_or_path:
-            steps, memory, described, samples = measure_causal(args)
-        else:
-            steps, state_sizes = measure(args)
+        try:
+            if args.model_name_or_path:
+                steps, memory, described, samples = measure_causal(args)
+            else:
+                steps, state_sizes = measure(args)
+        except KeyboardInterrupt:  # the decoding loops keep what they timed; this is a stop outside them
+            print("stopped outside the decoding loop (loading the models, the samples, the prompt or closing "
+                  "the model processes): nothing written", file=sys.stderr)
+            sys.exit(130)
     rows, timed = summarize(args, steps), tokens_timed(steps)
     if args.model_name_or_path:
         table = causal_markdown(args, rows, memory, samples)

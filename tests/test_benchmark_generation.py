@@ -74,6 +74,29 @@ def test_a_stopped_decoding_run_reports_the_checkpoints_it_reached(tmp_path):
     assert "Stopped after 19 of 32 tokens" in record["markdown"]
 
 
+def test_a_run_stopped_before_decoding_exits_130_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    """SIGTERM while the pretrained models load (or their samples run): no token was timed, so the
+    run says so in one line, writes no record and exits with 130, without a traceback."""
+    import os
+    import signal
+
+    import benchmarks
+
+    class LoadingModels:  # stands in for the model processes, stopped while they load
+        def __init__(self, *args):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(benchmarks, "LockstepModels", LoadingModels)
+    script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
+    output = tmp_path / "causal"
+    with pytest.raises(SystemExit) as stopped:
+        script["main"](["--model_name_or_path", str(tmp_path / "a"), str(tmp_path / "b"), "--max_length", "8",
+                        "--checkpoints", "4,8", "--window", "2", "--output", str(output)])
+    assert stopped.value.code == 130
+    assert "stopped outside the decoding loop" in capsys.readouterr().err
+    assert not output.with_suffix(".json").exists()
+
+
 def test_generation_benchmark_rejects_bad_checkpoints():
     script = runpy.run_path(str(REPO_ROOT / "scripts" / "benchmark_generation.py"))
     with pytest.raises(SystemExit, match="--checkpoints"):
