@@ -6,7 +6,14 @@ import textwrap
 from pathlib import Path
 
 import pytest
-import torch
+
+# Parallel workers (pytest-xdist's `-n`) share the machine's cores: each gets its share of threads,
+# set before torch is imported, and the scripts the tests start inherit it.
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
+    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+
+import torch  # noqa: E402
 
 # Without a GPU the Triton kernels run through triton's interpreter (tests/test_kernels.py): it is
 # chosen when triton is first imported, so before hf_zformer.
