@@ -11,7 +11,8 @@ import pytest
 # set before torch is imported, and the scripts the tests start inherit it.
 if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
     workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // workers))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux / else
+    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
 
 import torch  # noqa: E402
 
