@@ -7,12 +7,18 @@ from pathlib import Path
 
 import pytest
 
+
+def worker_threads(workers: int) -> int:
+    """One parallel worker's share of the cores this process may use (Linux: its affinity)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cores // workers)
+
+
 # Parallel workers (pytest-xdist's `-n`) share the machine's cores: each gets its share of threads,
 # set before torch is imported, and the scripts the tests start inherit it.
-if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and "OMP_NUM_THREADS" not in os.environ:
-    workers = int(os.environ["PYTEST_XDIST_WORKER_COUNT"])
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # Linux / else
-    os.environ["OMP_NUM_THREADS"] = str(max(1, cores // workers))
+SHARES_THE_CORES = bool(os.environ.get("PYTEST_XDIST_WORKER_COUNT")) and "OMP_NUM_THREADS" not in os.environ
+if SHARES_THE_CORES:  # (a thread count set from outside is kept)
+    os.environ["OMP_NUM_THREADS"] = str(worker_threads(int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 import torch  # noqa: E402
 

@@ -15,11 +15,8 @@ from hf_zformer.modeling import ops, triton_ops
 from hf_zformer.modeling.attention import FastformerAttention, ZformerAttention
 from conftest import tiny_config
 
-pytestmark = pytest.mark.skipif(
-    not triton_ops.RUNNABLE,
-    reason="triton is not installed" if not triton_ops.AVAILABLE else
-    f"triton {triton_ops.triton.__version__}'s interpreter cannot run the kernels: "
-    "pip install 'triton>=3.7' to test them on a CPU")
+pytestmark = pytest.mark.skipif(not triton_ops.RUNNABLE, reason="triton is not installed" if not triton_ops.AVAILABLE
+                                else ops.interpreter_too_old())
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 

@@ -9,6 +9,7 @@ import textwrap
 
 import pytest
 import warm_scripts
+from conftest import SHARES_THE_CORES, worker_threads
 
 PROBE = textwrap.dedent("""
     import os, sys
@@ -84,3 +85,16 @@ def test_a_run_past_its_timeout_is_killed_and_the_next_one_runs(probe):
     with pytest.raises(subprocess.TimeoutExpired):
         run(probe, "sleep", timeout=2)
     assert run(probe, "5").returncode == 5
+
+
+@pytest.mark.skipif(not SHARES_THE_CORES, reason="runs in parallel workers (pytest -n) without OMP_NUM_THREADS set")
+def test_parallel_workers_and_their_scripts_keep_to_their_share_of_the_cores(tmp_path):
+    """Under `pytest -n W` each worker runs torch on its share of the cores (conftest.py), and the
+    scripts it starts inherit that share: W workers never run more threads than there are cores."""
+    import torch
+
+    share = worker_threads(int(os.environ["PYTEST_XDIST_WORKER_COUNT"]))
+    assert torch.get_num_threads() == share
+    script = tmp_path / "threads.py"
+    script.write_text("import torch\nprint(torch.get_num_threads())\n")
+    assert run(script).stdout.decode().strip() == str(share)

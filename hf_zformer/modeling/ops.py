@@ -109,6 +109,13 @@ def _torch_form(reason: str) -> bool:
     return False
 
 
+def interpreter_too_old() -> str:
+    """Why the kernels cannot run here (`triton_ops.RUNNABLE` false): the interpreter's version, and the remedy."""
+    version = ".".join(map(str, TRITON_VERSION))
+    return (f"triton {version}'s interpreter (TRITON_INTERPRET=1) cannot run the kernels; from triton 3.7 on "
+            "it can (pip install 'triton>=3.7')")
+
+
 def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_width, fits=None) -> bool:
     """Whether `operation` runs its Triton kernel on these inputs (the backend, the device, the
     dtypes and widths, `width_ok` of each last dimension, and `fits(limit)` of the kernel's tiles
@@ -128,12 +135,9 @@ def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_w
         raise RuntimeError(f"HF_ZFORMER_KERNELS=triton on a {device} tensor: the kernels need CUDA, or "
                            "TRITON_INTERPRET=1 set before the first import to run them on the CPU")
     if not TRITON_RUNNABLE:
-        version = ".".join(map(str, TRITON_VERSION))
-        reason = f"triton {version}'s interpreter (TRITON_INTERPRET=1) cannot run the kernels"
         if backend == "triton":
-            raise RuntimeError(f"HF_ZFORMER_KERNELS=triton: {reason}; from triton 3.7 on it can "
-                               "(pip install 'triton>=3.7')")
-        return _torch_form(reason)
+            raise RuntimeError(f"HF_ZFORMER_KERNELS=triton: {interpreter_too_old()}")
+        return _torch_form(interpreter_too_old())
     # fp16: the pooling's fp32 result only; attention outputs written in fp16 overflow where the
     # sums over long sequences are large (bf16 has fp32's range)
     dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if operation == "direction_pool" else ())
