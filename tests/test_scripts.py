@@ -842,7 +842,8 @@ def test_model_card_metadata():
 # multi-process (slow)
 # --------------------------------------------------------------------------------------------
 
-DDP = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2")
+# port 0: accelerate picks a free port, so DDP runs in parallel test workers do not collide on 29500
+DDP = ("accelerate", "launch", "--multi_gpu", "--num_processes", "2", "--main_process_port", "0")
 
 
 @pytest.mark.slow
