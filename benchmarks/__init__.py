@@ -9,7 +9,7 @@ The harness of `scripts/benchmark_attention.py` (beside `scripts/` in a checkout
   timed region (`.transpose(0, 1).contiguous()`), so every type pays the same.
 - ``"module"``: the same with the whole module, output projection included, as a model's layer
   calls it (the forms that merge the projection into another product, fastformer's pooled output
-  and the folded forms, can only do so here).
+  through W_o's bias and the folded forms, can only do so here).
 - ``"model"``: a one-layer ``ZformerModel`` with the feed-forward shrunk away
   (``intermediate_size=1``): embeddings, LayerNorms, attention, output projection and residuals.
 - ``"seq2seq"`` (`seq2seq_benchmark`): training tokens/s and greedy-generation sentences/s of our

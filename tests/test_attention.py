@@ -757,6 +757,38 @@ def test_folded_forms_under_cpu_autocast_by_default(monkeypatch, attention_type)
     assert len(calls) == 2
 
 
+@pytest.mark.parametrize("output", ["plain", "set aside", "hooked"])
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_fastformer_pooled_output_equals_the_plain_form(monkeypatch, stacking_on_cpu, output, with_mask):
+    """From N >= D (40 tokens, width 32, the folded form off) bidirectional fastformer takes its pooled
+    output, b_r moved into a plain W_o's bias, or added to r where W_o is set aside (as the benchmarks'
+    level `attention` does) or hooked. fp64, padding: the outputs and every gradient of the plain form
+    (u_i = k_g * v_i, W_r u_i + b_r + q_i), and a hook on W_o sees every token."""
+    import hf_zformer.modeling.attention as attention_module
+
+    _folding(monkeypatch, False)
+    config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=64, attention_type="fastformer")
+    attention = _randomize(FastformerAttention(config)).double()
+    if output == "set aside":
+        attention.output = torch.nn.Identity()
+    seen = []
+    if output == "hooked":
+        attention.output.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    x = torch.randn(2, 40, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64).requires_grad_()
+    mask = torch.ones(2, 40, dtype=torch.long)
+    mask[1, 23:] = 0
+    mask = mask if with_mask else None
+    taken = []
+    pooled_output = FastformerAttention._pooled_output
+    monkeypatch.setattr(FastformerAttention, "_pooled_output",
+                        lambda self, *args: taken.append(1) or pooled_output(self, *args))
+    pooled = _output_and_gradients(attention, [x], mask)
+    assert taken == [1]
+    monkeypatch.setattr(attention_module.FastformerAttention, "_takes_pooled_output", lambda *args: False)
+    _assert_same_function(pooled, _output_and_gradients(attention, [x], mask))
+    assert taken == [1] and seen == ([(2, 40, D)] * 2 if output == "hooked" else [])
+
+
 def test_fastformer_pooled_output_keeps_bf16_precision_with_a_large_transform_bias(monkeypatch):
     """bf16 autocast, b_r five times larger than q and W_r u_i comparable to q: the pooled output
     (W_r's bias moved into the output projection's, so no bf16 tensor carries it) is at least as close

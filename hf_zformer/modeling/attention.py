@@ -894,9 +894,9 @@ class FastformerAttention(_QKVAttention):
         """Whether bidirectional attention over `length` tokens of `width` takes `_pooled_output`:
         where its (B, D, D) map is no larger than v (N >= D; on shorter inputs building the map costs
         more than the passes it saves: 0.70-0.77x on a CPU at 128 tokens, width 512), with a value
-        projection, a bias on W_r, and plain `Linear` layers (adapters and hooks keep the layers' own
-        forward)."""
-        layers = (self.query, self.key, self.value, self.transform, self.output)
+        projection, a bias on W_r, and plain `Linear` layers as W_q, W_k, W_v and W_r (adapters and
+        hooks keep the layers' own forward; W_o may be anything: `_pooled_output` calls it)."""
+        layers = (self.query, self.key, self.value, self.transform)
         return length >= width and self.value is not None and self.transform.bias is not None and (
             plain_linears(*layers)
         )
@@ -911,7 +911,10 @@ class FastformerAttention(_QKVAttention):
         add, no element-wise pass over a (B, N, D) tensor is left, forward or backward (on an H200 at
         2,048 tokens, width 512, those passes took 174 of the module's 814 us); W_r diag(k_g) is
         (B, D, D), no larger than v where this form is taken (`_takes_pooled_output`). b_r joins
-        the output's bias rather than q's, so that q rounded to bf16 keeps its own precision."""
+        the output's bias rather than q's, so that q rounded to bf16 keeps its own precision. Where
+        W_o is not a plain `Linear` (an adapter, a hook, or set aside as the benchmarks' level
+        `attention` does), b_r is added to r in place, one element-wise pass instead of the plain
+        form's two (the multiply and the residual add), and W_o runs as it is."""
         batch = hidden_states.shape[0]
         query_proj, key_proj, value_proj = project(hidden_states, self.query, self.key, self.value)
         query, key = split_heads(query_proj, self.num_heads), split_heads(key_proj, self.num_heads)
@@ -919,6 +922,8 @@ class FastformerAttention(_QKVAttention):
         dtype = value_proj.dtype  # the projections' (autocast's) precision
         scaled_transform = self.transform.weight.to(dtype) * global_key.reshape(batch, 1, -1).to(dtype)
         context = torch.baddbmm(query_proj, value_proj, scaled_transform.transpose(1, 2))  # r_i - b_r
+        if not plain_linears(self.output):
+            return self.output(context.add_(self.transform.bias))  # r_i: a fresh tensor, written in place
         with no_autocast(context.device.type):  # the bias in the weights' precision: a (D, D) product
             shifted = self.output.weight @ self.transform.bias
         return self.output(context, bias=shifted if self.output.bias is None else shifted + self.output.bias)

@@ -4,8 +4,9 @@ captured once as a CUDA graph (the GPU's own time) and replayed in alternating r
 training step, SDPA's module beside them (with and without stacked projections); every variant's
 output is first checked, in fp32, against the unpooled form's (the form before these remedies), and
 the script stops unless each variant ran the form it names. Every module is whole (the benchmark's
-level `module`, output projection included): the pooled output and the folded form merge that
-projection into their own products, which a module without one (level `attention`) cannot show.
+level `module`, output projection included): the pooled output moves W_r's bias into that
+projection's and the folded form merges the projection into its own products, which a module
+without one (level `attention`) cannot show.
 
 Variants of the module (all but `folded` in the plain form, as CUDA runs it by default):
 - `shipped`: the projections of one input stacked into one product (`blocks.project`), from N >= D
