@@ -112,7 +112,8 @@ for prefix in $prefixes; do
         --prefill $prefix --max_length 64 --checkpoints 32,64 --batch_size 8 --output "$out/decoding_prefill_$prefix"
 done
 # the same grid with whole modules (output projection included, as a model's layer calls them):
-# fastformer's pooled output and the folded forms merge W_o into their own products only there
+# the folded forms merge W_o into their own products, and fastformer's pooled output W_r's bias
+# into W_o's, only there
 step grid_module 240 $bench $graphs --level module --dtype bf16 --batch $batch --widths $width --lengths $lengths \
     --types $forms --output "$out/module_grid_bf16_graphs"
 step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider \
