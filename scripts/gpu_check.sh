@@ -103,14 +103,6 @@ graphs=""; [ "$device" = cuda ] && graphs="--cuda_graphs"
 # the acceptance grid first: forward and training, bf16, every form, CUDA-graph replays
 step grid_graphs 240 $bench $graphs --dtype bf16 --batch $batch --widths $width --lengths $lengths \
     --types $forms --output "$out/attention_grid_bf16_graphs"
-step decoding 150 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
-    --max_length $decode --checkpoints $marks --batch_size 8 --output "$out/decoding"
-# ms/token after long contexts: every decoder reads a decoder prefix in one forward first (generating
-# it step by step with the eager full decoder costs minutes), then 64 tokens are timed
-for prefix in $prefixes; do
-    step "decoding_$prefix" 90 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
-        --prefill $prefix --max_length 64 --checkpoints 32,64 --batch_size 8 --output "$out/decoding_prefill_$prefix"
-done
 # the same grid with whole modules (output projection included, as a model's layer calls them):
 # the folded forms merge W_o into their own products, and fastformer's pooled output W_r's bias
 # into W_o's, only there
@@ -120,6 +112,15 @@ step kernel_tests 120 "$python" -m pytest -q -p no:cacheprovider \
     -k "not fla and not compiled_modules ${KERNEL_TESTS:+and ($KERNEL_TESTS)}" tests/test_kernels.py \
     tests/test_decoding.py "tests/test_benchmark.py::test_cuda_graph_replays_time_every_type"
 step device_tests 120 env HF_ZFORMER_TEST_DEVICE=$device "$python" -m pytest -q -p no:cacheprovider -x ${DEVICE_TESTS:+-k "$DEVICE_TESTS"} tests/test_device.py
+# decoding: one CUDA-graph replay per token against the full decoder's eager steps
+step decoding 150 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
+    --max_length $decode --checkpoints $marks --batch_size 8 --output "$out/decoding"
+# ms/token after long contexts: every decoder reads a decoder prefix in one forward first (generating
+# it step by step with the eager full decoder costs minutes), then 64 tokens are timed
+for prefix in $prefixes; do
+    step "decoding_$prefix" 90 "$python" scripts/benchmark_generation.py --device $device $graphs --dtype bf16 \
+        --prefill $prefix --max_length 64 --checkpoints 32,64 --batch_size 8 --output "$out/decoding_prefill_$prefix"
+done
 # fastformer's shipped form against the form without each remedy and other pooling slices
 # (docs/bench/ab/fastformer_gpu.py: outputs checked first, then CUDA-graph replays side by side)
 ab_args="--batch $batch --width $width --lengths $profiled --rounds $((repeats * 4))"

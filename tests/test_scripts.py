@@ -946,12 +946,12 @@ def _gpu_check_within(budget, tmp_path):
 
 def test_gpu_check_with_its_budget_spent_names_every_step_it_did_not_run(tmp_path):
     """Too little budget to start a step: each is listed as not run, in the order it would have run
-    (the acceptance grid and decoding first), and the archive still holds the summary."""
+    (the acceptance grids first, then the kernel tests), and the archive still holds the summary."""
     import tarfile
 
     seconds, records = _gpu_check_within(25, tmp_path)
     assert all(line.endswith("not run: the budget (BUDGET=25s) is spent") for line in records), records
-    assert [line.split()[0] for line in records[:4]] == ["environment", "grid_graphs", "decoding", "decoding_64"]
+    assert [line.split()[0] for line in records[:4]] == ["environment", "grid_graphs", "grid_module", "kernel_tests"]
     assert {"kernel_tests", "device_tests", "grid_compiled", "kernel_resources"} <= {line.split()[0] for line in records}
     with tarfile.open(tmp_path / "check.tar.gz") as packed:
         assert "check/summary.txt" in packed.getnames()
