@@ -31,14 +31,15 @@ Types: ``full`` (our `FullAttention` through transformers' SDPA integration, i.e
 
 Every configuration reports the median wall time of several timed calls after warm-up, the peak
 extra memory of one call, and the achieved FLOP/s as a fraction of the measured matrix-multiply
-FLOP/s of the machine (see `attention_flops` for the counting). Nothing is hard-coded: every
-number comes from the run that writes it.
+FLOP/s of the machine (see `attention_flops` for the counting), and the operations and bytes one
+call dispatches, with the bytes per second as a fraction of the machine's measured copy bandwidth
+(`traffic`). Nothing is hard-coded: every number comes from the run that writes it.
 
 The package: `cases` (what is measured), `harness` (machine measurements, timing, memory, the
-side-by-side runs), `flops` (FLOP accounting), `seq2seq` (the encoder-decoder level), `causal` (the
-decoder-only level), `generation` (pretrained causal LMs decoding in lockstep, one process each, for
-time per token and resident memory), `classification` (the sequence-classification level) and `reports`
-(CSV/JSON/markdown/plots). Every public name is importable from `benchmarks`.
+side-by-side runs), `flops` (FLOP accounting), `traffic` (operations and memory traffic),
+`seq2seq` (the encoder-decoder level), `causal` (the decoder-only level), `generation` (pretrained
+causal LMs decoding in lockstep, one process each, for time per token and resident memory),
+`classification` (the sequence-classification level) and `reports` (CSV/JSON/markdown/plots). Every public name is importable from `benchmarks`.
 """
 
 from .cases import BASELINE, DEFAULT_TYPES, DTYPES, GRID_LEVELS, LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, make_config
@@ -111,13 +112,14 @@ from .reports import (
     write_reports,
     write_seq2seq_reports,
 )
+from .traffic import TrafficCounter, count_traffic, measure_copy_bandwidth, set_bandwidth_fractions, tensor_bytes
 from .seq2seq import (SEQ2SEQ_DEFAULT_MODELS, SEQ2SEQ_MODELS, Seq2SeqResult, Seq2SeqShape, build_seq2seq,
                       seq2seq_benchmark, seq2seq_flops)
 
 __all__ = [
     "BASELINE", "CAUSAL_KINDS", "CAUSAL_MODELS", "CLASSIFICATION_KINDS", "CLASSIFICATION_MODELS", "CSV_FIELDS",
     "DEFAULT_TYPES", "DTYPES", "GRID_LEVELS", "INTERRUPTED", "LEVELS", "MODES", "SEQ2SEQ_DEFAULT_MODELS", "SEQ2SEQ_MODELS", "TIMING_ENVIRONMENT", "TYPES", "BenchCase",
-    "BenchResult",
+    "BenchResult", "TrafficCounter", "count_traffic", "measure_copy_bandwidth", "set_bandwidth_fractions", "tensor_bytes",
     "CausalResult", "CausalShape", "CausalStepper", "LockstepModels", "context_ids", "greedy_samples", "load_causal_lm",
     "memory_status", "reset_peak", "ClassificationResult", "ClassificationShape", "Seq2SeqResult", "Seq2SeqShape",
     "add_speedups", "attention_flops", "available_memory_bytes", "build_causal", "build_classifier", "build_module",

@@ -184,4 +184,7 @@ class BenchResult(BenchCase):
     flops_fraction: float | None = None
     executed_fraction: float | None = None
     speedup_vs_full: float | None = None
+    operations: int | None = None  # operations dispatched by one call (views aside): `traffic.TrafficCounter`
+    bytes: int | None = None  # bytes those operations read and write
+    bandwidth_fraction: float | None = None  # bytes per second / the measured copy bandwidth
     profile: str = ""  # torch.profiler table of one call (--profile); not in the CSV

@@ -21,6 +21,7 @@ import torch
 from hf_zformer.modeling.ops import use_kernel_backend
 from .cases import BASELINE, DTYPES, GRID_LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, kernel_backend_of, make_config
 from .flops import case_flops, set_flops_fractions
+from .traffic import count_traffic, set_bandwidth_fractions
 
 # Environment variables that change CPU timings (THP_MEM_ALLOC_ENABLE=1: transparent huge pages for
 # torch's CPU allocations; MALLOC_*: whether glibc returns freed memory to the system, see
@@ -393,6 +394,19 @@ class _Runner:
             self.times.append(elapsed[0])
         return elapsed[0] if elapsed else None
 
+    def count_traffic(self):
+        """Operations and bytes moved by one eager call (`traffic.TrafficCounter`), after the warm-up
+        (a training step makes its output gradient on its first call); a captured step's eager form
+        counts, and a compiled module, whose code the counter cannot follow, counts nothing."""
+        if self.case.compiled:
+            return
+
+        def action():
+            counter = count_traffic(getattr(self.step, "eager_step", self.step))
+            self.result.operations, self.result.bytes = counter.operations, counter.bytes
+
+        self.guarded(action)
+
     def profile(self, rows: int = 12):
         """torch.profiler table (self CPU/CUDA time per op and input shape) of one call."""
         from torch.profiler import ProfilerActivity, profile
@@ -410,7 +424,7 @@ class _Runner:
 
         self.guarded(action)
 
-    def finish(self, measure_memory: bool, matmul_flops: float | None):
+    def finish(self, measure_memory: bool, matmul_flops: float | None, bandwidth: float | None = None):
         if not self.active:
             return
         r = self.result
@@ -419,6 +433,8 @@ class _Runner:
         r.tflops = r.flops / (r.time_ms / 1e3) / 1e12
         if matmul_flops:
             set_flops_fractions([r], matmul_flops)
+        if bandwidth:
+            set_bandwidth_fractions([r], bandwidth)
         if measure_memory:
             self.guarded(lambda: setattr(r, "peak_memory_mb", peak_memory_bytes(self.step, self.device) / 2**20))
 
@@ -430,12 +446,15 @@ class _Runner:
 
 def run_cases(cases: list[BenchCase], warmup: int = 1, repeats: int = 5, max_seconds: float = 30.0,
               measure_memory: bool = True, max_memory_bytes: int | None = None,
-              matmul_flops: float | None = None, profile: bool = False) -> list[BenchResult]:
+              matmul_flops: float | None = None, profile: bool = False, measure_traffic: bool = True,
+              bandwidth: float | None = None) -> list[BenchResult]:
     """Measure configurations side by side: after each one's warm-up, the timed calls go round-robin
     over them (call 1 of every case, then call 2, ...), so that load from other processes on a shared
     machine hits every type alike and the speedups compare like with like. A configuration whose
     warm-up call is slow gets fewer timed calls (about `max_seconds` worth, but at least
-    min(3, repeats)). The memory of each is measured after its timed calls."""
+    min(3, repeats)). With `measure_traffic`, one more call after the warm-up counts each one's
+    operations and bytes moved (`traffic`; their fraction of the copy rate `bandwidth`, bytes/s).
+    The memory of each is measured after its timed calls."""
     runners = [_Runner(case, max_memory_bytes) for case in cases]
     counts = {}
     for runner in runners:
@@ -444,12 +463,14 @@ def run_cases(cases: list[BenchCase], warmup: int = 1, repeats: int = 5, max_sec
         for _ in range(warmup):
             last = runner.call(record=False)
         counts[id(runner)] = repeats if not last else max(min(3, repeats), min(repeats, int(max_seconds / last)))
+        if measure_traffic:
+            runner.count_traffic()
     for index in range(repeats):
         for runner in runners:
             if index < counts[id(runner)]:
                 runner.call(record=True)
     for runner in runners:
-        runner.finish(measure_memory, matmul_flops)
+        runner.finish(measure_memory, matmul_flops, bandwidth)
         if profile:
             runner.profile()
         runner.release()
@@ -477,12 +498,15 @@ def sweep(
     profile: bool = False,
     graphs: bool = False,
     compiled: str = "",
+    measure_traffic: bool = True,
+    bandwidth: float | None = None,
 ) -> list[BenchResult]:
     """Every (mode, width, heads, length) with all `types` measured side by side (`run_cases`),
     lengths ascending. Once a type takes longer than `max_seconds` per call (or runs out of
     memory), its longer lengths in the same (mode, width, heads) are recorded as skipped. `graphs`:
     every call replays the step captured as a CUDA graph (`capture_graph`); `compiled`: the modules
-    run under torch.compile in that mode (`compile_module`)."""
+    run under torch.compile in that mode (`compile_module`); `measure_traffic`, `bandwidth`: as
+    `run_cases`."""
     from tqdm.auto import tqdm
 
     types, lengths, modes = list(types), sorted(lengths), list(modes)
@@ -508,7 +532,7 @@ def sweep(
                 else:
                     cases.append(case)
             group_results += run_cases(cases, warmup, repeats, max_seconds, measure_memory, max_memory_bytes,
-                                       matmul_flops, profile)
+                                       matmul_flops, profile, measure_traffic, bandwidth)
             group_results.sort(key=lambda r: types.index(r.attention_type))
             for result in group_results:
                 key = (mode, w, h, result.attention_type)

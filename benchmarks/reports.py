@@ -259,7 +259,7 @@ CSV_FIELDS = [
     "level", "attention_type", "mode", "batch", "length", "width", "heads", "dtype", "device", "mask", "graphs", "compiled",
     "status",
     "time_ms", "speedup_vs_full", "peak_memory_mb", "flops", "executed_flops", "tflops", "flops_fraction",
-    "executed_fraction", "note", "times_ms",
+    "executed_fraction", "operations", "bytes", "bandwidth_fraction", "note", "times_ms",
 ]
 
 
@@ -317,7 +317,8 @@ def markdown_table(results: list[BenchResult]) -> str:
             f"**{level}, {mode}, batch {batch}, width {width}, {heads} heads, {dtype}, {device}"
             f"{', all-ones padding mask' if mask else ''}{', CUDA graphs' if graphs else ''}"
             f"{f', torch.compile(mode={compiled!r})' if compiled else ''}** — time ms (speedup vs fused SDPA `full`) · "
-            f"peak extra memory MiB · nominal FLOP/s as % of matmul (executed FLOP/s %, where it differs)\n"
+            f"peak extra memory MiB · nominal FLOP/s as % of matmul (executed FLOP/s %, where it differs) · "
+            f"bytes moved per second as % of the copy bandwidth (bw)\n"
         )
         out.append("| n | " + " | ".join(types) + " |")
         out.append("|---:|" + "---|" * len(types))
@@ -336,6 +337,8 @@ def markdown_table(results: list[BenchResult]) -> str:
                         frac = f" · {100 * r.flops_fraction:.0f}%"
                         if r.executed_flops != r.flops:
                             frac += f" ({100 * r.executed_fraction:.0f}%)"
+                    if r.bandwidth_fraction is not None:
+                        frac += f" · bw {100 * r.bandwidth_fraction:.0f}%"
                     cells.append(f"{r.time_ms:.1f}{speed} · {_fmt(r.peak_memory_mb, '.0f')}{frac}")
             out.append(f"| {n} | " + " | ".join(cells) + " |")
         notes = sorted({f"{r.attention_type} n={r.length}: {r.note}" for r in rows if r.status != "ok" and r.note})
@@ -423,6 +426,12 @@ def markdown_header(metadata: dict) -> str:
         lines.append(
             f"Measured matmul: {matmul['size']}x{matmul['size']} {matmul['dtype']}, "
             f"{matmul['flops'] / 1e9:.1f} GFLOP/s (the 100% of the FLOP/s column)."
+        )
+    bandwidth = metadata.get("bandwidth")
+    if bandwidth:
+        lines.append(
+            f"Measured copy: {bandwidth['size_bytes'] / 2**20:.0f} MiB, {bandwidth['bytes_per_s'] / 1e9:.1f} GB/s "
+            f"read plus written (the 100% of the bandwidth column, bw)."
         )
     return "\n".join(lines) + "\n"
 

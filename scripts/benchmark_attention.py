@@ -3,8 +3,10 @@
 
 The timing experiment of the Zformer_Pytorch reference code: the attention module alone on input of shape (n, batch, d),
 transposed to our (B, N, D) layout before the timed region. Reports the median time per call,
-the speedup against fused SDPA (`full`), the peak extra memory and the achieved FLOP/s as a
-fraction of this machine's measured matmul FLOP/s, as CSV, JSON, a markdown table and a PNG plot.
+the speedup against fused SDPA (`full`), the peak extra memory, the achieved FLOP/s as a
+fraction of this machine's measured matmul FLOP/s, and the operations one call dispatches with the
+bytes they move per second as a fraction of its measured copy bandwidth, as CSV, JSON, a markdown
+table and a PNG plot.
 
     python scripts/benchmark_attention.py                                   # CPU fp32 forward sweep
     python scripts/benchmark_attention.py --modes forward train --widths 512 768 1024
@@ -137,6 +139,9 @@ def add_run_args(parser) -> None:
     parser.add_argument("--matmul_size", type=int, default=4096,
                         help="largest square matmul tried when measuring the machine's FLOP/s")
     parser.add_argument("--no_memory", action="store_true", help="skip the peak-memory measurement")
+    parser.add_argument("--no_traffic", action="store_true",
+                        help="skip counting each case's operations and bytes moved (one more call per case) "
+                             "and measuring the copy bandwidth")
     parser.add_argument("--profile", action="store_true",
                         help="also profile one call per configuration (torch.profiler) into the markdown report")
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
@@ -244,6 +249,9 @@ def run_grid(args, device, metadata, max_memory):
     print(f"measuring {args.dtype} matmul FLOP/s on {device} ...", file=sys.stderr)
     metadata["matmul_start"] = benchmarks.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
     print(f"matmul: {metadata['matmul_start']['flops'] / 1e9:.1f} GFLOP/s", file=sys.stderr)
+    if not args.no_traffic:
+        metadata["bandwidth_start"] = benchmarks.measure_copy_bandwidth(device)
+        print(f"copy: {metadata['bandwidth_start']['bytes_per_s'] / 1e9:.1f} GB/s", file=sys.stderr)
 
     with benchmarks.interrupt_on_terminate():  # stopped from outside, it still writes what it measured
         results = benchmarks.sweep(
@@ -267,6 +275,7 @@ def run_grid(args, device, metadata, max_memory):
             profile=args.profile,
             graphs=args.cuda_graphs,
             compiled=args.compile or "",
+            measure_traffic=not args.no_traffic,
         )
     interrupted = any(r.note == benchmarks.INTERRUPTED for r in results)
     if interrupted:  # the cases not reached are recorded as skipped; no second matmul measurement
@@ -275,10 +284,16 @@ def run_grid(args, device, metadata, max_memory):
     else:  # measured again at the end; the FLOP/s fractions use the faster of the two (conservative
         # on a machine shared with other work)
         metadata["matmul_end"] = benchmarks.measure_matmul_flops(device, dtype, max_size=args.matmul_size)
+        if not args.no_traffic:
+            metadata["bandwidth_end"] = benchmarks.measure_copy_bandwidth(device)
     metadata["load_average_end"] = benchmarks.load_average()
     metadata["matmul"] = max(metadata["matmul_start"], metadata.get("matmul_end", metadata["matmul_start"]),
                              key=lambda m: m["flops"])
     benchmarks.set_flops_fractions(results, metadata["matmul"]["flops"])
+    if not args.no_traffic:
+        metadata["bandwidth"] = max(metadata["bandwidth_start"], metadata.get("bandwidth_end", metadata["bandwidth_start"]),
+                                    key=lambda m: m["bytes_per_s"])
+        benchmarks.set_bandwidth_fractions(results, metadata["bandwidth"]["bytes_per_s"])
     paths = benchmarks.write_reports(results, args.output, metadata, make_plot=False)
     if not args.no_plot:
         paths["png"] = args.plot or args.output + ".png"

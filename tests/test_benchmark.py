@@ -40,6 +40,7 @@ def test_script_writes_csv_json_markdown_png(tmp_path):
         assert float(row["peak_memory_mb"]) >= 0
         assert 0 < float(row["flops_fraction"]) and 0 < float(row["executed_fraction"])
         assert int(row["flops"]) > 0 and int(row["executed_flops"]) > 0
+        assert int(row["operations"]) > 0 and int(row["bytes"]) > 0 and 0 < float(row["bandwidth_fraction"])
         assert len(row["times_ms"].split()) >= 1
     for row in rows:
         if row["attention_type"] == "full":
@@ -48,13 +49,14 @@ def test_script_writes_csv_json_markdown_png(tmp_path):
             assert float(row["speedup_vs_full"]) > 0
 
     data = json.loads(Path(f"{prefix}.json").read_text())
-    assert data["metadata"]["matmul"]["flops"] > 0
+    assert data["metadata"]["matmul"]["flops"] > 0 and data["metadata"]["bandwidth"]["bytes_per_s"] > 0
     assert data["metadata"]["torch"]
     assert len(data["results"]) == len(rows)
 
     markdown = Path(f"{prefix}.md").read_text()
     assert "| n | full | full_eager | zformer | xformer | fastformer |" in markdown
     assert "attention, train" in markdown and "attention, forward" in markdown
+    assert "(the 100% of the bandwidth column, bw)" in markdown and " · bw " in markdown
     assert Path(f"{prefix}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

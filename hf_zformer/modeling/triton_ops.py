@@ -26,9 +26,10 @@ dtype, laid out (B, N, H, d) so that merging the heads is a view. Sums run over 
 slices in sequence order, and padding's rows add exact zeros, so outputs at real positions do not
 change, bit for bit, when padding is appended.
 
-Inside `torch.compile` each family's forward and backward run as operators (`OPERATORS`,
-`torch.library.custom_op`, with fake implementations for tracing), so compiled graphs and their
-CUDA graphs launch the same kernels as eager calls.
+Inside `torch.compile` and under Python dispatch modes each family's forward and backward run as
+operators (`OPERATORS`, `torch.library.custom_op`, with fake implementations for tracing), so
+compiled graphs and their CUDA graphs launch the same kernels as eager calls, and a mode that
+counts operations sees each kernel family as one.
 
 The functions here do no dispatch: `ops.py` decides when they run. This file ships to the Hugging
 Face Hub with every checkpoint and imports where triton is not installed (`AVAILABLE` is then False
@@ -840,11 +841,24 @@ def linear_attention_kernel(query, key, value, mask=None, scale=None) -> torch.T
     """Bidirectional `ops.linear_attention` without a state: out_i = scale * q_i sum_j m_j k_j^T v_j.
     query/key (B, H, Nq/Nk, d), value (B, H, Nk, e) (widths `supported_width`), mask (B, Nk) or None,
     scale a one-element tensor or None. Returns (B, H, Nq, e) in the queries' dtype."""
-    if torch.compiler.is_compiling():
+    if _as_operators():
         return OPERATORS.linear_attention(query, key, value, mask, scale)[0]
     if _needs_graph(query, key, value, scale):
         return _LinearAttention.apply(query, key, value, mask, scale)
     return _linear_attention_forward(query, key, value, mask, scale)[0]  # inference: no autograd node
+
+
+# how many Python dispatch modes are active (private API, absent from some torch versions)
+_dispatch_modes = getattr(torch._C, "_len_torch_dispatch_stack", lambda: 0)
+
+
+def _as_operators() -> bool:
+    """Whether a call runs as its operators (`OPERATORS`) rather than as an autograd function that
+    launches the kernels itself: inside torch.compile, and under a Python dispatch mode (a counter
+    of operations or memory traffic, `torch.utils.flop_counter`, fake tensors, selective activation
+    checkpointing), which would not see the kernels' launches but sees an operator's inputs and
+    outputs, and runs its fake implementation where tensors hold no data."""
+    return torch.compiler.is_compiling() or _dispatch_modes() > 0
 
 
 def _needs_graph(*tensors) -> bool:
@@ -945,7 +959,7 @@ def direction_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     positions. values (B, H, N, d), direction u (B or 1, H, d) or None (the plain mean), mask (B, N)
     or None. Returns (B, H, d) in fp32; zero for a row with no real token."""
     direction = None if direction is None else direction.contiguous()
-    if torch.compiler.is_compiling():
+    if _as_operators():
         return OPERATORS.direction_pool(values, direction, mask)[0]
     if _needs_graph(values, direction):
         return _DirectionPool.apply(values, direction, mask)
@@ -1062,7 +1076,7 @@ def shared_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     slice of `POOL_CHUNK` rows reads each tile once for every head."""
     has_direction = direction is not None
     direction = values[:1, :1] if direction is None else direction.contiguous()  # a pointer never read
-    if torch.compiler.is_compiling():
+    if _as_operators():
         return OPERATORS.shared_pool(values, direction, mask, has_direction)[0]
     if _needs_graph(values, direction if has_direction else None):
         return _SharedPool.apply(values, direction, mask, has_direction)
@@ -1118,7 +1132,7 @@ def prefix_pool_kernel(scores, values, mask=None) -> tuple[torch.Tensor, torch.T
     over the real positions j <= i, zero where there is none yet. scores (B, H, N, 1), values
     (B, H, N, d), mask (B, N) or None. Returns (pooled (B, H, N, d) fp32, log-sum-exp of the scores
     up to each position (B, H, N) fp32, `FLOOR` where there is no real token yet)."""
-    if torch.compiler.is_compiling():
+    if _as_operators():
         return OPERATORS.prefix_pool(scores, values, mask)
     if _needs_graph(scores, values):
         return _PrefixPool.apply(scores, values, mask)
@@ -1132,9 +1146,10 @@ def prefix_pool_kernel(scores, values, mask=None) -> tuple[torch.Tensor, torch.T
 # the compiler does not trace into: the forward and the backward of each family are an operator
 # each, running the same launches as an eager call, and a fake implementation of each tells the
 # compiler its outputs' shapes, dtypes and strides. Compiled graphs (inductor's CUDA graphs of
-# `mode="reduce-overhead"` included) then launch the kernels as they are. Eager calls keep the
-# autograd functions: an operator's dispatch costs about 10 us more host time per call, and eager
-# calls on short inputs are bound by host time.
+# `mode="reduce-overhead"` included) then launch the kernels as they are. So do calls under a
+# Python dispatch mode (`_as_operators`), which sees each operator whole. Other eager calls keep
+# the autograd functions: an operator's dispatch costs about 10 us more host time per call, and
+# eager calls on short inputs are bound by host time.
 
 Tensor = torch.Tensor
 
