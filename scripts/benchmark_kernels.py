@@ -85,14 +85,6 @@ def _wall_ms(function) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-def copy_bandwidth(device) -> float:
-    """Bytes per second of a 1 GiB (CPU: 64 MiB) copy on the device (read + write counted)."""
-    source = torch.empty(2**30 if device.type == "cuda" else 2**26, dtype=torch.uint8, device=device)
-    target = torch.empty_like(source)
-    ms = time_ms(lambda: target.copy_(source), 5, 5)
-    return 2 * source.numel() / (ms / 1e3)
-
-
 def _projections(batch, length, heads, dim, dtype, count, generator, device):
     """`count` (B, H, N, d) head views of (B, N, D) tensors, as the classes pass them."""
     return [
@@ -238,7 +230,7 @@ def main(argv=None):
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         sys.exit("--device cuda: no CUDA device here")
-    peak = copy_bandwidth(device)
+    peak = benchmarks.measure_copy_bandwidth(device)["bytes_per_s"]
     rows = measure(args)
     metadata = benchmarks.machine_info(device)
     metadata.update(command=benchmarks.command_line(), args=vars(args), copy_bandwidth=peak)
