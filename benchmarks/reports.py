@@ -313,12 +313,14 @@ def markdown_table(results: list[BenchResult]) -> str:
         types = list(dict.fromkeys(r.attention_type for r in rows))
         lengths = sorted({r.length for r in rows})
         by_key = {(r.length, r.attention_type): r for r in rows}
+        counted = any(r.bandwidth_fraction is not None for r in rows)  # compiled modules are not counted
+        bandwidth_caption = " · bytes moved per second as % of the copy bandwidth (bw)" if counted else ""
         out.append(
             f"**{level}, {mode}, batch {batch}, width {width}, {heads} heads, {dtype}, {device}"
             f"{', all-ones padding mask' if mask else ''}{', CUDA graphs' if graphs else ''}"
             f"{f', torch.compile(mode={compiled!r})' if compiled else ''}** — time ms (speedup vs fused SDPA `full`) · "
-            f"peak extra memory MiB · nominal FLOP/s as % of matmul (executed FLOP/s %, where it differs) · "
-            f"bytes moved per second as % of the copy bandwidth (bw)\n"
+            f"peak extra memory MiB · nominal FLOP/s as % of matmul (executed FLOP/s %, where it differs)"
+            f"{bandwidth_caption}\n"
         )
         out.append("| n | " + " | ".join(types) + " |")
         out.append("|---:|" + "---|" * len(types))
