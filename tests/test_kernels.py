@@ -813,3 +813,39 @@ def test_compiled_models_train_through_the_kernels(kind, attention, triton_backe
     torch.testing.assert_close(compiled_loss, loss, rtol=1e-5, atol=1e-6)
     for name, p in net.named_parameters():
         torch.testing.assert_close(p.grad, expected[name], rtol=1e-4, atol=1e-6, msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("attention", ["zformer", "fastformer"])
+def test_kernels_under_selective_activation_checkpointing_give_the_plain_gradients(triton_backend, attention):
+    """Selective activation checkpointing runs the layer under its own dispatch mode, where the
+    kernels run as their operators: saving the kernels' outputs and recomputing the rest gives
+    the gradients of a call without checkpointing, with padding."""
+    import functools
+
+    from torch.utils.checkpoint import CheckpointPolicy, checkpoint, create_selective_checkpoint_contexts
+
+    config = tiny_config(attention_type=attention, hidden_size=64, num_attention_heads=4)
+    torch.manual_seed(0)
+    module = {"zformer": ZformerAttention, "fastformer": FastformerAttention}[attention](config).to(DEVICE)
+    module.FOLDED_AUTOCAST_DEVICES = ()  # the plain form, whose sequence operations are the kernels
+    x = torch.randn(2, 40, 64, generator=torch.Generator().manual_seed(3)).to(DEVICE).requires_grad_()
+    mask = _mask(2, 40, [40, 23])
+    namespace = triton_ops.operator_namespace()
+    seen = []
+
+    def policy(ctx, op, *args, **kwargs):
+        if str(op).startswith(namespace):
+            seen.append(str(op))
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    def loss(inputs):
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            return module(inputs, mask)[0].float().square().sum()
+
+    expected = torch.autograd.grad(loss(x), [x, *module.parameters()])
+    context = functools.partial(create_selective_checkpoint_contexts, policy)
+    got = torch.autograd.grad(checkpoint(loss, x, use_reentrant=False, context_fn=context), [x, *module.parameters()])
+    assert seen, "the kernels did not run as operators under the checkpoint's mode"
+    for a, b in zip(expected, got):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
