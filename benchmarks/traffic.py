@@ -89,7 +89,9 @@ class TrafficCounter(TorchDispatchMode):
             if all(_storage(t) in storages for t in outputs):  # a view, or metadata: no data moves
                 return
         read = 0 if name in LIKE_FACTORIES else sum(tensor_bytes(t) for t in inputs if id(t) not in overwritten)
-        wrote = sum(tensor_bytes(t) for t in outputs)
+        # what it returns, and what it writes in place without returning it (`_foreach_add_`)
+        results = {id(t): t for t in [*outputs, *(t for t in inputs if id(t) in written)]}
+        wrote = sum(tensor_bytes(t) for t in results.values())
         self.operations += 1
         self.bytes_read += read
         self.bytes_written += wrote

@@ -33,13 +33,14 @@ def test_each_operation_reads_its_inputs_and_writes_its_outputs_once():
         target.copy_(x)  # writes target without reading it
         torch.zeros_like(x)  # reads no input
         torch.mm(x, y.t())  # (4, 8) @ (8, 4): both operands read, a (4, 4) written
+        torch._foreach_add_([z, target], [x, y])  # writes z and target in place, returning nothing
     names = [name for name, _, _ in counter.records]
     assert names == ["aten.add.Tensor", "aten.add_.Tensor", "aten.copy_.default", "aten.zeros_like.default",
-                     "aten.mm.default"]
+                     "aten.mm.default", "aten._foreach_add_.List"]
     assert [(read, wrote) for _, read, wrote in counter.records] == [
-        (2 * size, size), (2 * size, size), (size, size), (0, size), (2 * size, 4 * 4 * 4)]
-    assert counter.operations == 5
-    assert counter.bytes == counter.bytes_read + counter.bytes_written == 7 * size + 4 * size + 64
+        (2 * size, size), (2 * size, size), (size, size), (0, size), (2 * size, 4 * 4 * 4), (4 * size, 2 * size)]
+    assert counter.operations == 6
+    assert counter.bytes == counter.bytes_read + counter.bytes_written == 11 * size + 6 * size + 64
 
 
 def _step(attention_type: str, mode: str, dtype: str = "fp32"):
