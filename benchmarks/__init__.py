@@ -85,6 +85,7 @@ from .harness import (
     interrupt_on_terminate,
     load_average,
     machine_info,
+    measure_copy_bandwidth,
     measure_matmul_flops,
     paired_ratio_interval,
     peak_memory_bytes,
@@ -112,7 +113,7 @@ from .reports import (
     write_reports,
     write_seq2seq_reports,
 )
-from .traffic import TrafficCounter, count_traffic, measure_copy_bandwidth, set_bandwidth_fractions, tensor_bytes
+from .traffic import TrafficCounter, count_traffic, set_bandwidth_fractions, tensor_bytes
 from .seq2seq import (SEQ2SEQ_DEFAULT_MODELS, SEQ2SEQ_MODELS, Seq2SeqResult, Seq2SeqShape, build_seq2seq,
                       seq2seq_benchmark, seq2seq_flops)
 

@@ -1,5 +1,6 @@
-"""The attention benchmark's harness: machine measurements (matmul FLOP/s, load, memory), timing
-and peak memory of one call, and the side-by-side runs of cases (`run_cases`, `sweep`)."""
+"""The attention benchmark's harness: machine measurements (matmul FLOP/s, copy bandwidth, load,
+memory), timing and peak memory of one call, and the side-by-side runs of cases (`run_cases`,
+`sweep`)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import torch
 from hf_zformer.modeling.ops import use_kernel_backend
 from .cases import BASELINE, DTYPES, GRID_LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, kernel_backend_of, make_config
 from .flops import case_flops, set_flops_fractions
-from .traffic import count_traffic, set_bandwidth_fractions
+from .traffic import count_traffic
 
 # Environment variables that change CPU timings (THP_MEM_ALLOC_ENABLE=1: transparent huge pages for
 # torch's CPU allocations; MALLOC_*: whether glibc returns freed memory to the system, see
@@ -73,6 +74,27 @@ def measure_matmul_flops(device: torch.device, dtype: torch.dtype, max_size: int
     times = [timed_call(lambda: torch.nn.functional.linear(a, b), device) for _ in range(repeats)]
     seconds = statistics.median(times)
     return {"size": size, "dtype": str(dtype).replace("torch.", ""), "seconds": seconds, "flops": 2 * size**3 / seconds}
+
+
+def measure_copy_bandwidth(device: torch.device, size_bytes: int | None = None, repeats: int = 5,
+                           calls: int = 5) -> dict:
+    """Bytes per second of a copy between two buffers of `size_bytes` (1 GiB on a GPU, 64 MiB on a
+    CPU: far beyond any cache), read plus written: the median over `repeats` timed runs of `calls`
+    copies each (a run's synchronisation then weighs little against its copies), after one warm-up.
+    The 100% of the attention benchmark's bandwidth column, as the matmul rate is of its FLOP/s
+    column, and of the kernel benchmark's."""
+    size_bytes = size_bytes or (2**30 if device.type == "cuda" else 2**26)
+    source = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
+    target = torch.empty_like(source)
+
+    def copies():
+        for _ in range(calls):
+            target.copy_(source)
+
+    timed_call(copies, device)
+    seconds = statistics.median(timed_call(copies, device) for _ in range(repeats)) / calls
+    moved = 2 * source.numel() * source.element_size()
+    return {"size_bytes": moved // 2, "seconds": seconds, "bytes_per_s": moved / seconds}
 
 
 def paired_ratio_interval(base_times: list[float], times: list[float], confidence: float = 0.95,
@@ -424,7 +446,7 @@ class _Runner:
 
         self.guarded(action)
 
-    def finish(self, measure_memory: bool, matmul_flops: float | None, bandwidth: float | None = None):
+    def finish(self, measure_memory: bool, matmul_flops: float | None):
         if not self.active:
             return
         r = self.result
@@ -433,8 +455,6 @@ class _Runner:
         r.tflops = r.flops / (r.time_ms / 1e3) / 1e12
         if matmul_flops:
             set_flops_fractions([r], matmul_flops)
-        if bandwidth:
-            set_bandwidth_fractions([r], bandwidth)
         if measure_memory:
             self.guarded(lambda: setattr(r, "peak_memory_mb", peak_memory_bytes(self.step, self.device) / 2**20))
 
@@ -446,14 +466,15 @@ class _Runner:
 
 def run_cases(cases: list[BenchCase], warmup: int = 1, repeats: int = 5, max_seconds: float = 30.0,
               measure_memory: bool = True, max_memory_bytes: int | None = None,
-              matmul_flops: float | None = None, profile: bool = False, measure_traffic: bool = True,
-              bandwidth: float | None = None) -> list[BenchResult]:
+              matmul_flops: float | None = None, profile: bool = False,
+              measure_traffic: bool = True) -> list[BenchResult]:
     """Measure configurations side by side: after each one's warm-up, the timed calls go round-robin
     over them (call 1 of every case, then call 2, ...), so that load from other processes on a shared
     machine hits every type alike and the speedups compare like with like. A configuration whose
     warm-up call is slow gets fewer timed calls (about `max_seconds` worth, but at least
     min(3, repeats)). With `measure_traffic`, one more call after the warm-up counts each one's
-    operations and bytes moved (`traffic`; their fraction of the copy rate `bandwidth`, bytes/s).
+    operations and bytes moved (`traffic`; `set_bandwidth_fractions` then gives their share of the
+    copy rate).
     The memory of each is measured after its timed calls."""
     runners = [_Runner(case, max_memory_bytes) for case in cases]
     counts = {}
@@ -470,7 +491,7 @@ def run_cases(cases: list[BenchCase], warmup: int = 1, repeats: int = 5, max_sec
             if index < counts[id(runner)]:
                 runner.call(record=True)
     for runner in runners:
-        runner.finish(measure_memory, matmul_flops, bandwidth)
+        runner.finish(measure_memory, matmul_flops)
         if profile:
             runner.profile()
         runner.release()
@@ -499,13 +520,12 @@ def sweep(
     graphs: bool = False,
     compiled: str = "",
     measure_traffic: bool = True,
-    bandwidth: float | None = None,
 ) -> list[BenchResult]:
     """Every (mode, width, heads, length) with all `types` measured side by side (`run_cases`),
     lengths ascending. Once a type takes longer than `max_seconds` per call (or runs out of
     memory), its longer lengths in the same (mode, width, heads) are recorded as skipped. `graphs`:
     every call replays the step captured as a CUDA graph (`capture_graph`); `compiled`: the modules
-    run under torch.compile in that mode (`compile_module`); `measure_traffic`, `bandwidth`: as
+    run under torch.compile in that mode (`compile_module`); `measure_traffic`: as
     `run_cases`."""
     from tqdm.auto import tqdm
 
@@ -532,7 +552,7 @@ def sweep(
                 else:
                     cases.append(case)
             group_results += run_cases(cases, warmup, repeats, max_seconds, measure_memory, max_memory_bytes,
-                                       matmul_flops, profile, measure_traffic, bandwidth)
+                                       matmul_flops, profile, measure_traffic)
             group_results.sort(key=lambda r: types.index(r.attention_type))
             for result in group_results:
                 key = (mode, w, h, result.attention_type)

@@ -1,6 +1,6 @@
 """Memory traffic of the attention benchmark: the bytes one call moves, counted operation by
-operation as PyTorch dispatches them (`count_traffic`), the machine's copy bandwidth
-(`measure_copy_bandwidth`), and each case's fraction of it (`set_bandwidth_fractions`).
+operation as PyTorch dispatches them (`count_traffic`), and each case's fraction of the machine's
+copy bandwidth (`set_bandwidth_fractions`; `harness.measure_copy_bandwidth`).
 
 The count is a model of the traffic, not a hardware counter: every dispatched operation reads each
 tensor it is given once and writes each tensor it returns once. Views and other operations that
@@ -20,7 +20,6 @@ launch, the host work that bounds eager calls on short inputs.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 
 import torch
@@ -119,29 +118,6 @@ def count_traffic(step: Callable[[], None]) -> TrafficCounter:
     with counter:
         step()
     return counter
-
-
-def measure_copy_bandwidth(device: torch.device, size_bytes: int | None = None, repeats: int = 5,
-                           calls: int = 5) -> dict:
-    """Bytes per second of a copy between two buffers of `size_bytes` (1 GiB on a GPU, 64 MiB on a
-    CPU: far beyond any cache), read plus written: the median over `repeats` timed runs of `calls`
-    copies each (a run's synchronisation then weighs little against its copies), after one warm-up.
-    The 100% of the attention benchmark's bandwidth column, as the matmul rate is of its FLOP/s
-    column, and of the kernel benchmark's."""
-    from .harness import timed_call
-
-    size_bytes = size_bytes or (2**30 if device.type == "cuda" else 2**26)
-    source = torch.ones(size_bytes // 4, dtype=torch.float32, device=device)
-    target = torch.empty_like(source)
-
-    def copies():
-        for _ in range(calls):
-            target.copy_(source)
-
-    timed_call(copies, device)
-    seconds = statistics.median(timed_call(copies, device) for _ in range(repeats)) / calls
-    moved = 2 * source.numel() * source.element_size()
-    return {"size_bytes": moved // 2, "seconds": seconds, "bytes_per_s": moved / seconds}
 
 
 def set_bandwidth_fractions(results: list, bytes_per_s: float):

@@ -243,6 +243,12 @@ def prepare_machine(args):
     return device, max_memory
 
 
+def _faster(metadata: dict, name: str, rate: str) -> dict:
+    """The faster of the `<name>_start` and `<name>_end` measurements (by `rate`), or the start alone."""
+    start = metadata[f"{name}_start"]
+    return max(start, metadata.get(f"{name}_end", start), key=lambda m: m[rate])
+
+
 def run_grid(args, device, metadata, max_memory):
     """--level attention / module / model: every type, length, width, heads and mode, with the machine's matmul FLOP/s."""
     dtype = benchmarks.DTYPES[args.dtype]
@@ -287,12 +293,10 @@ def run_grid(args, device, metadata, max_memory):
         if not args.no_traffic:
             metadata["bandwidth_end"] = benchmarks.measure_copy_bandwidth(device)
     metadata["load_average_end"] = benchmarks.load_average()
-    metadata["matmul"] = max(metadata["matmul_start"], metadata.get("matmul_end", metadata["matmul_start"]),
-                             key=lambda m: m["flops"])
+    metadata["matmul"] = _faster(metadata, "matmul", "flops")
     benchmarks.set_flops_fractions(results, metadata["matmul"]["flops"])
     if not args.no_traffic:
-        metadata["bandwidth"] = max(metadata["bandwidth_start"], metadata.get("bandwidth_end", metadata["bandwidth_start"]),
-                                    key=lambda m: m["bytes_per_s"])
+        metadata["bandwidth"] = _faster(metadata, "bandwidth", "bytes_per_s")
         benchmarks.set_bandwidth_fractions(results, metadata["bandwidth"]["bytes_per_s"])
     paths = benchmarks.write_reports(results, args.output, metadata, make_plot=False)
     if not args.no_plot:
