@@ -346,6 +346,42 @@ def test_a_tensor_subclass_weight_keeps_the_layers_own_forward():
     assert type(layer.weight) is Marked and not plain_linears(layer)
 
 
+def test_plain_linears_tells_every_layer_that_must_keep_its_own_forward():
+    """What `plain_linears` admits (its products may run outside the layer's forward: stacked,
+    folded) and each thing that makes a layer keep its own forward."""
+    from hf_zformer.modeling.blocks import Linear, plain_linears
+
+    def fresh():
+        return Linear(4, 4)
+
+    plain, unbiased, replaced = fresh(), Linear(4, 4, bias=False), fresh()
+    weight = replaced.weight.detach().clone()
+    del replaced.weight
+    replaced.weight = weight  # a plain tensor attribute instead of the parameter
+    assert plain_linears(plain, unbiased, replaced) and plain_linears()
+
+    class Wrapped(Linear):
+        pass
+
+    kept = [Wrapped(4, 4), torch.nn.Linear(4, 4)]
+    for register in ("register_forward_hook", "register_forward_pre_hook", "register_full_backward_hook",
+                     "register_full_backward_pre_hook"):
+        layer = fresh()
+        getattr(layer, register)(lambda *args: None)
+        kept.append(layer)
+    own_forward = fresh()
+    own_forward.forward = lambda x: x  # as accelerate's offloading hooks do
+    kept.append(own_forward)
+    for layer in kept:
+        assert not plain_linears(plain, layer), layer
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *args: None)
+    try:
+        assert not plain_linears(plain)
+    finally:
+        handle.remove()
+    assert plain_linears(plain)
+
+
 def test_folded_form_is_taken_for_long_fp32_sequences_outside_autocast():
     import hf_zformer.modeling.attention as attention_module
 

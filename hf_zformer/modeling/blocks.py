@@ -283,14 +283,22 @@ def plain_linears(*layers: nn.Module) -> bool:
     if (hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
             or hooks._global_backward_pre_hooks):
         return False
-    return all(
-        type(layer) is Linear
-        and "forward" not in vars(layer)
-        and not (layer._forward_hooks or layer._forward_pre_hooks or layer._backward_hooks
-                 or layer._backward_pre_hooks)
-        and all(type(p) in (nn.Parameter, torch.Tensor) for p in (layer.weight, layer.bias) if p is not None)
-        for layer in layers
-    )
+    # Called several times per attention forward, so read straight from the instances' dicts: a
+    # registered parameter lives in `_parameters`, never in the instance's own dict (half the host
+    # time of going through `Module.__getattr__`).
+    for layer in layers:
+        state = layer.__dict__
+        if type(layer) is not Linear or "forward" in state or (
+            state["_forward_hooks"] or state["_forward_pre_hooks"] or state["_backward_hooks"]
+            or state["_backward_pre_hooks"]
+        ):
+            return False
+        parameters = state["_parameters"]
+        for name in ("weight", "bias"):
+            tensor = parameters[name] if name in parameters else getattr(layer, name)
+            if tensor is not None and type(tensor) is not nn.Parameter and type(tensor) is not torch.Tensor:
+                return False
+    return True
 
 
 def project(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
