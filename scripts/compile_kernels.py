@@ -302,19 +302,73 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
         compiler.torch_forms.append(f"causal pooling {width} wide")
 
 
-def compile_all(archs: list[int], widths: list[int], dtypes: list[torch.dtype]
+def compile_all(archs: list[int], widths: list[int], dtypes: list[torch.dtype], jobs: int = 1
                 ) -> tuple[list[CompiledKernel], dict[int, list[str]]]:
-    """(every distinct compiled kernel, per architecture what runs as the torch form instead)."""
+    """(every distinct compiled kernel, per architecture what runs as the torch form instead).
+    With `jobs` > 1, each (architecture, precision, head width) compiles in its own process, up to
+    `jobs` at once (`_compile_parts`)."""
     from hf_zformer.modeling import triton_ops
 
     if not triton_ops.AVAILABLE:
         raise SystemExit("compile_kernels.py needs triton: pip install triton")
+    parts = list(itertools.product(archs, dtypes, widths))
+    if jobs > 1 and len(parts) > 1:
+        return _compile_parts(parts, min(jobs, len(parts)))
     results, torch_forms = [], {}
     for arch in archs:
         with KernelCompiler(arch) as compiler:
             drive_kernels(triton_ops, compiler, widths, dtypes)
         results += compiler.results
         torch_forms[arch] = sorted(set(compiler.torch_forms))
+    return results, torch_forms
+
+
+def _compile_share(parts, first: int, step: int, queue) -> None:
+    """In a forked process: compiles parts[first::step], putting (index, kernels as dicts, torch
+    forms) on `queue` for each, or (None, the error, None) where one fails."""
+    try:
+        for index in range(first, len(parts), step):
+            arch, dtype, width = parts[index]
+            results, torch_forms = compile_all([arch], [width], [dtype])
+            queue.put((index, [asdict(kernel) for kernel in results], torch_forms[arch]))
+    except BaseException:  # the parent raises it, rather than waiting for a part that never comes
+        import traceback
+
+        queue.put((None, traceback.format_exc(), None))
+
+
+def _compile_parts(parts: list[tuple[int, torch.dtype, int]], jobs: int
+                   ) -> tuple[list[CompiledKernel], dict[int, list[str]]]:
+    """`compile_all` with the parts shared among `jobs` forked processes: a fork, not a fresh
+    interpreter, so that each sees the modules as this process holds them (bounds set by a caller
+    included), and nothing crosses but plain data. A kernel compiled by several parts (one that
+    does not depend on the head width) is reported once, as in one process."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    workers = [context.Process(target=_compile_share, args=(parts, first, jobs, queue)) for first in range(jobs)]
+    for worker in workers:
+        worker.start()
+    done = {}
+    try:
+        while len(done) < len(parts):
+            index, kernels, forms = queue.get()
+            if index is None:
+                raise RuntimeError(f"compiling in a worker process failed:\n{kernels}")
+            done[index] = kernels, forms
+    finally:
+        for worker in workers:
+            worker.join(timeout=5)
+            if worker.is_alive():
+                worker.kill()
+    results, torch_forms, seen = [], {}, set()
+    for index, (arch, _, _) in enumerate(parts):
+        kernels, forms = done[index]
+        keys = [tuple(value for name, value in kernel.items() if name != "seconds") for kernel in kernels]
+        results += [CompiledKernel(**kernel) for kernel, key in zip(kernels, keys) if key not in seen]
+        seen.update(keys)
+        torch_forms[arch] = sorted(set(torch_forms.get(arch, [])) | set(forms))
     return results, torch_forms
 
 
@@ -349,10 +403,15 @@ def parse_args(argv=None) -> argparse.Namespace:
                         help="input precisions (default: bf16 fp32)")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--strict", action="store_true", help="fail on spilled registers too")
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
+                        help="processes compiling at once, one (architecture, precision, head width) each "
+                             "(default: the CPU count; 1 compiles everything in this process)")
     args = parser.parse_args(argv)
     for width in args.widths:
         if width < 1:
             parser.error(f"--widths: {width} is not a positive head width")
+    if args.jobs < 1:
+        parser.error(f"--jobs: {args.jobs} is not a positive number of processes")
     if args.json:
         from hf_zformer import folders
 
@@ -368,7 +427,7 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[d] for d in args.dtypes]
     start = time.perf_counter()
-    results, torch_forms = compile_all(args.arch, args.widths, dtypes)
+    results, torch_forms = compile_all(args.arch, args.widths, dtypes, args.jobs)
     print(report(results))
     for arch, forms in torch_forms.items():
         if forms:

@@ -87,10 +87,12 @@ except ImportError as error: print('fla missing:', error)
 
 if [ "${QUICK:-0}" = 1 ]; then
     lengths="64 128"; profiled="64"; compiled_lengths="64"; long="256"; batch=2; width=64; wide="96"; repeats=1; decode=32; marks="16,32"; prefixes="64"
+    resources="--widths 16 --dtypes bf16"  # one toy part: every kernel family, compiled in seconds
     matmul="--matmul_size 512"  # the machine's matmul rate from a small product (a CPU's bf16 product of 4,096 takes long)
 else
     lengths="128 256 512 1024 2048"; profiled="512 2048"; compiled_lengths="512 2048"; long="4096 8192 16384 32768 65536"; batch=40; width=512; wide="768 1024"
     repeats=5; matmul=""; decode=${DECODE:-1024}; marks=${MARKS:-256,512,1024}; prefixes=${PREFIXES:-4096 32768}
+    resources="--widths 64 128"  # the grids' head widths (512 and 1,024 wide), bf16 and fp32
 fi
 bench="$python scripts/benchmark_attention.py --device $device --modes forward train --no_plot --no_progress --no_memory --repeats $repeats $matmul"
 types="full zformer zformer_kernels zformer_torch fastformer fastformer_kernels fastformer_torch"
@@ -177,6 +179,7 @@ step grid_compiled 300 $bench --compile reduce-overhead --dtype bf16 --batch $ba
     --lengths $compiled_lengths --modes train --types full zformer fastformer --output "$out/attention_grid_bf16_compiled"
 # what each kernel asks of this GPU as this machine's triton compiles it (registers, spills, shared memory)
 arch=90; spent || arch=$("$python" -c "import torch; m, n = torch.cuda.get_device_capability() if torch.cuda.is_available() else (9, 0); print(10 * m + n)")
-step kernel_resources 90 "$python" scripts/compile_kernels.py --arch "$arch" --widths 64 128 --json "$out/kernel_resources.json"
+# (one process per precision and width: a cold triton cache compiles them side by side)
+step kernel_resources 90 "$python" scripts/compile_kernels.py --arch "$arch" $resources --json "$out/kernel_resources.json"
 pack
 echo "wrote $out/ and $archive"

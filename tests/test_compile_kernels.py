@@ -37,7 +37,7 @@ def _compile(tmp_path, *args, prelude=""):
 
 
 def test_every_kernel_compiles_for_an_h100_with_its_resources_read(tmp_path):
-    result, report = _compile(tmp_path, "--arch", "90", "--widths", "16", "--dtypes", "bf16")
+    result, report = _compile(tmp_path, "--arch", "90", "--widths", "16", "--dtypes", "bf16", "--jobs", "1")
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     kernels = report["kernels"]
     assert {k["kernel"] for k in kernels} == EVERY_KERNEL
@@ -56,14 +56,27 @@ def test_every_kernel_compiles_for_an_h100_with_its_resources_read(tmp_path):
 
 def test_a_bound_below_what_the_kernel_asks_fails_the_check(tmp_path):
     """The bounds the dispatch trusts are checked, not assumed: a prefix-pool bound of 1 KiB is
-    exceeded by the compiled kernel, and the script says so and exits 1."""
+    exceeded by the compiled kernel, and the script says so and exits 1. Two head widths compile in
+    two processes, each seeing the bound as the caller set it, their reports merged."""
     prelude = ("from hf_zformer.modeling import triton_ops\n"
                "triton_ops.PREFIX_POOL_SHARED = ((64, 1024), (128, 1024), (256, 1024))")
-    result, report = _compile(tmp_path, "--arch", "90", "--widths", "16", "--dtypes", "bf16", prelude=prelude)
+    result, report = _compile(tmp_path, "--arch", "90", "--widths", "16", "32", "--dtypes", "bf16", "--jobs", "2",
+                              prelude=prelude)
     assert result.returncode == 1
     over = [k for k in report["kernels"] if k["shared_bytes"] > (k["bound"] or float("inf"))]
     assert over and {k["kernel"] for k in over} <= {"_prefix_pool", "_prefix_pool_backward"}
+    assert {k["constants"].split("D=")[1].split(",")[0] for k in over} == {"16", "32"}  # both processes' parts
     assert "OVER" in result.stdout
+    # the same report as one process compiling both widths: each distinct kernel once
+    (tmp_path / "alone").mkdir()
+    _, alone = _compile(tmp_path / "alone", "--arch", "90", "--widths", "16", "32", "--dtypes", "bf16", "--jobs", "1",
+                        prelude=prelude)
+    assert sorted(map(_fields, report["kernels"])) == sorted(map(_fields, alone["kernels"]))
+    assert report["torch_forms"] == alone["torch_forms"]
+
+
+def _fields(kernel: dict) -> str:
+    return json.dumps({name: value for name, value in kernel.items() if name != "seconds"}, sort_keys=True)
 
 
 def test_a_users_file_is_never_overwritten(tmp_path):
@@ -78,6 +91,8 @@ def test_bad_arguments_are_named(tmp_path):
     assert result.returncode == 2 and "--arch" in result.stderr and "75" in result.stderr
     result, _ = _compile(tmp_path, "--widths", "0")
     assert result.returncode == 2 and "--widths: 0" in result.stderr
+    result, _ = _compile(tmp_path, "--jobs", "0")
+    assert result.returncode == 2 and "--jobs: 0" in result.stderr
 
 
 @pytest.mark.slow
