@@ -6,7 +6,8 @@
 # device tests, the sequence-operation benchmark, compiled modules (their tests and a training
 # grid under torch.compile(mode="reduce-overhead")) and what each kernel asks of the GPU as this
 # machine's triton compiles it (scripts/compile_kernels.py), and write every result into one folder
-# (archived again after each step, so a run cut short still leaves what it measured).
+# (archived again after each step, so a run cut short still leaves what it measured), with
+# acceptance.md: what has run so far against the kernels' bars (scripts/gpu_report.py).
 #
 #     bash scripts/gpu_check.sh [OUTPUT_DIR]          # default gpu_check/; at most 8 minutes
 #     BUDGET=0 bash scripts/gpu_check.sh              # every step to its end: about 25 minutes on an H100/H200
@@ -66,6 +67,8 @@ step() {  # step NAME SECONDS COMMAND...: run and log it within the budget, reco
     pack
 }
 pack() {
+    # acceptance.md: what has run so far against the bars (scripts/gpu_report.py; JSON only, a second)
+    "$python" scripts/gpu_report.py "$out" > "$out/report.log" 2>&1
     # the archive holds every result but not the training steps' checkpoints (train/), so it stays a
     # few hundred KiB: the one file to fetch where a machine hands back only a few small files
     tar -czf "$archive" --exclude "$(basename "$out")/train" -C "$(dirname "$out")" "$(basename "$out")"

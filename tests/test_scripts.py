@@ -925,8 +925,13 @@ def test_gpu_check_dry_run_on_a_cpu(tmp_path):
         names = {Path(name).name for name in packed.getnames()}
         grid = json.load(packed.extractfile("check/attention_grid_bf16_graphs.json"))
         modules = json.load(packed.extractfile("check/module_grid_bf16_graphs.json"))
+        report = json.load(packed.extractfile("check/acceptance.json"))
     assert {"summary.txt", "attention_grid_bf16_graphs.md", "profile_bf16.md", "ab_fastformer.log",
-            "attention_grid_bf16_compiled.md", "kernel_resources.json"} <= names
+            "attention_grid_bf16_compiled.md", "kernel_resources.json", "acceptance.md"} <= names
+    # the toy grids are not the acceptance shape: no bar measured; on a CPU the default forms fold
+    # under autocast too, so no folded form differs from its default form
+    assert all(b["speedup"] is None for found in report["bars"].values() for b in found)
+    assert report["folded"]["verdicts"] == {"zformer": "not measured", "fastformer": "not measured"}
     assert {"zformer_folded", "fastformer_folded"} <= {row["attention_type"] for row in grid["results"]}
     assert all(row["status"] == "ok" for row in grid["results"] + modules["results"])
     assert {row["level"] for row in modules["results"]} == {"module"}
@@ -955,6 +960,8 @@ def test_gpu_check_with_its_budget_spent_names_every_step_it_did_not_run(tmp_pat
     assert {"kernel_tests", "device_tests", "grid_compiled", "kernel_resources"} <= {line.split()[0] for line in records}
     with tarfile.open(tmp_path / "check.tar.gz") as packed:
         assert "check/summary.txt" in packed.getnames()
+        # the report of what ran against the bars, written before every archive: nothing ran yet
+        assert "Not run." in packed.extractfile("check/acceptance.md").read().decode()
 
 
 @pytest.mark.slow
