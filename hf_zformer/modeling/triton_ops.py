@@ -1120,6 +1120,7 @@ class _PrefixPool(torch.autograd.Function):
         pooled, lse = _prefix_pool_forward(scores, values, mask)
         ctx.save_for_backward(scores, values, mask, pooled, lse)
         ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)  # no zeros filled for lse's gradient (as `_save_all`)
         return pooled, lse
 
     @staticmethod
@@ -1247,9 +1248,12 @@ def _fake_prefix_pool_grads(scores, values, mask, pooled, lse, grad):
 
 def _save_all(ctx, inputs, output):
     """Saves the tensor inputs (None included) and the outputs, and the flags aside; the last output
-    (a state or a log-sum-exp) takes no gradient."""
+    (a state or a log-sum-exp) takes no gradient, and none is made for it: without
+    `set_materialize_grads(False)` autograd would fill a tensor of zeros for it before every
+    backward (one more kernel launch each on a GPU), which the backward never reads."""
     ctx.save_for_backward(*(x for x in inputs if not isinstance(x, bool)), *output)
     ctx.mark_non_differentiable(output[-1])
+    ctx.set_materialize_grads(False)
     ctx.flags = [x for x in inputs if isinstance(x, bool)]
 
 
