@@ -286,18 +286,18 @@ if AVAILABLE:
         tl.store(LSE + bh + one, tl.where(empty, float("inf"), top + tl.log(tl.where(empty, 1.0, total))))
 
     @triton.jit
-    def _pool_backward(X, U, M, G, LSE, GP, DX, DU, length, chunk,
+    def _pool_backward(X, U, M, G, LSE, P, DX, DU, length, chunk,
                        sxb, sxh, sxn, sxd, sub, suh, smb, smn, sdb, sdh, sdn, sdd,
                        heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
                        HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr):
         """dx_n = w_n g + t_n u and sum_n t_n x_n over slice s, t_n = w_n (g . x_n - g . pooled),
-        w_n = exp(x_n . u - lse) (0 at padding)."""
+        w_n = exp(x_n . u - lse) (0 at padding); g . pooled from the pooling P (B H, D)."""
         part, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // heads, bh % heads
         rd = tl.arange(0, BD)
         g = tl.load(G + bh * D + rd, mask=rd < D, other=0.0)
         lse = tl.load(LSE + bh)
-        g_pooled = tl.load(GP + bh)
+        g_pooled = tl.sum(g * tl.load(P + bh * D + rd, mask=rd < D, other=0.0))
         if HAS_DIRECTION:
             u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32)
         du = tl.zeros((BD,), dtype=tl.float32)
@@ -395,13 +395,13 @@ if AVAILABLE:
             tl.store(ACC + index[:, None] * BD + rd[None, :], acc, mask=real_heads[:, None])
 
     @triton.jit
-    def _shared_pool_backward(X, U, M, G, LSE, GP, DX, DU, length, chunk, sxb, sxn, sxd, sub, suh, smb, smn,
+    def _shared_pool_backward(X, U, M, G, LSE, P, DX, DU, length, chunk, sxb, sxn, sxd, sub, suh, smb, smn,
                               sdb, sdn, sdd, heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                               BH: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
                               HAS_DIRECTION: tl.constexpr, DOT_FP32: tl.constexpr):
         """`_pool_backward` of one slice along all directions: with w_nh = exp(x_n . u_h - lse_h) and
         t_nh = w_nh (g_h . x_n - g_h . pooled_h), dx_n = sum_h w_nh g_h + t_nh u_h (two matrix
-        products per tile) and the slice's du_h = sum_n t_nh x_n."""
+        products per tile) and the slice's du_h = sum_n t_nh x_n; pooled_h from P (B H, D)."""
         part, b = tl.program_id(0), tl.program_id(1)
         rd, rh = tl.arange(0, BD), tl.arange(0, BH)
         real_heads = rh < heads
@@ -409,7 +409,7 @@ if AVAILABLE:
         columns = real_heads[:, None] & (rd[None, :] < D)
         g = tl.load(G + pairs[:, None] * D + rd[None, :], mask=columns, other=0.0)
         lse = tl.load(LSE + pairs, mask=real_heads, other=float("inf"))  # no weight on padded heads
-        g_pooled = tl.load(GP + pairs, mask=real_heads, other=0.0)
+        g_pooled = tl.sum(g * tl.load(P + pairs[:, None] * D + rd[None, :], mask=columns, other=0.0), axis=1)
         u = _directions(U, b, sub, suh, rd, rh, columns, BH, BD, HAS_DIRECTION)
         du = tl.zeros((BH, BD), dtype=tl.float32)
         start = part * chunk
@@ -429,7 +429,7 @@ if AVAILABLE:
             tl.store(DU + ((b * tl.num_programs(0) + part) * BH + rh[:, None]) * BD + rd[None, :], du)
 
     @triton.jit
-    def _shared_pool_backward_paired(X, U, M, G, LSE, GP, DX, DU, length, chunk, sxb, sxn, sxd, sub, suh, smb,
+    def _shared_pool_backward_paired(X, U, M, G, LSE, P, DX, DU, length, chunk, sxb, sxn, sxd, sub, suh, smb,
                                      smn, sdb, sdn, sdd, heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr,
                                      BH: tl.constexpr, BLOCK_N: tl.constexpr, HAS_MASK: tl.constexpr,
                                      DOT_FP32: tl.constexpr):
@@ -449,7 +449,10 @@ if AVAILABLE:
         paired = u.to(tl.float32) + g  # (BH, BD): u_h in row 2h, g_h in row 2h + 1
         real_heads = rp < heads
         lse = tl.load(LSE + b * heads + rp, mask=real_heads, other=float("inf"))  # no weight on padded heads
-        g_pooled = tl.load(GP + b * heads + rp, mask=real_heads, other=0.0)
+        by_head = (b * heads + rp[:, None]) * D + rd[None, :]  # (HALF, BD) rows of g and the pooling per head
+        head_ok = real_heads[:, None] & (rd[None, :] < D)
+        g_pooled = tl.sum(tl.load(G + by_head, mask=head_ok, other=0.0) * tl.load(P + by_head, mask=head_ok, other=0.0),
+                          axis=1)
         du = tl.zeros((BH, BD), dtype=tl.float32)
         start = part * chunk
         for offset in range(start, tl.minimum(start + chunk, length), BLOCK_N):
@@ -922,14 +925,13 @@ def _direction_pool_grads(values, direction, mask, pooled, lse, grad):
     """(dvalues stored heads-last in the values' dtype, du in the direction's dtype or None without
     a direction) from the forward's inputs, pooling and log-sum-exp and the pooling's gradient."""
     batch, heads, length, dim = values.shape
-    grad = grad.float().contiguous()
-    grad_pooled = (grad * pooled).sum(-1).contiguous()  # g . pooled (B, H)
+    grad, pooled = grad.float().contiguous(), pooled.contiguous()  # (B, H, d): the kernel takes g . pooled
     parts, chunk = _pool_slices(values)
     grad_values = _heads_last(batch, heads, length, dim, values)
     partial = torch.empty(batch * heads, parts, _tile(dim), dtype=torch.float32, device=values.device)
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
     _pool_backward[(parts, batch * heads)](
-        values, values if direction is None else direction, mask_ptr, grad, lse, grad_pooled, grad_values,
+        values, values if direction is None else direction, mask_ptr, grad, lse, pooled, grad_values,
         partial, length, chunk, *values.stride(), *_direction_strides(direction), smb, smn,
         *grad_values.stride(), heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
         HAS_DIRECTION=direction is not None,
@@ -1034,14 +1036,13 @@ def _shared_pool_grads(values, direction, mask, pooled, lse, grad, has_direction
     direction) of the shared pooling, from the forward's inputs and results and the gradient."""
     batch, length, dim = values.shape
     heads = direction.shape[1]
-    grad = grad.float().contiguous()
-    grad_pooled = (grad * pooled).sum(-1).contiguous()  # g . pooled (B, H)
+    grad, pooled = grad.float().contiguous(), pooled.contiguous()  # (B, H, D): the kernels take g . pooled
     parts, chunk, (mask_ptr,), strides, constants = _shared_launch(values, direction, mask, backward=True)
     grad_values = torch.empty_like(values, memory_format=torch.contiguous_format)
     paired = has_direction and _paired_backward(heads)
     rows = _tile(heads) // 2 if paired else _tile(heads)
     partial = torch.empty(batch, parts, rows, _tile(dim), dtype=torch.float32, device=values.device)
-    arguments = (values, direction, mask_ptr, grad, lse, grad_pooled, grad_values, partial, length, chunk, *strides,
+    arguments = (values, direction, mask_ptr, grad, lse, pooled, grad_values, partial, length, chunk, *strides,
                  *grad_values.stride())
     if paired:
         _shared_pool_backward_paired[(parts, batch)](*arguments, **constants)
