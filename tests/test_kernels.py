@@ -189,6 +189,23 @@ def test_direction_pool_kernel_matches_fp64(kernels, direction_rows, with_mask, 
     _assert_pool_matches_fp64(pooled, values, direction, mask, ops.direction_pool)
 
 
+@pytest.mark.parametrize("direction_rows", [1, 3])
+def test_direction_pool_kernel_applies_the_score_scale(kernels, direction_rows):
+    """A scale multiplies the scores inside the kernel: the pooling and the gradients (the
+    direction's included) of the scaled direction's, against the fp64 torch forms."""
+    generator = torch.Generator().manual_seed(8)
+    values = _heads(3, 300, 2, 24, generator)
+    direction = torch.randn(direction_rows, 2, 24, generator=generator).to(DEVICE).requires_grad_()
+    mask = _mask(3, 300, [300, 100, 0])
+    pooled = ops.direction_pool(values, direction, mask, 0.2)
+    unscaled = ops.direction_pool(values, direction, mask)
+    assert _relative(pooled, unscaled) > 1e-3  # the scale changes the pooling
+    _assert_pool_matches_fp64(pooled, values, direction, mask, lambda v, u, m: ops.direction_pool(v, u, m, 0.2))
+    reference = ops.direction_pool_reference(values.detach().cpu().double(), direction.detach().cpu().double() * 0.2,
+                                             mask.cpu())
+    assert _relative(pooled.detach().cpu(), reference) < 1e-6
+
+
 def test_direction_pool_kernel_matches_the_naive_reference(kernels):
     generator = torch.Generator().manual_seed(6)
     values = _heads(2, 11, 2, 16, generator)
@@ -676,7 +693,7 @@ def _operator_cases():
         ("linear_attention", (query, key, value, mask, scale)),
         ("linear_attention", (query, key, value, None, None)),
         ("direction_pool", (value, directions[0], mask)),
-        ("direction_pool", (value, directions[1], None)),
+        ("direction_pool", (value, directions[1], None, 0.125)),  # the score scale (Fastformer's 1/sqrt(d_h))
         ("direction_pool", (value, None, mask)),
         # 3 directions per sequence: a padded tile of heads
         ("shared_pool", (rows, torch.randn(2, 3, 32, device=DEVICE, requires_grad=True), mask, True)),
@@ -694,8 +711,8 @@ def test_kernel_operators_pass_opcheck(case, kernels):
     operator = getattr(triton_ops.OPERATORS, name)
     torch.library.opcheck(operator, inputs)
     outputs = operator(*inputs)
-    tensors = [x for x in inputs if not isinstance(x, bool)]
-    flags = [x for x in inputs if isinstance(x, bool)]
+    tensors = [x for x in inputs if not isinstance(x, (bool, float))]
+    flags = [x for x in inputs if isinstance(x, (bool, float))]
     saved = (*tensors, outputs[1]) if name == "linear_attention" else (*tensors, *outputs)  # as the backward's
     grads = getattr(triton_ops.OPERATORS, f"{name}_grads")
     torch.library.opcheck(grads, (*saved, torch.randn_like(outputs[0]), *flags),

@@ -579,12 +579,13 @@ def _prefix_kernel_applies(scores, values, return_state: bool) -> bool:
     return _kernel_applies("prefix_pool", values, fits=lambda limit: prefix_fits(values.shape[-1], limit))
 
 
-def direction_pool(values, direction=None, mask=None):
+def direction_pool(values, direction=None, mask=None, scale: float = 1.0):
     """Bidirectional softmax pooling whose scores are a projection of the values themselves:
-    pooled = sum_j softmax_j(values_j . u) values_j over the real positions j. values (B, H, N, d),
-    direction u (B or 1, H, d), or None for zero scores (the plain mean), mask (B, N), 1/True at
-    real tokens, or None. Returns (B, H, 1, d) in fp32 (fp64 stays fp64); zero for a row with no real
-    token. Fastformer's two poolings both take this form (w . q_i, and w . (q_g * k_i) = (w * q_g) . k_i).
+    pooled = sum_j softmax_j(scale values_j . u) values_j over the real positions j. values (B, H,
+    N, d), direction u (B or 1, H, d), or None for zero scores (the plain mean), mask (B, N), 1/True
+    at real tokens, or None; `scale` a number (the kernel applies it to u itself: no operation of
+    its own). Returns (B, H, 1, d) in fp32 (fp64 stays fp64); zero for a row with no real token.
+    Fastformer's two poolings both take this form (w . q_i, and w . (q_g * k_i) = (w * q_g) . k_i).
 
     Values (B, 1, N, D) are one sequence shared by the H directions (B or 1, H, D): each head pools
     the whole rows along its own direction (Fastformer's folded form pools the layer's input this
@@ -592,13 +593,19 @@ def direction_pool(values, direction=None, mask=None):
 
     The Triton kernel where it applies (`_kernel_applies`; `shared_pool_kernel` for shared values),
     else `softmax_pool` over the scores (shared values: two batched products)."""
-    if values.shape[1] == 1 and (direction is None or direction.shape[1] > 1):
-        return _shared_direction_pool(values.squeeze(1), direction, mask)  # a view both ways (no copy in the backward)
+    if values.shape[1] == 1 and (direction is None or direction.shape[1] > 1):  # a view both ways (no copy in the backward)
+        return _shared_direction_pool(values.squeeze(1), _scaled(direction, scale), mask)
     if _kernel_applies("direction_pool", values):
-        return direction_pool_kernel(values, direction, mask)[:, :, None]
+        return direction_pool_kernel(values, direction, mask, scale)[:, :, None]
+    direction = _scaled(direction, scale)
     with no_autocast(values.device.type):
         values = at_least_fp32(values)[0]
         return softmax_pool(direction_scores(values, direction), values, mask)[0]
+
+
+def _scaled(direction, scale: float):
+    """direction * scale, where the torch forms apply the scale (one multiply of the small direction)."""
+    return direction if direction is None or scale == 1 else direction * scale
 
 
 def _shared_kernel_applies(values, heads: int) -> bool:
@@ -647,9 +654,10 @@ def direction_scores(values, direction):
     return (values * direction.to(values.dtype)[:, :, None, :]).sum(-1, keepdim=True)
 
 
-def direction_pool_reference(values, direction=None, mask=None):
+def direction_pool_reference(values, direction=None, mask=None, scale: float = 1.0):
     """`direction_pool` computed naively, through `softmax_pool_reference` over the scores (shared
     values broadcast to every direction)."""
+    direction = _scaled(direction, scale)
     if values.shape[1] == 1 and direction is not None:
         values = values.expand(-1, direction.shape[1], -1, -1)
     return softmax_pool_reference(direction_scores(values, direction), values, mask)[0]

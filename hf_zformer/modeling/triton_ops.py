@@ -221,17 +221,18 @@ if AVAILABLE:
                       sxn, sxd, son, sod, DX, DY, BX, BY, BLOCK_N, HAS_MASK, DOT_FP32)
 
     @triton.jit
-    def _pool(X, U, M, MAX, SUM, ACC, POOLED, LSE, length, chunk, sxb, sxh, sxn, sxd, sub, suh, smb, smn,
+    def _pool(X, U, M, MAX, SUM, ACC, POOLED, LSE, length, chunk, scale, sxb, sxh, sxn, sxd, sub, suh, smb, smn,
               heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
               HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr, FINAL: tl.constexpr):
-        """An online softmax over the rows of slice s: the running max of the scores x_n . u, the sum
-        of exp(score - max) and of exp(score - max) x_n. FINAL (one slice: the whole sequence): the
-        pooling and log-sum-exp themselves (+inf where no token is real), else the slice's three sums."""
+        """An online softmax over the rows of slice s: the running max of the scores x_n . (scale u),
+        the sum of exp(score - max) and of exp(score - max) x_n. FINAL (one slice: the whole
+        sequence): the pooling and log-sum-exp themselves (+inf where no token is real), else the
+        slice's three sums."""
         part, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // heads, bh % heads
         rd = tl.arange(0, BD)
         if HAS_DIRECTION:
-            u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32)
+            u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32) * scale
         top = tl.full((1,), _FLOOR, tl.float32)
         total = tl.zeros((1,), dtype=tl.float32)
         acc = tl.zeros((BD,), dtype=tl.float32)
@@ -286,12 +287,13 @@ if AVAILABLE:
         tl.store(LSE + bh + one, tl.where(empty, float("inf"), top + tl.log(tl.where(empty, 1.0, total))))
 
     @triton.jit
-    def _pool_backward(X, U, M, G, LSE, P, DX, DU, length, chunk,
+    def _pool_backward(X, U, M, G, LSE, P, DX, DU, length, chunk, scale,
                        sxb, sxh, sxn, sxd, sub, suh, smb, smn, sdb, sdh, sdn, sdd,
                        heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
                        HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr):
-        """dx_n = w_n g + t_n u and sum_n t_n x_n over slice s, t_n = w_n (g . x_n - g . pooled),
-        w_n = exp(x_n . u - lse) (0 at padding); g . pooled from the pooling P (B H, D)."""
+        """dx_n = w_n g + t_n (scale u) and scale sum_n t_n x_n (the gradient of u) over slice s,
+        t_n = w_n (g . x_n - g . pooled), w_n = exp(x_n . (scale u) - lse) (0 at padding); g . pooled
+        from the pooling P (B H, D)."""
         part, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // heads, bh % heads
         rd = tl.arange(0, BD)
@@ -299,7 +301,7 @@ if AVAILABLE:
         lse = tl.load(LSE + bh)
         g_pooled = tl.sum(g * tl.load(P + bh * D + rd, mask=rd < D, other=0.0))
         if HAS_DIRECTION:
-            u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32)
+            u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32) * scale
         du = tl.zeros((BD,), dtype=tl.float32)
         start = part * chunk
         for offset in range(start, tl.minimum(start + chunk, length), BLOCK_N):
@@ -320,7 +322,7 @@ if AVAILABLE:
             tl.store(DX + b * sdb + h * sdh + rows[:, None] * sdn + rd[None, :] * sdd, dx.to(DX.dtype.element_ty),
                      mask=inside[:, None] & (rd[None, :] < D))
         if HAS_DIRECTION:
-            tl.store(DU + (bh * tl.num_programs(0) + part) * BD + rd, du)
+            tl.store(DU + (bh * tl.num_programs(0) + part) * BD + rd, du * scale)
 
     @triton.jit
     def _dot32(a, b, DOT_FP32: tl.constexpr):
@@ -898,8 +900,9 @@ def _pool_slices(values) -> tuple[int, int]:
     return whole if length <= POOL_CHUNK else (triton.cdiv(length, POOL_CHUNK), POOL_CHUNK)
 
 
-def _pool_forward(values, direction, mask):
-    """(pooled (B, H, d) fp32, log-sum-exp (B, H) fp32, +inf where a row has no real token)."""
+def _pool_forward(values, direction, mask, scale: float = 1.0):
+    """(pooled (B, H, d) fp32, log-sum-exp (B, H) fp32, +inf where a row has no real token), the
+    scores x_n . u multiplied by `scale`."""
     batch, heads, length, dim = values.shape
     parts, chunk = _pool_slices(values)
     pooled = torch.empty(batch, heads, dim, dtype=torch.float32, device=values.device)
@@ -913,7 +916,7 @@ def _pool_forward(values, direction, mask):
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
     _pool[(parts, batch * heads)](
         values, values if direction is None else direction, mask_ptr, top, total, acc, pooled, lse, length, chunk,
-        *values.stride(), *_direction_strides(direction), smb, smn, heads=heads, D=dim, BD=_tile(dim),
+        float(scale), *values.stride(), *_direction_strides(direction), smb, smn, heads=heads, D=dim, BD=_tile(dim),
         BLOCK_N=_BLOCK_N, HAS_MASK=has_mask, HAS_DIRECTION=direction is not None, FINAL=parts == 1,
     )
     if parts > 1:
@@ -921,7 +924,7 @@ def _pool_forward(values, direction, mask):
     return pooled, lse
 
 
-def _direction_pool_grads(values, direction, mask, pooled, lse, grad):
+def _direction_pool_grads(values, direction, mask, pooled, lse, grad, scale: float = 1.0):
     """(dvalues stored heads-last in the values' dtype, du in the direction's dtype or None without
     a direction) from the forward's inputs, pooling and log-sum-exp and the pooling's gradient."""
     batch, heads, length, dim = values.shape
@@ -932,7 +935,7 @@ def _direction_pool_grads(values, direction, mask, pooled, lse, grad):
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
     _pool_backward[(parts, batch * heads)](
         values, values if direction is None else direction, mask_ptr, grad, lse, pooled, grad_values,
-        partial, length, chunk, *values.stride(), *_direction_strides(direction), smb, smn,
+        partial, length, chunk, float(scale), *values.stride(), *_direction_strides(direction), smb, smn,
         *grad_values.stride(), heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
         HAS_DIRECTION=direction is not None,
     )
@@ -946,26 +949,29 @@ def _direction_pool_grads(values, direction, mask, pooled, lse, grad):
 
 class _DirectionPool(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, values, direction, mask):
-        pooled, lse = _pool_forward(values, direction, mask)
+    def forward(ctx, values, direction, mask, scale):
+        pooled, lse = _pool_forward(values, direction, mask, scale)
         ctx.save_for_backward(values, direction, mask, pooled, lse)
+        ctx.scale = scale
         return pooled
 
     @staticmethod
     def backward(ctx, grad):
-        return *_direction_pool_grads(*ctx.saved_tensors, grad), None
+        return *_direction_pool_grads(*ctx.saved_tensors, grad, ctx.scale), None, None
 
 
-def direction_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
-    """Bidirectional `ops.direction_pool`: sum_j softmax_j(values_j . u) values_j over the real
+def direction_pool_kernel(values, direction=None, mask=None, scale: float = 1.0) -> torch.Tensor:
+    """Bidirectional `ops.direction_pool`: sum_j softmax_j(scale values_j . u) values_j over the real
     positions. values (B, H, N, d), direction u (B or 1, H, d) or None (the plain mean), mask (B, N)
-    or None. Returns (B, H, d) in fp32; zero for a row with no real token."""
+    or None; the scale multiplies u inside the kernel. Returns (B, H, d) in fp32; zero for a row
+    with no real token."""
     direction = None if direction is None else direction.contiguous()
+    scale = float(scale)
     if _as_operators():
-        return OPERATORS.direction_pool(values, direction, mask)[0]
+        return OPERATORS.direction_pool(values, direction, mask, scale)[0]
     if _needs_graph(values, direction):
-        return _DirectionPool.apply(values, direction, mask)
-    return _pool_forward(values, direction, mask)[0]  # inference: no autograd node
+        return _DirectionPool.apply(values, direction, mask, scale)
+    return _pool_forward(values, direction, mask, scale)[0]  # inference: no autograd node
 
 
 def shared_pool_shared(width: int, heads: int) -> int | None:
@@ -1184,17 +1190,18 @@ def _fake_linear_attention_grads(query, key, value, mask, scale, state, grad):
     return *grads, query.new_empty((), dtype=torch.float32)
 
 
-def _direction_pool_op(values: Tensor, direction: Optional[Tensor], mask: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    return _pool_forward(values, direction, mask)
+def _direction_pool_op(values: Tensor, direction: Optional[Tensor], mask: Optional[Tensor],
+                       scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    return _pool_forward(values, direction, mask, scale)
 
 
 def _direction_pool_grads_op(values: Tensor, direction: Optional[Tensor], mask: Optional[Tensor], pooled: Tensor,
-                             lse: Tensor, grad: Tensor) -> tuple[Tensor, Tensor]:
-    grad_values, grad_direction = _direction_pool_grads(values, direction, mask, pooled, lse, grad)
+                             lse: Tensor, grad: Tensor, scale: float = 1.0) -> tuple[Tensor, Tensor]:
+    grad_values, grad_direction = _direction_pool_grads(values, direction, mask, pooled, lse, grad, scale)
     return grad_values, values.new_empty(0) if grad_direction is None else grad_direction.contiguous()
 
 
-def _fake_direction_pool_grads(values, direction, mask, pooled, lse, grad):
+def _fake_direction_pool_grads(values, direction, mask, pooled, lse, grad, scale=1.0):
     return _heads_last(*values.shape, values), _fake_direction_grad(values, direction)
 
 
@@ -1206,7 +1213,7 @@ def _fake_direction_grad(values, direction):
     return direction.new_empty(rows, *direction.shape[1:])
 
 
-def _fake_pool(values, direction, mask):
+def _fake_pool(values, direction, mask, scale=1.0):
     """(pooled (B, H, d), log-sum-exp (B, H)), fp32; the shared pooling's H is its directions'."""
     heads = values.shape[1] if values.dim() == 4 else direction.shape[1]
     return (values.new_empty(values.shape[0], heads, values.shape[-1], dtype=torch.float32),
@@ -1248,14 +1255,15 @@ def _fake_prefix_pool_grads(scores, values, mask, pooled, lse, grad):
 
 
 def _save_all(ctx, inputs, output):
-    """Saves the tensor inputs (None included) and the outputs, and the flags aside; the last output
+    """Saves the tensor inputs (None included) and the outputs, and the flags and numbers (a
+    scale) aside, in order; the last output
     (a state or a log-sum-exp) takes no gradient, and none is made for it: without
     `set_materialize_grads(False)` autograd would fill a tensor of zeros for it before every
     backward (one more kernel launch each on a GPU), which the backward never reads."""
-    ctx.save_for_backward(*(x for x in inputs if not isinstance(x, bool)), *output)
+    ctx.save_for_backward(*(x for x in inputs if not isinstance(x, (bool, float))), *output)
     ctx.mark_non_differentiable(output[-1])
     ctx.set_materialize_grads(False)
-    ctx.flags = [x for x in inputs if isinstance(x, bool)]
+    ctx.flags = [x for x in inputs if isinstance(x, (bool, float))]
 
 
 def _linear_attention_operator_backward(ctx, grad, _):
@@ -1266,8 +1274,9 @@ def _linear_attention_operator_backward(ctx, grad, _):
 
 def _direction_pool_operator_backward(ctx, grad, _):
     values, direction, mask, pooled, lse = ctx.saved_tensors
-    grad_values, grad_direction = OPERATORS.direction_pool_grads(values, direction, mask, pooled, lse, grad)
-    return grad_values, None if direction is None else grad_direction, None
+    (scale,) = ctx.flags
+    grad_values, grad_direction = OPERATORS.direction_pool_grads(values, direction, mask, pooled, lse, grad, scale)
+    return grad_values, None if direction is None else grad_direction, None, None
 
 
 def _shared_pool_operator_backward(ctx, grad, _):
