@@ -19,8 +19,8 @@ the tests compare every fast form against it in fp64, forward and backward).
   softmax_j(scores) values_j over the real positions j that i sees; `state` is (log-sum-exp of the
   scores so far (B, H, 1, 1), the pooling so far (B, H, 1, d)).
 
-- **Direction pooling** (bidirectional Fastformer): `direction_pool(values, direction, mask)`,
-  reference `direction_pool_reference`: `softmax_pool` with the scores values_j . u, so a fused
+- **Direction pooling** (bidirectional Fastformer): `direction_pool(values, direction, mask, scale)`,
+  reference `direction_pool_reference`: `softmax_pool` with the scores scale values_j . u, so a fused
   kernel reads the values once and no (B, H, N, 1) scores are formed. Values (B, 1, N, D) are shared
   by H directions (B or 1, H, D): the folded form pools the layer's input once per head.
 
