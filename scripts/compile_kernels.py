@@ -313,7 +313,10 @@ def compile_all(archs: list[int], widths: list[int], dtypes: list[torch.dtype], 
         raise SystemExit("compile_kernels.py needs triton: pip install triton")
     parts = list(itertools.product(archs, dtypes, widths))
     if jobs > 1 and len(parts) > 1:
-        return _compile_parts(parts, min(jobs, len(parts)))
+        try:
+            return _compile_parts(parts, min(jobs, len(parts)))
+        except RuntimeError as error:  # the processes, not a kernel (a kernel's compile error is a finding)
+            print(f"{error}\ncompiling in this process instead", file=sys.stderr)
     results, torch_forms = [], {}
     for arch in archs:
         with KernelCompiler(arch) as compiler:
@@ -342,8 +345,10 @@ def _compile_parts(parts: list[tuple[int, torch.dtype, int]], jobs: int
     """`compile_all` with the parts shared among `jobs` forked processes: a fork, not a fresh
     interpreter, so that each sees the modules as this process holds them (bounds set by a caller
     included), and nothing crosses but plain data. A kernel compiled by several parts (one that
-    does not depend on the head width) is reported once, as in one process."""
+    does not depend on the head width) is reported once, as in one process. RuntimeError where a
+    process fails or ends before its parts are done (`compile_all` then compiles them itself)."""
     import multiprocessing
+    from queue import Empty
 
     context = multiprocessing.get_context("fork")
     queue = context.Queue()
@@ -353,7 +358,14 @@ def _compile_parts(parts: list[tuple[int, torch.dtype, int]], jobs: int
     done = {}
     try:
         while len(done) < len(parts):
-            index, kernels, forms = queue.get()
+            try:
+                index, kernels, forms = queue.get(timeout=5)
+            except Empty:  # every worker flushes its parts before it ends: none alive, none to come
+                if any(worker.is_alive() for worker in workers):
+                    continue
+                codes = sorted({worker.exitcode for worker in workers})
+                raise RuntimeError(f"the compile processes ended (exit codes {codes}) with "
+                                   f"{len(parts) - len(done)} of {len(parts)} parts not compiled") from None
             if index is None:
                 raise RuntimeError(f"compiling in a worker process failed:\n{kernels}")
             done[index] = kernels, forms
