@@ -305,8 +305,8 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
 def compile_all(archs: list[int], widths: list[int], dtypes: list[torch.dtype], jobs: int = 1
                 ) -> tuple[list[CompiledKernel], dict[int, list[str]]]:
     """(every distinct compiled kernel, per architecture what runs as the torch form instead).
-    With `jobs` > 1, each (architecture, precision, head width) compiles in its own process, up to
-    `jobs` at once (`_compile_parts`)."""
+    With `jobs` > 1, the (architecture, precision, head width) parts are shared among `jobs`
+    processes (`_compile_parts`)."""
     from hf_zformer.modeling import triton_ops
 
     if not triton_ops.AVAILABLE:
@@ -416,8 +416,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--strict", action="store_true", help="fail on spilled registers too")
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1,
-                        help="processes compiling at once, one (architecture, precision, head width) each "
-                             "(default: the CPU count; 1 compiles everything in this process)")
+                        help="processes compiling at once, sharing the (architecture, precision, head width) "
+                             "parts (default: the CPU count; 1 compiles everything in this process)")
     args = parser.parse_args(argv)
     for width in args.widths:
         if width < 1:
