@@ -63,20 +63,16 @@ def _row(rows: list[dict], shape: dict, attention_type: str, mode: str, length: 
                  and r["length"] == length and all(r[key] == value for key, value in shape.items())), None)
 
 
-def _speedup(rows, shape, attention_type, mode, length) -> float | None:
-    base, row = _row(rows, shape, BASELINE, mode, length), _row(rows, shape, attention_type, mode, length)
-    return None if base is None or row is None else base["time_ms"] / row["time_ms"]
-
-
 def bars(rows: list[dict]) -> list[dict]:
-    """Per linear type of the grid and bar: its speed-up over SDPA at the acceptance shape (None
-    where not measured) and whether it meets the bar."""
+    """Per linear type of the grid and bar: its speed-up over SDPA at the acceptance shape (the
+    grid's own `speedup_vs_full`; None where not measured) and whether it meets the bar."""
     types = sorted({r["attention_type"] for r in rows if r["attention_type"].split("_")[0] in LINEAR},
                    key=lambda name: (LINEAR.index(name.split("_")[0]), name))
     found = []
     for attention_type in types:
         for mode, length, bar in BARS:
-            speedup = _speedup(rows, SHAPE, attention_type, mode, length)
+            row = _row(rows, SHAPE, attention_type, mode, length)
+            speedup = None if row is None else row.get("speedup_vs_full")
             found.append({"type": attention_type, "mode": mode, "length": length, "bar": bar, "speedup": speedup,
                           "meets": None if speedup is None else speedup >= bar})
     return found
@@ -260,8 +256,8 @@ def main(argv=None) -> int:
     if not args.folder.is_dir():
         print(f"gpu_report.py: error: folder: {args.folder} is not a folder (the GPU check's output)", file=sys.stderr)
         return 2
-    earlier = _load(args.bundle) if args.bundle and args.bundle.exists() else None
-    if args.bundle and args.bundle.exists() and not (isinstance(earlier, dict) and earlier.get("written_by") == WRITTEN_BY):
+    earlier = _load(args.bundle) if args.bundle and args.bundle.exists() else {"written_by": WRITTEN_BY}
+    if not isinstance(earlier, dict) or earlier.get("written_by") != WRITTEN_BY:
         print(f"gpu_report.py: error: --bundle: {args.bundle} exists and is not a GPU check's bundle; "
               "it is left as it is (name a new file)", file=sys.stderr)
         return 2

@@ -18,6 +18,12 @@ def _row(attention_type, mode, length, time_ms, batch=40, width=512, executed=No
 
 
 def _grid(rows):
+    """The grid's JSON, each row's speed-up over `full` of the same shape set as the benchmark does."""
+    def shape(row):
+        return tuple(row[key] for key in ("mode", "length", "batch", "width", "heads", "dtype"))
+
+    full = {shape(r): r["time_ms"] for r in rows if r["attention_type"] == "full" and r["status"] == "ok"}
+    rows = [{**r, "speedup_vs_full": full[shape(r)] / r["time_ms"] if shape(r) in full else None} for r in rows]
     return {"metadata": {"commit": "0123456789abcdef", "gpu": "NVIDIA H200", "date": "2026-11-29"}, "results": rows}
 
 
