@@ -150,7 +150,7 @@ def _programs_per_sm(arch: int, registers: int | None, shared: int, num_warps: i
 
 
 _SHOWN_CONSTANTS = ("heads", "D", "DK", "DV", "DX", "DY", "BD", "BH", "BLOCK_N", "HAS_MASK", "HAS_SCALE",
-                    "HAS_DIRECTION", "FINAL", "DOT_FP32", "TRANSPOSE", "SIZE")
+                    "HAS_DIRECTION", "HAS_GATE", "SHARED", "FINAL", "DOT_FP32", "TRANSPOSE", "SIZE")
 
 
 class KernelCompiler:
@@ -276,14 +276,19 @@ def _drive_linear_attention(triton_ops, compiler, tensor, dtype, width, mask) ->
 
 def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     """Fastformer: the per-head pooling (one slice and several; a (rows, width) tile and a few
-    vectors, no bound needed), the pooling across `MODEL_HEADS` heads of the layer's input, and the
-    causal (prefix) pooling; the first two along a direction and as the mean."""
+    vectors, no bound needed), plain and gated (the key pooling), the pooling across `MODEL_HEADS`
+    heads of the layer's input, and the causal (prefix) pooling; the first two along a direction
+    and as the mean."""
     length, limit = mask.shape[1], compiler.limit
     compiler.bound = None
-    for rows, with_direction in itertools.product((triton_ops.POOL_CHUNK or 64, length), (True, False)):
+    for rows, with_direction, gated in itertools.product((triton_ops.POOL_CHUNK or 64, length), (True, False),
+                                                         (False, True)):
         values = tensor(BATCH, HEADS, rows, width, dtype=dtype)
-        direction = torch.zeros(BATCH, HEADS, width, requires_grad=True) if with_direction else None
-        _backward(triton_ops.direction_pool_kernel(values, direction, mask[:, :rows]), values, direction)
+        # the key pooling's direction is one per head (w_k), its gate one per sequence (q_g)
+        direction = torch.zeros(1 if gated else BATCH, HEADS, width, requires_grad=True) if with_direction else None
+        gate = torch.zeros(BATCH, HEADS, width, requires_grad=True) if gated else None
+        pooled = triton_ops.direction_pool_kernel(values, direction, mask[:, :rows], gate=gate)
+        _backward(pooled, values, direction, gate)
     model_width = MODEL_HEADS * width
     if triton_ops.shared_fits(model_width, MODEL_HEADS, limit):
         compiler.bound = triton_ops.shared_pool_shared(model_width, MODEL_HEADS)

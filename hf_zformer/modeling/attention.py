@@ -930,13 +930,13 @@ class FastformerAttention(_QKVAttention):
 
     def _pooled_key(self, query, key, w_q, w_k, attention_mask):
         """k_g (B, H, 1, d) of bidirectional attention, both poolings by `ops.direction_pool`:
-        q_g pools q_i along w_q; w_k . (q_g * k_i) = (w_k * q_g) . k_i, so k_g = q_g * (the pooling of
-        k_i along w_k * q_g): p_i = q_g * k_i is never formed. The poolings apply the 1/sqrt(d_h)
-        score scale themselves (in the kernel: no multiply of its own)."""
+        q_g pools q_i along w_q, then k_g pools p_i = q_g * k_i along w_k, with q_g as the pooling's
+        gate: w_k . (q_g * k_i) = (w_k * q_g) . k_i, so k_g = q_g * (the pooling of k_i along
+        w_k * q_g) and p_i is never formed. The poolings apply the 1/sqrt(d_h) score scale and the
+        gate themselves (in the kernel: no operation of their own)."""
         scale = self.head_dim**-0.5
         global_query = direction_pool(query, None if w_q is None else w_q[None], attention_mask, scale)
-        direction = None if w_k is None else w_k * global_query[:, :, 0]  # (B, H, d)
-        return global_query * direction_pool(key, direction, attention_mask, scale)
+        return direction_pool(key, None if w_k is None else w_k[None], attention_mask, scale, global_query[:, :, 0])
 
     def _causal_pooled_key(self, query, key, w_q, w_k, attention_mask, cache, length):
         """k_g (B, H, N, d) of causal attention: prefix poolings (`ops.softmax_pool`), each starting

@@ -19,10 +19,11 @@ the tests compare every fast form against it in fp64, forward and backward).
   softmax_j(scores) values_j over the real positions j that i sees; `state` is (log-sum-exp of the
   scores so far (B, H, 1, 1), the pooling so far (B, H, 1, d)).
 
-- **Direction pooling** (bidirectional Fastformer): `direction_pool(values, direction, mask, scale)`,
-  reference `direction_pool_reference`: `softmax_pool` with the scores scale values_j . u, so a fused
-  kernel reads the values once and no (B, H, N, 1) scores are formed. Values (B, 1, N, D) are shared
-  by H directions (B or 1, H, D): the folded form pools the layer's input once per head.
+- **Direction pooling** (bidirectional Fastformer): `direction_pool(values, direction, mask, scale,
+  gate)`, reference `direction_pool_reference`: `softmax_pool` with the scores scale values_j . u, so
+  a fused kernel reads the values once and no (B, H, N, 1) scores are formed; a gate (B, H, d) pools
+  the rows gate * values_j without forming them (the key pooling's q_g * k_i). Values (B, 1, N, D)
+  are shared by H directions (B or 1, H, D): the folded form pools the layer's input once per head.
 
 Softmax attention (full) runs through transformers' attention functions, with
 `attention.einsum_attention_forward` as its reference.
@@ -579,7 +580,7 @@ def _prefix_kernel_applies(scores, values, return_state: bool) -> bool:
     return _kernel_applies("prefix_pool", values, fits=lambda limit: prefix_fits(values.shape[-1], limit))
 
 
-def direction_pool(values, direction=None, mask=None, scale: float = 1.0):
+def direction_pool(values, direction=None, mask=None, scale: float = 1.0, gate=None):
     """Bidirectional softmax pooling whose scores are a projection of the values themselves:
     pooled = sum_j softmax_j(scale values_j . u) values_j over the real positions j. values (B, H,
     N, d), direction u (B or 1, H, d), or None for zero scores (the plain mean), mask (B, N), 1/True
@@ -587,20 +588,29 @@ def direction_pool(values, direction=None, mask=None, scale: float = 1.0):
     its own). Returns (B, H, 1, d) in fp32 (fp64 stays fp64); zero for a row with no real token.
     Fastformer's two poolings both take this form (w . q_i, and w . (q_g * k_i) = (w * q_g) . k_i).
 
+    `gate` (B, H, d) or None: the rows pooled are gate * values_j. The pooling is computed as
+    gate * (the pooling of values_j along gate * u), so the gated rows are never formed; in the
+    kernel the two products are part of the launch (Fastformer's key pooling, gate = q_g).
+
     Values (B, 1, N, D) are one sequence shared by the H directions (B or 1, H, D): each head pools
     the whole rows along its own direction (Fastformer's folded form pools the layer's input this
     way); without a direction that is the plain mean, H = 1.
 
     The Triton kernel where it applies (`_kernel_applies`; `shared_pool_kernel` for shared values),
     else `softmax_pool` over the scores (shared values: two batched products)."""
-    if values.shape[1] == 1 and (direction is None or direction.shape[1] > 1):  # a view both ways (no copy in the backward)
-        return _shared_direction_pool(values.squeeze(1), _scaled(direction, scale), mask)
-    if _kernel_applies("direction_pool", values):
-        return direction_pool_kernel(values, direction, mask, scale)[:, :, None]
+    shared = values.shape[1] == 1 and (direction is None or direction.shape[1] > 1)
+    if not shared and _kernel_applies("direction_pool", values):
+        return direction_pool_kernel(values, direction, mask, scale, gate)[:, :, None]
+    if gate is not None:  # the torch forms: the gate's two products
+        direction = None if direction is None else direction * gate
     direction = _scaled(direction, scale)
-    with no_autocast(values.device.type):
-        values = at_least_fp32(values)[0]
-        return softmax_pool(direction_scores(values, direction), values, mask)[0]
+    if shared:  # a view both ways (no copy in the backward)
+        pooled = _shared_direction_pool(values.squeeze(1), direction, mask)
+    else:
+        with no_autocast(values.device.type):
+            values = at_least_fp32(values)[0]
+            pooled = softmax_pool(direction_scores(values, direction), values, mask)[0]
+    return pooled if gate is None else gate[:, :, None] * pooled
 
 
 def _scaled(direction, scale: float):
@@ -654,12 +664,14 @@ def direction_scores(values, direction):
     return (values * direction.to(values.dtype)[:, :, None, :]).sum(-1, keepdim=True)
 
 
-def direction_pool_reference(values, direction=None, mask=None, scale: float = 1.0):
+def direction_pool_reference(values, direction=None, mask=None, scale: float = 1.0, gate=None):
     """`direction_pool` computed naively, through `softmax_pool_reference` over the scores (shared
-    values broadcast to every direction)."""
+    values broadcast to every direction; gated values formed)."""
     direction = _scaled(direction, scale)
     if values.shape[1] == 1 and direction is not None:
         values = values.expand(-1, direction.shape[1], -1, -1)
+    if gate is not None:
+        values = values * gate[:, :, None, :]
     return softmax_pool_reference(direction_scores(values, direction), values, mask)[0]
 
 

@@ -221,18 +221,21 @@ if AVAILABLE:
                       sxn, sxd, son, sod, DX, DY, BX, BY, BLOCK_N, HAS_MASK, DOT_FP32)
 
     @triton.jit
-    def _pool(X, U, M, MAX, SUM, ACC, POOLED, LSE, length, chunk, scale, sxb, sxh, sxn, sxd, sub, suh, smb, smn,
-              heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
-              HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr, FINAL: tl.constexpr):
+    def _pool(X, U, GATE, M, MAX, SUM, ACC, POOLED, LSE, length, chunk, scale, sxb, sxh, sxn, sxd, sub, suh,
+              smb, smn, heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
+              HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr, HAS_GATE: tl.constexpr, FINAL: tl.constexpr):
         """An online softmax over the rows of slice s: the running max of the scores x_n . (scale u),
         the sum of exp(score - max) and of exp(score - max) x_n. FINAL (one slice: the whole
         sequence): the pooling and log-sum-exp themselves (+inf where no token is real), else the
-        slice's three sums."""
+        slice's three sums. HAS_GATE: the rows are gate * x_n (GATE (B H, D) fp32), read as x_n
+        along gate * u, the pooling multiplied by the gate at the end."""
         part, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // heads, bh % heads
         rd = tl.arange(0, BD)
         if HAS_DIRECTION:
             u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32) * scale
+            if HAS_GATE:
+                u = u * tl.load(GATE + bh * D + rd, mask=rd < D, other=0.0)
         top = tl.full((1,), _FLOOR, tl.float32)
         total = tl.zeros((1,), dtype=tl.float32)
         acc = tl.zeros((BD,), dtype=tl.float32)
@@ -254,9 +257,7 @@ if AVAILABLE:
             top = new_top
         one = tl.arange(0, 1)
         if FINAL:
-            empty = total == 0
-            tl.store(POOLED + bh * D + rd, acc / tl.where(empty, 1.0, total), mask=rd < D)
-            tl.store(LSE + bh + one, tl.where(empty, float("inf"), top + tl.log(tl.where(empty, 1.0, total))))
+            _store_pool(POOLED, LSE, GATE, bh, top, total, acc, rd, D, HAS_GATE)
         else:
             index = bh * tl.num_programs(0) + part
             tl.store(MAX + index + one, top)
@@ -264,10 +265,21 @@ if AVAILABLE:
             tl.store(ACC + index * BD + rd, acc)
 
     @triton.jit
-    def _merge_pools(MAX, SUM, ACC, POOLED, LSE, parts, D: tl.constexpr, BD: tl.constexpr):
+    def _store_pool(POOLED, LSE, GATE, bh, top, total, acc, rd, D: tl.constexpr, HAS_GATE: tl.constexpr):
+        """The pooling acc / total (times the gate) and log-sum-exp of pair bh; a row without a real
+        token pools to 0 with lse = +inf (zero weight everywhere in the backward)."""
+        empty = total == 0
+        pooled = acc / tl.where(empty, 1.0, total)
+        if HAS_GATE:
+            pooled = pooled * tl.load(GATE + bh * D + rd, mask=rd < D, other=0.0)
+        tl.store(POOLED + bh * D + rd, pooled, mask=rd < D)
+        tl.store(LSE + bh + tl.arange(0, 1), tl.where(empty, float("inf"), top + tl.log(tl.where(empty, 1.0, total))))
+
+    @triton.jit
+    def _merge_pools(MAX, SUM, ACC, POOLED, LSE, GATE, parts, D: tl.constexpr, BD: tl.constexpr,
+                     HAS_GATE: tl.constexpr):
         """The pooling and log-sum-exp of each (b, h) from its slices' online softmaxes, merged in
-        order (trailing slices of padding change nothing, exactly); a row without a real token
-        pools to 0 with lse = +inf (zero weight everywhere in the backward)."""
+        order (trailing slices of padding change nothing, exactly); `_store_pool` writes them."""
         bh = tl.program_id(0)
         rd = tl.arange(0, BD)
         one = tl.arange(0, 1)
@@ -282,27 +294,33 @@ if AVAILABLE:
             total = total * old + tl.load(SUM + index + one) * new
             acc = acc * old + tl.load(ACC + index * BD + rd) * new
             top = new_top
-        empty = total == 0
-        tl.store(POOLED + bh * D + rd, acc / tl.where(empty, 1.0, total), mask=rd < D)
-        tl.store(LSE + bh + one, tl.where(empty, float("inf"), top + tl.log(tl.where(empty, 1.0, total))))
+        _store_pool(POOLED, LSE, GATE, bh, top, total, acc, rd, D, HAS_GATE)
 
     @triton.jit
-    def _pool_backward(X, U, M, G, LSE, P, DX, DU, length, chunk, scale,
+    def _pool_backward(X, U, GATE, M, G, LSE, P, DX, DU, PP, length, chunk, scale,
                        sxb, sxh, sxn, sxd, sub, suh, smb, smn, sdb, sdh, sdn, sdd,
                        heads: tl.constexpr, D: tl.constexpr, BD: tl.constexpr, BLOCK_N: tl.constexpr,
-                       HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr):
+                       HAS_MASK: tl.constexpr, HAS_DIRECTION: tl.constexpr, HAS_GATE: tl.constexpr):
         """dx_n = w_n g + t_n (scale u) and scale sum_n t_n x_n (the gradient of u) over slice s,
         t_n = w_n (g . x_n - g . pooled), w_n = exp(x_n . (scale u) - lse) (0 at padding); g . pooled
-        from the pooling P (B H, D)."""
+        from the forward's output P (B H, D). HAS_GATE: g is the output's gradient times the gate, u
+        the direction times the gate (g . pooled is still the output's gradient . P), and the slice's
+        share of the ungated pooling, sum_n w_n x_n, goes to PP for the gate's gradient."""
         part, bh = tl.program_id(0), tl.program_id(1)
         b, h = bh // heads, bh % heads
         rd = tl.arange(0, BD)
         g = tl.load(G + bh * D + rd, mask=rd < D, other=0.0)
         lse = tl.load(LSE + bh)
         g_pooled = tl.sum(g * tl.load(P + bh * D + rd, mask=rd < D, other=0.0))
+        if HAS_GATE:
+            gate = tl.load(GATE + bh * D + rd, mask=rd < D, other=0.0)
+            g = g * gate
         if HAS_DIRECTION:
             u = tl.load(U + b * sub + h * suh + rd, mask=rd < D, other=0.0).to(tl.float32) * scale
+            if HAS_GATE:
+                u = u * gate
         du = tl.zeros((BD,), dtype=tl.float32)
+        pooled = tl.zeros((BD,), dtype=tl.float32)
         start = part * chunk
         for offset in range(start, tl.minimum(start + chunk, length), BLOCK_N):
             rows = offset + tl.arange(0, BLOCK_N)
@@ -319,10 +337,46 @@ if AVAILABLE:
             if HAS_DIRECTION:
                 dx += t[:, None] * u[None, :]
                 du += tl.sum(t[:, None] * x, axis=0)
+            if HAS_GATE:
+                pooled += tl.sum(weights[:, None] * x, axis=0)
             tl.store(DX + b * sdb + h * sdh + rows[:, None] * sdn + rd[None, :] * sdd, dx.to(DX.dtype.element_ty),
                      mask=inside[:, None] & (rd[None, :] < D))
+        index = bh * tl.num_programs(0) + part
         if HAS_DIRECTION:
-            tl.store(DU + (bh * tl.num_programs(0) + part) * BD + rd, du * scale)
+            tl.store(DU + index * BD + rd, du * scale)
+        if HAS_GATE:
+            tl.store(PP + index * BD + rd, pooled)
+
+    @triton.jit
+    def _gate_grads(DU, PP, G, U, GATE, DGATE, DDIR, batch, parts, sub, suh, heads: tl.constexpr,
+                    D: tl.constexpr, BD: tl.constexpr, HAS_DIRECTION: tl.constexpr, SHARED: tl.constexpr):
+        """The gated pooling's small gradients for head h from the slices' sums (in order): the
+        gate's, g * pooled + du * u, and the direction's, du * gate (summed over the batch where one
+        direction (SHARED) serves every sequence); du is the gradient of the gated direction u * gate."""
+        h = tl.program_id(0)
+        rd = tl.arange(0, BD)
+        inside = rd < D
+        shared = tl.zeros((BD,), dtype=tl.float32)
+        for b in range(0, batch):
+            bh = b * heads + h
+            pooled = tl.zeros((BD,), dtype=tl.float32)
+            du = tl.zeros((BD,), dtype=tl.float32)
+            for part in range(0, parts):
+                pooled += tl.load(PP + (bh * parts + part) * BD + rd)
+                if HAS_DIRECTION:
+                    du += tl.load(DU + (bh * parts + part) * BD + rd)
+            grad_gate = tl.load(G + bh * D + rd, mask=inside, other=0.0) * pooled
+            if HAS_DIRECTION:
+                u = tl.load(U + b * sub + h * suh + rd, mask=inside, other=0.0).to(tl.float32)
+                grad_gate += du * u
+                grad_direction = du * tl.load(GATE + bh * D + rd, mask=inside, other=0.0)
+                if SHARED:
+                    shared += grad_direction
+                else:
+                    tl.store(DDIR + bh * D + rd, grad_direction, mask=inside)
+            tl.store(DGATE + bh * D + rd, grad_gate, mask=inside)
+        if HAS_DIRECTION and SHARED:
+            tl.store(DDIR + h * D + rd, shared, mask=inside)
 
     @triton.jit
     def _dot32(a, b, DOT_FP32: tl.constexpr):
@@ -900,9 +954,9 @@ def _pool_slices(values) -> tuple[int, int]:
     return whole if length <= POOL_CHUNK else (triton.cdiv(length, POOL_CHUNK), POOL_CHUNK)
 
 
-def _pool_forward(values, direction, mask, scale: float = 1.0):
+def _pool_forward(values, direction, mask, scale: float = 1.0, gate=None):
     """(pooled (B, H, d) fp32, log-sum-exp (B, H) fp32, +inf where a row has no real token), the
-    scores x_n . u multiplied by `scale`."""
+    scores x_n . u multiplied by `scale`; with a gate (B, H, d) fp32, the pooling of gate * x_n."""
     batch, heads, length, dim = values.shape
     parts, chunk = _pool_slices(values)
     pooled = torch.empty(batch, heads, dim, dtype=torch.float32, device=values.device)
@@ -914,64 +968,93 @@ def _pool_forward(values, direction, mask, scale: float = 1.0):
         top, total = (torch.empty(shape, dtype=torch.float32, device=values.device) for _ in range(2))
         acc = torch.empty(*shape, _tile(dim), dtype=torch.float32, device=values.device)
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
+    gate_ptr = pooled if gate is None else gate
     _pool[(parts, batch * heads)](
-        values, values if direction is None else direction, mask_ptr, top, total, acc, pooled, lse, length, chunk,
-        float(scale), *values.stride(), *_direction_strides(direction), smb, smn, heads=heads, D=dim, BD=_tile(dim),
-        BLOCK_N=_BLOCK_N, HAS_MASK=has_mask, HAS_DIRECTION=direction is not None, FINAL=parts == 1,
+        values, values if direction is None else direction, gate_ptr, mask_ptr, top, total, acc, pooled, lse,
+        length, chunk, float(scale), *values.stride(), *_direction_strides(direction), smb, smn, heads=heads, D=dim,
+        BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask, HAS_DIRECTION=direction is not None,
+        HAS_GATE=gate is not None, FINAL=parts == 1,
     )
     if parts > 1:
-        _merge_pools[(batch * heads,)](top, total, acc, pooled, lse, parts, D=dim, BD=_tile(dim))
+        _merge_pools[(batch * heads,)](top, total, acc, pooled, lse, gate_ptr, parts, D=dim, BD=_tile(dim),
+                                       HAS_GATE=gate is not None)
     return pooled, lse
 
 
-def _direction_pool_grads(values, direction, mask, pooled, lse, grad, scale: float = 1.0):
+def _direction_pool_grads(values, direction, mask, pooled, lse, grad, scale: float = 1.0, gate=None):
     """(dvalues stored heads-last in the values' dtype, du in the direction's dtype or None without
-    a direction) from the forward's inputs, pooling and log-sum-exp and the pooling's gradient."""
+    a direction, the gate's gradient (B, H, d) fp32 or None without a gate) from the forward's
+    inputs, output and log-sum-exp and the output's gradient."""
     batch, heads, length, dim = values.shape
     grad, pooled = grad.float().contiguous(), pooled.contiguous()  # (B, H, d): the kernel takes g . pooled
     parts, chunk = _pool_slices(values)
     grad_values = _heads_last(batch, heads, length, dim, values)
     partial = torch.empty(batch * heads, parts, _tile(dim), dtype=torch.float32, device=values.device)
+    shares = partial if gate is None else torch.empty_like(partial)  # the gate's: the ungated pooling's
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
     _pool_backward[(parts, batch * heads)](
-        values, values if direction is None else direction, mask_ptr, grad, lse, pooled, grad_values,
-        partial, length, chunk, float(scale), *values.stride(), *_direction_strides(direction), smb, smn,
-        *grad_values.stride(), heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_BLOCK_N, HAS_MASK=has_mask,
-        HAS_DIRECTION=direction is not None,
+        values, values if direction is None else direction, pooled if gate is None else gate, mask_ptr, grad, lse,
+        pooled, grad_values, partial, shares, length, chunk, float(scale), *values.stride(),
+        *_direction_strides(direction), smb, smn, *grad_values.stride(), heads=heads, D=dim, BD=_tile(dim),
+        BLOCK_N=_BLOCK_N, HAS_MASK=has_mask, HAS_DIRECTION=direction is not None, HAS_GATE=gate is not None,
     )
+    if gate is not None:
+        return grad_values, *_gate_grads_of(partial, shares, grad, direction, gate, parts)
     if direction is None:
-        return grad_values, None
+        return grad_values, None, None
     grad_direction = (partial[:, 0] if parts == 1 else partial.sum(1))[:, :dim].view(batch, heads, dim)
     if direction.shape[0] == 1 and batch > 1:
         grad_direction = grad_direction.sum(0, keepdim=True)
-    return grad_values, grad_direction.to(direction.dtype)
+    return grad_values, grad_direction.to(direction.dtype), None
+
+
+def _gate_grads_of(partial, shares, grad, direction, gate, parts):
+    """(du or None, dgate) of a gated pooling from the backward's sums per slice (`_gate_grads`)."""
+    batch, heads, dim = gate.shape
+    grad_gate = torch.empty_like(gate)
+    grad_direction = None
+    if direction is not None:
+        grad_direction = torch.empty(direction.shape, dtype=torch.float32, device=gate.device)
+    _gate_grads[(heads,)](
+        partial, shares, grad, gate if direction is None else direction, gate, grad_gate,
+        grad_gate if grad_direction is None else grad_direction, batch, parts, *_direction_strides(direction),
+        heads=heads, D=dim, BD=_tile(dim), HAS_DIRECTION=direction is not None,
+        SHARED=direction is not None and direction.shape[0] == 1,
+    )
+    return (None if direction is None else grad_direction.to(direction.dtype)), grad_gate
 
 
 class _DirectionPool(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, values, direction, mask, scale):
-        pooled, lse = _pool_forward(values, direction, mask, scale)
-        ctx.save_for_backward(values, direction, mask, pooled, lse)
+    def forward(ctx, values, direction, mask, scale, gate):
+        pooled, lse = _pool_forward(values, direction, mask, scale, gate)
+        ctx.save_for_backward(values, direction, mask, pooled, lse, gate)
         ctx.scale = scale
         return pooled
 
     @staticmethod
     def backward(ctx, grad):
-        return *_direction_pool_grads(*ctx.saved_tensors, grad, ctx.scale), None, None
+        values, direction, mask, pooled, lse, gate = ctx.saved_tensors
+        grad_values, grad_direction, grad_gate = _direction_pool_grads(values, direction, mask, pooled, lse, grad,
+                                                                       ctx.scale, gate)
+        return grad_values, grad_direction, None, None, grad_gate
 
 
-def direction_pool_kernel(values, direction=None, mask=None, scale: float = 1.0) -> torch.Tensor:
+def direction_pool_kernel(values, direction=None, mask=None, scale: float = 1.0, gate=None) -> torch.Tensor:
     """Bidirectional `ops.direction_pool`: sum_j softmax_j(scale values_j . u) values_j over the real
     positions. values (B, H, N, d), direction u (B or 1, H, d) or None (the plain mean), mask (B, N)
-    or None; the scale multiplies u inside the kernel. Returns (B, H, d) in fp32; zero for a row
-    with no real token."""
+    or None; the scale multiplies u inside the kernel. With a gate (B, H, d), the rows pooled are
+    gate * values_j: the kernel reads values_j along gate * u and multiplies the pooling by the
+    gate (no (B, H, N, d) product is formed). Returns (B, H, d) in fp32; zero for a row with no
+    real token."""
     direction = None if direction is None else direction.contiguous()
+    gate = None if gate is None else gate.float().contiguous()
     scale = float(scale)
     if _as_operators():
-        return OPERATORS.direction_pool(values, direction, mask, scale)[0]
-    if _needs_graph(values, direction):
-        return _DirectionPool.apply(values, direction, mask, scale)
-    return _pool_forward(values, direction, mask, scale)[0]  # inference: no autograd node
+        return OPERATORS.direction_pool(values, direction, mask, scale, gate)[0]
+    if _needs_graph(values, direction, gate):
+        return _DirectionPool.apply(values, direction, mask, scale, gate)
+    return _pool_forward(values, direction, mask, scale, gate)[0]  # inference: no autograd node
 
 
 def shared_pool_shared(width: int, heads: int) -> int | None:
@@ -1026,7 +1109,8 @@ def _shared_pool_forward(values, direction, mask, has_direction):
     _shared_pool[(parts, batch)](values, direction, mask_ptr, top, total, acc, pooled, lse, length, chunk, *strides,
                                  HAS_DIRECTION=has_direction, FINAL=parts == 1, **constants)
     if parts > 1:
-        _merge_pools[(batch * heads,)](top, total, acc, pooled, lse, parts, D=dim, BD=_tile(dim))
+        _merge_pools[(batch * heads,)](top, total, acc, pooled, lse, pooled, parts, D=dim, BD=_tile(dim),
+                                       HAS_GATE=False)
     return pooled, lse
 
 
@@ -1191,18 +1275,21 @@ def _fake_linear_attention_grads(query, key, value, mask, scale, state, grad):
 
 
 def _direction_pool_op(values: Tensor, direction: Optional[Tensor], mask: Optional[Tensor],
-                       scale: float = 1.0) -> tuple[Tensor, Tensor]:
-    return _pool_forward(values, direction, mask, scale)
+                       scale: float = 1.0, gate: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    return _pool_forward(values, direction, mask, scale, gate)
 
 
-def _direction_pool_grads_op(values: Tensor, direction: Optional[Tensor], mask: Optional[Tensor], pooled: Tensor,
-                             lse: Tensor, grad: Tensor, scale: float = 1.0) -> tuple[Tensor, Tensor]:
-    grad_values, grad_direction = _direction_pool_grads(values, direction, mask, pooled, lse, grad, scale)
-    return grad_values, values.new_empty(0) if grad_direction is None else grad_direction.contiguous()
+def _direction_pool_grads_op(values: Tensor, direction: Optional[Tensor], mask: Optional[Tensor], gate: Optional[Tensor],
+                             pooled: Tensor, lse: Tensor, grad: Tensor, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    grad_values, grad_direction, grad_gate = _direction_pool_grads(values, direction, mask, pooled, lse, grad, scale,
+                                                                   gate)
+    return (grad_values, values.new_empty(0) if grad_direction is None else grad_direction.contiguous(),
+            values.new_empty(0) if grad_gate is None else grad_gate)
 
 
-def _fake_direction_pool_grads(values, direction, mask, pooled, lse, grad, scale=1.0):
-    return _heads_last(*values.shape, values), _fake_direction_grad(values, direction)
+def _fake_direction_pool_grads(values, direction, mask, gate, pooled, lse, grad, scale):
+    return (_heads_last(*values.shape, values), _fake_direction_grad(values, direction),
+            values.new_empty(0) if gate is None else torch.empty_like(gate))
 
 
 def _fake_direction_grad(values, direction):
@@ -1213,7 +1300,7 @@ def _fake_direction_grad(values, direction):
     return direction.new_empty(rows, *direction.shape[1:])
 
 
-def _fake_pool(values, direction, mask, scale=1.0):
+def _fake_pool(values, direction, mask, scale=1.0, gate=None):
     """(pooled (B, H, d), log-sum-exp (B, H)), fp32; the shared pooling's H is its directions'."""
     heads = values.shape[1] if values.dim() == 4 else direction.shape[1]
     return (values.new_empty(values.shape[0], heads, values.shape[-1], dtype=torch.float32),
@@ -1273,10 +1360,12 @@ def _linear_attention_operator_backward(ctx, grad, _):
 
 
 def _direction_pool_operator_backward(ctx, grad, _):
-    values, direction, mask, pooled, lse = ctx.saved_tensors
+    values, direction, mask, gate, pooled, lse = ctx.saved_tensors
     (scale,) = ctx.flags
-    grad_values, grad_direction = OPERATORS.direction_pool_grads(values, direction, mask, pooled, lse, grad, scale)
-    return grad_values, None if direction is None else grad_direction, None, None
+    grad_values, grad_direction, grad_gate = OPERATORS.direction_pool_grads(values, direction, mask, gate, pooled, lse,
+                                                                            grad, scale)
+    return (grad_values, None if direction is None else grad_direction, None, None,
+            None if gate is None else grad_gate)
 
 
 def _shared_pool_operator_backward(ctx, grad, _):
