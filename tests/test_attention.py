@@ -642,6 +642,13 @@ def test_project_stacks_plain_layers_into_one_product(stacking_on_cpu):
     assert len({t.untyped_storage().data_ptr() for t in few}) == 3
     wrapped = project(x, layers[0], torch.nn.Linear(D, D).double())  # not plain: a product per layer
     assert len({t.untyped_storage().data_ptr() for t in wrapped}) == 2
+    shift = torch.randn(D, dtype=torch.float64)  # a bias of the caller's: b_r joins b_q in fastformer
+    bias = torch.cat([layers[0].bias + shift, layers[1].bias])
+    shifted, plain = project(x, *layers[:2], bias=bias)
+    torch.testing.assert_close(shifted, layers[0](x) + shift, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(plain, layers[1](x), atol=1e-12, rtol=1e-12)
+    with pytest.raises(ValueError, match="stacks_projections"):  # one product per layer takes no such bias
+        project(x[:1, :4], *layers[:2], bias=bias)
 
 
 @pytest.mark.parametrize("attention_type, role", [
@@ -797,9 +804,10 @@ def test_folded_forms_under_cpu_autocast_by_default(monkeypatch, attention_type)
 @pytest.mark.parametrize("with_mask", [False, True])
 def test_fastformer_pooled_output_equals_the_plain_form(monkeypatch, stacking_on_cpu, output, with_mask):
     """From N >= D (40 tokens, width 32, the folded form off) bidirectional fastformer takes its pooled
-    output, b_r moved into a plain W_o's bias, or added to r where W_o is set aside (as the benchmarks'
-    level `attention` does) or hooked. fp64, padding: the outputs and every gradient of the plain form
-    (u_i = k_g * v_i, W_r u_i + b_r + q_i), and a hook on W_o sees every token."""
+    output, b_r moved into a plain W_o's bias, or, where W_o is set aside (as the benchmarks' level
+    `attention` does) or hooked, into the stacked projections' bias (taken off q's pooling). fp64,
+    padding: the outputs and every gradient of the plain form (u_i = k_g * v_i, W_r u_i + b_r + q_i),
+    and a hook on W_o sees every token."""
     import hf_zformer.modeling.attention as attention_module
 
     _folding(monkeypatch, False)
@@ -825,16 +833,21 @@ def test_fastformer_pooled_output_equals_the_plain_form(monkeypatch, stacking_on
     assert taken == [1] and seen == ([(2, 40, D)] * 2 if output == "hooked" else [])
 
 
-def test_fastformer_pooled_output_keeps_bf16_precision_with_a_large_transform_bias(monkeypatch):
-    """bf16 autocast, b_r five times larger than q and W_r u_i comparable to q: the pooled output
-    (W_r's bias moved into the output projection's, so no bf16 tensor carries it) is at least as close
-    to the fp64 result as the plain form's u_i, W_r u_i + b_r + q_i (errors of the outputs less
-    their mean over the tokens: b_r's constant part aside)."""
+@pytest.mark.parametrize("output", ["plain", "set aside"])
+def test_fastformer_pooled_output_keeps_bf16_precision_with_a_large_transform_bias(monkeypatch, stacking_on_cpu,
+                                                                                   output):
+    """bf16 autocast, b_r five times larger than q and W_r u_i comparable to q: the pooled output is
+    at least as close to the fp64 result as the plain form's u_i, W_r u_i + b_r + q_i (errors of the
+    outputs less their mean over the tokens: b_r's constant part aside), with W_r's bias moved into
+    the output projection's (no bf16 tensor carries it) and, W_o set aside, into the stacked
+    projection's bias (q_i + b_r in bf16, as the plain form's r_i)."""
     import hf_zformer.modeling.attention as attention_module
 
     _folding(monkeypatch, False)
     config = tiny_config(hidden_size=64, num_attention_heads=4, max_position_embeddings=256, attention_type="fastformer")
     attention = _randomize(FastformerAttention(config), std=0.05)
+    if output == "set aside":
+        attention.output = torch.nn.Identity()
     with torch.no_grad():
         attention.transform.weight.normal_(std=1.0)
         attention.transform.bias.normal_(std=2.0)

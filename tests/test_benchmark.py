@@ -72,8 +72,9 @@ def test_model_level_with_mask(tmp_path):
 
 def test_module_level_keeps_the_output_projection(tmp_path, monkeypatch):
     """--level module times the whole attention module: the output projection is there (fastformer
-    from N >= D takes its pooled output at both levels, merging W_r's bias into W_o's here and adding
-    it to r at level attention, without W_o) and its 2 B N D^2 FLOPs are counted."""
+    from N >= D takes its pooled output at both levels, merging W_r's bias into W_o's here and, at
+    level attention, without W_o, adding it to r, or to q's bias where the projections are stacked)
+    and its 2 B N D^2 FLOPs are counted."""
     from hf_zformer.modeling.attention import FastformerAttention
 
     pooled = []

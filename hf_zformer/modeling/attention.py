@@ -36,6 +36,7 @@ from .blocks import (
     plain_linears,
     project,
     split_heads,
+    stacks_projections,
     zero_padding,
 )
 from .ops import (
@@ -914,29 +915,42 @@ class FastformerAttention(_QKVAttention):
         the output's bias rather than q's, so that q rounded to bf16 keeps its own precision. Where
         W_o is not a plain `Linear` (an adapter, a hook, or set aside as the benchmarks' level
         `attention` does), b_r is added to r in place, one element-wise pass instead of the plain
-        form's two (the multiply and the residual add), and W_o runs as it is."""
+        form's two (the multiply and the residual add), and W_o runs as it is. Where the projections
+        are one stacked product (`stacks_projections`: on CUDA), b_r joins b_q in that product's bias
+        instead, for no pass at all: q_i + b_r pools to q_g + b_r along w_q (the scores move by the
+        same w_q . b_r at every token, which the softmax ignores), so b_r is taken off the (B, H, d)
+        pooling, and the accumulator q_i + b_r gives r_i itself (q_i + b_r rounded to bf16 together,
+        as the plain form's r_i is)."""
         batch = hidden_states.shape[0]
-        query_proj, key_proj, value_proj = project(hidden_states, self.query, self.key, self.value)
+        layers = (self.query, self.key, self.value)
+        folds_bias = plain_linears(self.output)  # b_r into W_o's bias
+        shifted = not folds_bias and stacks_projections(hidden_states, *layers)  # b_r into q's
+        bias = torch.cat([self.query.bias + self.transform.bias, self.key.bias, self.value.bias]) if shifted else None
+        query_proj, key_proj, value_proj = project(hidden_states, *layers, bias=bias)
         query, key = split_heads(query_proj, self.num_heads), split_heads(key_proj, self.num_heads)
-        global_key = self._pooled_key(query, key, *self._score_weights(), attention_mask)  # k_g (B, H, 1, d)
+        global_key = self._pooled_key(query, key, *self._score_weights(), attention_mask,
+                                      self.transform.bias if shifted else None)  # k_g (B, H, 1, d)
         dtype = value_proj.dtype  # the projections' (autocast's) precision
         scaled_transform = self.transform.weight.to(dtype) * global_key.reshape(batch, 1, -1).to(dtype)
-        context = torch.baddbmm(query_proj, value_proj, scaled_transform.transpose(1, 2))  # r_i - b_r
-        if not plain_linears(self.output):
-            return self.output(context.add_(self.transform.bias))  # r_i: a fresh tensor, written in place
+        context = torch.baddbmm(query_proj, value_proj, scaled_transform.transpose(1, 2))  # r_i (- b_r unless shifted)
+        if not folds_bias:
+            return self.output(context if shifted else context.add_(self.transform.bias))  # a fresh tensor: in place
         with no_autocast(context.device.type):  # the bias in the weights' precision: a (D, D) product
             shifted = self.output.weight @ self.transform.bias
         return self.output(context, bias=shifted if self.output.bias is None else shifted + self.output.bias)
 
-    def _pooled_key(self, query, key, w_q, w_k, attention_mask):
+    def _pooled_key(self, query, key, w_q, w_k, attention_mask, query_shift=None):
         """k_g (B, H, 1, d) of bidirectional attention, both poolings by `ops.direction_pool`:
         q_g pools q_i along w_q, then k_g pools p_i = q_g * k_i along w_k, with q_g as the pooling's
         gate: w_k . (q_g * k_i) = (w_k * q_g) . k_i, so k_g = q_g * (the pooling of k_i along
         w_k * q_g) and p_i is never formed. The poolings apply the 1/sqrt(d_h) score scale and the
-        gate themselves (in the kernel: no operation of their own)."""
+        gate themselves (in the kernel: no operation of their own). `query_shift` (D,): a constant
+        the queries carry (q_i + shift), taken off their pooling."""
         scale = self.head_dim**-0.5
-        global_query = direction_pool(query, None if w_q is None else w_q[None], attention_mask, scale)
-        return direction_pool(key, None if w_k is None else w_k[None], attention_mask, scale, global_query[:, :, 0])
+        global_query = direction_pool(query, None if w_q is None else w_q[None], attention_mask, scale)[:, :, 0]
+        if query_shift is not None:
+            global_query = global_query - query_shift.view(self.num_heads, self.head_dim)
+        return direction_pool(key, None if w_k is None else w_k[None], attention_mask, scale, global_query)
 
     def _causal_pooled_key(self, query, key, w_q, w_k, attention_mask, cache, length):
         """k_g (B, H, N, d) of causal attention: prefix poolings (`ops.softmax_pool`), each starting

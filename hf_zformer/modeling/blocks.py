@@ -301,7 +301,19 @@ def plain_linears(*layers: nn.Module) -> bool:
     return True
 
 
-def project(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
+def stacks_projections(x: torch.Tensor, *layers: nn.Module) -> bool:
+    """Whether `project` runs `layers` on x as one product against their stacked weights (see there)."""
+    return (
+        len(layers) >= 2
+        and x.device.type in STACKED_PROJECTION_DEVICES
+        and _backend != "torch"
+        and x.numel() // max(1, x.shape[-1]) >= x.shape[-1]
+        and plain_linears(*layers)
+        and len({layer.bias is None for layer in layers}) == 1
+    )
+
+
+def project(x: torch.Tensor, *layers: nn.Module, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """x (..., D) through each of `layers` (D -> D_i), one output per layer.
 
     On CUDA (`STACKED_PROJECTION_DEVICES`), where every layer is a plain `Linear` (`plain_linears`)
@@ -314,19 +326,15 @@ def project(x: torch.Tensor, *layers: nn.Module) -> tuple[torch.Tensor, ...]:
     (decoding steps) keep a product per layer: stacking copies the weights, more than such a product
     reads. So do CPUs (the casts it saves are a GPU cost; a CPU's BLAS gained nothing from the wider
     product in a paired check on an AMD EPYC), and the backend `torch` (`set_kernel_backend`), to
-    compare."""
-    rows = x.numel() // max(1, x.shape[-1])
-    if (
-        len(layers) < 2
-        or x.device.type not in STACKED_PROJECTION_DEVICES
-        or _backend == "torch"
-        or rows < x.shape[-1]
-        or not plain_linears(*layers)
-        or len({layer.bias is None for layer in layers}) > 1
-    ):
+    compare. `bias` (sum D_i,): the stacked product's bias in place of the layers' own, for a caller
+    that adds a term of its own to one output for free (`stacks_projections` must hold)."""
+    if not stacks_projections(x, *layers):
+        if bias is not None:
+            raise ValueError("project(bias=...) needs the stacked product: check stacks_projections(x, *layers)")
         return tuple(layer(x) for layer in layers)
     weight = torch.cat([layer.weight for layer in layers])
-    bias = None if layers[0].bias is None else torch.cat([layer.bias for layer in layers])
+    if bias is None and layers[0].bias is not None:
+        bias = torch.cat([layer.bias for layer in layers])
     return nn.functional.linear(x, weight, bias).split([layer.out_features for layer in layers], dim=-1)
 
 
