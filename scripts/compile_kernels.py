@@ -149,7 +149,7 @@ def _programs_per_sm(arch: int, registers: int | None, shared: int, num_warps: i
     return min(bounds)
 
 
-_SHOWN_CONSTANTS = ("heads", "D", "DK", "DV", "DX", "DY", "BD", "BH", "BLOCK_N", "HAS_MASK", "HAS_SCALE",
+_SHOWN_CONSTANTS = ("heads", "D", "DK", "DV", "DX", "DY", "BD", "BH", "BO", "BI", "BLOCK_N", "HAS_MASK", "HAS_SCALE",
                     "HAS_DIRECTION", "HAS_GATE", "SHARED", "FINAL", "DOT_FP32", "TRANSPOSE", "SIZE")
 
 
@@ -278,7 +278,7 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     """Fastformer: the per-head pooling (one slice and several; a (rows, width) tile and a few
     vectors, no bound needed), plain and gated (the key pooling), the pooling across `MODEL_HEADS`
     heads of the layer's input, and the causal (prefix) pooling; the first two along a direction
-    and as the mean."""
+    and as the mean; and the column scaling of W_r at the model's width."""
     length, limit = mask.shape[1], compiler.limit
     compiler.bound = None
     for rows, with_direction, gated in itertools.product((triton_ops.POOL_CHUNK or 64, length), (True, False),
@@ -305,6 +305,12 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
         _backward(pooled, scores, values)
     else:
         compiler.torch_forms.append(f"causal pooling {width} wide")
+    # W_r diag(k_g): the fp32 weight scaled into the autocast dtype (fp32 without autocast); fixed
+    # 32 x 32 tiles, no bound needed
+    compiler.bound = None
+    weight = torch.zeros(model_width, model_width, requires_grad=True)
+    scales = torch.zeros(BATCH, model_width, requires_grad=True)
+    _backward(triton_ops.column_scale_kernel(weight, scales, dtype), weight, scales)
 
 
 def compile_all(archs: list[int], widths: list[int], dtypes: list[torch.dtype], jobs: int = 1

@@ -735,6 +735,43 @@ def _operator_cases():
     ]
 
 
+@pytest.mark.parametrize("rows, cols, batch", [(40, 70, 3), (16, 24, 2)])  # 2 x 3 tiles of 32; one tile
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_column_scale_kernel_matches_fp64(kernels, rows, cols, batch, dtype):
+    """`ops.column_scaled`: W diag(k_b) per sequence, each product rounded once to the output's
+    dtype (on a GPU to nearest, so in bf16 no further from the fp64 result than the torch form's
+    product of rounded operands; triton's interpreter truncates instead), and both gradients from a
+    transposed output gradient (as the batched product that reads it returns one) against fp64."""
+    generator = torch.Generator().manual_seed(13)
+    weight = torch.randn(rows, cols, generator=generator).to(DEVICE).requires_grad_()
+    scales = torch.randn(batch, cols, generator=generator).to(DEVICE).requires_grad_()
+    out = ops.column_scaled(weight, scales, dtype)
+    assert out.shape == (batch, rows, cols) and out.dtype == dtype
+    weight64, scales64 = _fp64(weight, scales)
+    expected = weight64[None] * scales64[:, None, :]
+    ops.set_kernel_backend("torch")
+    torch_form = ops.column_scaled(weight, scales, dtype)
+    if not triton_ops.INTERPRETED:
+        assert _relative(out, expected) <= _relative(torch_form, expected) + 1e-12
+    assert _relative(out, expected) < (1e-7 if dtype == torch.float32 else 8e-3)
+    grad = torch.randn(batch, cols, rows, generator=generator).to(DEVICE, dtype).transpose(1, 2)
+    for got, want in zip(torch.autograd.grad(out, [weight, scales], grad),
+                         torch.autograd.grad(expected, [weight64, scales64], grad.double()), strict=True):
+        assert got.dtype == torch.float32 and _relative(got, want) < 1e-6
+
+
+def test_column_scale_operator_passes_opcheck(kernels):
+    """The column scaling's operator (schema, fake, autograd, a compiled trace) and its gradient
+    operator's fake against the real gradients."""
+    generator = torch.Generator().manual_seed(14)
+    weight = torch.randn(40, 24, generator=generator).to(DEVICE).requires_grad_()
+    scales = torch.randn(3, 24, generator=generator).to(DEVICE).requires_grad_()
+    torch.library.opcheck(triton_ops.OPERATORS.column_scale, (weight, scales, torch.bfloat16))
+    grad = torch.randn(3, 40, 24, generator=generator).to(DEVICE, torch.bfloat16)
+    torch.library.opcheck(triton_ops.OPERATORS.column_scale_grads, (grad, weight, scales),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
 @pytest.mark.parametrize("case", range(9))
 def test_kernel_operators_pass_opcheck(case, kernels):
     """Each forward operator: its schema, fake implementation (shapes, dtypes, strides of the real

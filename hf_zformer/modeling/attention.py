@@ -41,6 +41,7 @@ from .blocks import (
 )
 from .ops import (
     add_key_value_products,
+    column_scaled,
     direction_pool,
     direction_scores,
     hedgehog_features,
@@ -931,7 +932,7 @@ class FastformerAttention(_QKVAttention):
         global_key = self._pooled_key(query, key, *self._score_weights(), attention_mask,
                                       self.transform.bias if shifted else None)  # k_g (B, H, 1, d)
         dtype = value_proj.dtype  # the projections' (autocast's) precision
-        scaled_transform = self.transform.weight.to(dtype) * global_key.reshape(batch, 1, -1).to(dtype)
+        scaled_transform = column_scaled(self.transform.weight, global_key.reshape(batch, -1), dtype)  # W_r diag(k_g)
         context = torch.baddbmm(query_proj, value_proj, scaled_transform.transpose(1, 2))  # r_i (- b_r unless shifted)
         if not folds_bias:
             return self.output(context if shifted else context.add_(self.transform.bias))  # a fresh tensor: in place
@@ -1014,7 +1015,7 @@ class FastformerAttention(_QKVAttention):
             fold_output = plain_linears(self.output) and self.folds_output_projection(batch, length, width)
             left_q, left_r, bias = self._folded_output_maps(fold_output)
             dtype = x.dtype
-            scaled = left_r.to(dtype) * global_key.reshape(batch, 1, width).to(dtype)  # (W_o) W_r diag(k_g)
+            scaled = column_scaled(left_r, global_key.reshape(batch, width), dtype)  # (W_o) W_r diag(k_g)
             matrix = torch.baddbmm(left_q.to(dtype), scaled, value_layer.weight.to(dtype).expand(batch, -1, -1))
             offset = (scaled @ value_layer.bias.to(dtype)).to(bias.dtype) + bias  # c (B, D)
             out = torch.baddbmm(offset.to(dtype)[:, None, :], x, matrix.transpose(1, 2))  # (B, N, D)

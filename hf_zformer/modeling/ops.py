@@ -25,6 +25,9 @@ the tests compare every fast form against it in fp64, forward and backward).
   the rows gate * values_j without forming them (the key pooling's q_g * k_i). Values (B, 1, N, D)
   are shared by H directions (B or 1, H, D): the folded form pools the layer's input once per head.
 
+- **Column scaling** (Fastformer's W_r diag(k_g)): `column_scaled(weight, scales, dtype)`, (B, O, I)
+  = weight diag(scales[b]); on CUDA one kernel whose backward reads the output's gradient once.
+
 Softmax attention (full) runs through transformers' attention functions, with
 `attention.einsum_attention_forward` as its reference.
 
@@ -71,6 +74,7 @@ from .triton_ops import RUNNABLE as TRITON_RUNNABLE
 from .triton_ops import VERSION as TRITON_VERSION
 from .triton_ops import FLOOR as KERNEL_FLOOR
 from .triton_ops import (
+    column_scale_kernel,
     direction_pool_kernel,
     linear_attention_fits,
     linear_attention_kernel,
@@ -611,6 +615,17 @@ def direction_pool(values, direction=None, mask=None, scale: float = 1.0, gate=N
             values = at_least_fp32(values)[0]
             pooled = softmax_pool(direction_scores(values, direction), values, mask)[0]
     return pooled if gate is None else gate[:, :, None] * pooled
+
+
+def column_scaled(weight, scales, dtype: torch.dtype):
+    """weight (O, I) with its columns scaled per sequence, (B, O, I) = weight diag(scales[b]) for
+    scales (B, I), in `dtype` (Fastformer's W_r diag(k_g)). On CUDA one kernel (`column_scale_kernel`:
+    each product in fp32, rounded once; the backward reads the output's gradient once for both
+    gradients); else the weight and the scales cast to `dtype` and multiplied (five passes over
+    (B, O, I) in the backward where the kernel makes one)."""
+    if _kernel_applies("column_scale", weight, scales, width_ok=lambda width: width >= 1):
+        return column_scale_kernel(weight, scales, dtype)
+    return weight.to(dtype) * scales.to(dtype)[:, None, :]
 
 
 def _scaled(direction, scale: float):

@@ -13,6 +13,9 @@
   one program per slice of `POOL_CHUNK` rows, the slices merged in order, `_merge_pools`; one per
   pair where the sequence fits one slice); the backward (`_pool_backward`) reads the values once more:
   dx_j = w_j g + w_j (g . x_j - g . pooled) u, du = sum_j w_j (g . x_j - g . pooled) x_j.
+- `column_scale_kernel(weight, scales, dtype)`: Fastformer's W_r diag(k_g) per sequence, each
+  product in fp32 rounded once (`_column_scale`); the backward reads the output's gradient once for
+  the weight's gradient (summed over the batch in order) and the scales' (`_column_scale_backward`).
 - `prefix_pool_kernel(scores, values, mask)`: Fastformer's causal pooling
   `p_i = sum_{j <= i} softmax_j(s) x_j`, one program per pair walking the sequence in tiles: each
   row's log-sum-exp under its own maximum, the tile's (i, j) weights as one matrix product, the
@@ -606,6 +609,35 @@ if AVAILABLE:
             carry_c = tl.sum(decay * gp, axis=0) + moved * carry_c
             ref = new_ref
 
+    @triton.jit
+    def _column_scale(W, K, OUT, rows, cols, BO: tl.constexpr, BI: tl.constexpr):
+        """One (BO, BI) tile of sequence b's OUT[b] = W diag(K[b]), the product in fp32, rounded once
+        to OUT's dtype (W (rows, cols) and K (B, cols) contiguous)."""
+        ob, ib, b = tl.program_id(0), tl.program_id(1), tl.program_id(2)
+        ro, ri = ob * BO + tl.arange(0, BO), ib * BI + tl.arange(0, BI)
+        inside = (ro[:, None] < rows) & (ri[None, :] < cols)
+        tile = ro[:, None] * cols + ri[None, :]
+        w = tl.load(W + tile, mask=inside, other=0.0).to(tl.float32)
+        k = tl.load(K + b * cols + ri, mask=ri < cols, other=0.0).to(tl.float32)
+        tl.store(OUT + b.to(tl.int64) * rows * cols + tile, (w * k[None, :]).to(OUT.dtype.element_ty), mask=inside)
+
+    @triton.jit
+    def _column_scale_backward(G, W, K, GW, GK, batch, rows, cols, sgb, sgo, sgi,
+                               BO: tl.constexpr, BI: tl.constexpr):
+        """For one (BO, BI) tile, over the batch in order: dW = sum_b G[b] diag(K[b]), and this tile's
+        share of dK[b] = sum_o G[b] * W (GK (row tiles, B, cols), summed over the tiles after)."""
+        ob, ib = tl.program_id(0), tl.program_id(1)
+        ro, ri = ob * BO + tl.arange(0, BO), ib * BI + tl.arange(0, BI)
+        inside = (ro[:, None] < rows) & (ri[None, :] < cols)
+        w = tl.load(W + ro[:, None] * cols + ri[None, :], mask=inside, other=0.0).to(tl.float32)
+        grad_w = tl.zeros((BO, BI), dtype=tl.float32)
+        for b in range(0, batch):
+            g = tl.load(G + b * sgb + ro[:, None] * sgo + ri[None, :] * sgi, mask=inside, other=0.0).to(tl.float32)
+            k = tl.load(K + b * cols + ri, mask=ri < cols, other=0.0).to(tl.float32)
+            grad_w += g * k[None, :]
+            tl.store(GK + (ob * batch + b) * cols + ri, tl.sum(g * w, axis=0), mask=ri < cols)
+        tl.store(GW + ro[:, None] * cols + ri[None, :], grad_w, mask=inside)
+
 # Rows per tile, and rows per slice of a split sum over the sequence: a fixed slice (whatever the
 # length) keeps every real row in the same tile and slice when padding is appended.
 _BLOCK_N = 64
@@ -1008,6 +1040,59 @@ def _direction_pool_grads(values, direction, mask, pooled, lse, grad, scale: flo
     return grad_values, grad_direction.to(direction.dtype), None
 
 
+# Tile of the column scaling (`column_scale_kernel`): 32 x 32 gives a 512-wide layer's weight 256
+# programs, each walking the batch.
+_SCALE_BLOCK = 32
+
+
+def _column_scale_forward(weight, scales, dtype: torch.dtype) -> torch.Tensor:
+    """(B, O, I) = weight (O, I) diag(scales[b]) in `dtype`."""
+    weight, scales = weight.contiguous(), scales.contiguous()
+    (rows, cols), batch = weight.shape, scales.shape[0]
+    out = torch.empty(batch, rows, cols, dtype=dtype, device=weight.device)
+    grid = (triton.cdiv(rows, _SCALE_BLOCK), triton.cdiv(cols, _SCALE_BLOCK), batch)
+    _column_scale[grid](weight, scales, out, rows, cols, BO=_SCALE_BLOCK, BI=_SCALE_BLOCK)
+    return out
+
+
+def _column_scale_grads(grad, weight, scales) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dweight fp32, dscales fp32) of `_column_scale_forward` from the output's gradient (any strides)."""
+    weight, scales = weight.contiguous(), scales.contiguous()
+    (rows, cols), batch = weight.shape, scales.shape[0]
+    tiles = triton.cdiv(rows, _SCALE_BLOCK)
+    grad_weight = torch.empty(rows, cols, dtype=torch.float32, device=weight.device)
+    shares = torch.empty(tiles, batch, cols, dtype=torch.float32, device=weight.device)
+    _column_scale_backward[(tiles, triton.cdiv(cols, _SCALE_BLOCK))](
+        grad, weight, scales, grad_weight, shares, batch, rows, cols, *grad.stride(), BO=_SCALE_BLOCK,
+        BI=_SCALE_BLOCK,
+    )
+    return grad_weight, shares[0] if tiles == 1 else shares.sum(0)
+
+
+class _ColumnScale(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, weight, scales, dtype):
+        ctx.save_for_backward(weight, scales)
+        return _column_scale_forward(weight, scales, dtype)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weight, scales = ctx.saved_tensors
+        grad_weight, grad_scales = _column_scale_grads(grad, weight, scales)
+        return grad_weight.to(weight.dtype), grad_scales.to(scales.dtype), None
+
+
+def column_scale_kernel(weight, scales, dtype: torch.dtype) -> torch.Tensor:
+    """`ops.column_scaled`: (B, O, I) = weight (O, I) diag(scales[b]) for scales (B, I), each
+    element's product in fp32 rounded once to `dtype`; the backward reads the output's gradient
+    once for both gradients (the weight's summed over the batch in order)."""
+    if _as_operators():
+        return OPERATORS.column_scale(weight, scales, dtype)
+    if _needs_graph(weight, scales):
+        return _ColumnScale.apply(weight, scales, dtype)
+    return _column_scale_forward(weight, scales, dtype)
+
+
 def _gate_grads_of(partial, shares, grad, direction, gate, parts):
     """(du or None, dgate) of a gated pooling from the backward's sums per slice (`_gate_grads`)."""
     batch, heads, dim = gate.shape
@@ -1341,6 +1426,33 @@ def _fake_prefix_pool_grads(scores, values, mask, pooled, lse, grad):
     return scores.new_empty(scores.shape), values.new_empty(values.shape)
 
 
+def _column_scale_op(weight: Tensor, scales: Tensor, dtype: torch.dtype) -> Tensor:
+    return _column_scale_forward(weight, scales, dtype)
+
+
+def _fake_column_scale(weight, scales, dtype):
+    return weight.new_empty(scales.shape[0], *weight.shape, dtype=dtype)
+
+
+def _column_scale_grads_op(grad: Tensor, weight: Tensor, scales: Tensor) -> tuple[Tensor, Tensor]:
+    return _column_scale_grads(grad, weight, scales)
+
+
+def _fake_column_scale_grads(grad, weight, scales):
+    return (weight.new_empty(weight.shape, dtype=torch.float32), scales.new_empty(scales.shape, dtype=torch.float32))
+
+
+def _save_operands(ctx, inputs, output):
+    """The column scaling's weight and scales, for its backward."""
+    ctx.save_for_backward(*inputs[:2])
+
+
+def _column_scale_operator_backward(ctx, grad):
+    weight, scales = ctx.saved_tensors
+    grad_weight, grad_scales = OPERATORS.column_scale_grads(grad, weight, scales)
+    return grad_weight.to(weight.dtype), grad_scales.to(scales.dtype), None
+
+
 def _save_all(ctx, inputs, output):
     """Saves the tensor inputs (None included) and the outputs, and the flags and numbers (a
     scale) aside, in order; the last output
@@ -1398,6 +1510,9 @@ def _register_operators():
         operators[name] = _custom_op(name, forward, fake)
         operators[name].register_autograd(backward, setup_context=_save_all)
         operators[f"{name}_grads"] = _custom_op(f"{name}_grads", grads, fake_grads)
+    operators["column_scale"] = _custom_op("column_scale", _column_scale_op, _fake_column_scale)
+    operators["column_scale"].register_autograd(_column_scale_operator_backward, setup_context=_save_operands)
+    operators["column_scale_grads"] = _custom_op("column_scale_grads", _column_scale_grads_op, _fake_column_scale_grads)
     return types.SimpleNamespace(**operators)
 
 
