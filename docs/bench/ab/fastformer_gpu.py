@@ -19,6 +19,10 @@ Variants of the module (all but `folded` in the plain form, as CUDA runs it by d
 - `per_pair`: the pooling kernels with one program per (sequence, head) pair over the whole
   sequence where the pairs fill the GPU (`triton_ops.POOL_CHUNK = None`, the rule before slices);
 - `chunk512`, `chunk256`: slices of 512 or 256 rows per program instead of the shipped 128;
+- `ungated`: the key pooling along w_k * q_g, then q_g times the pooling, as two operations of
+  their own (before `ops.direction_pool` took q_g as its gate);
+- `unfused_map`: W_r diag(k_g) as two casts and a multiply (before `ops.column_scaled`, whose
+  backward reads the map's gradient once);
 - `folded`: the folded form (`FastformerAttention._folded`, one (D, D) map per sequence, no Q, K, V)
   under bf16 autocast too: its input cast to bf16 once, both poolings of it in one fused kernel
   each, the output projection folded in (the default on CPUs; on CUDA in fp32 only);
@@ -48,19 +52,38 @@ from torch.nn import functional as F  # noqa: E402
 from benchmarks.cases import BenchCase, build_module, make_config  # noqa: E402
 from benchmarks import machine_info  # noqa: E402
 from benchmarks.harness import _make_inputs, _make_step, capture_graph, timed_call  # noqa: E402
-from hf_zformer.modeling import blocks, triton_ops  # noqa: E402
+from hf_zformer.modeling import blocks, ops, triton_ops  # noqa: E402
 from hf_zformer.modeling import attention as attention_module  # noqa: E402
 from hf_zformer.modeling.attention import FastformerAttention  # noqa: E402
 
 FULL = ("full", "full_unstacked")
-VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256", "folded", "folded_unpaired")
+VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256", "ungated", "unfused_map", "folded",
+            "folded_unpaired")
+
+
+def _ungated_pool(values, direction=None, mask=None, scale=1.0, gate=None):
+    """`ops.direction_pool` with the gate's two products outside the kernel (variant `ungated`)."""
+    if gate is None:
+        return ops.direction_pool(values, direction, mask, scale)
+    direction = None if direction is None else direction * gate
+    return gate[:, :, None] * ops.direction_pool(values, direction, mask, scale)
+
+
+def _unfused_map(weight, scales, dtype):
+    """W diag(k) per sequence as two casts and a multiply (variant `unfused_map`)."""
+    return weight.to(dtype) * scales.to(dtype)[:, None, :]
 
 
 @contextlib.contextmanager
 def variant(name, device):
     """Within: the projections, FastformerAttention and the pooling kernels as variant `name` has them."""
     saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
-             FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward)
+             FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward,
+             attention_module.direction_pool, attention_module.column_scaled)
+    if name == "ungated":
+        attention_module.direction_pool = _ungated_pool
+    if name == "unfused_map":
+        attention_module.column_scaled = _unfused_map
     blocks.STACKED_PROJECTION_DEVICES = () if name.endswith("unstacked") else (device.type,)
     # the folded form under autocast for the `folded` variants only (the CPU takes it by default:
     # the other variants are the plain form's, as on CUDA)
@@ -77,7 +100,8 @@ def variant(name, device):
         yield
     finally:
         (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
-         FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward) = saved
+         FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward,
+         attention_module.direction_pool, attention_module.column_scaled) = saved
 
 
 def expected_form(name, length, width):
