@@ -936,9 +936,10 @@ class FastformerAttention(_QKVAttention):
         context = torch.baddbmm(query_proj, value_proj, scaled_transform.transpose(1, 2))  # r_i (- b_r unless shifted)
         if not folds_bias:
             return self.output(context if shifted else context.add_(self.transform.bias))  # a fresh tensor: in place
-        with no_autocast(context.device.type):  # the bias in the weights' precision: a (D, D) product
-            shifted = self.output.weight @ self.transform.bias
-        return self.output(context, bias=shifted if self.output.bias is None else shifted + self.output.bias)
+        w_o, b_o = self.output.weight, self.output.bias
+        with no_autocast(context.device.type):  # W_o b_r + b_o in the weights' precision, one operation
+            bias = w_o @ self.transform.bias if b_o is None else torch.addmv(b_o, w_o, self.transform.bias)
+        return self.output(context, bias=bias)
 
     def _pooled_key(self, query, key, w_q, w_k, attention_mask, query_shift=None):
         """k_g (B, H, 1, d) of bidirectional attention, both poolings by `ops.direction_pool`:
