@@ -949,7 +949,7 @@ class FastformerAttention(_QKVAttention):
         gate themselves (in the kernel: no operation of their own). `query_shift` (D,): a constant
         the queries carry (q_i + shift), taken off their pooling."""
         scale = self.head_dim**-0.5
-        global_query = direction_pool(query, None if w_q is None else w_q[None], attention_mask, scale)[:, :, 0]
+        global_query = direction_pool(query, None if w_q is None else w_q[None], attention_mask, scale).squeeze(2)
         if query_shift is not None:
             global_query = global_query - query_shift.view(self.num_heads, self.head_dim)
         return direction_pool(key, None if w_k is None else w_k[None], attention_mask, scale, global_query)
@@ -1005,13 +1005,13 @@ class FastformerAttention(_QKVAttention):
         rows = shared_rows(hidden_states, x, heads if self.additive else 1)[:, None]  # the poolings' (B, 1, N, D)
         with no_autocast(x.device.type):  # the per-sequence vectors in the weights' precision
             direction = torch.einsum("hkD,hk->hD", w_q, self.query_score)[None] * scale if self.additive else None
-            pooled = direction_pool(rows, direction, attention_mask)[:, :, 0].expand(batch, heads, width)
+            pooled = direction_pool(rows, direction, attention_mask).squeeze(2).expand(batch, heads, width)
             if attention_mask is not None:  # sum_i alpha_i is 0, not 1, in a row without real tokens: q_g = 0
                 b_q = b_q * attention_mask.bool().any(-1)[:, None, None].to(b_q.dtype)  # (B, 1, 1) * (H, d)
             global_query = torch.einsum("hkD,bhD->bhk", w_q, pooled.to(w_q.dtype)) + b_q  # q_g (B, H, d)
             if self.additive:
                 direction = torch.einsum("hkD,bhk->bhD", w_k, self.key_score * global_query * scale)
-                pooled = direction_pool(rows, direction, attention_mask)[:, :, 0]
+                pooled = direction_pool(rows, direction, attention_mask).squeeze(2)
             global_key = global_query * (torch.einsum("hkD,bhD->bhk", w_k, pooled.to(w_k.dtype)) + b_k)  # k_g
             fold_output = plain_linears(self.output) and self.folds_output_projection(batch, length, width)
             left_q, left_r, bias = self._folded_output_maps(fold_output)
