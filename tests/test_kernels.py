@@ -237,6 +237,27 @@ def test_direction_pool_kernel_pools_gated_rows(kernels, direction_rows, length)
         assert _relative(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("with_direction", [False, True])
+def test_direction_pool_gates_rows_shared_by_the_heads(kernels, with_direction):
+    """Shared rows (B, 1, N, D) with a gate per head (B, H, D): each head pools gate_h * x_j, as the
+    naive reference over the formed gated rows does (its own gradients included)."""
+    generator = torch.Generator().manual_seed(15)
+    batch, heads, length, dim = 2, 3, 90, 16
+    values = _shared_rows(batch, length, dim, generator)[:, None]
+    direction = torch.randn(1, heads, dim, generator=generator).to(DEVICE).requires_grad_() if with_direction else None
+    gate = torch.randn(batch, heads, dim, generator=generator).to(DEVICE).requires_grad_()
+    mask = _mask(batch, length, [length, 40])
+    pooled = ops.direction_pool(values, direction, mask, 0.5, gate)
+    assert pooled.shape == (batch, heads, 1, dim)
+    inputs = [values, gate] + ([direction] if with_direction else [])
+    inputs64 = _fp64(*inputs)
+    expected = ops.direction_pool_reference(inputs64[0], inputs64[2] if with_direction else None, mask, 0.5,
+                                            inputs64[1])
+    assert _relative(pooled, expected) < 1e-6
+    for got, want in zip(_grads(pooled, inputs), _grads(expected, inputs64), strict=True):
+        assert _relative(got, want) < 1e-5
+
+
 def test_direction_pool_kernel_matches_the_naive_reference(kernels):
     generator = torch.Generator().manual_seed(6)
     values = _heads(2, 11, 2, 16, generator)

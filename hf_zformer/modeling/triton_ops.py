@@ -631,8 +631,10 @@ if AVAILABLE:
         inside = (ro[:, None] < rows) & (ri[None, :] < cols)
         w = tl.load(W + ro[:, None] * cols + ri[None, :], mask=inside, other=0.0).to(tl.float32)
         grad_w = tl.zeros((BO, BI), dtype=tl.float32)
+        rows_g = G + ro[:, None] * sgo + ri[None, :] * sgi  # sequence b's tile: a pointer step per b (64-bit)
         for b in range(0, batch):
-            g = tl.load(G + b * sgb + ro[:, None] * sgo + ri[None, :] * sgi, mask=inside, other=0.0).to(tl.float32)
+            g = tl.load(rows_g, mask=inside, other=0.0).to(tl.float32)
+            rows_g += sgb
             k = tl.load(K + b * cols + ri, mask=ri < cols, other=0.0).to(tl.float32)
             grad_w += g * k[None, :]
             tl.store(GK + (ob * batch + b) * cols + ri, tl.sum(g * w, axis=0), mask=ri < cols)
@@ -1056,7 +1058,8 @@ def _column_scale_forward(weight, scales, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _column_scale_grads(grad, weight, scales) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dweight fp32, dscales fp32) of `_column_scale_forward` from the output's gradient (any strides)."""
+    """(dweight, dscales) of `_column_scale_forward`, summed in fp32 and returned in the operands'
+    dtypes, from the output's gradient (any strides)."""
     weight, scales = weight.contiguous(), scales.contiguous()
     (rows, cols), batch = weight.shape, scales.shape[0]
     tiles = triton.cdiv(rows, _SCALE_BLOCK)
@@ -1066,7 +1069,8 @@ def _column_scale_grads(grad, weight, scales) -> tuple[torch.Tensor, torch.Tenso
         grad, weight, scales, grad_weight, shares, batch, rows, cols, *grad.stride(), BO=_SCALE_BLOCK,
         BI=_SCALE_BLOCK,
     )
-    return grad_weight, shares[0] if tiles == 1 else shares.sum(0)
+    grad_scales = shares[0] if tiles == 1 else shares.sum(0)
+    return grad_weight.to(weight.dtype), grad_scales.to(scales.dtype)
 
 
 class _ColumnScale(torch.autograd.Function):
@@ -1077,9 +1081,7 @@ class _ColumnScale(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):
-        weight, scales = ctx.saved_tensors
-        grad_weight, grad_scales = _column_scale_grads(grad, weight, scales)
-        return grad_weight.to(weight.dtype), grad_scales.to(scales.dtype), None
+        return *_column_scale_grads(grad, *ctx.saved_tensors), None
 
 
 def column_scale_kernel(weight, scales, dtype: torch.dtype) -> torch.Tensor:
@@ -1439,7 +1441,7 @@ def _column_scale_grads_op(grad: Tensor, weight: Tensor, scales: Tensor) -> tupl
 
 
 def _fake_column_scale_grads(grad, weight, scales):
-    return (weight.new_empty(weight.shape, dtype=torch.float32), scales.new_empty(scales.shape, dtype=torch.float32))
+    return torch.empty_like(weight), torch.empty_like(scales)
 
 
 def _save_operands(ctx, inputs, output):
@@ -1448,9 +1450,7 @@ def _save_operands(ctx, inputs, output):
 
 
 def _column_scale_operator_backward(ctx, grad):
-    weight, scales = ctx.saved_tensors
-    grad_weight, grad_scales = OPERATORS.column_scale_grads(grad, weight, scales)
-    return grad_weight.to(weight.dtype), grad_scales.to(scales.dtype), None
+    return *OPERATORS.column_scale_grads(grad, *ctx.saved_tensors), None
 
 
 def _save_all(ctx, inputs, output):
