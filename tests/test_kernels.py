@@ -528,9 +528,10 @@ def _causal_pool_inputs(batch, heads, length, dim, seed, spread=3.0):
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
-@pytest.mark.parametrize("dim", [16, 24])
+@pytest.mark.parametrize("dim", [16, 24, 200])
 def test_prefix_pool_kernel_matches_fp64(kernels, with_mask, dim):
-    """Several tiles and a partial one; with the mask: left padding, a gap inside, an all-padding row."""
+    """Several tiles and a partial one; with the mask: left padding, a gap inside, an all-padding row.
+    Heads 200 wide (256-wide tiles) take the shorter tiles of `triton_ops._prefix_rows`."""
     batch, heads, length = 3, 2, 150
     scores, values = _causal_pool_inputs(batch, heads, length, dim, seed=11)
     mask = None

@@ -647,8 +647,10 @@ _CHUNK = 512
 # Rows per tile of the causal pooling, whose (rows, rows) weights and exact fp32 products (on CUDA
 # cores) weigh on registers: with 64-row tiles ptxas compiled both kernels for sm_90 to 32
 # registers and 6.5-10 KB of spilled stack per thread; 32-row tiles (8 warps from 128-wide heads)
-# need 64-147 registers and spill nothing (`scripts/compile_kernels.py`).
+# need 64-147 registers and spill nothing up to 128-wide heads (`scripts/compile_kernels.py`).
+# Heads 256 wide take `_PREFIX_WIDE_BLOCK_N` (`_prefix_rows`).
 _PREFIX_BLOCK_N = 32
+_PREFIX_WIDE_BLOCK_N = 16
 # Elements per program of the sum over slices (`_sum_parts`): a whole (256, 128) state per program
 # held 256 fp32 values per thread, and ptxas gave it 255 registers and spilled 200 bytes for sm_90.
 _SUM_BLOCK = 2048
@@ -662,6 +664,15 @@ def _linear_rows(exact: bool) -> int:
     spill nothing there (`scripts/compile_kernels.py`). The interpreter keeps 64-row tiles (its
     products are exact for every dtype), except where a test swaps this function."""
     return 16 if exact and not INTERPRETED else _BLOCK_N
+
+
+def _prefix_rows(width: int) -> int:
+    """Rows per tile of the causal pooling's kernels for heads `width` wide: `_PREFIX_BLOCK_N`, and
+    `_PREFIX_WIDE_BLOCK_N` from 256-wide tiles. At 256 with 32 rows, three (32, 256) fp32 tiles
+    and the gradient's held 128 values per thread at 8 warps: the backward spilled 440 bytes per
+    thread for sm_90 with triton 3.9, and with triton 3.6 (torch 2.11's) got 32 registers and 4 KB
+    of stack, bf16 and fp32 alike (`scripts/compile_kernels.py`)."""
+    return _PREFIX_WIDE_BLOCK_N if _tile(width) >= 256 else _PREFIX_BLOCK_N
 
 
 # One program per (sequence, head) pair, for the whole sequence, where there are at least this many
@@ -701,7 +712,7 @@ LINEAR_ATTENTION_SHARED = ((4096, 98_304), (16_384, 131_072), (32_768, 212_992))
 # the pooling across heads: heads x width (16 x 512 for 8 heads of a 512-wide layer)
 SHARED_POOL_SHARED = ((4096, 98_304), (8192, 163_840))
 # the causal (prefix) pooling: the head width
-PREFIX_POOL_SHARED = ((64, 26_624), (128, 34_816), (256, 55_296))
+PREFIX_POOL_SHARED = ((64, 26_624), (256, 34_816))
 
 
 @torch.compiler.assume_constant_result  # inside torch.compile: asked once while tracing, not a graph break
@@ -1269,7 +1280,7 @@ def _prefix_pool_forward(scores, values, mask):
     mask_ptr, smb, smn, has_mask = _mask_arguments(mask, values)
     _prefix_pool[(batch * heads,)](
         scores, values, mask_ptr, pooled, lse, length, *scores.stride()[:3], *values.stride(), smb, smn,
-        *pooled.stride()[:3], heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_PREFIX_BLOCK_N, HAS_MASK=has_mask,
+        *pooled.stride()[:3], heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_prefix_rows(dim), HAS_MASK=has_mask,
         **_launch_options(dim),
     )
     return pooled, lse
@@ -1287,7 +1298,7 @@ def _prefix_pool_grads(scores, values, mask, pooled, lse, grad):
     _prefix_pool_backward[(batch * heads,)](
         scores_in, values_in, mask_ptr, pooled, lse, grad, grad_values, grad_scores, length,
         *scores_in.stride()[:3], *values_in.stride(), smb, smn, *pooled.stride()[:3], *grad.stride(),
-        heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_PREFIX_BLOCK_N, HAS_MASK=has_mask, **_launch_options(dim),
+        heads=heads, D=dim, BD=_tile(dim), BLOCK_N=_prefix_rows(dim), HAS_MASK=has_mask, **_launch_options(dim),
     )
     return grad_scores.to(scores.dtype), grad_values.to(values.dtype)
 
