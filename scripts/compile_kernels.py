@@ -149,8 +149,8 @@ def _programs_per_sm(arch: int, registers: int | None, shared: int, num_warps: i
     return min(bounds)
 
 
-_SHOWN_CONSTANTS = ("heads", "D", "DK", "DV", "DX", "DY", "BD", "BH", "BO", "BI", "BLOCK_N", "HAS_MASK", "HAS_SCALE",
-                    "HAS_DIRECTION", "HAS_GATE", "SHARED", "FINAL", "DOT_FP32", "TRANSPOSE", "SIZE")
+_SHOWN_CONSTANTS = ("heads", "D", "DK", "DV", "DX", "DY", "BD", "BH", "BB", "BO", "BI", "BLOCK_N", "HAS_MASK",
+                    "HAS_SCALE", "HAS_DIRECTION", "HAS_GATE", "SHARED", "FINAL", "DOT_FP32", "TRANSPOSE", "SIZE")
 
 
 class KernelCompiler:
@@ -281,13 +281,17 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     and as the mean; and the column scaling of W_r at the model's width."""
     length, limit = mask.shape[1], compiler.limit
     compiler.bound = None
+    # the gate's gradients take a tile of sequences: a batch that fills it compiles the largest
+    full_tile = max(BATCH, triton_ops._GATE_TILE // triton_ops._tile(width))
     for rows, with_direction, gated in itertools.product((triton_ops.POOL_CHUNK or 64, length), (True, False),
                                                          (False, True)):
-        values = tensor(BATCH, HEADS, rows, width, dtype=dtype)
+        batch = full_tile if gated else BATCH
+        values = tensor(batch, HEADS, rows, width, dtype=dtype)
         # the key pooling's direction is one per head (w_k), its gate one per sequence (q_g)
-        direction = torch.zeros(1 if gated else BATCH, HEADS, width, requires_grad=True) if with_direction else None
-        gate = torch.zeros(BATCH, HEADS, width, requires_grad=True) if gated else None
-        pooled = triton_ops.direction_pool_kernel(values, direction, mask[:, :rows], gate=gate)
+        direction = torch.zeros(1 if gated else batch, HEADS, width, requires_grad=True) if with_direction else None
+        gate = torch.zeros(batch, HEADS, width, requires_grad=True) if gated else None
+        rows_mask = torch.ones(batch, rows, dtype=torch.bool)
+        pooled = triton_ops.direction_pool_kernel(values, direction, rows_mask, gate=gate)
         _backward(pooled, values, direction, gate)
     model_width = MODEL_HEADS * width
     if triton_ops.shared_fits(model_width, MODEL_HEADS, limit):

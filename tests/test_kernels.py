@@ -237,6 +237,27 @@ def test_direction_pool_kernel_pools_gated_rows(kernels, direction_rows, length)
         assert _relative(got, want) < 1e-5
 
 
+@pytest.mark.parametrize("direction_rows", [None, 1, 5])
+def test_direction_pool_gate_gradients_walk_the_batch_in_tiles(kernels, monkeypatch, direction_rows):
+    """The gate's and direction's gradients (`_gate_grads`) with the batch of 5 walked 2 sequences per
+    tile (the last one partial), over several slices: the fp64 torch forms' gradients."""
+    monkeypatch.setattr(triton_ops, "_GATE_TILE", 64)
+    batch, heads, length, dim = 5, 2, 300, 24
+    assert triton_ops._gate_batch_rows(batch, dim) == 2
+    generator = torch.Generator().manual_seed(16)
+    values, direction = _pool_inputs(batch, heads, length, dim, direction_rows, generator)
+    gate = torch.randn(batch, heads, dim, generator=generator).to(DEVICE).requires_grad_()
+    mask = _mask(batch, length, [length, 200, 0, 130, 7])
+    pooled = ops.direction_pool(values, direction, mask, 0.4, gate)
+    inputs = [values, gate] + ([direction] if direction is not None else [])
+    inputs64 = _fp64(*inputs)
+    ops.set_kernel_backend("torch")
+    expected = ops.direction_pool(inputs64[0], inputs64[2] if direction is not None else None, mask, 0.4, inputs64[1])
+    assert _relative(pooled, expected) < 1e-6
+    for got, want in zip(_grads(pooled, inputs), _grads(expected, inputs64), strict=True):
+        assert _relative(got, want) < 1e-5
+
+
 @pytest.mark.parametrize("with_direction", [False, True])
 def test_direction_pool_gates_rows_shared_by_the_heads(kernels, with_direction):
     """Shared rows (B, 1, N, D) with a gate per head (B, H, D): each head pools gate_h * x_j, as the

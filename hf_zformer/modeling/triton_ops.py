@@ -352,34 +352,39 @@ if AVAILABLE:
 
     @triton.jit
     def _gate_grads(DU, PP, G, U, GATE, DGATE, DDIR, batch, parts, sub, suh, heads: tl.constexpr,
-                    D: tl.constexpr, BD: tl.constexpr, HAS_DIRECTION: tl.constexpr, SHARED: tl.constexpr):
-        """The gated pooling's small gradients for head h from the slices' sums (in order): the
-        gate's, g * pooled + du * u, and the direction's, du * gate (summed over the batch where one
-        direction (SHARED) serves every sequence); du is the gradient of the gated direction u * gate."""
+                    D: tl.constexpr, BD: tl.constexpr, BB: tl.constexpr, HAS_DIRECTION: tl.constexpr,
+                    SHARED: tl.constexpr):
+        """The gated pooling's small gradients for head h from the slices' sums (in order), BB
+        sequences per (BB, BD) tile: the gate's, g * pooled + du * u, and the direction's, du * gate
+        (summed over the batch where one direction (SHARED) serves every sequence); du is the
+        gradient of the gated direction u * gate."""
         h = tl.program_id(0)
-        rd = tl.arange(0, BD)
-        inside = rd < D
+        rd, rb = tl.arange(0, BD), tl.arange(0, BB)
         shared = tl.zeros((BD,), dtype=tl.float32)
-        for b in range(0, batch):
+        for first in range(0, batch, BB):
+            b = first + rb
             bh = b * heads + h
-            pooled = tl.zeros((BD,), dtype=tl.float32)
-            du = tl.zeros((BD,), dtype=tl.float32)
+            cells = (b[:, None] < batch) & (rd[None, :] < D)
+            row = bh[:, None] * D + rd[None, :]
+            slices = (bh[:, None] * parts) * BD + rd[None, :]
+            pooled = tl.zeros((BB, BD), dtype=tl.float32)
+            du = tl.zeros((BB, BD), dtype=tl.float32)
             for part in range(0, parts):
-                pooled += tl.load(PP + (bh * parts + part) * BD + rd)
+                pooled += tl.load(PP + slices + part * BD, mask=cells, other=0.0)
                 if HAS_DIRECTION:
-                    du += tl.load(DU + (bh * parts + part) * BD + rd)
-            grad_gate = tl.load(G + bh * D + rd, mask=inside, other=0.0) * pooled
+                    du += tl.load(DU + slices + part * BD, mask=cells, other=0.0)
+            grad_gate = tl.load(G + row, mask=cells, other=0.0) * pooled
             if HAS_DIRECTION:
-                u = tl.load(U + b * sub + h * suh + rd, mask=inside, other=0.0).to(tl.float32)
+                u = tl.load(U + b[:, None] * sub + h * suh + rd[None, :], mask=cells, other=0.0).to(tl.float32)
                 grad_gate += du * u
-                grad_direction = du * tl.load(GATE + bh * D + rd, mask=inside, other=0.0)
+                grad_direction = du * tl.load(GATE + row, mask=cells, other=0.0)
                 if SHARED:
-                    shared += grad_direction
+                    shared += tl.sum(grad_direction, axis=0)
                 else:
-                    tl.store(DDIR + bh * D + rd, grad_direction, mask=inside)
-            tl.store(DGATE + bh * D + rd, grad_gate, mask=inside)
+                    tl.store(DDIR + row, grad_direction, mask=cells)
+            tl.store(DGATE + row, grad_gate, mask=cells)
         if HAS_DIRECTION and SHARED:
-            tl.store(DDIR + h * D + rd, shared, mask=inside)
+            tl.store(DDIR + h * D + rd, shared, mask=rd < D)
 
     @triton.jit
     def _dot32(a, b, DOT_FP32: tl.constexpr):
@@ -1106,6 +1111,18 @@ def column_scale_kernel(weight, scales, dtype: torch.dtype) -> torch.Tensor:
     return _column_scale_forward(weight, scales, dtype)
 
 
+# Elements of one (sequences, head width) tile of `_gate_grads`: its programs, one per head, walk the
+# batch a tile of sequences at a time, so that loads of many sequences are in flight at once (one
+# sequence at a time, each program waited on about (slices / 4 + 1) loads per sequence in turn:
+# ptxas unrolls the loop over slices by 4).
+_GATE_TILE = 4096
+
+
+def _gate_batch_rows(batch: int, width: int) -> int:
+    """Sequences per tile of `_gate_grads`: the batch (a power of two), up to `_GATE_TILE` elements."""
+    return max(1, min(triton.next_power_of_2(batch), _GATE_TILE // _tile(width)))
+
+
 def _gate_grads_of(partial, shares, grad, direction, gate, parts):
     """(du or None, dgate) of a gated pooling from the backward's sums per slice (`_gate_grads`)."""
     batch, heads, dim = gate.shape
@@ -1116,7 +1133,7 @@ def _gate_grads_of(partial, shares, grad, direction, gate, parts):
     _gate_grads[(heads,)](
         partial, shares, grad, gate if direction is None else direction, gate, grad_gate,
         grad_gate if grad_direction is None else grad_direction, batch, parts, *_direction_strides(direction),
-        heads=heads, D=dim, BD=_tile(dim), HAS_DIRECTION=direction is not None,
+        heads=heads, D=dim, BD=_tile(dim), BB=_gate_batch_rows(batch, dim), HAS_DIRECTION=direction is not None,
         SHARED=direction is not None and direction.shape[0] == 1,
     )
     return (None if direction is None else grad_direction.to(direction.dtype)), grad_gate
