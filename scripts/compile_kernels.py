@@ -310,10 +310,10 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     else:
         compiler.torch_forms.append(f"causal pooling {width} wide")
     # W_r diag(k_g): the fp32 weight scaled into the autocast dtype (fp32 without autocast); fixed
-    # 32 x 32 tiles, no bound needed
+    # 32 x 32 tiles, no bound needed; the backward's fullest group of sequences
     compiler.bound = None
     weight = torch.zeros(model_width, model_width, requires_grad=True)
-    scales = torch.zeros(BATCH, model_width, requires_grad=True)
+    scales = torch.zeros(max(BATCH, triton_ops._SCALE_BATCH), model_width, requires_grad=True)
     _backward(triton_ops.column_scale_kernel(weight, scales, dtype), weight, scales)
 
 

@@ -628,21 +628,25 @@ if AVAILABLE:
 
     @triton.jit
     def _column_scale_backward(G, W, K, GW, GK, batch, rows, cols, sgb, sgo, sgi,
-                               BO: tl.constexpr, BI: tl.constexpr):
-        """For one (BO, BI) tile, over the batch in order: dW = sum_b G[b] diag(K[b]), and this tile's
-        share of dK[b] = sum_o G[b] * W (GK (row tiles, B, cols), summed over the tiles after)."""
+                               BO: tl.constexpr, BI: tl.constexpr, BB: tl.constexpr):
+        """For one (BO, BI) tile, over the batch in order, BB sequences at a time (their loads in
+        flight together): dW = sum_b G[b] diag(K[b]), and this tile's share of dK[b] =
+        sum_o G[b] * W (GK (row tiles, B, cols), summed over the tiles after)."""
         ob, ib = tl.program_id(0), tl.program_id(1)
-        ro, ri = ob * BO + tl.arange(0, BO), ib * BI + tl.arange(0, BI)
+        ro, ri, rb = ob * BO + tl.arange(0, BO), ib * BI + tl.arange(0, BI), tl.arange(0, BB)
         inside = (ro[:, None] < rows) & (ri[None, :] < cols)
         w = tl.load(W + ro[:, None] * cols + ri[None, :], mask=inside, other=0.0).to(tl.float32)
         grad_w = tl.zeros((BO, BI), dtype=tl.float32)
-        rows_g = G + ro[:, None] * sgo + ri[None, :] * sgi  # sequence b's tile: a pointer step per b (64-bit)
-        for b in range(0, batch):
-            g = tl.load(rows_g, mask=inside, other=0.0).to(tl.float32)
-            rows_g += sgb
-            k = tl.load(K + b * cols + ri, mask=ri < cols, other=0.0).to(tl.float32)
-            grad_w += g * k[None, :]
-            tl.store(GK + (ob * batch + b) * cols + ri, tl.sum(g * w, axis=0), mask=ri < cols)
+        tile_g = G + ro[:, None] * sgo + ri[None, :] * sgi
+        for first in range(0, batch, BB):
+            b = first + rb
+            columns = (b[:, None] < batch) & (ri[None, :] < cols)  # (BB, BI)
+            g = tl.load(tile_g[None, :, :] + b.to(tl.int64)[:, None, None] * sgb,  # 64-bit: B D^2 may pass 2^31
+                        mask=(b[:, None, None] < batch) & inside[None, :, :], other=0.0).to(tl.float32)
+            k = tl.load(K + b[:, None] * cols + ri[None, :], mask=columns, other=0.0).to(tl.float32)
+            grad_w += tl.sum(g * k[:, None, :], axis=0)
+            tl.store(GK + (ob * batch + b[:, None]) * cols + ri[None, :], tl.sum(g * w[None, :, :], axis=1),
+                     mask=columns)
         tl.store(GW + ro[:, None] * cols + ri[None, :], grad_w, mask=inside)
 
 # Rows per tile, and rows per slice of a split sum over the sequence: a fixed slice (whatever the
@@ -1059,8 +1063,10 @@ def _direction_pool_grads(values, direction, mask, pooled, lse, grad, scale: flo
 
 
 # Tile of the column scaling (`column_scale_kernel`): 32 x 32 gives a 512-wide layer's weight 256
-# programs, each walking the batch.
+# programs, each walking the batch in its backward, `_SCALE_BATCH` sequences at a time (one at a
+# time, ptxas kept one tile's load in flight: 40 loads one after another at batch 40).
 _SCALE_BLOCK = 32
+_SCALE_BATCH = 4
 
 
 def _column_scale_forward(weight, scales, dtype: torch.dtype) -> torch.Tensor:
@@ -1083,7 +1089,7 @@ def _column_scale_grads(grad, weight, scales) -> tuple[torch.Tensor, torch.Tenso
     shares = torch.empty(tiles, batch, cols, dtype=torch.float32, device=weight.device)
     _column_scale_backward[(tiles, triton.cdiv(cols, _SCALE_BLOCK))](
         grad, weight, scales, grad_weight, shares, batch, rows, cols, *grad.stride(), BO=_SCALE_BLOCK,
-        BI=_SCALE_BLOCK,
+        BI=_SCALE_BLOCK, BB=min(_SCALE_BATCH, triton.next_power_of_2(batch)),
     )
     grad_scales = shares[0] if tiles == 1 else shares.sum(0)
     return grad_weight.to(weight.dtype), grad_scales.to(scales.dtype)
