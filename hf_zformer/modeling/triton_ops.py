@@ -15,7 +15,7 @@
   dx_j = w_j g + w_j (g . x_j - g . pooled) u, du = sum_j w_j (g . x_j - g . pooled) x_j.
 - `column_scale_kernel(weight, scales, dtype)`: Fastformer's W_r diag(k_g) per sequence, each
   product in fp32 rounded once (`_column_scale`); the backward reads the output's gradient once for
-  the weight's gradient (summed over the batch in order) and the scales' (`_column_scale_backward`).
+  the weight's gradient (summed over the batch in a fixed order) and the scales' (`_column_scale_backward`).
 - `prefix_pool_kernel(scores, values, mask)`: Fastformer's causal pooling
   `p_i = sum_{j <= i} softmax_j(s) x_j`, one program per pair walking the sequence in tiles: each
   row's log-sum-exp under its own maximum, the tile's (i, j) weights as one matrix product, the
@@ -629,8 +629,8 @@ if AVAILABLE:
     @triton.jit
     def _column_scale_backward(G, W, K, GW, GK, batch, rows, cols, sgb, sgo, sgi,
                                BO: tl.constexpr, BI: tl.constexpr, BB: tl.constexpr):
-        """For one (BO, BI) tile, over the batch in order, BB sequences at a time (their loads in
-        flight together): dW = sum_b G[b] diag(K[b]), and this tile's share of dK[b] =
+        """For one (BO, BI) tile, over the batch BB sequences at a time (their loads in flight
+        together; the sum in a fixed order): dW = sum_b G[b] diag(K[b]), and this tile's share of dK[b] =
         sum_o G[b] * W (GK (row tiles, B, cols), summed over the tiles after)."""
         ob, ib = tl.program_id(0), tl.program_id(1)
         ro, ri, rb = ob * BO + tl.arange(0, BO), ib * BI + tl.arange(0, BI), tl.arange(0, BB)
@@ -1062,6 +1062,12 @@ def _direction_pool_grads(values, direction, mask, pooled, lse, grad, scale: flo
     return grad_values, grad_direction.to(direction.dtype), None
 
 
+def _sequences_per_tile(batch: int, most: int) -> int:
+    """Sequences one tile of a kernel walking the batch takes: the batch rounded up to a power of
+    two, at most `most` (a power of two), at least 1."""
+    return max(1, min(triton.next_power_of_2(batch), most))
+
+
 # Tile of the column scaling (`column_scale_kernel`): 32 x 32 gives a 512-wide layer's weight 256
 # programs, each walking the batch in its backward, `_SCALE_BATCH` sequences at a time (one at a
 # time, ptxas kept one tile's load in flight: 40 loads one after another at batch 40).
@@ -1089,7 +1095,7 @@ def _column_scale_grads(grad, weight, scales) -> tuple[torch.Tensor, torch.Tenso
     shares = torch.empty(tiles, batch, cols, dtype=torch.float32, device=weight.device)
     _column_scale_backward[(tiles, triton.cdiv(cols, _SCALE_BLOCK))](
         grad, weight, scales, grad_weight, shares, batch, rows, cols, *grad.stride(), BO=_SCALE_BLOCK,
-        BI=_SCALE_BLOCK, BB=min(_SCALE_BATCH, triton.next_power_of_2(batch)),
+        BI=_SCALE_BLOCK, BB=_sequences_per_tile(batch, _SCALE_BATCH),
     )
     grad_scales = shares[0] if tiles == 1 else shares.sum(0)
     return grad_weight.to(weight.dtype), grad_scales.to(scales.dtype)
@@ -1109,7 +1115,7 @@ class _ColumnScale(torch.autograd.Function):
 def column_scale_kernel(weight, scales, dtype: torch.dtype) -> torch.Tensor:
     """`ops.column_scaled`: (B, O, I) = weight (O, I) diag(scales[b]) for scales (B, I), each
     element's product in fp32 rounded once to `dtype`; the backward reads the output's gradient
-    once for both gradients (the weight's summed over the batch in order)."""
+    once for both gradients (the weight's summed over the batch in a fixed order)."""
     if _as_operators():
         return OPERATORS.column_scale(weight, scales, dtype)
     if _needs_graph(weight, scales):
@@ -1125,8 +1131,8 @@ _GATE_TILE = 4096
 
 
 def _gate_batch_rows(batch: int, width: int) -> int:
-    """Sequences per tile of `_gate_grads`: the batch (a power of two), up to `_GATE_TILE` elements."""
-    return max(1, min(triton.next_power_of_2(batch), _GATE_TILE // _tile(width)))
+    """Sequences per tile of `_gate_grads`: up to `_GATE_TILE` elements."""
+    return _sequences_per_tile(batch, _GATE_TILE // _tile(width))
 
 
 def _gate_grads_of(partial, shares, grad, direction, gate, parts):
