@@ -11,12 +11,13 @@ a CUDA driver is needed. The kernels are reached through their public functions 
 the models give them (head views of a projection, and contiguous): Zformer's linear attention (one program per (sequence, head) pair, and the split plan),
 with and without a mask and a scale, at head width d against d and, for the Hedgehog feature map,
 2 d against d + 1; Fastformer's poolings per head (one slice and several), across heads at the
-model widths 8 d, and causal (prefix). Every launch compiles and returns at once: nothing runs, so
+model widths 8 d, and causal (prefix), the column scaling of W_r and the fused product
+q + (v diag(k_g)) W_r^T at the model widths. Every launch compiles and returns at once: nothing runs, so
 the outputs stay unwritten. A kernel compiled for several calls is reported once.
 
 Only what the dispatch would run on each GPU is compiled: `triton_ops` bounds every kernel
 family's shared memory by the tile it holds (`LINEAR_ATTENTION_SHARED`, `SHARED_POOL_SHARED`,
-`PREFIX_POOL_SHARED`) and leaves tiles whose bound exceeds the GPU's shared memory to the torch
+`PREFIX_POOL_SHARED`, and `PRODUCT_SHARED` for the fused product's fixed tiles) and leaves tiles whose bound exceeds the GPU's shared memory to the torch
 forms; those are listed at the end. Exit status 1 where a kernel fails to compile, asks more shared
 memory than the architecture gives one program (the launch would fail on that GPU with "out of
 resource: shared memory"), or more than its family's bound (the bound the dispatch trusts is
@@ -149,7 +150,7 @@ def _programs_per_sm(arch: int, registers: int | None, shared: int, num_warps: i
     return min(bounds)
 
 
-_SHOWN_CONSTANTS = ("heads", "D", "DK", "DV", "DX", "DY", "BD", "BH", "BB", "BO", "BI", "BLOCK_N", "HAS_MASK",
+_SHOWN_CONSTANTS = ("heads", "D", "DK", "DV", "DX", "DY", "BD", "BH", "BB", "BM", "BO", "BI", "BLOCK_N", "HAS_MASK",
                     "HAS_SCALE", "HAS_DIRECTION", "HAS_GATE", "SHARED", "FINAL", "DOT_FP32", "TRANSPOSE", "SIZE")
 
 
@@ -315,6 +316,13 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     weight = torch.zeros(model_width, model_width, requires_grad=True)
     scales = torch.zeros(max(BATCH, triton_ops._SCALE_BATCH), model_width, requires_grad=True)
     _backward(triton_ops.column_scale_kernel(weight, scales, dtype), weight, scales)
+    # r = q + (v diag(k_g)) W_r^T in one product (its backward through the map above)
+    if triton_ops.product_fits(limit):
+        compiler.bound = triton_ops.PRODUCT_SHARED
+        query, value = (tensor(BATCH, length, 3 * model_width, dtype=dtype)[..., :model_width] for _ in range(2))
+        _backward(triton_ops.scaled_product_kernel(query, value, weight, scales[:BATCH]), query, value, weight, scales)
+    else:
+        compiler.torch_forms.append(f"scaled product {model_width} wide")
 
 
 def compile_all(archs: list[int], widths: list[int], dtypes: list[torch.dtype], jobs: int = 1

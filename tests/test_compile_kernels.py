@@ -21,7 +21,8 @@ pytest.importorskip("triton")
 SCRIPT = REPO_ROOT / "scripts" / "compile_kernels.py"
 EVERY_KERNEL = {"_fused_forward", "_fused_backward", "_outer_sum", "_sum_parts", "_state_product", "_pool",
                 "_merge_pools", "_pool_backward", "_shared_pool", "_shared_pool_backward", "_shared_pool_backward_paired",
-                "_prefix_pool", "_prefix_pool_backward", "_gate_grads", "_column_scale", "_column_scale_backward"}
+                "_prefix_pool", "_prefix_pool_backward", "_gate_grads", "_column_scale", "_column_scale_backward",
+                "_scaled_product"}
 
 
 def _compile(tmp_path, *args, prelude=""):

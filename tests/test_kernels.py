@@ -455,10 +455,11 @@ def test_shared_pool_kernel_takes_tiles_up_to_8192_elements(triton_backend, monk
 
 @pytest.mark.parametrize("limit,admitted", [
     (None, {"linear 64x64", "linear 128x65", "linear 192x97", "shared 16x512", "shared 8x256", "prefix 128",
-            "prefix 256"}),
+            "prefix 256", "product"}),
     (232_448, {"linear 64x64", "linear 128x65", "linear 192x97", "shared 16x512", "shared 8x256", "prefix 128",
-               "prefix 256"}),
-    (166_912, {"linear 64x64", "linear 128x65", "shared 16x512", "shared 8x256", "prefix 128", "prefix 256"}),
+               "prefix 256", "product"}),
+    (166_912, {"linear 64x64", "linear 128x65", "shared 16x512", "shared 8x256", "prefix 128", "prefix 256",
+               "product"}),
     (101_376, {"linear 64x64", "shared 8x256", "prefix 128", "prefix 256"}),
     (40_000, {"prefix 128", "prefix 256"}),  # 16-row tiles at 256 (`triton_ops._prefix_rows`)
     (30_000, set()),
@@ -469,7 +470,7 @@ def test_kernels_run_only_where_their_shared_memory_fits_the_gpu(triton_backend,
     past the largest tile a family has a bound for, the torch form runs."""
     monkeypatch.setattr(ops, "shared_memory_limit", lambda device: limit)
     ran = []
-    for name in ("linear_attention_kernel", "shared_pool_kernel", "prefix_pool_kernel"):
+    for name in ("linear_attention_kernel", "shared_pool_kernel", "prefix_pool_kernel", "scaled_product_kernel"):
         original = getattr(ops, name)
         monkeypatch.setattr(ops, name, lambda *a, _name=name, _original=original, **k: ran.append(_name) or _original(*a, **k))
 
@@ -490,6 +491,8 @@ def test_kernels_run_only_where_their_shared_memory_fits_the_gpu(triton_backend,
     for width in (128, 256):
         values = torch.randn(1, 1, 3, width).to(DEVICE)
         found.add(admits(f"prefix {width}", lambda: ops.softmax_pool(values[..., :1], values, causal=True)))
+    _, operands = _product_operands(1, 3, 8, 8, torch.float32)
+    found.add(admits("product", lambda: ops.column_scaled_product(*operands)))  # fixed tiles, whatever the widths
     assert found - {None} == admitted
 
 
@@ -814,6 +817,142 @@ def test_column_scale_operator_passes_opcheck(kernels):
     torch.library.opcheck(triton_ops.OPERATORS.column_scale, (weight, scales, torch.bfloat16))
     grad = torch.randn(3, 40, 24, generator=generator).to(DEVICE, torch.bfloat16)
     torch.library.opcheck(triton_ops.OPERATORS.column_scale_grads, (grad, weight, scales),
+                          test_utils=("test_schema", "test_faketensor"))
+
+
+def _product_operands(batch, length, ins, outs, dtype, seed=15):
+    """(base, rows, weight, scales) of `ops.column_scaled_product` as fastformer hands them over:
+    q and v slices of one stacked projection (B, N, 3 D), the fp32 weight W_r, the scales k_g (B, I)."""
+    generator = torch.Generator().manual_seed(seed)
+    stacked = torch.randn(batch, length, 2 * outs + ins, generator=generator).to(DEVICE, dtype).requires_grad_()
+    base, rows = stacked[..., :outs], stacked[..., 2 * outs:]
+    weight = (torch.randn(outs, ins, generator=generator) / ins**0.5).to(DEVICE).requires_grad_()
+    scales = torch.randn(batch, ins, generator=generator).to(DEVICE, dtype).requires_grad_()
+    return stacked, (base, rows, weight, scales)
+
+
+def _product_fp64(base, rows, weight, scales):
+    return base + (rows * scales[:, None, :]) @ weight.transpose(0, 1)
+
+
+# 2 x 2 tiles of 128 rows and outputs, the inner width in 2 tiles of 64 (masks everywhere); one tile
+@pytest.mark.parametrize("batch, length, ins, outs", [(2, 150, 80, 136), (3, 20, 24, 16)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_scaled_product_kernel_matches_fp64(triton_backend, batch, length, ins, outs, dtype):
+    """`ops.column_scaled_product`'s kernel: q + (v diag(k_g)) W^T from strided slices of a stacked
+    projection, output and the gradients of the stacked input, the weight and the scales against
+    fp64; in bf16 (on a GPU) no further from fp64 than the torch form (the product over the
+    rounded map) by more than about a bf16 rounding."""
+    calls = []
+    original = ops.scaled_product_kernel
+    ops_calls = pytest.MonkeyPatch()
+    ops_calls.setattr(ops, "scaled_product_kernel", lambda *a: calls.append(1) or original(*a))
+    try:
+        stacked, operands = _product_operands(batch, length, ins, outs, dtype)
+        out = ops.column_scaled_product(*operands)
+    finally:
+        ops_calls.undo()
+    assert calls == [1] and out.shape == (batch, length, outs) and out.dtype == dtype
+    stacked64, weight64, scales64 = _fp64(stacked, operands[2], operands[3])
+    expected = _product_fp64(stacked64[..., :outs], stacked64[..., 2 * outs:], weight64, scales64)
+    leaves = [stacked, operands[2], operands[3]]
+    wanted = _grads(expected, [stacked64, weight64, scales64])
+    if dtype == torch.float32:
+        assert _relative(out, expected) < 1e-6
+        for got, want in zip(_grads(out, leaves), wanted, strict=True):
+            assert _relative(got, want) < 1e-6
+        return
+    ops.set_kernel_backend("torch")
+    torch_form = ops.column_scaled_product(*operands)
+    pairs = [(out, torch_form, expected)] + list(zip(_grads(out, leaves), _grads(torch_form, leaves), wanted))
+    for got, torch_got, want in pairs:
+        if not triton_ops.INTERPRETED:  # the interpreter truncates to bf16 where a GPU rounds to nearest
+            assert _relative(got, want) < _relative(torch_got, want) + 2e-3
+        assert _relative(got, want) < 1.2e-2
+
+
+def test_scaled_product_kernel_extra_padding_changes_nothing(triton_backend):
+    """Each row's output is its own sum over fixed tiles of the inner width: rows appended (a longer
+    padded batch) leave the first rows' outputs unchanged, bit for bit."""
+    _, (base, rows, weight, scales) = _product_operands(2, 150, 80, 136, torch.float32)
+    _, (more_base, more_rows, _, _) = _product_operands(2, 150 + 70, 80, 136, torch.float32, seed=16)
+    with torch.no_grad():
+        more_base[:, :150] = base
+        more_rows[:, :150] = rows
+        short = ops.column_scaled_product(base, rows, weight, scales)
+        long = ops.column_scaled_product(more_base, more_rows, weight, scales)
+    assert torch.equal(long[:, :150], short)
+
+
+def test_scaled_product_kernel_runs_only_where_chosen(monkeypatch):
+    """Under `auto` the fused product runs only on the device types of `FUSED_PRODUCT_DEVICES` (none
+    by default) and only for 16-bit rows; the backend `triton` runs it for fp32 rows too; a base of
+    another dtype than the rows takes the torch form."""
+    monkeypatch.setattr(ops, "_kernel_applies", lambda *args, **kwargs: True)  # as on a GPU
+    bf16 = _product_operands(1, 4, 8, 8, torch.bfloat16)[1]
+    fp32 = _product_operands(1, 4, 8, 8, torch.float32)[1]
+    device = bf16[1].device.type
+    previous = ops.set_kernel_backend("auto")
+    try:
+        assert ops.FUSED_PRODUCT_DEVICES == ()
+        assert not ops._product_kernel_applies(*bf16)
+        monkeypatch.setattr(ops, "FUSED_PRODUCT_DEVICES", (device,))
+        assert ops._product_kernel_applies(*bf16) and not ops._product_kernel_applies(*fp32)
+        ops.set_kernel_backend("triton")
+        assert ops._product_kernel_applies(*fp32)
+        assert not ops._product_kernel_applies(fp32[0], *bf16[1:])
+    finally:
+        ops.set_kernel_backend(previous)
+
+
+@pytest.mark.parametrize("with_mask", [False, True])
+def test_fastformer_pooled_output_through_the_fused_product(triton_backend, monkeypatch, with_mask):
+    """Bidirectional fastformer from N >= D (the pooled output, projections stacked as on CUDA, the
+    folded form off): in fp32 the fused product's outputs and parameter gradients equal the torch
+    forms'; under bf16 autocast, with W_o set aside (b_r in the stacked bias) and a large b_r, its
+    output is (on a GPU) as close to fp64 as the torch forms' (centred, as the pooled output's
+    precision test)."""
+    from hf_zformer.modeling import attention as attention_module, blocks
+
+    monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
+    monkeypatch.setattr(attention_module, "use_folded_form", lambda *args, **kwargs: False)
+    calls = []
+    original = ops.scaled_product_kernel
+    monkeypatch.setattr(ops, "scaled_product_kernel", lambda *a: calls.append(1) or original(*a))
+    config = tiny_config(attention_type="fastformer", hidden_size=64, num_attention_heads=4,
+                         max_position_embeddings=128)
+    torch.manual_seed(0)
+    module = FastformerAttention(config).to(DEVICE)
+    torch.nn.init.normal_(module.query_score)
+    torch.nn.init.normal_(module.key_score)
+    x = torch.randn(2, 80, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)
+    mask = _mask(2, 80, [80, 80 if not with_mask else 51])
+    _assert_backends_agree(module, x, mask)
+    assert calls == [1]
+    module.output = torch.nn.Identity()
+    with torch.no_grad():
+        module.transform.bias.normal_(std=2.0)
+    reference = module.double()(x.double(), mask)[0]
+    module.float()
+    errors = {}
+    for backend in ("triton", "torch"):
+        ops.set_kernel_backend(backend)
+        with torch.autocast(DEVICE.type, dtype=torch.bfloat16):
+            low = module(x, mask)[0]
+        centred = [t.double() - t.double().mean(1, keepdim=True) for t in (low, reference)]
+        errors[backend] = _relative(centred[0][mask.bool()], centred[1][mask.bool()])
+    assert calls == [1, 1] and errors["triton"] < 0.03, errors
+    if not triton_ops.INTERPRETED:  # the interpreter truncates to bf16 where a GPU rounds to nearest
+        assert errors["triton"] <= 1.1 * errors["torch"], errors
+
+
+def test_scaled_product_operator_passes_opcheck(triton_backend):
+    """The scaled product's operator (schema, fake, autograd, a compiled trace) and its gradient
+    operator's fake against the real gradients."""
+    stacked, operands = _product_operands(2, 40, 24, 16, torch.float32)
+    torch.library.opcheck(triton_ops.OPERATORS.scaled_product, operands)
+    grad = torch.randn(2, 40, 16, device=DEVICE)
+    torch.library.opcheck(triton_ops.OPERATORS.scaled_product_grads, (grad, *operands[1:]),
                           test_utils=("test_schema", "test_faketensor"))
 
 

@@ -42,6 +42,7 @@ from .blocks import (
 from .ops import (
     add_key_value_products,
     column_scaled,
+    column_scaled_product,
     direction_pool,
     direction_scores,
     hedgehog_features,
@@ -912,7 +913,8 @@ class FastformerAttention(_QKVAttention):
         The product's accumulator starts from q. Against u_i = k_g * v_i, W_r u_i and the residual
         add, no element-wise pass over a (B, N, D) tensor is left, forward or backward (on an H200 at
         2,048 tokens, width 512, those passes took 174 of the module's 814 us); W_r diag(k_g) is
-        (B, D, D), no larger than v where this form is taken (`_takes_pooled_output`). b_r joins
+        (B, D, D), no larger than v where this form is taken (`_takes_pooled_output`), and the
+        product is `ops.column_scaled_product` (where its fused kernel runs, no map is formed). b_r joins
         the output's bias rather than q's, so that q rounded to bf16 keeps its own precision. Where
         W_o is not a plain `Linear` (an adapter, a hook, or set aside as the benchmarks' level
         `attention` does), b_r is added to r in place, one element-wise pass instead of the plain
@@ -931,9 +933,8 @@ class FastformerAttention(_QKVAttention):
         query, key = split_heads(query_proj, self.num_heads), split_heads(key_proj, self.num_heads)
         global_key = self._pooled_key(query, key, *self._score_weights(), attention_mask,
                                       self.transform.bias if shifted else None)  # k_g (B, H, 1, d)
-        dtype = value_proj.dtype  # the projections' (autocast's) precision
-        scaled_transform = column_scaled(self.transform.weight, global_key.reshape(batch, -1), dtype)  # W_r diag(k_g)
-        context = torch.baddbmm(query_proj, value_proj, scaled_transform.transpose(1, 2))  # r_i (- b_r unless shifted)
+        # r_i (- b_r unless shifted) = q_i + W_r diag(k_g) v_i, in the projections' (autocast's) precision
+        context = column_scaled_product(query_proj, value_proj, self.transform.weight, global_key.reshape(batch, -1))
         if not folds_bias:
             return self.output(context if shifted else context.add_(self.transform.bias))  # a fresh tensor: in place
         w_o, b_o = self.output.weight, self.output.bias

@@ -27,6 +27,8 @@ the tests compare every fast form against it in fp64, forward and backward).
 
 - **Column scaling** (Fastformer's W_r diag(k_g)): `column_scaled(weight, scales, dtype)`, (B, O, I)
   = weight diag(scales[b]); on CUDA one kernel whose backward reads the output's gradient once.
+  `column_scaled_product(base, rows, weight, scales)`: base + (rows diag(scales[b])) weight^T, the
+  batched product over that map, or one fused kernel that forms no map.
 
 Softmax attention (full) runs through transformers' attention functions, with
 `attention.einsum_attention_forward` as its reference.
@@ -80,6 +82,8 @@ from .triton_ops import (
     linear_attention_kernel,
     prefix_fits,
     prefix_pool_kernel,
+    product_fits,
+    scaled_product_kernel,
     shared_fits,
     shared_memory_limit,
     shared_pool_kernel,
@@ -626,6 +630,32 @@ def column_scaled(weight, scales, dtype: torch.dtype):
     if _kernel_applies("column_scale", weight, scales, width_ok=lambda width: width >= 1):
         return column_scale_kernel(weight, scales, dtype)
     return weight.to(dtype) * scales.to(dtype)[:, None, :]
+
+
+# Device types where `column_scaled_product` takes its fused kernel under the backend `auto` (the
+# backend `triton` takes it wherever the kernel runs). None yet: on CUDA the batched product over
+# the (B, O, I) map (cuBLAS) stays until the GPU check's A/B (docs/bench/ab/fastformer_gpu.py,
+# variant `fused_product`) has timed the two side by side.
+FUSED_PRODUCT_DEVICES: tuple[str, ...] = ()
+
+
+def column_scaled_product(base, rows, weight, scales):
+    """(B, N, O) = base + (rows diag(scales[b])) weight^T per sequence, in rows' dtype, for rows and
+    base (B, N, I) and (B, N, O), weight (O, I) and scales (B, I) (Fastformer's r = q + W_r (k_g * v)).
+    The torch form is one batched product whose accumulator starts from base, over the map
+    `column_scaled(weight, scales)` (B, O, I); the fused kernel (`scaled_product_kernel`: 16-bit
+    rows under `auto`, on the device types of `FUSED_PRODUCT_DEVICES`) scales the rows as it loads
+    them and writes no map: a (B, O, I) write and read fewer, forward."""
+    if _product_kernel_applies(base, rows, weight, scales):
+        return scaled_product_kernel(base, rows, weight, scales)
+    return torch.baddbmm(base, rows, column_scaled(weight, scales, rows.dtype).transpose(1, 2))
+
+
+def _product_kernel_applies(base, rows, weight, scales) -> bool:
+    if kernel_backend() == "auto" and (rows.device.type not in FUSED_PRODUCT_DEVICES or rows.dtype == torch.float32):
+        return False
+    return base.dtype == rows.dtype and _kernel_applies("scaled_product", rows, base, weight, scales,
+                                                        width_ok=lambda width: width >= 1, fits=product_fits)
 
 
 def _scaled(direction, scale: float):

@@ -16,6 +16,10 @@
 - `column_scale_kernel(weight, scales, dtype)`: Fastformer's W_r diag(k_g) per sequence, each
   product in fp32 rounded once (`_column_scale`); the backward reads the output's gradient once for
   the weight's gradient (summed over the batch in a fixed order) and the scales' (`_column_scale_backward`).
+- `scaled_product_kernel(base, rows, weight, scales)`: Fastformer's r = q + (v diag(k_g)) W_r^T per
+  sequence as one matrix product (`_scaled_product`): the rows scaled as they are loaded, the
+  accumulator starting from q's tile, no (B, D, D) map written or read; its backward goes through
+  the map (`_column_scale`, `_column_scale_backward`).
 - `prefix_pool_kernel(scores, values, mask)`: Fastformer's causal pooling
   `p_i = sum_{j <= i} softmax_j(s) x_j`, one program per pair walking the sequence in tiles: each
   row's log-sum-exp under its own maximum, the tile's (i, j) weights as one matrix product, the
@@ -649,6 +653,36 @@ if AVAILABLE:
                      mask=columns)
         tl.store(GW + ro[:, None] * cols + ri[None, :], grad_w, mask=inside)
 
+    @triton.jit
+    def _scaled_product(V, K, W, Q, OUT, length, outs, ins, svb, svn, svi, sqb, sqn, sqo,
+                        BM: tl.constexpr, BO: tl.constexpr, BI: tl.constexpr, EXACT: tl.constexpr):
+        """One (BM, BO) tile of sequence b's OUT[b] = Q[b] + (V[b] diag(K[b])) W^T: the rows of V
+        scaled by K on load and rounded once to V's dtype (as the product u = k_g * v would be), W
+        read in its own dtype and rounded to V's, the product summed in fp32 from Q's tile (in
+        fp32 on CUDA cores where EXACT: fp32 inputs, and the interpreter, whose 16-bit products are
+        wrong), rounded once to OUT's dtype (W (outs, ins), K (B, ins) and OUT contiguous)."""
+        tile, b = tl.program_id(0), tl.program_id(1).to(tl.int64)  # 64-bit: B N D may pass 2^31
+        row_tiles = tl.cdiv(length, BM)
+        rm, ro = (tile % row_tiles) * BM + tl.arange(0, BM), (tile // row_tiles) * BO + tl.arange(0, BO)
+        rows, columns = rm < length, ro < outs
+        acc = tl.load(Q + b * sqb + rm[:, None] * sqn + ro[None, :] * sqo, mask=rows[:, None] & columns[None, :],
+                      other=0.0).to(tl.float32)
+        for first in range(0, ins, BI):
+            ri = first + tl.arange(0, BI)
+            inner = ri < ins
+            v = tl.load(V + b * svb + rm[:, None] * svn + ri[None, :] * svi, mask=rows[:, None] & inner[None, :],
+                        other=0.0)
+            k = tl.load(K + b * ins + ri, mask=inner, other=0.0).to(tl.float32)
+            u = (v.to(tl.float32) * k[None, :]).to(V.dtype.element_ty)
+            w = tl.load(W + ro[None, :] * ins + ri[:, None], mask=inner[:, None] & columns[None, :],
+                        other=0.0).to(V.dtype.element_ty)  # (BI, BO): W^T's tile
+            if EXACT:
+                acc += tl.dot(u.to(tl.float32), w.to(tl.float32), input_precision="ieee")
+            else:
+                acc += tl.dot(u, w)
+        tl.store(OUT + (b * length + rm[:, None]) * outs + ro[None, :], acc.to(OUT.dtype.element_ty),
+                 mask=rows[:, None] & columns[None, :])
+
 # Rows per tile, and rows per slice of a split sum over the sequence: a fixed slice (whatever the
 # length) keeps every real row in the same tile and slice when padding is appended.
 _BLOCK_N = 64
@@ -722,6 +756,8 @@ LINEAR_ATTENTION_SHARED = ((4096, 98_304), (16_384, 131_072), (32_768, 212_992))
 SHARED_POOL_SHARED = ((4096, 98_304), (8192, 163_840))
 # the causal (prefix) pooling: the head width
 PREFIX_POOL_SHARED = ((64, 26_624), (256, 34_816))
+# the scaled product: its fixed tiles, whatever the widths (`_PRODUCT_TILES`)
+PRODUCT_SHARED = 115_200
 
 
 @torch.compiler.assume_constant_result  # inside torch.compile: asked once while tracing, not a graph break
@@ -1123,6 +1159,63 @@ def column_scale_kernel(weight, scales, dtype: torch.dtype) -> torch.Tensor:
     return _column_scale_forward(weight, scales, dtype)
 
 
+# Tiles of the scaled product (`scaled_product_kernel`), (rows, outputs, inner width, warps,
+# pipeline stages): tensor-core tiles for 16-bit rows, and smaller ones where fp32 rows make the
+# products exact on CUDA cores (the interpreter keeps the first: its products are exact anyway).
+_PRODUCT_TILES = (128, 128, 64, 8, 3)
+_PRODUCT_EXACT_TILES = (64, 64, 16, 4, 2)
+
+
+def _product_tiles(dtype: torch.dtype) -> tuple[int, int, int, int, int]:
+    return _PRODUCT_EXACT_TILES if dtype == torch.float32 and not INTERPRETED else _PRODUCT_TILES
+
+
+def _scaled_product_forward(base, rows, weight, scales) -> torch.Tensor:
+    """(B, N, O) = base + (rows diag(scales[b])) weight^T in rows' dtype, for rows and base of any strides."""
+    weight, scales = weight.contiguous(), scales.contiguous()
+    (batch, length, ins), outs = rows.shape, weight.shape[0]
+    out = torch.empty(batch, length, outs, dtype=rows.dtype, device=rows.device)
+    bm, bo, bi, warps, stages = _product_tiles(rows.dtype)
+    grid = (triton.cdiv(length, bm) * triton.cdiv(outs, bo), batch)
+    _scaled_product[grid](rows, scales, weight, base, out, length, outs, ins, *rows.stride(), *base.stride(),
+                          BM=bm, BO=bo, BI=bi, EXACT=rows.dtype == torch.float32 or INTERPRETED,
+                          num_warps=warps, num_stages=stages)
+    return out
+
+
+def _scaled_product_grads(grad, rows, weight, scales) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(drows, dweight, dscales) of `_scaled_product_forward` (base's gradient is `grad` itself),
+    through the (B, O, I) map weight diag(scales[b]), formed again: drows = grad map, and the map's
+    gradient grad^T rows to both of the column scaling's (`_column_scale_grads`)."""
+    scaled = _column_scale_forward(weight, scales, grad.dtype)
+    grad_rows = torch.bmm(grad, scaled)
+    return grad_rows, *_column_scale_grads(torch.bmm(grad.transpose(1, 2), rows.to(grad.dtype)), weight, scales)
+
+
+class _ScaledProduct(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, base, rows, weight, scales):
+        ctx.save_for_backward(rows, weight, scales)
+        return _scaled_product_forward(base, rows, weight, scales)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, *_scaled_product_grads(grad, *ctx.saved_tensors)
+
+
+def scaled_product_kernel(base, rows, weight, scales) -> torch.Tensor:
+    """`ops.column_scaled_product`: (B, N, O) = base + (rows diag(scales[b])) weight^T for rows
+    (B, N, I), weight (O, I) and scales (B, I), in one launch: the scaled rows rounded once to their
+    dtype on load, the sum in fp32 from base's tile, no (B, O, I) map and no scaled copy of the rows
+    written. The backward forms the map once (`_column_scale`) for the rows' gradient and reads its
+    gradient once for the weight's and the scales' (`_column_scale_backward`)."""
+    if _as_operators():
+        return OPERATORS.scaled_product(base, rows, weight, scales)
+    if _needs_graph(base, rows, weight, scales):
+        return _ScaledProduct.apply(base, rows, weight, scales)
+    return _scaled_product_forward(base, rows, weight, scales)
+
+
 # Elements of one (sequences, head width) tile of `_gate_grads`: its programs, one per head, walk the
 # batch a tile of sequences at a time, so that loads of many sequences are in flight at once (one
 # sequence at a time, each program waited on about (slices / 4 + 1) loads per sequence in turn:
@@ -1191,6 +1284,11 @@ def shared_pool_shared(width: int, heads: int) -> int | None:
     powers of two, of at most 8,192 elements (16 heads at width 512); the backward's 16 x 1,024
     tiles outgrow an H200."""
     return _bound(SHARED_POOL_SHARED, _tile(heads) * _tile(width)) if width >= 1 else None
+
+
+def product_fits(limit: int | None = None) -> bool:
+    """Whether `scaled_product_kernel`'s tiles fit `limit` bytes of shared memory (None: no limit)."""
+    return _fits(PRODUCT_SHARED, limit)
 
 
 def shared_fits(width: int, heads: int, limit: int | None = None) -> bool:
@@ -1484,13 +1582,39 @@ def _fake_column_scale_grads(grad, weight, scales):
     return torch.empty_like(weight), torch.empty_like(scales)
 
 
+def _scaled_product_op(base: Tensor, rows: Tensor, weight: Tensor, scales: Tensor) -> Tensor:
+    return _scaled_product_forward(base, rows, weight, scales)
+
+
+def _fake_scaled_product(base, rows, weight, scales):
+    return rows.new_empty(*rows.shape[:2], weight.shape[0])
+
+
+def _scaled_product_grads_op(grad: Tensor, rows: Tensor, weight: Tensor, scales: Tensor
+                             ) -> tuple[Tensor, Tensor, Tensor]:
+    return _scaled_product_grads(grad, rows, weight, scales)
+
+
+def _fake_scaled_product_grads(grad, rows, weight, scales):
+    return grad.new_empty(rows.shape), torch.empty_like(weight), torch.empty_like(scales)
+
+
 def _save_operands(ctx, inputs, output):
     """The column scaling's weight and scales, for its backward."""
     ctx.save_for_backward(*inputs[:2])
 
 
+def _save_product_operands(ctx, inputs, output):
+    """The scaled product's rows, weight and scales, for its backward."""
+    ctx.save_for_backward(*inputs[1:])
+
+
 def _column_scale_operator_backward(ctx, grad):
     return *OPERATORS.column_scale_grads(grad, *ctx.saved_tensors), None
+
+
+def _scaled_product_operator_backward(ctx, grad):
+    return grad, *OPERATORS.scaled_product_grads(grad, *ctx.saved_tensors)
 
 
 def _save_all(ctx, inputs, output):
@@ -1553,6 +1677,11 @@ def _register_operators():
     operators["column_scale"] = _custom_op("column_scale", _column_scale_op, _fake_column_scale)
     operators["column_scale"].register_autograd(_column_scale_operator_backward, setup_context=_save_operands)
     operators["column_scale_grads"] = _custom_op("column_scale_grads", _column_scale_grads_op, _fake_column_scale_grads)
+    operators["scaled_product"] = _custom_op("scaled_product", _scaled_product_op, _fake_scaled_product)
+    operators["scaled_product"].register_autograd(_scaled_product_operator_backward,
+                                                  setup_context=_save_product_operands)
+    operators["scaled_product_grads"] = _custom_op("scaled_product_grads", _scaled_product_grads_op,
+                                                   _fake_scaled_product_grads)
     return types.SimpleNamespace(**operators)
 
 

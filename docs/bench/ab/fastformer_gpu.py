@@ -23,6 +23,9 @@ Variants of the module (all but `folded` in the plain form, as CUDA runs it by d
   their own (before `ops.direction_pool` took q_g as its gate);
 - `unfused_map`: W_r diag(k_g) as two casts and a multiply (before `ops.column_scaled`, whose
   backward reads the map's gradient once);
+- `fused_product`: r = q + (v diag(k_g)) W_r^T as one Triton product that scales v as it loads it
+  (`ops.column_scaled_product` with CUDA in `ops.FUSED_PRODUCT_DEVICES`): no (B, D, D) map and no
+  column-scaling launch forward (the script stops if its kernel did not run on a GPU);
 - `folded`: the folded form (`FastformerAttention._folded`, one (D, D) map per sequence, no Q, K, V)
   under bf16 autocast too: its input cast to bf16 once, both poolings of it in one fused kernel
   each, the output projection folded in (the default on CPUs; on CUDA in fp32 only);
@@ -57,8 +60,8 @@ from hf_zformer.modeling import attention as attention_module  # noqa: E402
 from hf_zformer.modeling.attention import FastformerAttention  # noqa: E402
 
 FULL = ("full", "full_unstacked")
-VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256", "ungated", "unfused_map", "folded",
-            "folded_unpaired")
+VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256", "ungated", "unfused_map",
+            "fused_product", "folded", "folded_unpaired")
 
 
 def _ungated_pool(values, direction=None, mask=None, scale=1.0, gate=None):
@@ -80,7 +83,9 @@ def variant(name, device):
     """Within: the projections, FastformerAttention and the pooling kernels as variant `name` has them."""
     saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
              FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward,
-             attention_module.direction_pool, attention_module.column_scaled)
+             attention_module.direction_pool, attention_module.column_scaled, ops.FUSED_PRODUCT_DEVICES)
+    if name == "fused_product":
+        ops.FUSED_PRODUCT_DEVICES = (device.type,)
     if name == "ungated":
         attention_module.direction_pool = _ungated_pool
     if name == "unfused_map":
@@ -102,7 +107,7 @@ def variant(name, device):
     finally:
         (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
          FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward,
-         attention_module.direction_pool, attention_module.column_scaled) = saved
+         attention_module.direction_pool, attention_module.column_scaled, ops.FUSED_PRODUCT_DEVICES) = saved
 
 
 def expected_form(name, length, width):
@@ -160,9 +165,16 @@ def variant_step(name, case, device):
                 output = module(**inputs)[0]
         finally:
             attention_module.use_folded_form = plain
-        with torch.no_grad(), variant(name, device), torch.autocast(device.type, dtype=torch.bfloat16), \
-                forms_taken() as taken:
-            low = module(**inputs)[0].float()
+        fused, launch = [], ops.scaled_product_kernel
+        ops.scaled_product_kernel = lambda *args: fused.append(1) or launch(*args)
+        try:
+            with torch.no_grad(), variant(name, device), torch.autocast(device.type, dtype=torch.bfloat16), \
+                    forms_taken() as taken:
+                low = module(**inputs)[0].float()
+        finally:
+            ops.scaled_product_kernel = launch
+        if name == "fused_product" and device.type == "cuda" and not fused:
+            raise SystemExit(f"fused_product at n={case.length}: its kernel did not run")
         if name in VARIANTS and taken != [expected_form(name, case.length, case.width)]:
             raise SystemExit(f"{name} at n={case.length}: the module ran {taken}, not "
                              f"{expected_form(name, case.length, case.width)!r}")
