@@ -1590,15 +1590,6 @@ def _fake_scaled_product(base, rows, weight, scales):
     return rows.new_empty(*rows.shape[:2], weight.shape[0])
 
 
-def _scaled_product_grads_op(grad: Tensor, rows: Tensor, weight: Tensor, scales: Tensor
-                             ) -> tuple[Tensor, Tensor, Tensor]:
-    return _scaled_product_grads(grad, rows, weight, scales)
-
-
-def _fake_scaled_product_grads(grad, rows, weight, scales):
-    return grad.new_empty(rows.shape), torch.empty_like(weight), torch.empty_like(scales)
-
-
 def _save_operands(ctx, inputs, output):
     """The column scaling's weight and scales, for its backward."""
     ctx.save_for_backward(*inputs[:2])
@@ -1614,7 +1605,12 @@ def _column_scale_operator_backward(ctx, grad):
 
 
 def _scaled_product_operator_backward(ctx, grad):
-    return grad, *OPERATORS.scaled_product_grads(grad, *ctx.saved_tensors)
+    """`_scaled_product_grads` as operators a compiler or a counter sees one by one: the map's
+    column scaling, the two batched products, and the scaling's gradients."""
+    rows, weight, scales = ctx.saved_tensors
+    scaled = OPERATORS.column_scale(weight, scales, grad.dtype)
+    grad_scaled = torch.bmm(grad.transpose(1, 2), rows.to(grad.dtype))
+    return grad, torch.bmm(grad, scaled), *OPERATORS.column_scale_grads(grad_scaled, weight, scales)
 
 
 def _save_all(ctx, inputs, output):
@@ -1680,8 +1676,6 @@ def _register_operators():
     operators["scaled_product"] = _custom_op("scaled_product", _scaled_product_op, _fake_scaled_product)
     operators["scaled_product"].register_autograd(_scaled_product_operator_backward,
                                                   setup_context=_save_product_operands)
-    operators["scaled_product_grads"] = _custom_op("scaled_product_grads", _scaled_product_grads_op,
-                                                   _fake_scaled_product_grads)
     return types.SimpleNamespace(**operators)
 
 
