@@ -26,6 +26,8 @@ Variants of the module (all but `folded` in the plain form, as CUDA runs it by d
 - `fused_product`: r = q + (v diag(k_g)) W_r^T as one Triton product that scales v as it loads it
   (`ops.column_scaled_product` with CUDA in `ops.FUSED_PRODUCT_DEVICES`): no (B, D, D) map and no
   column-scaling launch forward (the script stops if its kernel did not run on a GPU);
+- `fused_product_n64`: the same with (128, 64) tiles of 4 warps (`triton_ops._PRODUCT_TILES`; two
+  programs per multiprocessor where (128, 128) tiles of 8 warps fit one);
 - `folded`: the folded form (`FastformerAttention._folded`, one (D, D) map per sequence, no Q, K, V)
   under bf16 autocast too: its input cast to bf16 once, both poolings of it in one fused kernel
   each, the output projection folded in (the default on CPUs; on CUDA in fp32 only);
@@ -61,7 +63,7 @@ from hf_zformer.modeling.attention import FastformerAttention  # noqa: E402
 
 FULL = ("full", "full_unstacked")
 VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256", "ungated", "unfused_map",
-            "fused_product", "folded", "folded_unpaired")
+            "fused_product", "fused_product_n64", "folded", "folded_unpaired")
 
 
 def _ungated_pool(values, direction=None, mask=None, scale=1.0, gate=None):
@@ -83,9 +85,12 @@ def variant(name, device):
     """Within: the projections, FastformerAttention and the pooling kernels as variant `name` has them."""
     saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
              FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward,
-             attention_module.direction_pool, attention_module.column_scaled, ops.FUSED_PRODUCT_DEVICES)
-    if name == "fused_product":
+             attention_module.direction_pool, attention_module.column_scaled, ops.FUSED_PRODUCT_DEVICES,
+             triton_ops._PRODUCT_TILES)
+    if name.startswith("fused_product"):
         ops.FUSED_PRODUCT_DEVICES = (device.type,)
+    if name == "fused_product_n64":
+        triton_ops._PRODUCT_TILES = (128, 64, 64, 4, 3)
     if name == "ungated":
         attention_module.direction_pool = _ungated_pool
     if name == "unfused_map":
@@ -107,7 +112,8 @@ def variant(name, device):
     finally:
         (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
          FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward,
-         attention_module.direction_pool, attention_module.column_scaled, ops.FUSED_PRODUCT_DEVICES) = saved
+         attention_module.direction_pool, attention_module.column_scaled, ops.FUSED_PRODUCT_DEVICES,
+         triton_ops._PRODUCT_TILES) = saved
 
 
 def expected_form(name, length, width):
@@ -173,8 +179,8 @@ def variant_step(name, case, device):
                 low = module(**inputs)[0].float()
         finally:
             ops.scaled_product_kernel = launch
-        if name == "fused_product" and device.type == "cuda" and not fused:
-            raise SystemExit(f"fused_product at n={case.length}: its kernel did not run")
+        if name.startswith("fused_product") and device.type == "cuda" and not fused:
+            raise SystemExit(f"{name} at n={case.length}: its kernel did not run")
         if name in VARIANTS and taken != [expected_form(name, case.length, case.width)]:
             raise SystemExit(f"{name} at n={case.length}: the module ran {taken}, not "
                              f"{expected_form(name, case.length, case.width)!r}")
