@@ -886,7 +886,7 @@ def test_scaled_product_kernel_extra_padding_changes_nothing(triton_backend):
 
 def test_scaled_product_kernel_runs_only_where_chosen(monkeypatch):
     """Under `auto` the fused product runs only on the device types of `FUSED_PRODUCT_DEVICES` (none
-    by default) and only for 16-bit rows; the backend `triton` runs it for fp32 rows too; a base of
+    by default) and only for bf16 rows; the backend `triton` runs it for fp32 rows too; a base of
     another dtype than the rows takes the torch form."""
     monkeypatch.setattr(ops, "_kernel_applies", lambda *args, **kwargs: True)  # as on a GPU
     bf16 = _product_operands(1, 4, 8, 8, torch.bfloat16)[1]

@@ -643,7 +643,7 @@ def column_scaled_product(base, rows, weight, scales):
     """(B, N, O) = base + (rows diag(scales[b])) weight^T per sequence, in rows' dtype, for rows and
     base (B, N, I) and (B, N, O), weight (O, I) and scales (B, I) (Fastformer's r = q + W_r (k_g * v)).
     The torch form is one batched product whose accumulator starts from base, over the map
-    `column_scaled(weight, scales)` (B, O, I); the fused kernel (`scaled_product_kernel`: 16-bit
+    `column_scaled(weight, scales)` (B, O, I); the fused kernel (`scaled_product_kernel`: bf16
     rows under `auto`, on the device types of `FUSED_PRODUCT_DEVICES`) scales the rows as it loads
     them and writes no map: a (B, O, I) write and read fewer, forward."""
     if _product_kernel_applies(base, rows, weight, scales):
