@@ -129,7 +129,7 @@ done
 # fastformer's shipped form against the form without each remedy and other pooling slices
 # (docs/bench/ab/fastformer_gpu.py: outputs checked first, then CUDA-graph replays side by side)
 ab_args="--batch $batch --width $width --lengths $profiled --rounds $((repeats * 4))"
-step ab_fastformer 150 "$python" docs/bench/ab/fastformer_gpu.py $ab_args
+step ab_fastformer 150 "$python" docs/bench/ab/fastformer_gpu.py $ab_args --output "$out/ab_fastformer.json"
 # where each whole module's GPU time goes (torch.profiler, self CUDA time per operation and kernel),
 # at a short and a long length of the grid, eager calls
 step profile 120 $bench --level module --dtype bf16 --batch $batch --widths $width --lengths $profiled --types $forms \

@@ -9,7 +9,10 @@
   default forms fold under autocast too, so there is nothing to compare);
 - decoding: ms/token by context length (tokens generated, plus the prefix where one was read
   first) against the full decoder with its KV cache: flat, and below it from 4,096 tokens;
-- the training scripts' tokens/s against full attention.
+- the training scripts' tokens/s against full attention;
+- fastformer's A/B (`ab_fastformer.json` of `docs/bench/ab/fastformer_gpu.py`): each variant of the
+  module against the shipped form, and whether to add "cuda" to `ops.FUSED_PRODUCT_DEVICES` (the
+  fused product of the pooled output, in one of its two tile plans).
 
 The check runs it after every step, so its archive always carries the report of what has run.
 It reads only JSON (standard library; no torch), so it runs anywhere the archive is unpacked:
@@ -33,6 +36,11 @@ BASELINE = "full"
 DECODING_FROM = 4096  # from this context on, each linear decoder must beat the full decoder's KV cache
 FLAT = 1.25  # ms/token called flat: the slowest context within 25% of the fastest
 REPORT = "acceptance"
+AB = "ab_fastformer"
+# the A/B's variants of the fused product: what to set where one is faster wherever it was timed
+FUSED_PRODUCT = {"fused_product": 'add "cuda" to ops.FUSED_PRODUCT_DEVICES',
+                 "fused_product_n64": 'add "cuda" to ops.FUSED_PRODUCT_DEVICES, with triton_ops._PRODUCT_TILES = '
+                                      "(128, 64, 64, 4, 3)"}
 WRITTEN_BY = "scripts/gpu_check.sh"  # the mark of a bundle: one that may be written over
 
 
@@ -91,13 +99,35 @@ def folded(rows: list[dict]) -> list[dict]:
     return found
 
 
-def folded_verdict(comparisons: list[dict]) -> str:
-    if not comparisons:
+def verdict(ratios: list[float], remedy: str, keep: str, where: str = "wherever it is taken") -> str:
+    """What to do with a form that ran at old time / new time = `ratios`: `remedy` where it is faster
+    in every one, else `keep`."""
+    if not ratios:
         return "not measured"
-    faster = [c["faster"] > 1 for c in comparisons]
+    faster = [ratio > 1 for ratio in ratios]
     if all(faster):
-        return 'faster wherever it is taken: add "cuda" to FOLDED_AUTOCAST_DEVICES'
-    return "slower wherever it is taken: keep the plain form" if not any(faster) else "mixed: keep the plain form"
+        return f"faster {where}: {remedy}"
+    return f"slower {where}: {keep}" if not any(faster) else f"mixed: {keep}"
+
+
+def folded_verdict(comparisons: list[dict]) -> str:
+    return verdict([c["faster"] for c in comparisons], 'add "cuda" to FOLDED_AUTOCAST_DEVICES', "keep the plain form")
+
+
+def variants(folder: Path) -> tuple[list[dict], dict]:
+    """(per length and mode, each variant's speed against the A/B's baseline (baseline time /
+    variant time), the A/B's settings) from `ab_fastformer.json`."""
+    data = _load(folder / f"{AB}.json")
+    if not isinstance(data, dict):
+        return [], {}
+    baseline = data.get("baseline", "shipped")
+    found = []
+    for row in data.get("rows", []):
+        times = row.get("ms") or {}
+        if times.get(baseline):
+            found.append({"length": row["length"], "mode": row["mode"],
+                          "faster": {name: times[baseline] / ms for name, ms in times.items() if ms}})
+    return found, {**(data.get("settings") or {}), "baseline": baseline}
 
 
 def decoding(folder: Path) -> list[dict]:
@@ -210,6 +240,24 @@ def _training_section(found: list[dict]) -> list[str]:
     return lines
 
 
+def _variants_section(found: list[dict], settings: dict) -> tuple[list[str], dict]:
+    names = list(dict.fromkeys(name for row in found for name in row["faster"]))
+    lines = ["## Fastformer's variants against the shipped form (A/B, whole modules)", "",
+             f"{settings['baseline'].capitalize()} time over each variant's (above 1: the variant is faster); batch "
+             f"{settings.get('batch')}, width {settings.get('width')}, "
+             f"{'CUDA-graph replays' if settings.get('graphs') else 'eager calls on a CPU'} (`{AB}.json`).", "",
+             "| tokens | mode | " + " | ".join(names) + " |", "|" + " --- |" * (2 + len(names))]
+    for row in found:
+        cells = [f"{row['faster'][name]:.2f}" if name in row["faster"] else "-" for name in names]
+        lines.append(f"| {row['length']:,} | {row['mode']} | " + " | ".join(cells) + " |")
+    verdicts = {name: verdict([row["faster"][name] for row in found if name in row["faster"]], remedy,
+                              "keep cuBLAS's product over the map", where="wherever it was timed")
+                if settings.get("graphs") else "not timed on a GPU (the kernel runs on CUDA only)"
+                for name, remedy in FUSED_PRODUCT.items()}
+    lines += [""] + [f"- {name}: {text}" for name, text in verdicts.items()]
+    return lines, {"rows": found, "verdicts": verdicts}
+
+
 def report(folder: Path) -> tuple[str, dict]:
     """(acceptance.md's text, acceptance.json's content) of a check's folder."""
     grids, metadata = {}, {}
@@ -235,6 +283,10 @@ def report(folder: Path) -> tuple[str, dict]:
     summary["training"] = training(folder)
     if summary["training"]:
         lines += [""] + _training_section(summary["training"])
+    found, settings = variants(folder)
+    if found:
+        section, summary["variants"] = _variants_section(found, settings)
+        lines += [""] + section
     return "\n".join(lines) + "\n", summary
 
 

@@ -119,3 +119,31 @@ def test_a_bundle_is_written_over_but_no_other_file(tmp_path):
     for _ in range(2):  # a bundle of an earlier run of the report is replaced
         assert _run(check, "--bundle", str(bundle)).returncode == 0
     assert json.loads(bundle.read_text())["written_by"] == "scripts/gpu_check.sh"
+
+
+def _ab(rows, graphs=True):
+    return {"metadata": {"commit": "0123456789abcdef", "device": "cuda"}, "baseline": "shipped",
+            "settings": {"batch": 40, "width": 512, "graphs": graphs}, "rows": rows, "bf16_errors": []}
+
+
+def test_the_fused_product_ships_where_the_ab_finds_it_faster_everywhere(tmp_path):
+    """The A/B's medians as speed against the shipped form; a fused-product plan faster at every
+    length and mode is the one to take, one slower anywhere is not; a CPU's A/B decides nothing."""
+    rows = [{"length": length, "mode": mode,
+             "ms": {"shipped": 1.0, "fused_product": 0.9, "fused_product_n64": 0.8 if mode == "forward" else 1.2,
+                    "folded": 2.0}}
+            for length in (512, 2048) for mode in ("forward", "train")]
+    (tmp_path / "ab_fastformer.json").write_text(json.dumps(_ab(rows)))
+    assert _run(tmp_path).returncode == 0
+    summary = json.loads((tmp_path / "acceptance.json").read_text())
+    verdicts = summary["variants"]["verdicts"]
+    assert verdicts["fused_product"] == 'faster wherever it was timed: add "cuda" to ops.FUSED_PRODUCT_DEVICES'
+    assert verdicts["fused_product_n64"].startswith("mixed: keep")
+    first = summary["variants"]["rows"][0]
+    assert first["faster"]["folded"] == 0.5 and abs(first["faster"]["fused_product"] - 1 / 0.9) < 1e-12
+    text = (tmp_path / "acceptance.md").read_text()
+    assert "| 2,048 | train | 1.00 | 1.11 | 0.83 | 0.50 |" in text and "CUDA-graph replays" in text
+    (tmp_path / "ab_fastformer.json").write_text(json.dumps(_ab(rows, graphs=False)))
+    assert _run(tmp_path).returncode == 0
+    summary = json.loads((tmp_path / "acceptance.json").read_text())
+    assert set(summary["variants"]["verdicts"].values()) == {"not timed on a GPU (the kernel runs on CUDA only)"}

@@ -37,6 +37,7 @@ Variants of the module (all but `folded` in the plain form, as CUDA runs it by d
 Forward rows also print each variant's bf16 output error against the fp32 output (relative norm).
 
     python docs/bench/ab/fastformer_gpu.py                      # on a CUDA GPU: 512 and 2,048 tokens
+    python docs/bench/ab/fastformer_gpu.py --output ab.json     # the medians and errors as JSON too (with the commit)
     python docs/bench/ab/fastformer_gpu.py --batch 2 --width 64 --lengths 64 --rounds 2   # a dry run on a CPU
 
 On a CPU the variants run eagerly (no graphs) under bf16 autocast, as on the GPU (in fp32 the module
@@ -45,6 +46,7 @@ check of the script and of the outputs.
 """
 import argparse
 import contextlib
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -194,10 +196,15 @@ def main(argv=None):
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--output", type=Path, help="a JSON file: the machine and commit, the settings, each "
+                        "row's medians (ms) and each length's bf16 errors, rewritten after every row")
     args = parser.parse_args(argv)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     on_gpu = device.type == "cuda"
-    print(machine_info(device))
+    settings = {key: value for key, value in vars(args).items() if key != "output"}
+    record = {"metadata": machine_info(device), "settings": {**settings, "graphs": on_gpu},
+              "baseline": "shipped", "rows": [], "bf16_errors": []}
+    print(record["metadata"])
     names = [*FULL, *VARIANTS]
     print("| n | mode | " + " | ".join(f"{name} ms (shipped / it)" for name in names) + " |")
     print("|---:|---|" + "---:|" * len(names))
@@ -217,9 +224,10 @@ def main(argv=None):
                     if not error < limit:
                         raise SystemExit(f"{name} at n={length}: relative difference {error:.2e} from the "
                                          f"unpooled form (limit {limit:g})")
-                errors = [f"{name} {((lows[name] - reference).norm() / reference.norm()).item():.1e}"
-                          for name in VARIANTS]
-                print(f"bf16 error against fp32 at n={length}: " + ", ".join(errors), flush=True)
+                errors = {name: ((lows[name] - reference).norm() / reference.norm()).item() for name in VARIANTS}
+                record["bf16_errors"].append({"length": length, "errors": errors})
+                print(f"bf16 error against fp32 at n={length}: "
+                      + ", ".join(f"{name} {error:.1e}" for name, error in errors.items()), flush=True)
             times = {name: [] for name in names}
             for _ in range(args.rounds):  # alternate: drift and load hit every variant alike
                 for name in names:
@@ -227,6 +235,9 @@ def main(argv=None):
             medians = {name: statistics.median(values) * 1e3 for name, values in times.items()}
             cells = [f"{medians[name]:.3f} ({medians['shipped'] / medians[name]:.2f}x)" for name in names]
             print(f"| {length:,} | {mode} | " + " | ".join(cells) + " |", flush=True)
+            record["rows"].append({"length": length, "mode": mode, "ms": medians})
+            if args.output:
+                args.output.write_text(json.dumps(record, indent=1) + "\n")
 
 
 if __name__ == "__main__":
