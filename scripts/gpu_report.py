@@ -39,8 +39,8 @@ REPORT = "acceptance"
 AB = "ab_fastformer"
 # the A/B's variants of the fused product: what to set where one is faster wherever it was timed
 FUSED_PRODUCT = {"fused_product": 'add "cuda" to ops.FUSED_PRODUCT_DEVICES',
-                 "fused_product_n64": 'add "cuda" to ops.FUSED_PRODUCT_DEVICES, with triton_ops._PRODUCT_TILES = '
-                                      "(128, 64, 64, 4, 3)"}
+                 "fused_product_n64": 'add "cuda" to ops.FUSED_PRODUCT_DEVICES, with the variant\'s tiles as '
+                                      "triton_ops._PRODUCT_TILES (docs/bench/ab/fastformer_gpu.py)"}
 WRITTEN_BY = "scripts/gpu_check.sh"  # the mark of a bundle: one that may be written over
 
 

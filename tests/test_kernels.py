@@ -838,21 +838,14 @@ def _product_fp64(base, rows, weight, scales):
 # 2 x 2 tiles of 128 rows and outputs, the inner width in 2 tiles of 64 (masks everywhere); one tile
 @pytest.mark.parametrize("batch, length, ins, outs", [(2, 150, 80, 136), (3, 20, 24, 16)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_scaled_product_kernel_matches_fp64(triton_backend, batch, length, ins, outs, dtype):
+def test_scaled_product_kernel_matches_fp64(triton_backend, kernel_calls, batch, length, ins, outs, dtype):
     """`ops.column_scaled_product`'s kernel: q + (v diag(k_g)) W^T from strided slices of a stacked
     projection, output and the gradients of the stacked input, the weight and the scales against
     fp64; in bf16 (on a GPU) no further from fp64 than the torch form (the product over the
     rounded map) by more than about a bf16 rounding."""
-    calls = []
-    original = ops.scaled_product_kernel
-    ops_calls = pytest.MonkeyPatch()
-    ops_calls.setattr(ops, "scaled_product_kernel", lambda *a: calls.append(1) or original(*a))
-    try:
-        stacked, operands = _product_operands(batch, length, ins, outs, dtype)
-        out = ops.column_scaled_product(*operands)
-    finally:
-        ops_calls.undo()
-    assert calls == [1] and out.shape == (batch, length, outs) and out.dtype == dtype
+    stacked, operands = _product_operands(batch, length, ins, outs, dtype)
+    out = ops.column_scaled_product(*operands)
+    assert kernel_calls == ["_scaled_product_forward"] and out.shape == (batch, length, outs) and out.dtype == dtype
     stacked64, weight64, scales64 = _fp64(stacked, operands[2], operands[3])
     expected = _product_fp64(stacked64[..., :outs], stacked64[..., 2 * outs:], weight64, scales64)
     leaves = [stacked, operands[2], operands[3]]
@@ -906,7 +899,7 @@ def test_scaled_product_kernel_runs_only_where_chosen(monkeypatch):
 
 
 @pytest.mark.parametrize("with_mask", [False, True])
-def test_fastformer_pooled_output_through_the_fused_product(triton_backend, monkeypatch, with_mask):
+def test_fastformer_pooled_output_through_the_fused_product(triton_backend, kernel_calls, monkeypatch, with_mask):
     """Bidirectional fastformer from N >= D (the pooled output, projections stacked as on CUDA, the
     folded form off): in fp32 the fused product's outputs and parameter gradients equal the torch
     forms'; under bf16 autocast, with W_o set aside (b_r in the stacked bias) and a large b_r, its
@@ -916,9 +909,6 @@ def test_fastformer_pooled_output_through_the_fused_product(triton_backend, monk
 
     monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
     monkeypatch.setattr(attention_module, "use_folded_form", lambda *args, **kwargs: False)
-    calls = []
-    original = ops.scaled_product_kernel
-    monkeypatch.setattr(ops, "scaled_product_kernel", lambda *a: calls.append(1) or original(*a))
     config = tiny_config(attention_type="fastformer", hidden_size=64, num_attention_heads=4,
                          max_position_embeddings=128)
     torch.manual_seed(0)
@@ -928,7 +918,7 @@ def test_fastformer_pooled_output_through_the_fused_product(triton_backend, monk
     x = torch.randn(2, 80, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)
     mask = _mask(2, 80, [80, 80 if not with_mask else 51])
     _assert_backends_agree(module, x, mask)
-    assert calls == [1]
+    assert kernel_calls.count("_scaled_product_forward") == 1
     module.output = torch.nn.Identity()
     with torch.no_grad():
         module.transform.bias.normal_(std=2.0)
@@ -941,7 +931,7 @@ def test_fastformer_pooled_output_through_the_fused_product(triton_backend, monk
             low = module(x, mask)[0]
         centred = [t.double() - t.double().mean(1, keepdim=True) for t in (low, reference)]
         errors[backend] = _relative(centred[0][mask.bool()], centred[1][mask.bool()])
-    assert calls == [1, 1] and errors["triton"] < 0.03, errors
+    assert kernel_calls.count("_scaled_product_forward") == 2 and errors["triton"] < 0.03, errors
     if not triton_ops.INTERPRETED:  # the interpreter truncates to bf16 where a GPU rounds to nearest
         assert errors["triton"] <= 1.1 * errors["torch"], errors
 
@@ -981,7 +971,8 @@ def kernel_calls(monkeypatch):
     in the order they are called (forward launches and gradients of each family)."""
     calls = []
     for name in ("_linear_attention_forward", "_linear_attention_grads", "_pool_forward", "_direction_pool_grads",
-                 "_shared_pool_forward", "_shared_pool_grads", "_prefix_pool_forward", "_prefix_pool_grads"):
+                 "_shared_pool_forward", "_shared_pool_grads", "_prefix_pool_forward", "_prefix_pool_grads",
+                 "_scaled_product_forward"):
         original = getattr(triton_ops, name)
         monkeypatch.setattr(triton_ops, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     return calls

@@ -1183,13 +1183,16 @@ def _scaled_product_forward(base, rows, weight, scales) -> torch.Tensor:
     return out
 
 
-def _scaled_product_grads(grad, rows, weight, scales) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _scaled_product_grads(grad, rows, weight, scales, column_scale=None, column_scale_grads=None
+                          ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(drows, dweight, dscales) of `_scaled_product_forward` (base's gradient is `grad` itself),
     through the (B, O, I) map weight diag(scales[b]), formed again: drows = grad map, and the map's
-    gradient grad^T rows to both of the column scaling's (`_column_scale_grads`)."""
-    scaled = _column_scale_forward(weight, scales, grad.dtype)
-    grad_rows = torch.bmm(grad, scaled)
-    return grad_rows, *_column_scale_grads(torch.bmm(grad.transpose(1, 2), rows.to(grad.dtype)), weight, scales)
+    gradient grad^T rows to both of the column scaling's. The column scaling and its gradients run
+    as `column_scale(weight, scales, dtype)` and `column_scale_grads(grad, weight, scales)`: by
+    default the launching functions, the operators in the operator's backward."""
+    scaled = (column_scale or _column_scale_forward)(weight, scales, grad.dtype)
+    grad_scaled = torch.bmm(grad.transpose(1, 2), rows.to(grad.dtype))
+    return torch.bmm(grad, scaled), *(column_scale_grads or _column_scale_grads)(grad_scaled, weight, scales)
 
 
 class _ScaledProduct(torch.autograd.Function):
@@ -1605,12 +1608,9 @@ def _column_scale_operator_backward(ctx, grad):
 
 
 def _scaled_product_operator_backward(ctx, grad):
-    """`_scaled_product_grads` as operators a compiler or a counter sees one by one: the map's
+    """`_scaled_product_grads` through operators a compiler or a counter sees one by one: the map's
     column scaling, the two batched products, and the scaling's gradients."""
-    rows, weight, scales = ctx.saved_tensors
-    scaled = OPERATORS.column_scale(weight, scales, grad.dtype)
-    grad_scaled = torch.bmm(grad.transpose(1, 2), rows.to(grad.dtype))
-    return grad, torch.bmm(grad, scaled), *OPERATORS.column_scale_grads(grad_scaled, weight, scales)
+    return grad, *_scaled_product_grads(grad, *ctx.saved_tensors, OPERATORS.column_scale, OPERATORS.column_scale_grads)
 
 
 def _save_all(ctx, inputs, output):
