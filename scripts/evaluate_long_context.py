@@ -50,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--gguf_file", default=None, help="Load the model from this GGUF file of the folder.")
     parser.add_argument("--baseline", default="none", choices=BASELINES,
                         help="Score a reference instead of the model as it is (see the description).")
+    parser.add_argument("--config_overrides", default=None,
+                        help='ZformerLlamaConfig fields for a converted model or the streaming baseline, "k=v,k2=v2" '
+                             '(e.g. "attention_memory=64": a recall memory, no training).')
     parser.add_argument("--streaming_window", type=int, default=256, help="Window of --baseline streaming.")
     parser.add_argument("--streaming_sinks", type=int, default=4, help="Sinks of --baseline streaming.")
     parser.add_argument("--lengths", type=int, nargs="*", default=[1024, 2048, 4096, 8192],
@@ -93,6 +96,13 @@ def parse_args(argv=None):
         parser.error(f"--eval_file {args.eval_file}: a .txt or .txt.gz file (its whole text is scored as one string)")
     if args.baseline == "streaming" and args.streaming_window < 2:
         parser.error(f"--streaming_window {args.streaming_window} must be at least 2")
+    from hf_zformer.modeling import ZformerLlamaConfig
+    from hf_zformer.training.arguments import parse_config_overrides
+
+    try:
+        args.overrides = parse_config_overrides(args.config_overrides, ZformerLlamaConfig)
+    except ValueError as problem:
+        parser.error(str(problem))
     return args, parser
 
 
@@ -101,7 +111,7 @@ def log(message: str) -> None:
 
 
 def identity(args) -> dict:
-    return {k: v for k, v in vars(args).items() if k not in RESUMABLE}
+    return {k: v for k, v in vars(args).items() if k not in RESUMABLE and k != "overrides"}
 
 
 def prepare_output_dir(args, parser) -> Path:
@@ -137,13 +147,18 @@ def load(args, device):
 
     extra = dict(gguf_file=args.gguf_file) if args.gguf_file else {}
     tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, **extra)
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32, **extra)
+    converted = args.baseline != "streaming"  # the overrides are the converted model's, else the baseline's
+    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32, **extra,
+                                                 **(args.overrides if converted else {}))
     model.eval()
     try:
+        if converted and args.overrides and model.config.model_type != "zformer_llama":
+            raise ValueError(f"--config_overrides {args.config_overrides} is for a converted model "
+                             f"(zformer_llama), not {model.config.model_type}")
         if args.baseline == "state_off":
             model = switch_off_state(model)
         elif args.baseline == "streaming":
-            model = streaming_model(model, args.streaming_window, args.streaming_sinks)
+            model = streaming_model(model, args.streaming_window, args.streaming_sinks, **args.overrides)
     except ValueError as problem:
         sys.exit(f"evaluate_long_context.py: error: --baseline {args.baseline}: {problem}")
     return tokenizer, model.to(device).eval()

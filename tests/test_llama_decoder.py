@@ -31,6 +31,9 @@ KINDS = {
                                         attention_sinks=2, feature_map_horizon=4),
     "zformer-window-unrotated-maps": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3,
                                           attention_sinks=2, rotary_feature_maps=False),
+    "zformer-window-memory": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3,
+                                  attention_sinks=2, feature_map_horizon=4, rotary_feature_maps=False, attention_memory=2,
+                                  attention_memory_chunk=2),
     "fastformer": dict(attention_type="fastformer"),
     "hybrid": dict(attention_type=["zformer", "full", "fastformer"], attention_window=[4, 0, 0]),
 }
@@ -113,6 +116,53 @@ def test_full_conversion_of_qwen2_and_mistral_layouts():
         ids = torch.randint(5, 97, (2, 11))
         with torch.no_grad():
             torch.testing.assert_close(model(input_ids=ids).logits, source(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
+
+
+def test_memory_holding_every_older_token_is_softmax_attention():
+    """A recall memory with room for every token that leaves the window leaves the state empty: the
+    softmax over the sinks, the memory and the recent tokens is the source's attention, read at
+    once or in parts through the cache."""
+    source = tiny_llama()
+    model = convert_causal_lm("tiny", source=source, **{**KINDS["zformer-window-memory"], "attention_memory": 64})
+    ids = torch.randint(5, 97, (2, 30))
+    with torch.no_grad():
+        expected = source(input_ids=ids).logits
+        torch.testing.assert_close(model(input_ids=ids).logits, expected, atol=1e-5, rtol=1e-5)
+        cache = model.model.new_cache()
+        parts = [model(input_ids=ids[:, a:b], cache=cache).logits for a, b in [(0, 11), (11, 12), (12, 30)]]
+    torch.testing.assert_close(torch.cat(parts, 1), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_memory_keeps_the_tokens_the_state_recalls_worst():
+    """A placement keeps, per head, the candidates (the memory and the chunk leaving) that the state
+    recalls worst, and every other placed token but the sinks joins the state: the state is the sum
+    written out over the tokens the memory does not hold."""
+    from hf_zformer.modeling.attention_memory import memory_self_attention
+
+    torch.manual_seed(3)
+    heads, d, window, chunk, slots, sinks = 4, 8, 3, 4, 2, 1
+    attention = converted("zformer-window-memory").model.layers[0].self_attn
+    q, k, v = (torch.randn(1, heads, window + 3 * chunk, d) for _ in range(3))
+    layer = ZformerLlamaCache(["zformer"], [window], memory=slots).layers[0]
+    settings = dict(window=window, sinks=sinks, slots=slots, chunk=chunk, query_map=attention.query_map,
+                    key_map=attention.key_map, window_gate=torch.zeros(heads), scaling=0.5, groups=1)
+    features = attention.key_map(k)[0]  # (H, N, F)
+    with torch.no_grad():
+        split = window + 2 * chunk  # two placements, then the third
+        memory_self_attention(q[:, :, :split], k[:, :, :split], v[:, :, :split], None, layer, **settings)
+        before = dict(layer.rows[0])
+        memory_self_attention(q[:, :, split:], k[:, :, split:], v[:, :, split:], None, layer, **settings)
+        row = layer.rows[0]
+        assert row["placed"] == 3 * chunk and row["sink_keys"].shape[1] == sinks
+        for head in range(heads):
+            candidates = before["memory_index"][head].tolist() + list(range(2 * chunk, 3 * chunk))
+            recalled = features[head, candidates] @ before["state"][head]
+            error = (v[0, head, candidates] - recalled[:, :-1] / recalled[:, -1:]).pow(2).sum(-1)
+            worst = {candidates[i] for i in error.topk(slots).indices.tolist()}
+            assert set(row["memory_index"][head].tolist()) == worst, head
+            rest = [j for j in range(sinks, 3 * chunk) if j not in worst]
+            values = torch.cat([v[0, head, rest], torch.ones(len(rest), 1)], 1)
+            torch.testing.assert_close(row["state"][head], features[head, rest].T @ values, atol=1e-5, rtol=1e-5)
 
 
 def test_window_covering_every_token_is_softmax_attention():
@@ -350,7 +400,8 @@ def test_save_load_and_auto_class(tmp_path):
 
 def test_remote_code_generations_in_clean_process(tmp_path):
     ids, mask, _ = left_padded()
-    models = {kind: converted(kind) for kind in ("full", "zformer-window", "fastformer", "zformer-identity")}
+    models = {kind: converted(kind) for kind in ("full", "zformer-window", "fastformer", "zformer-identity",
+                                                 "zformer-window-memory")}
     assert_same_generations_in_clean_process(
         tmp_path, "AutoModelForCausalLM", models, dict(input_ids=ids, attention_mask=mask), num_beams=2,
         max_new_tokens=8, min_new_tokens=8, suppress_tokens=[0, 1, 2],
@@ -398,6 +449,10 @@ def test_identity_and_fastformer_layers_are_calibrated_to_the_softmax_size():
     (dict(attention_type="zformer", attention_window=8, rotary_feature_maps="no"), "rotary_feature_maps='no' must be"),
     (dict(attention_type="zformer", attention_window=8, feature_map_horizon=-5),
      "feature_map_horizon=-5 must be a non-negative integer"),
+    (dict(attention_type="zformer", attention_memory=8), "attention_memory=8 needs a softmax window"),
+    (dict(attention_type="zformer", attention_window=8, attention_memory=-1), "attention_memory=-1 must be an integer"),
+    (dict(attention_type="zformer", attention_window=8, attention_memory=4, attention_memory_chunk=0),
+     "attention_memory_chunk=0 must be an integer, at least 1"),
 ])
 def test_bad_configs_are_refused_by_name(fields, message):
     with pytest.raises(ValueError, match=message):

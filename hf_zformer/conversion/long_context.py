@@ -87,14 +87,12 @@ def cache_bytes(cache) -> int:
                 add(item)
 
     for layer in getattr(cache, "layers", []):
-        for value in vars(layer).values():
-            add(value)
-    for value in vars(cache).values():  # side layers (cross-attention, convolutions) of our caches
-        if isinstance(value, (list, tuple)):
-            for item in value:
-                if hasattr(item, "__dict__") and not isinstance(item, torch.Tensor):
-                    for inner in vars(item).values():
-                        add(inner)
+        if hasattr(layer, "tensors"):  # the fixed-size layers of this library list their tensors
+            add(layer.tensors())
+        else:
+            add(list(vars(layer).values()))
+    for side in (*getattr(cache, "memory_layers", []), *getattr(cache, "conv_layers", [])):
+        add(side.tensors())
     return total
 
 
@@ -183,14 +181,15 @@ def switch_off_state(model):
     return model
 
 
-def streaming_model(source, window: int, sinks: int):
+def streaming_model(source, window: int, sinks: int, **config_overrides):
     """The source's own weights with every layer's attention masked to the last `window` tokens and
     the first `sinks` (StreamingLLM): a converted zformer model with its feature-map part off, no
-    training."""
+    training. `config_overrides`: further `ZformerLlamaConfig` fields (`attention_memory`: the
+    recall memory's keys join the window and sinks)."""
     from .convert_decoder import convert_causal_lm
 
     model = convert_causal_lm("source", "zformer", source=source, zformer_feature_map="hedgehog",
-                              attention_window=window, attention_sinks=sinks)
+                              attention_window=window, attention_sinks=sinks, **config_overrides)
     return switch_off_state(model)
 
 

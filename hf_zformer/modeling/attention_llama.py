@@ -25,6 +25,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb, repeat_kv
 
 from .attention import HedgehogFeatureMap, windowed_self_attention
+from .attention_memory import memory_self_attention
 from .blocks import at_least_fp32, merge_heads, new_tokens_mask, no_autocast
 from .ops import linear_attention, normalize, softmax_pool, windowed_linear_attention, with_ones
 
@@ -131,6 +132,8 @@ class RotaryLinearAttention(RotaryAttention):
         else:
             self.register_parameter("window_gate", None)
         self.rotary_maps = config.rotary_feature_maps or not self.window
+        self.memory = config.attention_memory if self.window else 0
+        self.memory_chunk = config.attention_memory_chunk
         self.horizon_init = config.feature_map_horizon if self.window else 0
         if self.horizon_init:  # log of each head's time constant (tokens) for the feature-map part's fading
             self.log_horizon = nn.Parameter(torch.full((self.num_heads,), math.log(self.horizon_init)))
@@ -176,6 +179,11 @@ class RotaryLinearAttention(RotaryAttention):
         if not self.rotary_maps:  # the maps read the unrotated projections, the softmax the rotated ones
             feature_inputs = (query, key)
             query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
+        if self.memory:
+            return memory_self_attention(query, key, value, attention_mask, layer, window=self.window, sinks=self.sinks,
+                                         slots=self.memory, chunk=self.memory_chunk, query_map=self.query_map,
+                                         key_map=self.key_map, window_gate=self.window_gate, scaling=self.scaling,
+                                         groups=self.groups, decay=self.decay(), feature_inputs=feature_inputs)
         return windowed_self_attention(query, key, value, attention_mask, layer, self.window, self.query_map,
                                        self.key_map, self.window_gate, self.scaling, groups=self.groups,
                                        sinks=self.sinks, decay=self.decay(), feature_inputs=feature_inputs)

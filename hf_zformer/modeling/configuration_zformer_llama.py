@@ -73,6 +73,13 @@ class ZformerLlamaConfig(LlamaConfig):
             then keeps the window's unrotated keys too. Needs a window.
         zformer_scale_init (`float`): initial `s` of identity-map zformer layers (the converter
             calibrates each layer's own).
+        attention_memory (`int`): 0 (default) or a number M of older tokens per head that every
+            windowed layer keeps as softmax keys, chosen as the ones its linear state would recall
+            worst (a recall memory, `attention_memory.py`): what the window drops is then not only
+            in the state's blurred sum. Needs a window; the decoding state stays constant in the
+            generated length (S + M + W + C - 1 keys and values per head besides the state).
+        attention_memory_chunk (`int`, default 64): C, how many tokens leave the window before they
+            are placed in the memory or the state; until then they stay softmax keys.
     """
 
     model_type = "zformer_llama"
@@ -84,6 +91,8 @@ class ZformerLlamaConfig(LlamaConfig):
     feature_map_horizon: int = 0
     rotary_feature_maps: bool = True
     zformer_scale_init: float = 1.0
+    attention_memory: int = 0
+    attention_memory_chunk: int = 64
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -116,6 +125,13 @@ class ZformerLlamaConfig(LlamaConfig):
         if horizon and not any(windows):
             raise ValueError(f"feature_map_horizon={horizon} needs a softmax window (attention_window); no layer "
                              "has one, and without a window there is no older part to fade")
+        for name in ("attention_memory", "attention_memory_chunk"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= (name != "attention_memory")):
+                raise ValueError(f"{name}={value!r} must be an integer, at least {int(name != 'attention_memory')}")
+        if self.attention_memory and not any(windows):
+            raise ValueError(f"attention_memory={self.attention_memory} needs a softmax window (attention_window); no "
+                             "layer has one, and the memory keeps what leaves the window")
         if not (isinstance(self.zformer_scale_init, (int, float)) and self.zformer_scale_init > 0):
             raise ValueError(f"zformer_scale_init={self.zformer_scale_init!r} must be a positive number")
         if self.num_attention_heads % self.num_key_value_heads:

@@ -97,7 +97,8 @@ class ZformerLlamaModel(ZformerLlamaPreTrainedModel):
         self.embed_tokens = value
 
     def new_cache(self) -> ZformerLlamaCache:
-        return ZformerLlamaCache(self.config.layer_attention_types(), self.config.layer_windows())
+        return ZformerLlamaCache(self.config.layer_attention_types(), self.config.layer_windows(),
+                                 self.config.attention_memory)
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, use_cache=None, output_hidden_states=None, cache=None, return_dict=None):
