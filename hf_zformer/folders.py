@@ -417,8 +417,8 @@ def writing(folder: str | os.PathLike, *, staging: str | os.PathLike | None = No
     except OSError as error:
         if isinstance(error, WriteFailed):
             raise
-        target = folder / Path(error.filename).name if error.filename and stage.as_posix() in str(error.filename) \
-            else Path(error.filename or folder)
+        written = [str(f) for f in (error.filename2, error.filename) if f and stage.as_posix() in str(f)]  # (a copy's
+        target = folder / Path(written[0]).relative_to(stage) if written else folder  # source is error.filename)
         raise WriteFailed(error, target) from None
     finally:
         discard(stage)

@@ -172,8 +172,10 @@ def _unsafe(file: Path) -> str | None:
     try:
         loaded = load(str(file), map_location="cpu", mmap=True)
     except Exception as error:  # noqa: BLE001  (UnpicklingError, or what a damaged archive raises)
-        return (f"holds objects other than tensors and plain values ({str(error).strip().splitlines()[0]}); "
-                "it is not unpickled, as it could run code: resume a checkpoint this library wrote")
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+        why = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0])
+        return (f"holds objects other than tensors and plain values ({why}); it is not unpickled, as it could "
+                "run code: resume a checkpoint this library wrote")
     if file.name.startswith("random_states_") and not (isinstance(loaded, dict) and set(RNG_FIELDS) <= set(loaded)):
         return f"holds no random-generator state ({', '.join(RNG_FIELDS)}): the run cannot go on as it would have"
     return None
