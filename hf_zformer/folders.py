@@ -21,11 +21,20 @@ ever replaced; ``config.json`` or a weight file proves nothing (anybody's folder
   no existing file is overwritten that the folder's marker does not list;
 * :func:`record` / :func:`recording` -- add files the library wrote to the marker's list;
   :func:`remove_recorded` -- ``--overwrite_output_dir``: delete what the list names, file by file.
+* :func:`check_writes` / :func:`writing` -- the library writes only names it owns (:data:`OWNED`),
+  never through a link: before any work, a file of such a name that the marker does not list, or a
+  link, stops the run, and the folder must take a write; files are written into a marked staging
+  folder and moved into place (``config.json`` last), so a failed write (:class:`WriteFailed`: the
+  path and the errno) leaves the earlier files and no temporary ones.
+* :func:`check_adoptable` / :func:`adopt` -- a run folder of a version without markers is adopted
+  only where every file in it has a name the library writes.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno as errnos
+import fnmatch
 import json
 import os
 import shutil
@@ -35,9 +44,13 @@ from pathlib import Path
 
 __all__ = [
     "MARKER",
+    "OWNED",
+    "WriteFailed",
     "adopt",
+    "check_adoptable",
     "check_output_dir",
     "check_output_files",
+    "check_writes",
     "files_under",
     "foreign_files",
     "read_marker",
@@ -48,12 +61,34 @@ __all__ = [
     "remove_recorded",
     "replace_atomically",
     "staging_dir",
+    "writing",
 ]
 
 #: The marker file of a folder the library wrote: ``{"written_by": "hf_zformer", "files": [...]}``.
 MARKER = ".hf_zformer-output.json"
 STAGING_PREFIX = ".hf_zformer-staging-"
 BACKUP_PREFIX = ".hf_zformer-backup-"
+
+_CODE = sorted(p.name for p in (Path(__file__).parent / "modeling").glob("*.py") if p.name != "__init__.py")
+#: The names (``fnmatch`` patterns of one path component) of every file and folder the library
+#: writes into an output folder or a checkpoint: a saved model (its code files among them), its
+#: tokenizer, a run's records, checkpoints and lock file, an evaluation's predictions and results.
+OWNED = (
+    "config.json", "generation_config.json", "model.safetensors", "model-*-of-*.safetensors",
+    "model.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json", *_CODE,
+    "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json", "vocab.txt",
+    "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model", "tokenizer.model", "chat_template.jinja",
+    "README.md", "training_args.json", "all_results.json", "eval_history.jsonl", ".lock", "best", "step_*",
+    "epoch_*", "training_state.json", "best_state.json", "optimizer*.bin", "scheduler*.bin", "sampler*.bin",
+    "random_states_*.pkl", "scaler.pt", "custom_checkpoint_*.pkl", "dl_state_dict*.bin",
+    "*_predictions.jsonl", "*_results.json", "run_args.json", "results.json", "transfer_state.*",
+    "finetune_state.*", "transferred", "finetuned",
+)
+
+
+def owned(name: str) -> bool:
+    """Whether every component of the relative path ``name`` is a name of :data:`OWNED`."""
+    return all(any(fnmatch.fnmatchcase(part, pattern) for pattern in OWNED) for part in Path(name).parts)
 
 
 # ---- the marker ------------------------------------------------------------------------------
@@ -119,10 +154,28 @@ def record(folder: str | os.PathLike, *names: str) -> None:
     _write_marker(folder, files, **{k: v for k, v in marker.items() if k not in ("written_by", "files")})
 
 
+def check_adoptable(folder: str | os.PathLike, names) -> None:
+    """``ValueError`` unless :func:`adopt` may claim ``names`` of ``folder``: each is (or holds
+    only) files with names the library writes (:data:`OWNED`), and none is a link."""
+    folder = Path(folder)
+    for name in names:
+        path = folder / name
+        inside = files_under(path) if path.is_dir() and not path.is_symlink() else {""}
+        for file in sorted(inside):
+            relative = f"{name}/{file}" if file else name
+            if (folder / relative).is_symlink() or not owned(relative):
+                what = "a link" if (folder / relative).is_symlink() else "not a file this library writes"
+                raise ValueError(f"{str(folder)!r} has no {MARKER} (written by an earlier version), and "
+                                 f"{relative} in it is {what}: the library would take it for its own and delete "
+                                 "it later; move it out of the folder, then resume")
+
+
 def adopt(folder: str | os.PathLike, names) -> None:
     """Mark the subfolders ``names`` of ``folder`` (and the files among ``names``) as the library's:
-    a run folder written by a version whose folders carried no marker, which the user resumes."""
+    a run folder written by a version whose folders carried no marker, which the user resumes.
+    ``ValueError`` (nothing marked) unless they hold only what the library writes (:func:`check_adoptable`)."""
     folder = Path(folder)
+    check_adoptable(folder, names)
     for name in names:
         sub = folder / name
         if sub.is_dir() and not sub.is_symlink() and read_marker(sub) is None:
@@ -277,18 +330,160 @@ def record_files(paths) -> None:
 
 # ---- writing, replacing, recovering ------------------------------------------------------------
 
+class WriteFailed(OSError):
+    """A write the system refused (the disk full, a read-only folder, a file-size limit): the
+    message names the path and the errno; what was there before is unchanged."""
+
+    def __init__(self, error: OSError, path: str | os.PathLike):
+        code = errnos.errorcode.get(error.errno, "?") if error.errno is not None else "?"
+        super().__init__(error.errno, f"cannot write {path}: {error.strerror or error} ({code}, errno {error.errno})")
+        self.filename = str(path)
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+def _writable(folder: Path) -> None:
+    """Raise :class:`WriteFailed` unless a file can be written in ``folder`` (or, while it does not
+    exist yet, in the nearest folder above it): a one-byte probe, removed at once."""
+    existing = next(p for p in (folder, *folder.parents) if p.exists() or p == Path(p.anchor))
+    probe = existing / f"{STAGING_PREFIX}probe{_suffix()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        try:
+            os.write(fd, b"0")
+        finally:
+            os.close(fd)
+            os.unlink(probe)
+    except OSError as error:
+        raise WriteFailed(error, existing) from None
+
+
+def check_writes(folder: str | os.PathLike, names, *, name: str = "--output_dir", listed=()) -> None:
+    """Before any work: ``ValueError`` when ``folder`` holds, under one of ``names`` (``fnmatch``
+    patterns of the files and folders the run will write there), a link, or an entry the folder's
+    marker does not list (nor ``listed``: what a resumed run is about to adopt), i.e. somebody
+    else's file the write would replace; :class:`WriteFailed` when ``folder`` takes no write."""
+    folder = Path(folder)
+    _writable(folder)
+    if not folder.is_dir():
+        return
+    ours = set((read_marker(folder) or {}).get("files", [])) | set(listed)
+    tops = {f.split("/", 1)[0] for f in ours}
+    links, theirs = [], []
+    for entry in sorted(os.listdir(folder)):
+        if entry == MARKER or not any(fnmatch.fnmatchcase(entry, pattern) for pattern in names):
+            continue
+        if (folder / entry).is_symlink():
+            links.append(entry)
+        elif entry not in tops:
+            theirs.append(entry)
+    if links:
+        raise ValueError(f"{name}={str(folder)!r}: {_names(links)} is a symbolic link; the library never writes "
+                         "through a link (nor replaces one): remove it, or pass another folder")
+    if theirs:
+        raise ValueError(f"{name}={str(folder)!r} holds {_names(theirs)}, which this run would write but this "
+                         f"library did not write (not on the list of its {MARKER}); move it out, or pass another "
+                         "folder")
+
+
+def _move_in(staging: Path, folder: Path) -> list[str]:
+    """Move the files of ``staging`` into ``folder`` (``config.json`` last: a folder is never a
+    model before its weights are in place); each target is new, or a plain file of the library's."""
+    names = sorted(os.listdir(staging), key=lambda n: (n == "config.json", n))
+    names = [n for n in names if n != MARKER]
+    check_writes(folder, names, name=str(folder))
+    for entry in names:
+        os.replace(staging / entry, folder / entry)
+    return names
+
+
+@contextlib.contextmanager
+def writing(folder: str | os.PathLike, *, staging: str | os.PathLike | None = None) -> Iterator[Path]:
+    """Write files into ``folder`` as a whole: the block writes them into the path it is given, a
+    marked staging folder in ``folder`` (or ``staging``, one of :func:`staging_dir` there); when it
+    ends they are moved into place (:func:`_move_in`) and recorded in the marker. When the block or
+    the move fails, the staging folder is removed, the files already in ``folder`` are those of
+    before, and an ``OSError`` is raised as :class:`WriteFailed`."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        stage = Path(staging) if staging is not None else staging_dir(folder, "files")
+    except OSError as error:
+        raise WriteFailed(error, folder) from None
+    try:
+        yield stage
+        record(folder, *_move_in(stage, folder))
+    except OSError as error:
+        if isinstance(error, WriteFailed):
+            raise
+        written = [str(f) for f in (error.filename2, error.filename) if f and stage.as_posix() in str(f)]  # (a copy's
+        target = folder / Path(written[0]).relative_to(stage) if written else folder  # source is error.filename)
+        raise WriteFailed(error, target) from None
+    finally:
+        discard(stage)
+
+
 def _suffix() -> str:
     """What makes a staging or backup folder's name unique: ``-`` and 12 random hex digits."""
     return f"-{uuid.uuid4().hex[:12]}"
 
 
+_HELD: dict[str, int] = {}  # staging folder -> an open descriptor of it, locked while this process writes it
+
+
+def _hold(staging: Path) -> None:
+    """Lock ``staging`` (``flock`` on the folder) while this process writes it: :func:`recover`
+    run by another process (a second converter into the same folder) leaves it alone."""
+    with contextlib.suppress(ImportError, OSError):
+        import fcntl
+
+        fd = os.open(staging, os.O_RDONLY)
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        _HELD[str(staging)] = fd
+
+
+def _let_go(staging: Path) -> None:
+    """Release the lock :func:`_hold` took (the folder was moved into place or abandoned)."""
+    fd = _HELD.pop(str(staging), None)
+    if fd is not None:
+        os.close(fd)
+
+
+def _in_use(folder: Path) -> bool:
+    """Whether another writer holds ``folder`` (:func:`_hold`); a staging folder whose writer died is not."""
+    try:
+        import fcntl
+    except ImportError:
+        return False
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except OSError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def discard(staging: str | os.PathLike) -> None:
+    """Remove a staging folder of :func:`staging_dir` that will not be moved into place."""
+    _let_go(Path(staging))
+    shutil.rmtree(staging, ignore_errors=True)  # everything in it is ours by construction
+
+
 def staging_dir(parent: str | os.PathLike, target: str) -> Path:
     """A new, uniquely named staging folder in ``parent`` for what becomes ``parent/target``,
-    marked as the library's (so an interrupted write is recognised and removed, and nothing else)."""
+    marked as the library's (so an interrupted write is recognised and removed, and nothing else)
+    and locked while this process writes it (:func:`recover` elsewhere leaves it alone)."""
     parent = Path(parent)
     staging = parent / f"{STAGING_PREFIX}{target}{_suffix()}"
     staging.mkdir()
     _write_marker(staging, [])
+    _hold(staging)
     return staging
 
 
@@ -310,8 +505,11 @@ def replace_atomically(staging: str | os.PathLike, final: str | os.PathLike) -> 
             raise ValueError(f"{str(final)!r} holds {why}; refusing to replace it")
         backup = final.with_name(f"{BACKUP_PREFIX}{final.name}{_suffix()}")
         os.replace(final, backup)
-    _write_marker(staging, files_under(staging))
-    os.replace(staging, final)
+    try:
+        _write_marker(staging, files_under(staging))
+        os.replace(staging, final)
+    finally:
+        _let_go(staging)
     if backup is not None:
         remove_recorded(backup, remove_folder=True)
 
@@ -372,7 +570,9 @@ def recover(parent: str | os.PathLike, target: str | None = None, logger=None) -
         of = entry.name[len(STAGING_PREFIX if staging else BACKUP_PREFIX):-len(_suffix())]  # the folder it was for
         if not of or (target is not None and of != target):
             continue
-        if staging:
+        if staging and _in_use(entry):
+            action = "kept: a running process is writing it"
+        elif staging:
             shutil.rmtree(entry)  # a staging folder: everything in it is ours by construction
             action = "removed"
         else:

@@ -127,18 +127,31 @@ def check_args(parser, args: RunArguments) -> None:
         value = getattr(part, name)
         if value is not None and value < 1:
             parser.error(f"--{name} must be >= 1, got {value}")
-    try:  # new, empty or a folder of this library's; never the model
+    try:  # new, empty or a folder of this library's that takes a write; never the model or the data
         args.training.output_dir = str(folders.check_output_dir(
             args.training.output_dir, name="--output_dir", whole=False,
             inputs={"--model_name_or_path": args.model.model_name_or_path,
-                    "--tokenizer_name": args.model.tokenizer_name}))
-    except ValueError as error:
+                    "--tokenizer_name": args.model.tokenizer_name, "--data_dir": args.data.data_dir}))
+        check_writes(args, args.task.split)
+    except (ValueError, OSError) as error:
         parser.error(str(error))
     try:  # found after the whole evaluation otherwise
         if args.evaluation.results_file:
             records.check_results_file(args.evaluation.results_file)
     except ValueError as error:
         parser.error(f"--results_file: {error}")
+
+
+def output_files(split: str) -> list[str]:
+    """What an evaluation of ``split`` writes into --output_dir."""
+    return [f"{split}_predictions.jsonl", f"{split}_results.json"]
+
+
+def check_writes(args: RunArguments, split: str | None) -> None:
+    """--output_dir takes a write, and holds no file of the user's (nor a link) under the names the
+    evaluation of ``split`` writes (:func:`hf_zformer.folders.check_writes`); ``ValueError`` /
+    ``OSError`` naming it. Checked while parsing, and again once the split is known."""
+    folders.check_writes(args.training.output_dir, output_files(split) if split else [], name="--output_dir")
 
 
 def result_record(args: RunArguments, config, rows, results, split: str, seq2seq: bool) -> dict:
@@ -267,17 +280,17 @@ def score_classification(accelerator, model, loader, tokenizer, split: str, limi
 
 def write_outputs(args: RunArguments, config, rows: list[dict], results: dict, split: str, seq2seq: bool, logger) -> None:
     """``<split>_predictions.jsonl`` and ``<split>_results.json`` in --output_dir; the --results_file record."""
-    out = Path(args.training.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    with folders.recording(out):
-        with open(out / f"{split}_predictions.jsonl", "w") as f:
+    predictions, results_name = output_files(split)
+    with run.write_errors(), folders.writing(args.training.output_dir) as staging:  # moved into place when whole
+        with open(staging / predictions, "w") as f:
             for row in rows:
                 f.write(json.dumps(row, ensure_ascii=False) + "\n")
-        (out / f"{split}_results.json").write_text(json.dumps(results, indent=2))
+        (staging / results_name).write_text(json.dumps(results, indent=2))
     logger.info(f"results: {json.dumps(results)}")
     if args.evaluation.results_file:
         record = result_record(args, config, rows, results, split, seq2seq)
-        records.append_records(args.evaluation.results_file, [record])
+        with run.write_errors():
+            records.append_records(args.evaluation.results_file, [record])
         logger.info(f"result record ({split}, {record['metric']} {record['value']}) appended to "
                     f"{args.evaluation.results_file}")
 
@@ -303,6 +316,11 @@ def main(argv=None) -> dict:
         tokenizer.truncation_side = args.task.truncation_side
     seq2seq = is_seq2seq(config)
     split, data = read_split(args, seq2seq)
+    try:  # the split is known: before the evaluation, its files' names are checked
+        folders.recover(args.training.output_dir, logger=logger)  # what a killed evaluation left
+        check_writes(args, split)
+    except (ValueError, OSError) as error:
+        run.usage_error(str(error))
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
     model = auto.from_pretrained(args.model.model_name_or_path, trust_remote_code=args.model.trust_remote_code,
                                  dtype=torch.float32)

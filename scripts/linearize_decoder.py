@@ -21,7 +21,8 @@ file's documents in a fixed shuffled order, each followed by EOS; cut into block
 --steps 0 to go straight to stage 2) instead of converting the source.
 
 A progress line every --log_every steps; every --checkpoint_every steps the trained parameters,
-optimizer and step go to OUTPUT_DIR/transfer_state.pt (stage 1) or OUTPUT_DIR/finetune_state.pt
+optimizer and step go to OUTPUT_DIR/transfer_state.safetensors (stage 1) or
+OUTPUT_DIR/finetune_state.safetensors
 (stage 2), and a run started again with the same arguments resumes from there (another run's
 folder is refused). OUTPUT_DIR/results.json gets each perplexity as soon as it is measured;
 OUTPUT_DIR/transferred and OUTPUT_DIR/finetuned the model after each stage (LoRA folded into the
@@ -44,6 +45,8 @@ from hf_zformer.conversion.arguments import LinearizationArguments, evaluation_n
 
 # arguments a resumed run may change
 RESUMABLE = {"log_every", "checkpoint_every", "skip_scores"}
+# what a run writes into --output_dir (a file of the user's under one of these names stops it)
+OUTPUT_FILES = ("run_args.json", "results.json", "transfer_state.*", "finetune_state.*", "transferred", "finetuned")
 PROMPTS = ("The history of the city begins", "This movie was")
 MODELS = ("source", "converted", "init_model", "transferred", "finetuned")
 
@@ -156,28 +159,49 @@ def evaluation_tokens(path: str, tokenizer, text_column: str, needed: int):
     return torch.tensor(tokenizer((gzip.decompress(raw) if path.endswith(".gz") else raw).decode("utf-8"))["input_ids"])
 
 
-def save_atomically(obj, path: Path) -> None:
-    import torch
-
+def write_file(path: Path, write) -> None:
+    """``write(staged_path)`` writes the file that becomes ``path``: staged and moved into place
+    (:func:`hf_zformer.folders.writing`), so a failed write leaves the earlier file; it stops the
+    script with one error line naming the path and the errno."""
     from hf_zformer import folders
 
-    staging = path.with_name(path.name + ".tmp")
-    torch.save(obj, staging)
-    os.replace(staging, path)
-    folders.record(path.parent, path.name)  # the output folder's marker lists what the run wrote
+    try:
+        with folders.writing(path.parent) as staging:
+            write(staging / path.name)
+    except folders.WriteFailed as failure:
+        error(str(failure))
+
+
+def save_state(state: dict, path: Path) -> None:
+    from hf_zformer.conversion.decoder_transfer import save_state as save
+
+    write_file(path, lambda staged: save(state, staged))
+
+
+def load_state(path: Path) -> dict:
+    """A stage's saved state: safetensors (:func:`hf_zformer.conversion.decoder_transfer.load_state`),
+    or the ``.pt`` file of an earlier version, unpickled only as tensors and plain values."""
+    import pickle
+
+    import torch
+
+    from hf_zformer.conversion.decoder_transfer import load_state as load
+
+    try:
+        return load(path) if path.suffix == ".safetensors" else torch.load(path, weights_only=True)
+    except (pickle.UnpicklingError, RuntimeError, OSError, ValueError, KeyError) as problem:
+        error(f"{path} cannot be resumed: it holds something other than a training state of tensors and plain "
+              f"values ({str(problem).strip().splitlines()[0]}); nothing in it was run. Delete it to start the "
+              "stage again")
 
 
 def write_results(path: Path, results: dict) -> None:
-    from hf_zformer import folders
-
-    staging = path.with_name(path.name + ".tmp")
-    staging.write_text(json.dumps(results, indent=1) + "\n")
-    os.replace(staging, path)
-    folders.record(path.parent, path.name)
+    write_file(path, lambda staged: staged.write_text(json.dumps(results, indent=1) + "\n"))
 
 
 def error(message: str):
-    sys.exit(f"linearize_decoder.py: error: {message}")
+    print(f"linearize_decoder.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def check_inputs(args: LinearizationArguments) -> None:
@@ -209,19 +233,20 @@ def prepare_output_dir(args: LinearizationArguments) -> Path:
               **{f"--eval_file {path}": path for path in args.eval_file}}
     if args.init_model:
         inputs["--init_model"] = args.init_model
-    try:  # never a folder of other files
+    try:  # never a folder of other files, nor one of the user's files under a name this run writes
         output_dir = folders.check_output_dir(args.output_dir, name="--output_dir", whole=False, inputs=inputs)
-    except ValueError as problem:
+        folders.check_writes(output_dir, OUTPUT_FILES, name="--output_dir")
+    except (ValueError, OSError) as problem:
         error(str(problem))
     torch.manual_seed(args.seed)
     output_dir.mkdir(parents=True, exist_ok=True)
     folders.record(output_dir)
+    folders.recover(output_dir)  # what a killed write left
     identity = {k: v for k, v in args.flags().items() if k not in RESUMABLE}
     identity_file = output_dir / "run_args.json"
     if identity_file.exists() and json.loads(identity_file.read_text()) != identity:
         error(f"{output_dir} holds a run with other arguments ({identity_file}); choose another --output_dir")
-    identity_file.write_text(json.dumps(identity, indent=1) + "\n")
-    folders.record(output_dir, identity_file.name)
+    write_file(identity_file, lambda staged: staged.write_text(json.dumps(identity, indent=1) + "\n"))
     return output_dir
 
 
@@ -331,11 +356,20 @@ class Run:
         write_results(self.results_file, results)
 
     def save(self, name: str, model) -> None:
+        """The model and tokenizer as ``OUTPUT_DIR/name``, written whole into a staging folder and
+        moved into place (never half a model, even when killed or out of space)."""
         from hf_zformer import folders
 
-        with folders.recording(self.output_dir):
-            model.save_pretrained(self.output_dir / name)
-            self.tokenizer.save_pretrained(self.output_dir / name)
+        staging = folders.staging_dir(self.output_dir, name)
+        try:
+            model.save_pretrained(staging)
+            self.tokenizer.save_pretrained(staging)
+            folders.replace_atomically(staging, self.output_dir / name)
+            folders.record(self.output_dir, name)
+        except OSError as failure:
+            error(str(folders.WriteFailed(failure, self.output_dir / name)))
+        finally:
+            folders.discard(staging)
         log(f"saved {self.output_dir / name}")
 
     def train(self, stage: str, trainer, blocks, total: int, state_file: Path, describe):
@@ -344,9 +378,11 @@ class Run:
         import torch
 
         args, device = self.args, self.device
-        if state_file.exists():
-            trainer.load_state_dict(torch.load(state_file, weights_only=False))
-            log(f"{stage}: resumed from {state_file} at step {trainer.completed}")
+        earlier = state_file.with_suffix(".pt")  # the format of an earlier version
+        saved = state_file if state_file.exists() else earlier if earlier.exists() else None
+        if saved is not None:
+            trainer.load_state_dict(load_state(saved))
+            log(f"{stage}: resumed from {saved} at step {trainer.completed}")
         begin, first, last = time.time(), trainer.completed, None
         while trainer.completed < total:
             step = trainer.completed
@@ -357,7 +393,7 @@ class Run:
                 log(f"{stage} step {done}/{total} {describe(last)} lr {trainer.scheduler.get_last_lr()[0]:.2e} "
                     f"{rate:.1f} s/step, {(total - done) * rate / 60:.1f} min left")
             if done % args.checkpoint_every == 0 or done == total:
-                save_atomically(trainer.state_dict(), state_file)
+                save_state(trainer.state_dict(), state_file)
         key = f"{stage.replace(' ', '_')}_seconds"
         self.results[key] = self.results.get(key, 0) + round(time.time() - begin, 1)
         return last
@@ -375,7 +411,8 @@ def transfer_attention(run: Run, model, documents: list[str]) -> int:
     log(f"attention transfer: {len(transfer.parameters)} tensors "
         f"({sum(p.numel() for p in transfer.parameters.values()) / 1e6:.2f}M parameters), {stage.steps} steps of "
         f"{args.batch_size} x {args.block_size} tokens")
-    errors = run.train("attention transfer", transfer, blocks, stage.steps, run.output_dir / "transfer_state.pt",
+    errors = run.train("attention transfer", transfer, blocks, stage.steps,
+                       run.output_dir / "transfer_state.safetensors",
                        lambda e: f"error {sum(e) / len(e):.4f} (layers {min(e):.3f}-{max(e):.3f})")
     if errors is not None:
         run.results["last_step_layer_errors"] = [round(e, 4) for e in errors]
@@ -410,7 +447,8 @@ def finetune(run: Run, model, source, documents: list[str], used: int):
         f"{stage.finetune_steps} steps of {args.batch_size} x {args.block_size} tokens"
         + (f", distilling the source's logits (weight {stage.distill_weight}, T={stage.distill_temperature})"
            if stage.distill_weight else ""))
-    losses = run.train("fine-tuning", finetuning, blocks, stage.finetune_steps, run.output_dir / "finetune_state.pt",
+    losses = run.train("fine-tuning", finetuning, blocks, stage.finetune_steps,
+                       run.output_dir / "finetune_state.safetensors",
                        describe_losses)
     if losses is not None:
         run.results["last_step_finetune_losses"] = {k: None if v is None else round(v, 4) for k, v in losses.items()}

@@ -399,7 +399,8 @@ def write_records(args: arguments.RunArguments, model, results: dict, hits: dict
          "value": round(100.0 * results[f"{prefix}_accuracy"], 4), "ci95": records.accuracy_ci(hits[split], seed=seed)}
         for split, prefix in zip(data.eval_splits, ("eval", "test"))
     ]
-    records.append_records(results_file, rows)
+    with run.write_errors():
+        records.append_records(results_file, rows)
     logger.info(f"{len(rows)} result records appended to {results_file}; the model is in {args.training.output_dir}")
 
 

@@ -259,7 +259,8 @@ def main(argv=None) -> dict:
             max_length=max_target, wall_time_s=time.perf_counter() - started, tokens_per_epoch=sum(train_lengths),
             train_examples=len(train_lengths),
         )
-        append_records(results_file, records)
+        with run.write_errors():
+            append_records(results_file, records)
         logger.info(f"{len(records)} result records appended to {results_file}; the model is in "
                     f"{args.training.output_dir}")
     return results

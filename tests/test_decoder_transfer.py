@@ -205,3 +205,31 @@ def test_linearize_script_names_bad_arguments(flags, message, capsys):
     with pytest.raises(SystemExit):
         linearize_decoder.parse_args(base + flags)
     assert message in capsys.readouterr().err
+
+
+def test_a_stage_state_is_tensors_and_json_and_a_pickle_is_never_run(tmp_path, capsys):
+    """The resume state round-trips through safetensors (nothing unpickled); a transfer_state.pt of
+    an earlier version holding code is refused with one error line, the code not run."""
+    from test_guards import RunsCode
+
+    from hf_zformer.conversion.decoder_transfer import load_state, save_state
+
+    model = convert_causal_lm("tiny", source=tiny_llama(), attention_type="zformer")
+    transfer = AttentionTransfer(model, full_attention_copy(model), steps=4)
+    transfer.step(torch.randint(5, 97, (2, 16), generator=torch.Generator().manual_seed(0)))
+    save_state(transfer.state_dict(), tmp_path / "transfer_state.safetensors")
+    again = AttentionTransfer(model, full_attention_copy(model), steps=4)
+    again.load_state_dict(load_state(tmp_path / "transfer_state.safetensors"))
+    assert again.completed == 1 and again.optimizer.state_dict()["param_groups"] == \
+        transfer.optimizer.state_dict()["param_groups"]
+    assert all(torch.equal(again.parameters[n], p) for n, p in transfer.parameters.items())
+    sys.path.insert(0, str(REPO_ROOT / "scripts"))
+    import linearize_decoder
+
+    canary = tmp_path / "code-ran"
+    torch.save({"completed": RunsCode(canary)}, tmp_path / "transfer_state.pt")
+    with pytest.raises(SystemExit) as stop:
+        linearize_decoder.load_state(tmp_path / "transfer_state.pt")
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and "transfer_state.pt cannot be resumed" in err and not canary.exists()
+    assert len(err.strip().splitlines()) == 1, err

@@ -795,3 +795,262 @@ def test_every_report_script_refuses_to_overwrite_a_users_file(script, argv, tmp
         module.parse_args(argv)
     assert stopped.value.code == 2
     assert (tmp_path / "mine.md").read_text() == "mine" and (tmp_path / "mine.png").read_text() == "mine"
+
+
+# ---- the library writes only names it owns, never through a link, and whole -------------------
+
+@pytest.fixture(scope="module")
+def checkpointed_run(tmp_path_factory, tiny_data):  # noqa: F811
+    """A finished 4-step run with checkpoints step_2 and step_4 (copied by the tests that change it)."""
+    out = tmp_path_factory.mktemp("ckpt") / "run"
+    run_script("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 4,
+               "--checkpointing_steps", 2, "--output_dir", out)
+    return out
+
+
+def marked(folder, **files):
+    """A folder the library wrote (its marker listing ``files``, {name: text}, written as they are)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    plant(folder, files)
+    record(folder, *files)
+    return folder
+
+
+def test_a_users_file_under_a_name_the_library_writes_stops_the_run(tmp_path, tiny_data,  # noqa: F811
+                                                                    trained_classifier):
+    """In a folder the library wrote, the user's README.md (the model card's name), .lock and
+    test_predictions.jsonl are refused before any work: not replaced, truncated or deleted."""
+    out = marked(tmp_path / "run", **{"all_results.json": "{}"})
+    for name in ("README.md", ".lock"):
+        planted = plant(out, {name: "the user's " + name})
+        refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1,
+                "--output_dir", out, "--overwrite_output_dir", message=f"holds {name}, which this run would write")
+        assert_kept(out, planted)
+        (out / name).unlink()
+    evaluation = marked(tmp_path / "eval", **{"validation_results.json": "{}"})
+    planted = plant(evaluation, {"test_predictions.jsonl": "mine\n", "validation_predictions.jsonl": "mine\n"})
+    result = refused("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
+                     "--output_dir", evaluation, message="holds validation_predictions.jsonl, which this run would")
+    assert "evaluate: done" not in result.stderr  # before the evaluation
+    assert_kept(evaluation, planted)
+
+
+def test_writes_never_go_through_a_link(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    """run/README.md -> ../outside/notes.md (and the same through test_predictions.jsonl,
+    all_results.json and --results_file): refused, the file outside and the link unchanged."""
+    outside = plant(tmp_path / "outside", {"notes.md": "my notes", "r.json": "[]", "r.json.lock": "mine"})
+    out = marked(tmp_path / "run", **{"README.md": "card", "all_results.json": "{}"})
+    for name in ("README.md", "all_results.json"):
+        (out / name).unlink()
+        (out / name).symlink_to(tmp_path / "outside" / "notes.md")
+        refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1,
+                "--output_dir", out, "--resume_from_checkpoint", "latest", message=f"{name} is a symbolic link")
+        assert os.readlink(out / name) == str(tmp_path / "outside" / "notes.md")
+    evaluation = marked(tmp_path / "eval")
+    (evaluation / "test_predictions.jsonl").symlink_to(tmp_path / "outside" / "notes.md")
+    evaluate = ["--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf"]
+    refused("evaluate_model.py", *evaluate, "--split", "test", "--output_dir", evaluation,
+            message="test_predictions.jsonl is a symbolic link")
+    (tmp_path / "link.json").symlink_to(tmp_path / "outside" / "r.json")
+    (tmp_path / "other.json.lock").symlink_to(tmp_path / "outside" / "r.json.lock")
+    for results_file in ("link.json", "other.json"):
+        refused("evaluate_model.py", *evaluate, "--output_dir", tmp_path / "eval2", "--results_file",
+                tmp_path / results_file, message="is a symbolic link")
+    assert_kept(tmp_path / "outside", outside)
+
+
+def test_the_results_files_lock_of_the_user_is_never_truncated(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    (tmp_path / "res.json.lock").write_text("the user's lock notes")
+    run_script("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
+               "--output_dir", tmp_path / "eval", "--results_file", tmp_path / "res.json")
+    assert (tmp_path / "res.json.lock").read_text() == "the user's lock notes"
+    assert len(json.loads((tmp_path / "res.json").read_text())) == 1
+
+
+def without_markers(run):
+    """``run`` as a version without markers left it."""
+    for marker in run.rglob(".hf_zformer-output.json"):
+        marker.unlink()
+
+
+def test_a_folder_without_marker_is_adopted_only_when_every_file_is_the_librarys(tmp_path, tiny_data,  # noqa: F811
+                                                                                 checkpointed_run):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(checkpointed_run, out)
+    without_markers(out)
+    for file in out.iterdir():  # a run killed before its end: its checkpoints and history
+        if file.is_file() and file.name != "eval_history.jsonl":
+            file.unlink()
+    data = ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 4, "--checkpointing_steps", 2]
+    planted = plant(out, {"step_4/photo.jpg": "the user's photo"})
+    refused("run_classification.py", *data, "--output_dir", out, "--resume_from_checkpoint", out / "step_2",
+            message="step_4/photo.jpg in it is not a file this library writes")
+    assert_kept(out, planted)
+    (out / "step_4" / "photo.jpg").unlink()
+    (out / "README.md").write_text("the user's readme")
+    refused("run_classification.py", *data, "--output_dir", out, "--resume_from_checkpoint", out / "step_2",
+            message="holds README.md, which this run would write")
+    assert (out / "README.md").read_text() == "the user's readme" and not (out / ".hf_zformer-output.json").exists()
+    (out / "README.md").unlink()
+    run_script("run_classification.py", *data, "--output_dir", out, "--resume_from_checkpoint", out / "step_2")
+    assert {"step_2/optimizer.bin", "step_4/optimizer.bin", "README.md"} <= set(
+        json.loads((out / ".hf_zformer-output.json").read_text())["files"])  # adopted, then written as its own
+
+
+def test_data_is_refused_as_an_output_in_every_script(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    """An earlier evaluation's predictions, given as training data with --output_dir the folder
+    holding them and --overwrite_output_dir: refused, not deleted before it is read."""
+    out = marked(tmp_path / "out", **{"test_predictions.jsonl": "\n".join(
+        json.dumps({"text": f"document {i} about a film"}) for i in range(40)) + "\n"})
+    before = tree(out)
+    refused("run_clm.py", "--train_file", out / "test_predictions.jsonl", "--attention_type", "zformer",
+            "--output_dir", out, "--overwrite_output_dir", message="contains --train_file")
+    refused("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
+            "--output_dir", tiny_data / "clf", message="is --data_dir")
+    source, _ = make_source(tmp_path, "bert", "classification")
+    refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer", "--output_dir",
+            out, "--overwrite", "--distill_file", out / "test_predictions.jsonl", message="contains --distill_file")
+    assert tree(out) == before
+
+
+# a file-size limit makes every write past its first 40 kB fail with EFBIG, also as root (where a
+# read-only folder still takes writes): the weights (some 50 kB) cannot be written, the logs can
+FILE_SIZE_LIMIT = """
+import resource, signal
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+resource.setrlimit(resource.RLIMIT_FSIZE, (40_000, 40_000))
+"""
+
+
+def test_a_failed_final_write_leaves_no_partial_model_and_one_error_line(tmp_path, tiny_data):  # noqa: F811
+    out = tmp_path / "run"
+    result = warm_scripts.run(Path(__file__).resolve().parents[1] / "scripts" / "run_classification.py",
+                              ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1, "--output_dir", out],
+                              Path(__file__).resolve().parents[1], {**os.environ, "HF_HUB_OFFLINE": "1",
+                                                                    "HF_DATASETS_OFFLINE": "1"},
+                              dict(os.environ), 600, FILE_SIZE_LIMIT)
+    stderr = result.stderr.decode()
+    assert result.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
+    error, = [line for line in stderr.splitlines() if "error:" in line]
+    assert "the final model was not saved: cannot write" in error and "EFBIG, errno 27" in error, error
+    assert str(out) in error
+    assert not (out / "config.json").exists() and not (out / "model.safetensors").exists()
+    # what the run wrote before the end (its tokenizer, its evaluations) stays; no staged or temporary file
+    assert sorted(p.name for p in out.iterdir()) == [".hf_zformer-output.json", "eval_history.jsonl", "tokenizer.json",
+                                                     "tokenizer_config.json"]
+
+
+KILLED_AFTER_CONFIG = """
+import os, transformers
+saving = transformers.PretrainedConfig.save_pretrained
+def save_and_die(self, *args, **kwargs):
+    saving(self, *args, **kwargs)
+    os._exit(9)  # killed right after config.json
+transformers.PretrainedConfig.save_pretrained = save_and_die
+"""
+
+
+def test_a_run_killed_after_config_json_leaves_no_folder_that_looks_like_a_model(tmp_path, tiny_data):  # noqa: F811
+    out = tmp_path / "run"
+    result = warm_scripts.run(Path(__file__).resolve().parents[1] / "scripts" / "run_classification.py",
+                              ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1, "--output_dir", out],
+                              Path(__file__).resolve().parents[1], {**os.environ, "HF_HUB_OFFLINE": "1",
+                                                                    "HF_DATASETS_OFFLINE": "1"},
+                              dict(os.environ), 600, KILLED_AFTER_CONFIG)
+    assert result.returncode == 9
+    assert not (out / "config.json").exists() and len(list(out.glob(".hf_zformer-staging-final-*"))) == 1
+    refused("evaluate_model.py", "--model_name_or_path", out, "--data_dir", tiny_data / "clf", "--output_dir",
+            tmp_path / "eval", message="is not a saved model")
+
+
+READ_ONLY = """
+import errno, os
+real_open = os.open
+def read_only(path, flags, *args, **kwargs):
+    if flags & os.O_CREAT and os.fspath(path).startswith(os.environ["READ_ONLY"]):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))
+    return real_open(path, flags, *args, **kwargs)
+os.open = read_only
+"""
+
+
+def test_evaluation_into_a_folder_that_takes_no_write_fails_before_the_evaluation(tmp_path, tiny_data,  # noqa: F811
+                                                                                trained_classifier):
+    """A read-only file system (simulated: os.open refuses to create files there; as root a chmod
+    would not stop the writes) is named with the errno while parsing, nothing evaluated."""
+    folder = marked(tmp_path / "ro", **{"notes.txt": "mine"})
+    result = warm_scripts.run(Path(__file__).resolve().parents[1] / "scripts" / "evaluate_model.py",
+                              ["--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
+                               "--output_dir", folder], Path(__file__).resolve().parents[1],
+                              {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+                               "READ_ONLY": str(folder)}, dict(os.environ), 600, READ_ONLY)
+    stderr = result.stderr.decode()
+    assert result.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
+    assert f"cannot write {folder}" in stderr and "EROFS, errno 30" in stderr and "evaluate: done" not in stderr
+    assert sorted(p.name for p in folder.iterdir()) == [".hf_zformer-output.json", "notes.txt"]
+
+
+class RunsCode:
+    """A pickle that runs code when loaded without weights_only: it creates the file ``path``."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.path),))
+
+
+@pytest.mark.parametrize("name", ["optimizer.bin", "scheduler.bin", "random_states_0.pkl", "pytorch_model.bin"])
+def test_a_checkpoint_pickle_that_would_run_code_is_refused_by_name(tmp_path, tiny_data, checkpointed_run, name,  # noqa: F811
+                                                                    capsys):
+    import shutil
+
+    checkpoint = tmp_path / "step_2"
+    shutil.copytree(checkpointed_run / "step_2", checkpoint)
+    canary = tmp_path / "code-ran"
+    torch.save({"state": RunsCode(canary)}, checkpoint / name)
+    clf = load_script("run_classification.py")
+    with pytest.raises(SystemExit) as stop:
+        clf.parse_args(["--data_dir", str(tiny_data / "clf"), *map(str, CLF), "--max_train_steps", "4",
+                        "--checkpointing_steps", "2", "--output_dir", str(tmp_path / "resumed"),
+                        "--resume_from_checkpoint", str(checkpoint)])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and f"{checkpoint / name}: holds objects other than tensors" in err, err
+    error, = [line for line in err.splitlines() if "error:" in line]  # one line, no traceback
+    assert "Unsupported global" in error and "weights_only=False" not in error and not canary.exists(), error
+
+
+def test_a_random_state_without_the_generators_is_refused(tmp_path, tiny_data, checkpointed_run, capsys):  # noqa: F811
+    """accelerate would log "Could not load random states" at INFO and go on without them."""
+    import shutil
+
+    checkpoint = tmp_path / "step_2"
+    shutil.copytree(checkpointed_run / "step_2", checkpoint)
+    torch.save({"step": 0}, checkpoint / "random_states_0.pkl")
+    clf = load_script("run_classification.py")
+    with pytest.raises(SystemExit) as stop:
+        clf.parse_args(["--data_dir", str(tiny_data / "clf"), *map(str, CLF), "--max_train_steps", "4",
+                        "--checkpointing_steps", "2", "--output_dir", str(tmp_path / "resumed"),
+                        "--resume_from_checkpoint", str(checkpoint)])
+    assert stop.value.code == 2 and "random_states_0.pkl: holds no random-generator state" in capsys.readouterr().err
+
+
+def test_a_second_converter_leaves_the_staging_folder_of_a_running_one(tmp_path):
+    """Two `--overwrite` conversions into one folder: the one starting second keeps the staging
+    folder the first is writing (locked while it writes), and removes one whose writer died."""
+    from hf_zformer import folders
+
+    source, _ = make_source(tmp_path, "bert", "classification")
+    convert = ["--model_name_or_path", source, "--attention_type", "zformer", "--output_dir", tmp_path / "out",
+               "--overwrite"]
+    running = staging_dir(tmp_path, "out")  # this process is the first converter, still writing
+    dead = staging_dir(tmp_path, "out")
+    folders._let_go(dead)  # its writer is gone
+    try:
+        run_script("convert_checkpoint.py", *convert)
+        assert running.is_dir() and (running / ".hf_zformer-output.json").is_file() and not dead.exists()
+        assert (tmp_path / "out" / "config.json").is_file()
+    finally:
+        folders.discard(running)

@@ -115,7 +115,8 @@ class ConversionArguments:
         self.distillation.check()
         # before any work: the conversion and distillation must not be thrown away at the end
         check_conversion_output(self.output_dir, overwrite=self.overwrite, model_name_or_path=self.model_name_or_path,
-                                tokenizer_name=self.tokenizer_name, prefix="--")
+                                tokenizer_name=self.tokenizer_name, prefix="--",
+                                distill_file=self.distillation.distill_file)
 
     @property
     def layer_attention(self) -> str | list[str]:

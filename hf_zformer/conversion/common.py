@@ -5,7 +5,6 @@ check (before any work) and atomic write (after it)."""
 from __future__ import annotations
 
 import logging
-import shutil
 from pathlib import Path
 
 import torch
@@ -31,16 +30,19 @@ CALIBRATION_TEXT = (
 
 
 def check_conversion_output(output_dir, *, overwrite: bool, model_name_or_path, tokenizer_name=None,
-                            prefix: str = "") -> Path:
+                            prefix: str = "", distill_file=None) -> Path:
     """Before any work: restore what an interrupted replacement of ``output_dir`` left (a backup
     whose folder is missing is renamed back: :func:`hf_zformer.folders.recover`), then check that
     the converted model may be written there (:func:`hf_zformer.folders.check_output_dir`: new,
     empty, or with ``overwrite`` a folder holding only what the library wrote; never the source
-    or the tokenizer folder). ``prefix`` is put before the argument names in messages (``--``)."""
+    or the tokenizer folder, nor a folder holding the distillation's text). ``prefix`` is put before
+    the argument names in messages (``--``). A staging folder of a conversion still running (another
+    converter writing the same folder) is left to it."""
     path = Path(str(output_dir)).expanduser() if output_dir is not None and str(output_dir).strip() else None
     if path is not None and path.parent.is_dir() and not path.is_symlink():
         folders.recover(path.parent, target=path.name, logger=logger)
-    inputs = {f"{prefix}model_name_or_path": model_name_or_path, f"{prefix}tokenizer_name": tokenizer_name}
+    inputs = {f"{prefix}model_name_or_path": model_name_or_path, f"{prefix}tokenizer_name": tokenizer_name,
+              f"{prefix}distill_file": distill_file}
     return folders.check_output_dir(output_dir, overwrite=overwrite, name=f"{prefix}output_dir", inputs=inputs)
 
 
@@ -61,5 +63,4 @@ def save_converted(model, tokenizer, card: str, output_dir: Path):
         (staging / "README.md").write_text(card)
         folders.replace_atomically(staging, output_dir)
     finally:
-        if staging.is_dir():
-            shutil.rmtree(staging)  # a staging folder holds only what was written into it here
+        folders.discard(staging)  # a staging folder holds only what was written into it here

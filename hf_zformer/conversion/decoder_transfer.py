@@ -17,6 +17,7 @@ every model compared).
 
 from __future__ import annotations
 
+import json
 import math
 
 import torch
@@ -77,6 +78,52 @@ def layer_errors(model, reference, input_ids: torch.Tensor, attention_mask: torc
         output = model.model.layers[i].self_attn(*args)
         errors.append(relative_error(output.float(), target.float(), weights))
     return torch.stack(errors)
+
+
+def save_state(state, path) -> None:
+    """Write ``state`` (tensors in dicts, lists and tuples of plain values: a stage's
+    :meth:`TrainingStage.state_dict`) to the safetensors file ``path``: the tensors as tensors, the
+    structure around them as JSON in the file's metadata. Nothing in it is code, so loading it
+    (:func:`load_state`) runs nothing."""
+    from safetensors.torch import save_file
+
+    tensors = {}
+
+    def encode(value):
+        if isinstance(value, torch.Tensor):
+            tensors[str(len(tensors))] = value.detach().cpu().clone().contiguous()
+            return {"tensor": str(len(tensors) - 1)}
+        if isinstance(value, dict):
+            return {"dict": [[encode(k), encode(v)] for k, v in value.items()]}
+        if isinstance(value, (list, tuple)):
+            return {type(value).__name__: [encode(v) for v in value]}
+        if value is None or isinstance(value, (bool, int, float, str)):
+            return value
+        raise TypeError(f"{type(value).__name__} in a training state: only tensors and plain values are saved")
+
+    structure = json.dumps(encode(state))
+    save_file(tensors, str(path), metadata={"structure": structure})
+
+
+def load_state(path):
+    """What :func:`save_state` wrote to ``path``."""
+    from safetensors import safe_open
+
+    with safe_open(str(path), "pt") as handle:
+        structure = json.loads(handle.metadata()["structure"])
+        tensors = {key: handle.get_tensor(key) for key in handle.keys()}
+
+    def decode(value):
+        if not isinstance(value, dict):
+            return value
+        (kind, inner), = value.items()
+        if kind == "tensor":
+            return tensors[inner]
+        if kind == "dict":
+            return {decode(k): decode(v) for k, v in inner}
+        return (tuple if kind == "tuple" else list)(decode(v) for v in inner)
+
+    return decode(structure)
 
 
 class TrainingStage:
@@ -171,5 +218,5 @@ def perplexity(model, token_ids: torch.Tensor, block_size: int, max_blocks: int 
     return math.exp(sum(losses) / len(losses)), losses
 
 
-__all__ = ["AttentionTransfer", "TrainingStage", "converted_layers", "layer_errors", "new_attention_parameters", "perplexity",
-           "warmup_cosine"]
+__all__ = ["AttentionTransfer", "TrainingStage", "converted_layers", "layer_errors", "load_state",
+           "new_attention_parameters", "perplexity", "save_state", "warmup_cosine"]

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -376,12 +377,23 @@ def _check_ranges(parser: argparse.ArgumentParser, args: RunArguments) -> None:
 
 def _check_outputs(parser: argparse.ArgumentParser, args: RunArguments) -> None:
     """--output_dir, --results_file and --resume_from_checkpoint, before any work."""
+    from .. import folders
+    from .run import RUN_FILES
+
     training = args.training
-    try:  # new, empty or the library's; never an input of the run (folders.check_output_dir)
-        training.output_dir = str(check_output_dir(
+    try:  # new, empty or the library's; never an input of the run, data included (folders.check_output_dir)
+        output_dir = check_output_dir(
             training.output_dir, overwrite=training.overwrite_output_dir, name="--output_dir", whole=False,
-            resume=bool(training.resume_from_checkpoint), inputs=run_inputs(args.flags())))
-    except ValueError as error:
+            resume=bool(training.resume_from_checkpoint),
+            inputs={**run_inputs(args.flags()), **data_inputs(args.flags())})
+        adopting = []
+        if training.resume_from_checkpoint and output_dir.is_dir() and folders.read_marker(output_dir) is None:
+            adopting = [path.name for path in earlier_run_files(output_dir)]  # a run of a version without markers
+            folders.check_adoptable(output_dir, adopting)
+        # nothing of the user's under a name the run writes, no link, and a folder that takes a write
+        folders.check_writes(output_dir, RUN_FILES, listed=adopting)
+        training.output_dir = str(output_dir)
+    except (ValueError, OSError) as error:
         parser.error(str(error))
     if args.evaluation.results_file:  # found at the end of a long run otherwise
         from .results import check_results_file
@@ -434,6 +446,14 @@ def _check_new_model(parser: argparse.ArgumentParser, args: RunArguments, seq2se
             build_config(model, vocab_size=max(model.vocab_size, 8), seq2seq=seq2seq)
         except ValueError as error:
             parser.error(f"invalid model configuration: {error}")
+
+
+def data_inputs(flags: dict[str, Any]) -> dict[str, Any]:
+    """The local data a run reads (``{"--flag": path}``, from its flat ``flags``): its
+    ``--output_dir`` must not be or hold them (``--overwrite_output_dir`` would delete a data file
+    that an earlier run wrote there, before reading it)."""
+    names = ("data_dir", "train_file", "validation_file", "unlabeled_file")
+    return {f"--{name}": flags[name] for name in names if flags.get(name)}
 
 
 def run_inputs(flags: dict[str, Any]) -> dict[str, Any]:
@@ -502,7 +522,7 @@ def _check_run_folder(parser: argparse.ArgumentParser, args: RunArguments) -> No
                 parser.error(f"--resume_from_checkpoint latest: --output_dir {training.output_dir!r} holds no "
                              "checkpoint yet (they are written every --checkpointing_steps); start the run without it")
         try:  # a damaged checkpoint (its state, a missing or truncated file) is named before any work
-            saved = check_checkpoint(path).get("run_args")
+            saved = check_checkpoint(path, processes=int(os.environ.get("WORLD_SIZE", "1"))).get("run_args")
         except ValueError as error:
             parser.error(f"--resume_from_checkpoint {str(path)!r} cannot be resumed: {error}")
         if saved is None:  # written before checkpoints carried their run's arguments

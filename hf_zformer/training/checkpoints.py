@@ -10,7 +10,6 @@ import errno
 import json
 import os
 import numbers
-import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -101,7 +100,7 @@ def _explain_disk_full(folder: str | os.PathLike, what: str, cleanup: Path | Non
         if error.errno != errno.ENOSPC:
             raise
         if cleanup is not None:
-            shutil.rmtree(cleanup, ignore_errors=True)
+            folders.discard(cleanup)
         raise OSError(
             errno.ENOSPC,
             f"The disk is full: no space left on the device of {folder} while writing {what}. "
@@ -159,13 +158,38 @@ def _incomplete(file: Path) -> str | None:
     return None
 
 
-def check_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+#: What a random-generator state file of ``accelerator.save_state`` holds (restored on resume).
+RNG_FIELDS = ("random_state", "numpy_random_seed", "torch_manual_seed")
+
+
+def _unsafe(file: Path) -> str | None:
+    """Why the ``torch.save`` file ``file`` is not loaded (None when it may be): a pickle holding
+    anything but tensors and plain values (code that would run) is refused as accelerate's
+    ``load_state`` refuses it, named here instead of a traceback; a random-generator state must hold
+    the generators (accelerate would otherwise resume without them, saying so only at INFO level)."""
+    from accelerate.utils import load
+
+    try:
+        loaded = load(str(file), map_location="cpu", mmap=True)
+    except Exception as error:  # noqa: BLE001  (UnpicklingError, or what a damaged archive raises)
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+        why = next((line for line in lines if line.startswith("WeightsUnpickler error:")), lines[0])
+        return (f"holds objects other than tensors and plain values ({why}); it is not unpickled, as it could "
+                "run code: resume a checkpoint this library wrote")
+    if file.name.startswith("random_states_") and not (isinstance(loaded, dict) and set(RNG_FIELDS) <= set(loaded)):
+        return f"holds no random-generator state ({', '.join(RNG_FIELDS)}): the run cannot go on as it would have"
+    return None
+
+
+def check_checkpoint(path: str | os.PathLike, processes: int = 1) -> dict[str, Any]:
     """The training state of the checkpoint folder ``path``, after checking that resuming it can
     work: ``training_state.json`` is a JSON object with the fields a resume reads, the folder holds
     the model's weights, the optimizer's and the schedule's states (as ``accelerator.save_state``
     writes them: ``model.safetensors``, ``optimizer.bin``, ``scheduler.bin``; FSDP's and
-    DeepSpeed's own files count), and no weight or state file is truncated. Raises ``ValueError``
-    naming the file and what is wrong, so a damaged checkpoint stops a script before any work."""
+    DeepSpeed's own files count) and the random generators' state of each of ``processes``, no
+    weight or state file is truncated, and none of its pickles holds more than tensors and plain
+    values. Raises ``ValueError`` naming the file and what is wrong, so a damaged or untrusted
+    checkpoint stops a script before any work."""
     folder = Path(path)
     state_file = folder / TRAINING_STATE_FILE
     try:
@@ -195,8 +219,14 @@ def check_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     for usual, (what, prefixes) in needed.items():
         if not any(name.startswith(prefixes) for name in names):
             raise ValueError(f"{folder} holds no {usual} ({what}): the checkpoint is incomplete")
+    for index in range(processes):
+        if f"random_states_{index}.pkl" not in names:
+            raise ValueError(f"{folder} holds no random_states_{index}.pkl (the random generators of process "
+                             f"{index}): resume with the number of processes that saved it")
     for file in sorted(folder.rglob("*")):
         problem = _incomplete(file) if file.is_file() and not file.name.startswith(".") else None
+        if problem is None and file.is_file() and file.suffix in (".bin", ".pt", ".pkl"):
+            problem = _unsafe(file)
         if problem:
             raise ValueError(f"{file}: {problem}")
     return state

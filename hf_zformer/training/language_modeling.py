@@ -221,6 +221,7 @@ def train_on_blocks(args: RunArguments, accelerator, logger, model, tokenizer, p
         )
         row = {**common, "split": "validation", "metric": record_metric, "beams": None, "samples": len(block_losses),
                "value": results["eval_perplexity"], "ci95": records.perplexity_ci(block_losses, seed=training.seed)}
-        records.append_records(evaluation.results_file, [row])
+        with run.write_errors():
+            records.append_records(evaluation.results_file, [row])
         logger.info(f"1 result record appended to {evaluation.results_file}; the model is in {training.output_dir}")
     return results

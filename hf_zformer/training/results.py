@@ -94,6 +94,10 @@ def check_results_file(path: str | os.PathLike) -> None:
     for part in path.parents:
         if part.exists() and not part.is_dir():
             raise ValueError(f"results file {path}: {part} is a file, not a folder")
+    for link in (path, _lock_path(path)):  # the file is replaced by a new one, the lock opened: never a link
+        if link.is_symlink():
+            raise ValueError(f"results file {path}: {link} is a symbolic link (to {os.readlink(link)!r}); the "
+                             "library never writes through a link nor replaces one: pass the file itself")
     if path.is_dir():
         raise ValueError(f"results file {path} is a directory; pass the path of a .json file")
     try:
@@ -101,6 +105,10 @@ def check_results_file(path: str | os.PathLike) -> None:
     except UnicodeDecodeError:
         raise ValueError(f"results file {path} is not UTF-8 text (not a JSON list of records); it was left "
                          "unchanged") from None
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_name(path.name + ".lock")
 
 
 @contextlib.contextmanager
@@ -111,7 +119,8 @@ def _locked(path: Path):
     except ImportError:  # Windows: best effort
         yield
         return
-    with open(path.with_name(path.name + ".lock"), "w") as handle:
+    # opened as it is (a file of that name is never truncated), never through a link
+    with os.fdopen(os.open(_lock_path(path), os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644)) as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             yield
@@ -122,10 +131,23 @@ def _locked(path: Path):
 def append_records(path: str | os.PathLike, records: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Append ``records`` to the JSON list in ``path`` (created with its folder if missing); returns
     the whole list. Holds a lock during read-modify-write and writes atomically (temporary file in
-    the same folder, fsync, rename), so earlier records are never lost."""
+    the same folder, fsync, rename), so earlier records are never lost; a failed write (the disk
+    full, a read-only folder) leaves the file as it was and raises
+    :class:`hf_zformer.folders.WriteFailed` naming the path and the errno."""
+    from ..folders import WriteFailed
+
     path = Path(path)
+    try:
+        return _append(path, [dict(r) for r in records])
+    except WriteFailed:
+        raise
+    except OSError as error:
+        raise WriteFailed(error, path) from None
+
+
+def _append(path: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    check_results_file(path)  # no link was put in place since the run started
     path.parent.mkdir(parents=True, exist_ok=True)
-    new = [dict(r) for r in records]
     with _locked(path):
         merged = read_records(path) + new
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

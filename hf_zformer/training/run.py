@@ -44,9 +44,14 @@ __all__ = [
     "pretrained_tokenizer",
     "start_run",
     "subsample",
+    "write_errors",
 ]
 
 LOCK_FILE = ".lock"  # in --output_dir; holds the pid of the run that owns the folder
+# what a training run writes into --output_dir (folders.OWNED but an evaluation's files): a file of
+# the user's under one of these names stops the run before any work
+RUN_FILES = tuple(name for name in folders.OWNED if name not in ("*_predictions.jsonl", "*_results.json")) + (
+    "all_results.json",)
 
 
 def make_accelerator(training: TrainingArguments):
@@ -113,7 +118,7 @@ def _prepare_output_dir(training: TrainingArguments, accelerator, logger) -> str
             from ..hub import check_push_access
 
             check_push_access(training.hub_model_id, token=training.hub_token)
-    except (RuntimeError, OSError) as error:
+    except (RuntimeError, OSError, ValueError) as error:
         return str(error)
     return None
 
@@ -150,8 +155,8 @@ def lock_output_dir(output_dir: str | os.PathLike) -> None:
     path = (Path(output_dir) / LOCK_FILE).resolve()
     if str(path) in _LOCKS:
         return
-    while True:
-        handle = open(path, "a+")
+    while True:  # opened without truncating it, never through a link
+        handle = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o644), "r+")
         try:
             fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -196,6 +201,17 @@ def data_errors():
         yield
     except (ValueError, FileNotFoundError, ConnectionError) as error:
         usage_error(str(error).strip())
+
+
+@contextlib.contextmanager
+def write_errors():
+    """Stop the script with one ``error:`` line (exit code 2) naming the path and the errno when a
+    write fails (:class:`hf_zformer.folders.WriteFailed`: the disk full, a read-only folder); what
+    was there before is unchanged."""
+    try:
+        yield
+    except folders.WriteFailed as error:
+        usage_error(str(error))
 
 
 def subsample(raw, limits: dict[str, int | None], seed: int) -> None:
@@ -358,9 +374,22 @@ def finish_run(
         require_finite(model, "the final model")
     except TrainingDiverged as error:
         raise SystemExit(f"error: {error}") from None
+    from accelerate.utils import broadcast_object_list
+
+    from .checkpoints import shared_staging_dir
+
     training = args.training
-    with folders.recording(training.output_dir) if accelerator.is_main_process else contextlib.nullcontext():
-        _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_kwargs, logger)
+    staging = shared_staging_dir(accelerator, training.output_dir, "final")
+    problem = None
+    try:  # written whole into a staging folder, then moved into place: never half a model
+        with folders.writing(training.output_dir, staging=staging) if accelerator.is_main_process \
+                else contextlib.nullcontext(staging):
+            _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_kwargs, staging, logger)
+    except (OSError, ValueError) as error:  # the disk full, a read-only folder: the earlier files stay
+        problem = str(error)
+    problem = broadcast_object_list([problem])[0]
+    if problem:
+        usage_error(f"the final model was not saved: {problem}")
     if accelerator.is_main_process and training.push_to_hub:
         url = hub.push_to_hub(training.output_dir, training.hub_model_id, token=training.hub_token)
         logger.info(f"pushed to {url}")
@@ -369,22 +398,23 @@ def finish_run(
     accelerator.wait_for_everyone()
 
 
-def _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_kwargs, logger) -> None:
-    """The writing part of :func:`finish_run`: model, tokenizer, ``all_results.json``, model card."""
+def _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_kwargs, staging, logger) -> None:
+    """The writing part of :func:`finish_run`: model, tokenizer, ``all_results.json``, model card,
+    into ``staging`` (what becomes ``--output_dir``)."""
     from .. import hub
 
     output_dir, data = args.training.output_dir, args.data
     unwrapped.save_pretrained(
-        output_dir,
+        staging,
         is_main_process=accelerator.is_main_process,
         save_function=accelerator.save,
         state_dict=accelerator.get_state_dict(model),
     )
     if accelerator.is_main_process:
-        tokenizer.save_pretrained(output_dir)
-        save_training_args(args.flags())  # an evaluation of the folder records how it was trained
+        tokenizer.save_pretrained(staging)
+        save_training_args(args.flags(), staging)  # an evaluation of the folder records how it was trained
         results = results_to_write(results, Path(output_dir) / "all_results.json", logger)
-        with open(Path(output_dir) / "all_results.json", "w") as f:
+        with open(staging / "all_results.json", "w") as f:
             json.dump(results, f, indent=2, allow_nan=False)
         hub_model_id = args.training.hub_model_id
         card = hub.model_card(
@@ -399,5 +429,5 @@ def _write_final(args, accelerator, model, unwrapped, tokenizer, results, card_k
             base_model=args.model.model_name_or_path,
             **card_kwargs,
         )
-        (Path(output_dir) / "README.md").write_text(card)
+        (staging / "README.md").write_text(card)
         logger.info(f"results: {json.dumps(results)}")
