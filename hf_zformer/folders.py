@@ -82,7 +82,7 @@ OWNED = (
     "epoch_*", "training_state.json", "best_state.json", "optimizer*.bin", "scheduler*.bin", "sampler*.bin",
     "random_states_*.pkl", "scaler.pt", "custom_checkpoint_*.pkl", "dl_state_dict*.bin",
     "*_predictions.jsonl", "*_results.json", "run_args.json", "results.json", "transfer_state.*",
-    "finetune_state.*", "transferred", "finetuned",
+    "finetune_state.*", "transferred", "finetuned", "trials.jsonl", "summary.json",
 )
 
 

@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 BASELINES = ("none", "state_off", "streaming")
 RESUMABLE = {"results_file", "name", "note"}
+OUTPUTS = ("run_args.json", "trials.jsonl", "summary.json")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -106,6 +107,11 @@ def parse_args(argv=None):
     return args, parser
 
 
+def fail(message: str):
+    print(f"evaluate_long_context.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def log(message: str) -> None:
     print(f"{time.strftime('%H:%M:%S')} {message}", flush=True)
 
@@ -124,9 +130,10 @@ def prepare_output_dir(args, parser) -> Path:
         inputs["--eval_file"] = args.eval_file
     try:
         output_dir = folders.check_output_dir(args.output_dir, name="--output_dir", whole=False, inputs=inputs)
+        folders.check_writes(output_dir, OUTPUTS)  # names this script owns, never through a link
         if args.results_file:
             check_results_file(args.results_file)
-    except ValueError as problem:
+    except (ValueError, OSError) as problem:
         parser.error(str(problem))
     output_dir.mkdir(parents=True, exist_ok=True)
     folders.record(output_dir)
@@ -160,7 +167,7 @@ def load(args, device):
         elif args.baseline == "streaming":
             model = streaming_model(model, args.streaming_window, args.streaming_sinks, **args.overrides)
     except ValueError as problem:
-        sys.exit(f"evaluate_long_context.py: error: --baseline {args.baseline}: {problem}")
+        fail(f"--baseline {args.baseline}: {problem}")
     return tokenizer, model.to(device).eval()
 
 
@@ -218,16 +225,19 @@ def evaluation_ids(path: str, tokenizer):
     return torch.tensor(tokenizer(text)["input_ids"])
 
 
-def perplexity_blocks(args, model, tokenizer, trials_file: Path, done: dict) -> None:
-    from hf_zformer.conversion.long_context import bucket_losses
-
-    ids = evaluation_ids(args.eval_file, tokenizer)
+def check_blocks(args, ids) -> None:
+    """Before any work: the text holds --ppl_blocks blocks of each length after --ppl_first_block."""
     for length in args.ppl_lengths:
         available = ids.numel() // length - args.ppl_first_block
         if available < args.ppl_blocks:
-            sys.exit(f"evaluate_long_context.py: error: --eval_file {args.eval_file} holds {ids.numel()} tokens: "
-                     f"{max(available, 0)} blocks of {length} after --ppl_first_block {args.ppl_first_block}, "
-                     f"fewer than --ppl_blocks {args.ppl_blocks}")
+            fail(f"--eval_file {args.eval_file} holds {ids.numel()} tokens: {max(available, 0)} blocks of {length} "
+                 f"after --ppl_first_block {args.ppl_first_block}, fewer than --ppl_blocks {args.ppl_blocks}")
+
+
+def perplexity_blocks(args, model, ids, trials_file: Path, done: dict) -> None:
+    from hf_zformer.conversion.long_context import bucket_losses
+
+    for length in args.ppl_lengths:
         for index in range(args.ppl_first_block, args.ppl_first_block + args.ppl_blocks):
             key = f"ppl-{length}-{index}"
             if key in done:
@@ -335,13 +345,16 @@ def main(argv=None):
                           "cpu" if args.device == "auto" else args.device)
     tokenizer, model = load(args, device)
     log(f"{type(model).__name__} loaded{'' if args.baseline == 'none' else ' as baseline ' + args.baseline} on {device}")
+    ids = evaluation_ids(args.eval_file, tokenizer) if args.eval_file else None
+    if ids is not None:
+        check_blocks(args, ids)
     trials_file = output_dir / "trials.jsonl"
     done = read_done(trials_file)
     if done:
         log(f"resuming: {len(done)} trials and blocks done in {trials_file}")
     passkey_trials(args, model, tokenizer, trials_file, done)
-    if args.eval_file:
-        perplexity_blocks(args, model, tokenizer, trials_file, done)
+    if ids is not None:
+        perplexity_blocks(args, model, ids, trials_file, done)
     summary = summarize(args, done)
     write_summary(output_dir, summary)
     for length, row in summary["passkey"].items():
