@@ -929,6 +929,9 @@ def test_evaluation_refuses_a_model_that_is_not_its_folders(tmp_path, tiny_data,
     result = refused("evaluate_model.py", "--model_name_or_path", edited, *evaluation, "--output_dir", tmp_path / "e2",
                      message="weights missing (initialised at random)")
     assert "a config.json edited after training" in result.stderr
+    (edited / "config.json").write_text(json.dumps({**saved, "intermediate_size": 48}))
+    refused("evaluate_model.py", "--model_name_or_path", edited, *evaluation, "--output_dir", tmp_path / "e2",
+            message="weights of another shape than the config's (e.g. zformer.encoder.layers.0.feed_forward")
     plant(tmp_path / "four", {"train.jsonl": "".join(json.dumps({"text": f"movie {i}", "label": i % 4}) + "\n"
                                                      for i in range(40))})
     refused("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tmp_path / "four",

@@ -422,9 +422,11 @@ def test_host_reads_do_not_grow_with_depth(kind, attention):
 
 
 def _host_reads():
-    """A counter of reads of a value back to the host (`bool(t)`, `t.item()`): on a GPU each waits
-    for the queue. Under inference mode `bool(t)` reaches the dispatcher as `is_nonzero`."""
-    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default)
+    """A counter of reads of a value back to the host (`bool(t)`, `int(t)`, `t.item()`): on a GPU each
+    waits for the queue. Under inference mode `bool(t)` reaches the dispatcher as `is_nonzero`, and
+    `int(t)` as `item`."""
+    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+             torch.ops.aten.item.default)
     return CountedOps(lambda func, _: func in reads)
 
 
