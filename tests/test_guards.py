@@ -832,7 +832,7 @@ def test_data_of_one_class_is_refused(tmp_path):
     ("problem_type=multi_label_classification", "problem_type='multi_label_classification': this script trains"),
     ("return_dict=false", "return_dict=False: the scripts read the model's outputs by name"),
     ("id2label=foo", "config field 'id2label' is a mapping, which --config_overrides cannot write"),
-    ("is_encoder_decoder=true", "is_encoder_decoder=True: this script trains a model without a decoder"),
+    ("is_encoder_decoder=true", "is_encoder_decoder=True: this script's model is no encoder-decoder"),
     ("vocab_size=50", "vocab_size=50 is below the tokenizer's 120 tokens"),
     ("pad_token_id=3", "pad_token_id=3, but the tokenizer pads with id 0"),
 ])

@@ -449,8 +449,8 @@ def _script_config_problem(config, seq2seq: bool) -> str | None:
         return ("return_dict=False: the scripts read the model's outputs by name (loss, logits); drop it from "
                 "--config_overrides")
     if config.is_encoder_decoder and not seq2seq:
-        return ("is_encoder_decoder=True: this script trains a model without a decoder, which evaluation would "
-                "then take for a translation model; drop it from --config_overrides")
+        return ("is_encoder_decoder=True: this script's model is no encoder-decoder, and evaluation would take it "
+                "for a translation model; drop it from --config_overrides")
     return None
 
 
