@@ -303,6 +303,39 @@ def classification_length(task: ModelEvaluationArguments, tokenizer) -> int:
     return saved if isinstance(saved, int) and 0 < saved <= 100_000 else 512
 
 
+def load_model(auto_class, model_args: ModelArguments):
+    """The model, refused (exit code 2) unless it is the folder's own: every weight loaded, none
+    left over or of another shape (a folder of another kind, or a config edited after training,
+    would be scored with random weights) and none NaN or infinite."""
+    name = model_args.model_name_or_path
+    model, loading = auto_class.from_pretrained(name, trust_remote_code=model_args.trust_remote_code,
+                                                dtype=torch.float32, output_loading_info=True,
+                                                ignore_mismatched_sizes=True)  # listed below, not a traceback
+    problems = [(what, [str(key[0] if isinstance(key, tuple) else key) for key in loading.get(field) or []])
+                for field, what in (("missing_keys", "missing (initialised at random)"),
+                                    ("unexpected_keys", "left unused"),
+                                    ("mismatched_keys", "of another shape than the config's"))]
+    problems = [(what, keys) for what, keys in problems if keys]
+    if problems:
+        found = ", ".join(getattr(model.config, "architectures", None) or ["no architecture"])
+        listed = "; ".join(f"{len(keys)} weights {what} (e.g. {', '.join(keys[:2])})" for what, keys in problems)
+        run.usage_error(f"--model_name_or_path {name!r} ({found}) does not load as a {type(model).__name__}: "
+                        f"{listed}. Its weights are not the model its config describes (a folder of another task, "
+                        "or a config.json edited after training); evaluate the folder a training script or the "
+                        "converter wrote")
+    run.require_finite_weights(model, f"--model_name_or_path {name!r}")
+    return model
+
+
+def check_labels(data, config, name: str, split: str) -> None:
+    """Stop (exit code 2) when the labels of ``data`` do not fit the classifier's classes."""
+    labels = [label for label in data["label"] if label >= 0]  # Hub test splits use -1 for "no label"
+    if labels and max(labels) >= config.num_labels:
+        run.usage_error(f"--split {split!r} holds labels up to {max(labels)}, but --model_name_or_path {name!r} has "
+                        f"{config.num_labels} classes (0..{config.num_labels - 1}): its head does not fit these "
+                        "labels; evaluate it on the data it was trained for")
+
+
 def main(argv=None) -> dict:
     args = parse_args(argv)
     from transformers import AutoModelForSeq2SeqLM, AutoModelForSequenceClassification
@@ -322,8 +355,9 @@ def main(argv=None) -> dict:
     except (ValueError, OSError) as error:
         run.usage_error(str(error))
     auto = AutoModelForSeq2SeqLM if seq2seq else AutoModelForSequenceClassification
-    model = auto.from_pretrained(args.model.model_name_or_path, trust_remote_code=args.model.trust_remote_code,
-                                 dtype=torch.float32)
+    model = load_model(auto, args.model)
+    if not seq2seq:
+        check_labels(data, model.config, args.model.model_name_or_path, split)
     limit = model.config.max_position_embeddings
     max_length = classification_length(args.task, tokenizer)
     model, loader = accelerator.prepare(model, tokenized_loader(args, tokenizer, data, seq2seq, limit, max_length))

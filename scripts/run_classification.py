@@ -60,7 +60,27 @@ def parse_args(argv=None) -> arguments.RunArguments:
     arguments.add_model_args(parser, seq2seq=False)
     arguments.add_training_args(parser)
     add_teacher_args(parser)
-    return arguments.parse_run_args(parser, argv, seq2seq=False, task=ClassificationArguments)
+    return arguments.parse_run_args(parser, argv, seq2seq=False, task=ClassificationArguments, check=check_single_label)
+
+
+def check_single_label(args: arguments.RunArguments) -> None:
+    """A new model's ``problem_type`` must be single-label classification, what this script trains
+    (``ValueError``)."""
+    try:
+        kind = arguments.parse_config_overrides(args.model.config_overrides).get("problem_type")
+    except ValueError:  # named by the validation of the model arguments
+        return
+    problem = problem_type_problem(kind)
+    if problem:
+        raise ValueError(f"invalid model configuration: {problem}")
+
+
+def problem_type_problem(kind) -> str | None:
+    """Why a config's ``problem_type`` ``kind`` cannot be trained here, or None."""
+    if kind in (None, "single_label_classification"):
+        return None
+    return (f"problem_type={kind!r}: this script trains single-label classification (one class id per text, "
+            "cross-entropy); drop problem_type")
 
 
 def add_label_args(parser: argparse.ArgumentParser) -> None:
@@ -227,6 +247,9 @@ def label_mapping(task: ClassificationArguments, raw, splits, source, logger) ->
     ``--num_labels``, else one per name, else :func:`class_count`."""
     names = task.label_names or getattr(raw["train"].features["label"], "names", None)
     num_labels = task.num_labels or (len(names) if names else class_count(raw, splits, source, logger))
+    if num_labels < 2:  # one class would make the model a regression (MSE) on the labels
+        raise ValueError(f"{source}: every label is 0, which makes 1 class; a classifier needs at least 2 (pass "
+                         "--num_labels K when the data lacks some of the classes 0..K-1)")
     if names and len(names) != num_labels:
         raise ValueError(f"{len(names)} label names {names} for {num_labels} classes: give one name per class")
     return num_labels, dict(enumerate(names)) if names else None
@@ -267,10 +290,13 @@ def build_model(args: arguments.RunArguments, accelerator, data: Data, logger):
     flags, task = args.model, args.task
     base, trust, num_labels, id2label = flags.model_name_or_path, flags.trust_remote_code, data.num_labels, data.id2label
     tokenizer = run.load_tokenizer(args, accelerator, data.raw, model_max_length=task.max_length)
+    run.require_pad_token(tokenizer, flags)
     if task.truncation_side:
         tokenizer.truncation_side = task.truncation_side
     if base:
         config = AutoConfig.from_pretrained(base, trust_remote_code=trust)
+        if problem_type_problem(getattr(config, "problem_type", None)):
+            run.usage_error(f"--model_name_or_path {base!r}: {problem_type_problem(config.problem_type)}")
         if getattr(config, "num_labels", None) != num_labels:
             logger.warning(f"{base} has {config.num_labels} labels, the data {num_labels}: new classifier head")
         names = {"id2label": id2label, "label2id": {v: k for k, v in id2label.items()}} if id2label else {}
@@ -281,18 +307,19 @@ def build_model(args: arguments.RunArguments, accelerator, data: Data, logger):
     else:
         id2label = id2label or {i: f"LABEL_{i}" for i in range(num_labels)}
         positions = {} if "max_position_embeddings" in flags.config_kwargs else {"max_position_embeddings": max(512, task.max_length)}
-        config = arguments.build_config(
+        config = run.new_model_config(
             flags,
             vocab_size=len(tokenizer),
             seq2seq=False,
             num_labels=num_labels,
             id2label=id2label,
             label2id={v: k for k, v in id2label.items()},
+            pad_token_id=tokenizer.pad_token_id,
             **positions,
         )
         model = AutoModelForSequenceClassification.from_config(config)
     # a converted RoBERTa's positions start at position_offset = 2: 514 positions hold 512 tokens
-    max_length = min(task.max_length, model.config.max_position_embeddings - getattr(model.config, "position_offset", 0))
+    max_length = run.fit_to_positions("--max_length", task.max_length, model.config, logger)
     tokenizer.model_max_length = max_length  # saved with the model: evaluate_model.py truncates where training did
     return tokenizer, model, max_length
 

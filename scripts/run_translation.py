@@ -138,7 +138,7 @@ def read_data(args: arguments.RunArguments):
     return raw, eval_splits
 
 
-def build_model(args: arguments.RunArguments, accelerator, raw):
+def build_model(args: arguments.RunArguments, accelerator, raw, logger):
     """``(tokenizer, model, max_source, max_target)``: a pretrained encoder-decoder or a new one from
     the config flags, its generation settings, and the lengths its positions hold."""
     from transformers import AutoConfig, AutoModelForSeq2SeqLM
@@ -146,18 +146,19 @@ def build_model(args: arguments.RunArguments, accelerator, raw):
     flags, task = args.model, args.task
     base, trust = flags.model_name_or_path, flags.trust_remote_code
     tokenizer = run.load_tokenizer(args, accelerator, raw)
+    run.require_pad_token(tokenizer, flags)
     if base:
         config = AutoConfig.from_pretrained(base, trust_remote_code=trust, label_smoothing=task.label_smoothing)
         model = run.load_pretrained(AutoModelForSeq2SeqLM, base, config=config, trust_remote_code=trust,
                                     dtype=torch.float32)
     else:
-        extra = {"label_smoothing": task.label_smoothing}
+        extra = {"label_smoothing": task.label_smoothing, "pad_token_id": tokenizer.pad_token_id}
         if "max_position_embeddings" not in flags.config_kwargs:
             extra["max_position_embeddings"] = max(512, task.max_source_length, task.max_target_length)
-        config = arguments.build_config(flags, vocab_size=len(tokenizer), seq2seq=True, **extra)
+        config = run.new_model_config(flags, vocab_size=len(tokenizer), seq2seq=True, **extra)
         model = AutoModelForSeq2SeqLM.from_config(config)
-    max_source = min(task.max_source_length, model.config.max_position_embeddings)
-    max_target = min(task.max_target_length, model.config.max_position_embeddings)
+    max_source = run.fit_to_positions("--max_source_length", task.max_source_length, model.config, logger)
+    max_target = run.fit_to_positions("--max_target_length", task.max_target_length, model.config, logger)
     model.generation_config.num_beams = task.num_beams
     model.generation_config.max_length = max_target
     model.generation_config.decoder_start_token_id = model.config.decoder_start_token_id
@@ -243,7 +244,7 @@ def main(argv=None) -> dict:
 
     accelerator, logger = run.start_run(args.training, __name__)
     raw, eval_splits = read_data(args)
-    tokenizer, model, max_source, max_target = build_model(args, accelerator, raw)
+    tokenizer, model, max_source, max_target = build_model(args, accelerator, raw, logger)
     processed = tokenize_splits(args, accelerator, tokenizer, raw, ["train", *eval_splits], max_source, max_target)
     model, results, test_outputs, train_lengths = train_and_score(
         args, accelerator, model, tokenizer, processed, eval_splits, max_target, logger)

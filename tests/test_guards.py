@@ -13,7 +13,7 @@ import pytest
 import torch
 import warm_scripts
 from test_convert import _bert_tokenizer, make_source
-from test_scripts import TINY_CLF, load_script, run_script, run_script_failing, tiny_data  # noqa: F401  (fixture)
+from test_scripts import TINY_CLF, TINY_MT, load_script, run_script, run_script_failing, tiny_data  # noqa: F401  (fixture)
 
 import hf_zformer
 from hf_zformer.folders import check_output_dir, record, replace_atomically, staging_dir
@@ -1054,3 +1054,147 @@ def test_a_second_converter_leaves_the_staging_folder_of_a_running_one(tmp_path)
         assert (tmp_path / "out" / "config.json").is_file()
     finally:
         folders.discard(running)
+
+
+# ---- silently wrong before: cut, refused or recorded as it ran -------------------------------
+
+MT = ["--attention_type", "zformer", "--config_overrides", TINY_MT, "--vocab_size", 120, "--per_device_train_batch_size", 16]
+
+
+def test_lengths_past_the_positions_are_cut_with_a_warning(tmp_path, tiny_data):  # noqa: F811
+    """run_classification and run_translation warn as run_clm and run_mlm do, and train at the cut length."""
+    result = run_script("run_classification.py", "--data_dir", tiny_data / "clf", *CLF[:3],
+                        TINY_CLF + ",max_position_embeddings=8,position_offset=2", *CLF[4:], "--max_train_steps", 1,
+                        "--output_dir", tmp_path / "clf")
+    assert ("--max_length 32 > the model's 6 positions (max_position_embeddings=8 less position_offset=2): cut to 6 "
+            "tokens") in result.stderr, result.stderr[-3000:]
+    assert json.loads((tmp_path / "clf" / "tokenizer_config.json").read_text())["model_max_length"] == 6
+    result = run_script("run_translation.py", "--data_dir", tiny_data / "mt", *MT[:3], TINY_MT + ",max_position_embeddings=8",
+                        *MT[4:], "--max_source_length", 32, "--max_target_length", 16, "--max_train_steps", 1,
+                        "--max_eval_samples", 2, "--output_dir", tmp_path / "mt")
+    for flag, asked in (("--max_source_length", 32), ("--max_target_length", 16)):
+        assert f"{flag} {asked} > the model's 8 positions (max_position_embeddings=8): cut to 8 tokens" in result.stderr
+
+
+def test_data_of_one_class_is_refused(tmp_path):
+    """Every label 0 made num_labels=1, which is regression (MSE), with exit code 0."""
+    plant(tmp_path / "one", {"train.jsonl": "".join(json.dumps({"text": f"text {i}", "label": 0}) + "\n"
+                                                    for i in range(40))})
+    refused("run_classification.py", "--data_dir", tmp_path / "one", *CLF, "--output_dir", tmp_path / "o",
+            message="every label is 0, which makes 1 class; a classifier needs at least 2")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("initializer_range=-0.02", "initializer_range=-0.02 must be a non-negative number"),
+    ("hidden_act=foo", "hidden_act='foo' is not an activation transformers knows"),
+    ("problem_type=regression", "problem_type='regression': this script trains single-label classification"),
+    ("problem_type=multi_label_classification", "problem_type='multi_label_classification': this script trains"),
+    ("return_dict=false", "return_dict=False: the scripts read the model's outputs by name"),
+    ("id2label=foo", "config field 'id2label' is a mapping, which --config_overrides cannot write"),
+    ("is_encoder_decoder=true", "is_encoder_decoder=True: this script's model is no encoder-decoder"),
+    ("vocab_size=50", "vocab_size=50 is below the tokenizer's 120 tokens"),
+    ("pad_token_id=3", "pad_token_id=3, but the tokenizer pads with id 0"),
+])
+def test_classifier_config_values_that_would_fail_later_are_refused(tmp_path, tiny_data, override, message):  # noqa: F811
+    """Each passed the config's validation, then crashed or trained something else; refused while parsing."""
+    result = refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF[:3], f"{TINY_CLF},{override}",
+                     *CLF[4:], "--output_dir", tmp_path / "o", message=f"invalid model configuration: {message}")
+    assert result.stderr.count("error:") == 1 and not (tmp_path / "o").exists()
+
+
+def test_config_values_the_given_tokenizer_cannot_take_are_refused(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    """With --tokenizer_name the tokenizer's size and pad id are known once it is loaded: before any training."""
+    for override, message in (("vocab_size=50", "vocab_size=50 is below the tokenizer's"),
+                              ("pad_token_id=3", "pad_token_id=3, but the tokenizer pads with id 0")):
+        refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF[:3], f"{TINY_CLF},{override}",
+                "--tokenizer_name", trained_classifier, "--max_train_steps", 1, "--output_dir", tmp_path / override,
+                message=f"invalid model configuration: {message}")
+        assert not list((tmp_path / override).glob("*.safetensors"))
+
+
+def test_translation_refuses_no_decoder_layers_and_a_tokenizer_without_pad(tmp_path, tiny_data):  # noqa: F811
+    """No decoder layer means no cross-attention: the output ignored the source. A tokenizer
+    without a pad token was a traceback."""
+    refused("run_translation.py", "--data_dir", tiny_data / "mt", *MT[:3], TINY_MT + ",num_decoder_layers=0", *MT[4:],
+            "--output_dir", tmp_path / "o", message="num_decoder_layers=0: a translation model needs at least one "
+            "decoder layer")
+    with pytest.raises(ValueError, match="num_decoder_layers=0: an encoder-decoder needs at least one decoder layer"):
+        from transformers import AutoModelForSeq2SeqLM
+
+        AutoModelForSeq2SeqLM.from_config(hf_zformer.ZformerConfig(num_decoder_layers=0))
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = "<s> </s> <unk> ein mann hund a man dog".split()
+    backend = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>", bos_token="<s>",
+                            eos_token="</s>").save_pretrained(tmp_path / "no-pad")
+    refused("run_translation.py", "--data_dir", tiny_data / "mt", *MT, "--tokenizer_name", tmp_path / "no-pad",
+            "--output_dir", tmp_path / "o2", message=f"the tokenizer of {tmp_path / 'no-pad'} has no pad token")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's refusals: a GPU runs fp16")
+@pytest.mark.parametrize("precision, message", [
+    ("fp16", "--mixed_precision fp16 needs a GPU: on the CPU accelerate would run fp32 and record it as fp16"),
+    ("fp8", "--mixed_precision fp8 needs an NVIDIA GPU of compute capability 8.9 or newer"),
+])
+def test_a_precision_the_machine_cannot_run_is_refused(tmp_path, tiny_data, precision, message):  # noqa: F811
+    """fp16 on the CPU ran fp32 and recorded "fp16"; fp8 was a traceback."""
+    refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--output_dir", tmp_path / "o",
+            env={"ACCELERATE_MIXED_PRECISION": precision}, message=message)
+    assert not (tmp_path / "o" / "model.safetensors").exists()
+
+
+def test_a_source_model_with_a_nan_weight_is_named_not_called_a_divergence(tmp_path, tiny_data,  # noqa: F811
+                                                                            trained_classifier):
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    broken = tmp_path / "broken"
+    shutil.copytree(trained_classifier, broken)
+    weights = load_file(broken / "model.safetensors")
+    name = next(key for key in weights if key.endswith("classifier.weight"))
+    weights[name][0, 0] = float("nan")
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    for script, extra in (("run_classification.py", ["--max_train_steps", 1]), ("evaluate_model.py", [])):
+        result = refused(script, "--model_name_or_path", broken, "--data_dir", tiny_data / "clf", *extra,
+                         "--output_dir", tmp_path / script, message=f"its parameter {name} holds NaN or infinite "
+                         "values, so the model it loads is broken before any training")
+        assert "diverged" not in result.stderr and "--learning_rate" not in result.stderr
+
+
+def test_evaluation_refuses_a_model_that_is_not_its_folders(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    """Each was scored with exit code 0: weights that did not load (a causal LM read as a classifier,
+    a config edited after training), or a 2-class head scored on labels 0..3."""
+    import shutil
+
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    evaluation = ["--data_dir", tiny_data / "clf", "--split", "train"]
+    causal = tmp_path / "causal"
+    shutil.copytree(trained_classifier, causal)
+    (causal / "model.safetensors").unlink()
+    config = AutoConfig.from_pretrained(trained_classifier)
+    AutoModelForCausalLM.from_config(config).save_pretrained(causal)
+    refused("evaluate_model.py", "--model_name_or_path", causal, *evaluation, "--output_dir", tmp_path / "e1",
+            message="(ZformerForCausalLM) does not load as a ZformerForSequenceClassification: ")
+    edited = tmp_path / "edited"
+    shutil.copytree(trained_classifier, edited)
+    saved = json.loads((edited / "config.json").read_text())
+    assert saved["attention_type"] == "zformer"
+    (edited / "config.json").write_text(json.dumps({**saved, "attention_type": "fastformer"}))
+    result = refused("evaluate_model.py", "--model_name_or_path", edited, *evaluation, "--output_dir", tmp_path / "e2",
+                     message="weights missing (initialised at random)")
+    assert "a config.json edited after training" in result.stderr
+    (edited / "config.json").write_text(json.dumps({**saved, "intermediate_size": 48}))
+    refused("evaluate_model.py", "--model_name_or_path", edited, *evaluation, "--output_dir", tmp_path / "e2",
+            message="weights of another shape than the config's (e.g. zformer.encoder.layers.0.feed_forward")
+    plant(tmp_path / "four", {"train.jsonl": "".join(json.dumps({"text": f"movie {i}", "label": i % 4}) + "\n"
+                                                     for i in range(40))})
+    refused("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tmp_path / "four",
+            "--split", "train", "--output_dir", tmp_path / "e3",
+            message=f"--split 'train' holds labels up to 3, but --model_name_or_path {str(trained_classifier)!r} has "
+                    "2 classes (0..1): its head does not fit these labels")
+    assert not any((tmp_path / name / "train_results.json").exists() for name in ("e1", "e2", "e3"))

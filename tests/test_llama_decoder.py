@@ -486,3 +486,24 @@ def test_convert_pretrained_and_script_from_a_folder(tmp_path):
     with torch.no_grad():
         torch.testing.assert_close(script_model(input_ids=ids).logits, source(input_ids=ids).logits, atol=1e-5,
                                    rtol=1e-5)
+
+
+def test_inputs_that_do_not_fit_are_named_with_their_shapes():
+    """As the Zformer-family models: a 1-D input, an empty sequence, a mask of another shape, a
+    cache of another batch and a fractional mask are ValueErrors naming the shapes (or the value)."""
+    model = converted("zformer-window").eval()
+    ids = torch.randint(3, 50, (2, 5))
+    with torch.no_grad():
+        for inputs, message in ((dict(input_ids=ids[0]), r"input_ids has shape \(5,\)"),
+                                (dict(input_ids=ids[:, :0]), "an empty sequence"),
+                                (dict(input_ids=ids, attention_mask=torch.ones(2, 4)),
+                                 r"attention_mask has shape \(2, 4\), but input_ids has shape \(2, 5\)"),
+                                (dict(input_ids=ids, attention_mask=torch.tensor([[1, 1, 1, 1, 0.5]] * 2)),
+                                 "it holds 0.5")):
+            with pytest.raises(ValueError, match=message):
+                model(**inputs)
+        from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
+
+        cache = getattr(model(input_ids=ids, use_cache=True), CACHE_FIELD)
+        with pytest.raises(ValueError, match=r"the cache holds a batch of 2 sequences, but input_ids has shape \(3, 1\)"):
+            model(input_ids=torch.ones(3, 1, dtype=torch.long), cache=cache, use_cache=True)

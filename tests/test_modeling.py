@@ -422,9 +422,11 @@ def test_host_reads_do_not_grow_with_depth(kind, attention):
 
 
 def _host_reads():
-    """A counter of reads of a value back to the host (`bool(t)`, `t.item()`): on a GPU each waits
-    for the queue. Under inference mode `bool(t)` reaches the dispatcher as `is_nonzero`."""
-    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default)
+    """A counter of reads of a value back to the host (`bool(t)`, `int(t)`, `t.item()`): on a GPU each
+    waits for the queue. Under inference mode `bool(t)` reaches the dispatcher as `is_nonzero`, and
+    `int(t)` as `item`."""
+    reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+             torch.ops.aten.item.default)
     return CountedOps(lambda func, _: func in reads)
 
 
@@ -764,3 +766,43 @@ def test_fp64_attention_pooling_equals_an_fp64_softmax():
     weights = torch.softmax(scores.masked_fill(inputs["attention_mask"] == 0, float("-inf")), dim=1)
     expected = (weights[..., None] * hidden).sum(1)
     torch.testing.assert_close(pooler(hidden, inputs["attention_mask"]), expected, rtol=1e-13, atol=1e-15)
+
+
+@pytest.mark.parametrize("kind", list(model_kinds.AUTO_CLASSES))
+def test_inputs_that_do_not_fit_are_named_with_their_shapes(kind):
+    """A 1-D input, an empty sequence, a mask of another shape, a cache of another batch and a
+    mask that is not 0/1 (it changed the outputs) were bare shape errors or silently taken."""
+    from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
+
+    model = model_kinds.model(kind, "zformer").eval()
+    ids = torch.randint(5, 61, (2, 6))
+    extra = {"decoder_input_ids": torch.ones(2, 3, dtype=torch.long)} if kind == "seq2seq" else {}
+    cases = [
+        (dict(input_ids=ids[0]), r"input_ids has shape \(6,\); expected \(batch, tokens\)"),
+        (dict(input_ids=ids[:, :0]), r"input_ids has shape \(2, 0\): an empty sequence"),
+        (dict(input_ids=ids, attention_mask=torch.ones(2, 5)),
+         r"attention_mask has shape \(2, 5\), but input_ids has shape \(2, 6\): expected \(2, 6\)"),
+        (dict(input_ids=ids, attention_mask=torch.ones(3, 6)), r"attention_mask has shape \(3, 6\)"),
+    ]
+    for mask_value in (0.5, float("-inf"), 2):
+        mask = torch.ones(2, 6)
+        mask[1, 3:] = mask_value
+        cases.append((dict(input_ids=ids, attention_mask=mask),
+                      f"attention_mask must hold only 1 \\(a real token\\) and 0 \\(padding\\), but it holds "
+                      f"{mask_value}"))
+    with torch.no_grad():
+        for inputs, message in cases:
+            with pytest.raises(ValueError, match=message):
+                model(**inputs, **extra)
+        mask = torch.tensor([[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0]])  # 0/1 as long, float or bool: taken alike
+        outputs = [model(input_ids=ids, attention_mask=m, **extra).logits for m in (mask, mask.float(), mask.bool())]
+        assert all(torch.equal(outputs[0], other) for other in outputs[1:])
+        if kind in ("causal", "seq2seq"):
+            decoder = "decoder_input_ids" if kind == "seq2seq" else "input_ids"
+            first = {"input_ids": ids, decoder: ids[:, :3]} if kind == "seq2seq" else {"input_ids": ids}
+            cache = getattr(model(**first, use_cache=True), CACHE_FIELD)
+            more = torch.randint(5, 61, (3, 6))
+            step = {"input_ids": more, decoder: more[:, :1]} if kind == "seq2seq" else {"input_ids": more[:, :1]}
+            with pytest.raises(ValueError, match=f"the cache holds a batch of 2 sequences, but {decoder} has shape "
+                                                 r"\(3, 1\) \(a batch of 3\)"):
+                model(**step, past_key_values=cache, use_cache=True)

@@ -148,10 +148,60 @@ def drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     if known is not None and known[0] == version:
         padded = known[1]
     else:
-        padded = not bool(attention_mask.all())
+        padded = _read_mask(attention_mask)
         if version is not None:
             _READ_MASKS[attention_mask] = (version, padded)
     return attention_mask if padded else None
+
+
+def _read_mask(attention_mask: torch.Tensor) -> bool:
+    """Whether `attention_mask` has padding, in one read back to the host, which also refuses a mask
+    that is not 0/1 (a fractional or additive mask would weigh tokens, or be taken as real tokens)."""
+    if attention_mask.dtype == torch.bool:
+        return not bool(attention_mask.all())
+    not_binary = ((attention_mask != 0) & (attention_mask != 1)).any()
+    state = int(not_binary * 2 + (attention_mask == 0).any())  # 1: padding, 2/3: a value other than 0 and 1
+    if state >= 2:
+        value = attention_mask[(attention_mask != 0) & (attention_mask != 1)][0].item()
+        raise ValueError(
+            f"attention_mask must hold only 1 (a real token) and 0 (padding), but it holds {value} "
+            f"({attention_mask.dtype}): a fractional or additive mask is not supported"
+        )
+    return bool(state)
+
+
+def check_inputs(input_ids: torch.Tensor | None, inputs_embeds: torch.Tensor | None,
+                 attention_mask: torch.Tensor | None = None, *, past_length: int = 0, cached_batch: int | None = None,
+                 prefix: str = "") -> None:
+    """ValueError naming the shapes when the inputs of a forward do not fit together: `input_ids`
+    (B, N) or `inputs_embeds` (B, N, D) with N >= 1, an `attention_mask` (B, N), or (B, past + N)
+    after `past_length` cached tokens, and a cache filled by a batch of `cached_batch` rows (None:
+    empty) that must be B. Shapes only: nothing is read back from the device. `prefix` names the
+    decoder's inputs of an encoder-decoder (`decoder_`)."""
+    if input_ids is None and inputs_embeds is None:
+        return  # the forward names what is missing
+    name, tensor, dims = ((f"{prefix}input_ids", input_ids, 2) if input_ids is not None
+                          else (f"{prefix}inputs_embeds", inputs_embeds, 3))
+    shape = tuple(tensor.shape)
+    if tensor.dim() != dims:
+        expected = "(batch, tokens)" if dims == 2 else "(batch, tokens, hidden_size)"
+        raise ValueError(f"{name} has shape {shape}; expected {expected} (one sequence is a batch of one: "
+                         f"{name}[None])")
+    batch, length = shape[:2]
+    if length == 0:
+        raise ValueError(f"{name} has shape {shape}: an empty sequence; give at least one token")
+    if cached_batch is not None and cached_batch != batch:
+        raise ValueError(f"the cache holds a batch of {cached_batch} sequences, but {name} has shape {shape} (a batch "
+                         f"of {batch}): a cache continues the batch that filled it; start a new one for another batch")
+    if attention_mask is not None:
+        columns = [length] + ([past_length + length] if past_length else [])
+        if attention_mask.dim() != 2 or attention_mask.shape[0] != batch or attention_mask.shape[1] not in columns:
+            cached = f" after {past_length} cached tokens" if past_length else ""
+            raise ValueError(
+                f"{prefix}attention_mask has shape {tuple(attention_mask.shape)}, but {name} has shape {shape}"
+                f"{cached}: expected {' or '.join(f'({batch}, {c})' for c in columns)}, 1 at real tokens and 0 at "
+                "padding"
+            )
 
 
 def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:

@@ -245,6 +245,18 @@ class ZformerCache(Cache):
     def update_conv(self, state: torch.Tensor, layer_idx: int) -> None:
         self.conv_layers[layer_idx].value = state
 
+    def batch_size(self) -> int | None:
+        """The batch the cache was filled with (the rows of its state), or None while it is empty."""
+        for layer in self.layers:
+            held = layer.tensors() if isinstance(layer, RecurrentLayer) else (
+                [layer.keys] if layer.is_initialized and layer.keys is not None else [])
+            if held:
+                return held[0].shape[0]
+        for layer in (*self.memory_layers, *self.conv_layers):
+            if layer.tensors():
+                return layer.tensors()[0].shape[0]
+        return None
+
     def self_attention_numel(self) -> int:
         """Elements held by the self-attention layers (causal convolutions included): constant in the
         generated length for Zformer and Fastformer layers, growing for full attention."""

@@ -7,6 +7,7 @@ standard library and transformers.
 import math
 
 from transformers import PreTrainedConfig
+from transformers.activations import ACT2FN
 
 ATTENTION_TYPES = ("full", "zformer", "xformer", "fastformer")
 # Attention types that have an exact causal form (xformer's sequence projection mixes the future in).
@@ -251,6 +252,9 @@ class ZformerConfig(PreTrainedConfig):
             _check_probability(field, getattr(self, field))
         if not (isinstance(self.layer_norm_eps, (int, float)) and self.layer_norm_eps > 0):
             raise ValueError(f"layer_norm_eps={self.layer_norm_eps!r} must be positive")
+        if not (isinstance(self.initializer_range, (int, float)) and self.initializer_range >= 0):
+            raise ValueError(f"initializer_range={self.initializer_range!r} must be a non-negative number (the "
+                             "standard deviation of the initial weights)")
         for field in ("pad_token_id", "bos_token_id", "eos_token_id", "decoder_start_token_id"):
             value = getattr(self, field)
             if value is not None and not (isinstance(value, int) and 0 <= value < self.vocab_size):
@@ -322,6 +326,9 @@ class ZformerConfig(PreTrainedConfig):
 
     def _check_options(self):
         """Choices, switches, the Zformer scale, and no option an earlier version removed."""
+        if not isinstance(self.hidden_act, str) or self.hidden_act not in ACT2FN:
+            raise ValueError(f"hidden_act={self.hidden_act!r} is not an activation transformers knows; choose one of "
+                             f"{sorted(ACT2FN)}")
         _check_choice("classifier_pooling", self.classifier_pooling, CLASSIFIER_POOLINGS)
         _check_choice("pooler_activation", self.pooler_activation, POOLER_ACTIVATIONS)
         _check_choice("layer_norm_position", self.layer_norm_position, LAYER_NORM_POSITIONS)

@@ -30,6 +30,7 @@ from .blocks import (
     Linear,
     add_into_fresh,
     at_least_fp32,
+    check_inputs,
     drop_full_mask,
     kernel_backend,
     masked_softmax,
@@ -534,6 +535,7 @@ class ZformerModel(ZformerPreTrainedModel):
         `BaseModelOutput(last_hidden_state (B, N, D), hidden_states, attentions)`."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
+        check_inputs(input_ids, inputs_embeds, attention_mask)
         _refuse_head_masks(head_mask=head_mask)
         output_hidden_states = (
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
@@ -731,6 +733,7 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         if labelled_logits_only and labels is None:
             raise ValueError("labelled_logits_only=True needs labels (the positions to project)")
+        check_inputs(input_ids, inputs_embeds, attention_mask)
         tied = None if inputs_embeds is not None else tied_lookups(
             self.lm_head.decoder, (self.zformer.embeddings.word_embeddings, input_ids))
         if tied is not None:
@@ -886,6 +889,14 @@ def shift_tokens_right(labels: torch.Tensor, pad_token_id: int, decoder_start_to
 CACHE_FIELD = "cache" if "cache" in Seq2SeqLMOutput.__dataclass_fields__ else "past_key_values"
 
 
+def cache_extent(cache) -> dict:
+    """`past_length` and `cached_batch` of a decoding cache (None: nothing cached), for `check_inputs`."""
+    if cache is None:
+        return {}
+    batch = cache.batch_size() if hasattr(cache, "batch_size") else None
+    return {"past_length": cache.get_seq_length(), "cached_batch": batch}
+
+
 def decoding_state(past_key_values, cache):
     """The decoding state passed as `past_key_values` (transformers <= 5.23) or `cache` (>= 5.24)."""
     if past_key_values is not None and cache is not None:
@@ -967,6 +978,9 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
     _no_split_modules = ["ZformerLayer", "ZformerDecoderLayer"]
 
     def __init__(self, config):
+        if config.num_decoder_layers < 1:  # no layer, no cross-attention: the output would ignore the source
+            raise ValueError(f"num_decoder_layers={config.num_decoder_layers}: an encoder-decoder needs at least one "
+                             "decoder layer, whose cross-attention reads the source")
         config.is_encoder_decoder = True
         super().__init__(config)
         self.encoder = ZformerModel(config)
@@ -1065,12 +1079,16 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
             head_mask=head_mask, decoder_head_mask=decoder_head_mask, cross_attn_head_mask=cross_attn_head_mask
         )
         past_key_values = decoding_state(past_key_values, cache)
-        self._refuse_attention_outputs(decoder_attention_mask, output_attentions)
         return_dict = return_dict if return_dict is not None else self.config.return_dict
         output_hidden_states = self.config.output_hidden_states if output_hidden_states is None else output_hidden_states
         use_cache = (use_cache if use_cache is not None else self.config.use_cache) and labels is None
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
+        if encoder_outputs is None:
+            check_inputs(input_ids, inputs_embeds, attention_mask)
+        check_inputs(decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask, prefix="decoder_",
+                     **cache_extent(past_key_values if use_cache else None))
+        self._refuse_attention_outputs(decoder_attention_mask, output_attentions)
         head_weight = None
         if inputs_embeds is None and decoder_inputs_embeds is None:
             embedded = self._tied_inputs(input_ids if encoder_outputs is None else None, decoder_input_ids)
@@ -1185,6 +1203,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         past_key_values = decoding_state(past_key_values, cache)
+        check_inputs(input_ids, inputs_embeds, attention_mask, **cache_extent(past_key_values))
         output_attentions = output_attentions if output_attentions is not None else self.config.output_attentions
         if output_attentions:
             raise ValueError("output_attentions=True is not supported by the causal language model")

@@ -23,10 +23,10 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from .attention import HedgehogFeatureMap
 from .attention_llama import LLAMA_ATTENTION_CLASSES, RotaryFastformerAttention, RotaryLinearAttention
-from .blocks import drop_full_mask
+from .blocks import check_inputs, drop_full_mask
 from .cache_zformer_llama import ZformerLlamaCache
 from .configuration_zformer_llama import ZformerLlamaConfig
-from .modeling_zformer import CACHE_FIELD, causal_lm_loss, decoding_state
+from .modeling_zformer import CACHE_FIELD, cache_extent, causal_lm_loss, decoding_state
 
 
 class ZformerLlamaDecoderLayer(GradientCheckpointingLayer):
@@ -114,9 +114,7 @@ class ZformerLlamaModel(ZformerLlamaPreTrainedModel):
             cache = self.new_cache()
         if not use_cache:
             cache = None
-        if attention_mask is not None and attention_mask.dim() != 2:
-            raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}; expected (batch, tokens), 1 at "
-                             "real tokens and 0 at padding")
+        check_inputs(input_ids, inputs_embeds, attention_mask, **cache_extent(cache))
         # settled once per forward (each decoding step), not per layer: generate() passes all ones without padding
         attention_mask = drop_full_mask(attention_mask)
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds

@@ -441,11 +441,29 @@ def _check_new_model(parser: argparse.ArgumentParser, args: RunArguments, seq2se
     else:
         if not model.attention_type:
             parser.error(f"pass --model_name_or_path, or --attention_type (one of {list(ATTENTION_TYPES)}) for a new model")
+        from ..tokenization import PAD_ID
+
+        trained = not model.tokenizer_name  # the tokenizer trained on the data: its size and pad id are known
         try:
             model.config_kwargs = parse_config_overrides(model.config_overrides)
-            build_config(model, vocab_size=max(model.vocab_size, 8), seq2seq=seq2seq)
+            config = build_config(model, vocab_size=max(model.vocab_size, 8) if trained else 8, seq2seq=seq2seq,
+                                  **({"pad_token_id": PAD_ID} if trained else {}))
         except ValueError as error:
             parser.error(f"invalid model configuration: {error}")
+        problem = _script_config_problem(config, seq2seq)
+        if problem:
+            parser.error(f"invalid model configuration: {problem}")
+
+
+def _script_config_problem(config, seq2seq: bool) -> str | None:
+    """What makes a valid config wrong for the training scripts (the library accepts it), or None."""
+    if not config.return_dict:
+        return ("return_dict=False: the scripts read the model's outputs by name (loss, logits); drop it from "
+                "--config_overrides")
+    if config.is_encoder_decoder and not seq2seq:
+        return ("is_encoder_decoder=True: this script's model is no encoder-decoder, and evaluation would take it "
+                "for a translation model; drop it from --config_overrides")
+    return None
 
 
 def data_inputs(flags: dict[str, Any]) -> dict[str, Any]:
@@ -601,6 +619,9 @@ def _convert(key: str, raw: str, default: Any) -> Any:
     return text
 
 
+MAPPING_FIELDS = frozenset({"id2label", "label2id"})  # config fields no "k=v" can write
+
+
 def parse_config_overrides(overrides: str | None, config_class=ZformerConfig) -> dict[str, Any]:
     """Parse ``"k=v,k2=v2"`` into typed config kwargs of ``config_class`` (default :class:`ZformerConfig`;
     :class:`ZformerLlamaConfig` for Llama-family decoders).
@@ -624,15 +645,34 @@ def parse_config_overrides(overrides: str | None, config_class=ZformerConfig) ->
             raise ValueError(
                 f"unknown config field {key!r} in --config_overrides; valid fields: {', '.join(sorted(fields))}"
             )
+        if key in MAPPING_FIELDS:
+            raise ValueError(f"config field {key!r} is a mapping, which --config_overrides cannot write; the classes "
+                             "and their names come from the data (run_classification.py: --num_labels, --label_names)")
         result[key] = _convert(key, value, fields[key])
     return result
 
 
 def build_config(model: ModelArguments, vocab_size: int, seq2seq: bool, **extra: Any) -> ZformerConfig:
     """The config of a new model: ``--attention_type`` (+ ``--decoder_attention_type``), the parsed
-    ``--config_overrides`` (which win), the tokenizer's vocabulary size and ``extra`` task fields."""
+    ``--config_overrides`` (which win), the tokenizer's vocabulary size and ``extra`` task fields
+    (the tokenizer's ``pad_token_id`` among them). ``ValueError`` for an override the tokenizer or
+    the task cannot take: a ``vocab_size`` below the tokenizer's, a ``pad_token_id`` other than
+    its, an encoder-decoder (``seq2seq``) without decoder layers."""
     kwargs: dict[str, Any] = {"attention_type": model.attention_type, "vocab_size": vocab_size, **extra}
     if seq2seq:
         kwargs["decoder_attention_type"] = model.decoder_attention_type
-    kwargs.update(model.config_kwargs or parse_config_overrides(model.config_overrides))
-    return ZformerConfig(**kwargs)
+    overrides = model.config_kwargs or parse_config_overrides(model.config_overrides)
+    if isinstance(overrides.get("vocab_size"), int) and overrides["vocab_size"] < vocab_size:
+        raise ValueError(f"vocab_size={overrides['vocab_size']} is below the tokenizer's {vocab_size} tokens: their "
+                         "ids would index past the embeddings; drop it (the tokenizer's size is the default), or train "
+                         "a smaller tokenizer with --vocab_size")
+    if "pad_token_id" in overrides and "pad_token_id" in extra and overrides["pad_token_id"] != extra["pad_token_id"]:
+        raise ValueError(f"pad_token_id={overrides['pad_token_id']}, but the tokenizer pads with id "
+                         f"{extra['pad_token_id']}, which the batches are padded with; drop it (the tokenizer's id is "
+                         "the default)")
+    kwargs.update(overrides)
+    config = ZformerConfig(**kwargs)
+    if seq2seq and config.num_decoder_layers < 1:
+        raise ValueError(f"num_decoder_layers={config.num_decoder_layers}: a translation model needs at least one "
+                         "decoder layer, whose cross-attention reads the source")
+    return config

@@ -52,10 +52,18 @@ def require_finite(model, what: str) -> None:
     """Raise :class:`TrainingDiverged` naming ``what`` and the first offending parameter when any
     parameter of ``model`` (this process's shard) holds a NaN or an infinity: a diverged model is
     never written as a checkpoint, a best model or a final model."""
+    name = non_finite_parameter(model)
+    if name is not None:
+        raise TrainingDiverged(f"not saving {what}: parameter {name} holds NaN or infinite values (the run "
+                               "diverged; lower --learning_rate or keep --max_grad_norm > 0)")
+
+
+def non_finite_parameter(model) -> str | None:
+    """The name of the first parameter of ``model`` that holds a NaN or an infinity, or None."""
     for name, param in model.named_parameters():
         if not bool(torch.isfinite(param.detach()).all()):
-            raise TrainingDiverged(f"not saving {what}: parameter {name} holds NaN or infinite values (the run "
-                                   "diverged; lower --learning_rate or keep --max_grad_norm > 0)")
+            return name
+    return None
 
 
 def shared_staging_dir(accelerator, parent: str | os.PathLike, target: str) -> Path:

@@ -15,7 +15,7 @@ from . import batching, run
 if TYPE_CHECKING:
     from .arguments import DataArguments, RunArguments
 
-__all__ = ["Blocks", "DocumentArguments", "add_document_args", "block_size_for", "build_blocks", "load_documents",
+__all__ = ["Blocks", "DocumentArguments", "add_document_args", "build_blocks", "load_documents",
            "load_model", "make_blocks", "train_on_blocks"]
 
 
@@ -119,27 +119,17 @@ def load_model(args: RunArguments, auto_class, tokenizer):
     with the tokenizer's vocabulary and special tokens and positions for ``--block_size``."""
     import torch
 
-    from .arguments import build_config
-
     model = args.model
     if model.model_name_or_path:
         return run.load_pretrained(auto_class, model.model_name_or_path, trust_remote_code=model.trust_remote_code,
                                    dtype=torch.float32)
     positions = ({} if "max_position_embeddings" in model.config_kwargs
                  else {"max_position_embeddings": max(512, args.task.block_size)})
-    config = build_config(
+    config = run.new_model_config(
         model, vocab_size=len(tokenizer), seq2seq=False, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, **positions,
     )
     return auto_class.from_config(config)
-
-
-def block_size_for(asked: int, config, logger) -> int:
-    """``--block_size`` (``asked``), cut to the model's positions (with a warning)."""
-    block_size = min(asked, config.max_position_embeddings - getattr(config, "position_offset", 0))
-    if block_size < asked:
-        logger.warning(f"--block_size {asked} > the model's {block_size} positions: blocks of {block_size}")
-    return block_size
 
 
 @dataclass
@@ -167,7 +157,7 @@ def build_blocks(args: RunArguments, auto_class, logger_name: str,
     tokenizer = run.load_tokenizer(args, accelerator, raw, model_max_length=args.task.block_size)
     check_tokenizer(tokenizer)
     model = load_model(args, auto_class, tokenizer)
-    block_size = block_size_for(args.task.block_size, model.config, logger)
+    block_size = run.fit_to_positions("--block_size", args.task.block_size, model.config, logger)
     with run.data_errors():
         processed = make_blocks(raw, tokenizer, block_size, accelerator, args.data.preprocessing_num_workers)
     return Blocks(accelerator, logger, raw, tokenizer, model, block_size, processed)

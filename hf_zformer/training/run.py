@@ -63,12 +63,36 @@ def make_accelerator(training: TrainingArguments):
 
     has_accelerator = torch.accelerator.is_available() if hasattr(torch, "accelerator") else torch.cuda.is_available()
     multi_process = int(os.environ.get("WORLD_SIZE", "1")) > 1
-    return Accelerator(
-        cpu=multi_process and not has_accelerator,
-        gradient_accumulation_steps=training.gradient_accumulation_steps,
-        log_with=training.report_to if training.with_tracking else None,
-        project_dir=training.output_dir,
-    )
+    precision = os.environ.get("ACCELERATE_MIXED_PRECISION", "no")
+    problem = precision_problem(precision, has_accelerator)
+    if problem:
+        usage_error(problem)
+    try:
+        accelerator = Accelerator(
+            cpu=multi_process and not has_accelerator,
+            gradient_accumulation_steps=training.gradient_accumulation_steps,
+            log_with=training.report_to if training.with_tracking else None,
+            project_dir=training.output_dir,
+        )
+    except ValueError as error:  # e.g. fp8 without transformer_engine or torchao
+        usage_error(f"--mixed_precision {precision}: {str(error).splitlines()[0]}")
+    if accelerator.mixed_precision == "fp16" and not accelerator.native_amp:  # a device without fp16 autocast
+        usage_error(precision_problem("fp16", False))
+    return accelerator
+
+
+def precision_problem(precision: str, has_accelerator: bool) -> str | None:
+    """Why the mixed precision ``precision`` (accelerate's ``--mixed_precision``, as its launcher
+    passes it: ``ACCELERATE_MIXED_PRECISION``) cannot run here, or None. On a CPU, accelerate takes
+    fp16 but runs fp32 (its records would say fp16), and fp8 needs an NVIDIA GPU of compute
+    capability 8.9 or newer."""
+    if precision == "fp16" and not has_accelerator:
+        return ("--mixed_precision fp16 needs a GPU: on the CPU accelerate would run fp32 and record it as fp16; "
+                "launch with --mixed_precision bf16 (which the CPU runs) or no (fp32)")
+    if precision == "fp8" and not (torch.cuda.is_available() and torch.cuda.get_device_capability() >= (8, 9)):
+        return ("--mixed_precision fp8 needs an NVIDIA GPU of compute capability 8.9 or newer (H100, L4, RTX 40xx) "
+                "and transformer_engine or torchao; launch with --mixed_precision bf16 or no (fp32)")
+    return None
 
 
 
@@ -299,7 +323,50 @@ def load_pretrained(auto_class, name_or_path: str, **kwargs):
         usage_error(f"--model_name_or_path {name_or_path!r} ({found}) lacks {len(missing)} weights of a "
                     f"{type(model).__name__} (e.g. {', '.join(missing[:3])}): it is not a checkpoint this script can "
                     "continue from; pass a folder of this task, or train a new model with --attention_type")
+    require_finite_weights(model, f"--model_name_or_path {name_or_path!r}")
     return model
+
+
+def require_finite_weights(model, source: str) -> None:
+    """Stop (exit code 2) when a loaded model holds a NaN or an infinity: named as the source's
+    fault (``source``: the flag and folder), before a first step would call it a divergence."""
+    from .checkpoints import non_finite_parameter
+
+    name = non_finite_parameter(model)
+    if name is not None:
+        usage_error(f"{source}: its parameter {name} holds NaN or infinite values, so the model it loads is "
+                    "broken before any training; pass a model whose weights are finite")
+
+
+def require_pad_token(tokenizer, model: ModelArguments) -> None:
+    """Stop (exit code 2) when the tokenizer has no pad token: the batches are padded with it."""
+    if tokenizer.pad_token_id is None:
+        usage_error(f"the tokenizer of {model.tokenizer_name or model.model_name_or_path} has no pad token, which "
+                    "pads the batches: pass a tokenizer that has one (tokenizer.pad_token = ..., then save it)")
+
+
+def new_model_config(model: ModelArguments, vocab_size: int, seq2seq: bool, **extra):
+    """:func:`hf_zformer.training.arguments.build_config` for the tokenizer the run loaded; a value
+    of ``--config_overrides`` the tokenizer cannot take stops the run as a bad argument (exit code 2)."""
+    from .arguments import build_config
+
+    try:
+        return build_config(model, vocab_size=vocab_size, seq2seq=seq2seq, **extra)
+    except ValueError as error:
+        usage_error(f"invalid model configuration: {error}")
+
+
+def fit_to_positions(flag: str, asked: int, config, logger) -> int:
+    """``asked`` tokens (the value of ``flag``: a length the script cuts texts or blocks to), cut to
+    the positions the model holds (``max_position_embeddings`` less ``position_offset``), with a
+    warning when that cuts."""
+    offset = getattr(config, "position_offset", 0)
+    fits = min(asked, config.max_position_embeddings - offset)
+    if fits < asked:
+        held = f"max_position_embeddings={config.max_position_embeddings}" + (
+            f" less position_offset={offset}" if offset else "")
+        logger.warning(f"{flag} {asked} > the model's {fits} positions ({held}): cut to {fits} tokens")
+    return fits
 
 
 def command_line(secret: str | None = None) -> str:
