@@ -153,10 +153,14 @@ def load(args, device):
     from hf_zformer.conversion.long_context import streaming_model, switch_off_state
 
     extra = dict(gguf_file=args.gguf_file) if args.gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, **extra)
     converted = args.baseline != "streaming"  # the overrides are the converted model's, else the baseline's
-    model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32, **extra,
-                                                 **(args.overrides if converted else {}))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, **extra)
+        model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32, **extra,
+                                                     **(args.overrides if converted else {}))
+    except (OSError, ValueError) as problem:  # no folder, no weights, no network for a Hub id: name it and the cause
+        fail(f"--model_name_or_path {args.model_name_or_path}: its tokenizer or causal LM cannot be loaded "
+             f"({type(problem).__name__}: {str(problem).splitlines()[0]})")
     model.eval()
     try:
         if converted and args.overrides and model.config.model_type != "zformer_llama":
@@ -345,6 +349,13 @@ def main(argv=None):
                           "cpu" if args.device == "auto" else args.device)
     tokenizer, model = load(args, device)
     log(f"{type(model).__name__} loaded{'' if args.baseline == 'none' else ' as baseline ' + args.baseline} on {device}")
+    from hf_zformer.conversion.long_context import passkey_prompt
+
+    for length in args.lengths:  # before any work: every length has room for the filler
+        try:
+            passkey_prompt(tokenizer, length, 0.5, "12345")
+        except ValueError as problem:
+            fail(f"--lengths {length}: {problem}")
     ids = evaluation_ids(args.eval_file, tokenizer) if args.eval_file else None
     if ids is not None:
         check_blocks(args, ids)

@@ -41,6 +41,9 @@ class MemoryStateLayer(RecurrentLayer):
     def tensors(self):
         return [t for row in self.rows or [] for t in row.values() if isinstance(t, torch.Tensor)]
 
+    def batch_rows(self) -> int | None:
+        return None if self.rows is None else len(self.rows)
+
     def _map(self, function):
         for row in self.rows or []:
             for name, value in row.items():

@@ -30,6 +30,11 @@ class RecurrentLayer(CacheLayerMixin):
     def tensors(self) -> list[torch.Tensor]:
         raise NotImplementedError
 
+    def batch_rows(self) -> int | None:
+        """The rows of the batch that filled the layer, or None while it is empty."""
+        held = self.tensors()
+        return held[0].shape[0] if held else None
+
     def _map(self, function) -> None:
         raise NotImplementedError
 
@@ -248,10 +253,11 @@ class ZformerCache(Cache):
     def batch_size(self) -> int | None:
         """The batch the cache was filled with (the rows of its state), or None while it is empty."""
         for layer in self.layers:
-            held = layer.tensors() if isinstance(layer, RecurrentLayer) else (
-                [layer.keys] if layer.is_initialized and layer.keys is not None else [])
-            if held:
-                return held[0].shape[0]
+            if isinstance(layer, RecurrentLayer):
+                if layer.batch_rows() is not None:
+                    return layer.batch_rows()
+            elif layer.is_initialized and layer.keys is not None:
+                return layer.keys.shape[0]
         for layer in (*self.memory_layers, *self.conv_layers):
             if layer.tensors():
                 return layer.tensors()[0].shape[0]
