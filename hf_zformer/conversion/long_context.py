@@ -67,7 +67,7 @@ def passkey_prompt(tokenizer, length: int, depth: float, key: str) -> PasskeyPro
 
 
 def trial_key(seed: int, length: int, trial: int, digits: int = 5) -> str:
-    """The key of one trial: a fixed function of the seed, the length and the trial number."""
+    """The key of one trial: a fixed function of `seed`, `length` and `trial`."""
     generator = random.Random(f"{seed}-{length}-{trial}")
     return str(generator.randrange(10 ** (digits - 1), 10**digits))
 
