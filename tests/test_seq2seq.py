@@ -374,8 +374,12 @@ def test_the_encoder_is_the_base_model_and_a_saved_encoder_loads_into_it(tmp_pat
     assert info["missing_keys"] and not info["unexpected_keys"]  # the decoder has no weights there
     for name, tensor in encoder.state_dict().items():
         torch.testing.assert_close(loaded.encoder.state_dict()[name], tensor, rtol=0, atol=0)
-    causal = AutoModelForCausalLM.from_config(AutoConfig.for_model("zformer", **TINY))
+    causal = AutoModelForCausalLM.from_config(AutoConfig.for_model("zformer", **TINY, tie_word_embeddings=False))
     assert causal.base_model is causal.decoder and not causal.supports_tp_plan
     causal.save_pretrained(tmp_path / "causal")  # its own checkpoint loads as before
     again, info = AutoModelForCausalLM.from_pretrained(tmp_path / "causal", output_loading_info=True)
     assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
+    causal.base_model.save_pretrained(tmp_path / "stack")  # the base model is a model: it saves, and loads back
+    again, info = AutoModelForCausalLM.from_pretrained(tmp_path / "stack", output_loading_info=True)
+    assert info["missing_keys"] == {"lm_head.weight"} and not info["unexpected_keys"], info
+    torch.testing.assert_close(again.decoder.state_dict(), causal.decoder.state_dict(), rtol=0, atol=0)

@@ -833,17 +833,20 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
         return residual(branch, hidden_states, self.feed_forward_norm, post)
 
 
-class ZformerDecoder(nn.Module):
+class ZformerDecoder(ZformerPreTrainedModel):
     """Embeddings, causal layers (with cross-attention when `cross_attention`), final LayerNorm:
     the decoder of the encoder-decoder, and the whole stack of a causal language model (whose
-    zformer layers may take a softmax window from the config, `attention_window`)."""
+    zformer layers may take a softmax window from the config, `attention_window`). A model of its
+    own, as transformers' decoders are: the causal language model's base model, and built from a
+    config alone, the decoder of the config's kind (`is_encoder_decoder`)."""
 
-    # The causal LM's base model (`base_model_prefix`): transformers reads these of a base model, and the
-    # stack has no parallel plan of its own
-    _tp_plan = _pp_plan = None
+    _no_split_modules = ["ZformerDecoderLayer"]
 
-    def __init__(self, config, layer_types: list[str], cross_attention: bool = True):
-        super().__init__()
+    def __init__(self, config, layer_types: list[str] | None = None, cross_attention: bool | None = None):
+        super().__init__(config)
+        config = self.config
+        cross_attention = config.is_encoder_decoder if cross_attention is None else cross_attention
+        layer_types = config.layer_attention_types(decoder=cross_attention) if layer_types is None else layer_types
         self.layer_types = layer_types
         self.cross_attention = cross_attention
         self.embeddings = ZformerEmbeddings(config)
@@ -855,6 +858,7 @@ class ZformerDecoder(nn.Module):
         self.final_norm = final_norm(config)
         self.position_offset = config.position_offset
         self.conv_size = config.decoder_conv_size
+        self.post_init()
 
     def new_cache(self) -> ZformerCache:
         return ZformerCache(self.layer_types, cross_attention=self.cross_attention, windows=self.windows,
@@ -1020,7 +1024,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         super().__init__(config)
         config = self.config
         self.encoder = ZformerModel(config)
-        self.decoder = ZformerDecoder(config, config.layer_attention_types(decoder=True), cross_attention=True)
+        self.decoder = ZformerDecoder(config)  # with cross-attention: the config is an encoder-decoder's
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self._is_stateful = any(kind != "full" for kind in self.decoder.layer_types)  # no assisted generation
         self.post_init()
@@ -1198,7 +1202,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
                 )
         super().__init__(config)
         config = self.config
-        self.decoder = ZformerDecoder(config, layer_types, cross_attention=False)
+        self.decoder = ZformerDecoder(config, layer_types)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self._is_stateful = any(kind != "full" for kind in layer_types)  # no assisted generation
         self.post_init()
