@@ -9,6 +9,7 @@ from test_modeling import left_pad
 from transformers import AutoConfig, AutoModelForCausalLM
 
 from hf_zformer import FastformerForCausalLM, ZformerCache, ZformerForCausalLM
+from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
 
 HYBRID = ["zformer", "full", "fastformer"]
 # hedgehog zformer layers, the first with a softmax window of 3 tokens, and a full layer on top
@@ -150,6 +151,65 @@ def test_labels_are_shifted_inside():
     summed = model(input_ids=ids, attention_mask=mask, labels=labels, num_items_in_batch=10).loss
     count = int((labels[:, 1:] != -100).sum())
     torch.testing.assert_close(summed, expected * count / 10)
+
+
+@pytest.mark.parametrize("model_type", ["zformer", "fastformer"])
+def test_shift_labels_are_the_targets_of_the_logits(model_type):
+    """Targets shifted before the call (what Trainer passes under sequence or context parallelism,
+    where the shift spans shards) score logits[i] against shift_labels[i]; `labels` are then unread."""
+    model = causal_lm("zformer", model_type=model_type)
+    ids, mask = _batch()
+    shift_labels = torch.randint(0, TINY["vocab_size"], ids.shape)
+    shift_labels[0, -2:] = -100
+    for labels in (ids, torch.zeros_like(ids), None):
+        out = model(input_ids=ids, attention_mask=mask, labels=labels, shift_labels=shift_labels)
+        expected = torch.nn.functional.cross_entropy(out.logits.reshape(-1, TINY["vocab_size"]),
+                                                     shift_labels.reshape(-1))
+        torch.testing.assert_close(out.loss, expected)
+    count = int((shift_labels != -100).sum())
+    summed = model(input_ids=ids, attention_mask=mask, shift_labels=shift_labels, num_items_in_batch=10).loss
+    torch.testing.assert_close(summed, expected * count / 10)
+
+
+GENERATE = dict(do_sample=False, suppress_tokens=[0, 1, 2, 3, 4])  # no n-gram rule: it would not see an embedded prompt
+
+
+@pytest.mark.parametrize("model_type", ["zformer", "fastformer"])
+@pytest.mark.parametrize("attention_type", [HYBRID, WINDOWED_CONV, SINKS], ids=["hybrid", "windowed-conv", "sinks"])
+def test_generate_from_inputs_embeds_and_continue_from_them(attention_type, model_type):
+    """A prompt given as embeddings generates what its tokens generate (the new tokens only, as
+    transformers returns them), and a generation continues from embeddings of the prompt and the
+    tokens so far with the cache of the earlier call."""
+    model = causal_lm(attention_type, model_type=model_type)
+    ids, mask = left_pad(*_batch())
+    embeds = model.get_input_embeddings()(ids)
+    tokens = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=6, min_new_tokens=6, **GENERATE)
+    assert torch.equal(model.generate(input_ids=ids, inputs_embeds=embeds, attention_mask=mask, max_new_tokens=6,
+                                      min_new_tokens=6, **GENERATE), tokens)
+    from_embeds = model.generate(inputs_embeds=embeds, attention_mask=mask, max_new_tokens=6, min_new_tokens=6,
+                                 **GENERATE)
+    assert torch.equal(from_embeds, tokens[:, ids.shape[1]:])
+
+    def embedded(new_tokens, **kwargs):
+        return model.generate(inputs_embeds=kwargs.pop("inputs_embeds", embeds), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, return_dict_in_generate=True, do_sample=False, **kwargs)
+
+    whole, first = embedded(4), embedded(3)
+    continued = torch.cat([embeds, model.get_input_embeddings()(first.sequences)], 1)
+    rest = embedded(1, inputs_embeds=continued, **{CACHE_FIELD: getattr(first, CACHE_FIELD)})
+    assert torch.equal(torch.cat([first.sequences, rest.sequences], 1), whole.sequences)
+
+
+def test_an_embedded_prompt_counts_against_the_positions():
+    model = causal_lm("zformer", max_position_embeddings=20)
+    embeds = model.get_input_embeddings()(torch.randint(5, TINY["vocab_size"], (1, 15)))
+    assert model.generate(inputs_embeds=embeds, max_new_tokens=5, min_new_tokens=5).shape == (1, 5)
+    with pytest.raises(ValueError, match=r"would reach 21 tokens \(15 prompt tokens \+ max_new_tokens=6\).*at most 5"):
+        model.generate(inputs_embeds=embeds, max_new_tokens=6)
+    model.generation_config.max_length = None  # the library default (20 new tokens), cut to the positions
+    assert model.generate(inputs_embeds=embeds, eos_token_id=None).shape == (1, 5)
+    with pytest.raises(ValueError, match="a prompt of 20 tokens"):
+        model.generate(inputs_embeds=model.get_input_embeddings()(torch.ones(1, 20, dtype=torch.long)))
 
 
 def test_tied_embeddings_sampling_and_model_types():

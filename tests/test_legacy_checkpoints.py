@@ -2,6 +2,7 @@
 script beside it at the commit in its name)."""
 
 import json
+import re
 from pathlib import Path
 
 import torch
@@ -134,3 +135,19 @@ def test_scalar_log_scale_of_earlier_versions_loads_as_shape_one_with_identical_
     remote = torch.load(tmp_path / "remote.pt")
     for kind, logits in expected.items():
         assert torch.equal(remote[kind], logits), kind
+
+
+def test_registered_key_patterns_each_name_a_saved_key_of_every_model_kind(tmp_path):
+    """transformers checks that every pattern of a model type's registered mapping names a key the
+    model saves; the 0-d `log_scale` reshape joins only the loads of models that have one."""
+    from model_kinds import cases, model
+    from safetensors.torch import load_file
+    from transformers.conversion_mapping import get_model_conversion_mapping
+
+    for kind, attention in cases():
+        built = model(kind, attention)
+        built.save_pretrained(tmp_path / f"{kind}-{attention}")
+        saved = load_file(tmp_path / f"{kind}-{attention}" / "model.safetensors")
+        for conversion in get_model_conversion_mapping(built, add_legacy=False):
+            for pattern in conversion.source_patterns:
+                assert any(re.search(pattern, key) for key in saved), (kind, attention, conversion)

@@ -408,6 +408,49 @@ def test_remote_code_generations_in_clean_process(tmp_path):
     )
 
 
+def test_hidden_states_and_tuples_follow_the_arguments_and_the_config():
+    """`output_hidden_states` and `return_dict`, given or from the config, as every transformers
+    model: the embeddings and each layer's output, the last after the final norm."""
+    model = converted("hybrid")
+    ids = torch.randint(5, 97, (2, 10))
+    with torch.no_grad():
+        out = model(input_ids=ids, output_hidden_states=True)
+        assert len(out.hidden_states) == LLAMA["num_hidden_layers"] + 1
+        torch.testing.assert_close(out.hidden_states[0], model.model.embed_tokens(ids))
+        base = model.model(input_ids=ids, output_hidden_states=True)
+        torch.testing.assert_close(base.hidden_states[-1], base.last_hidden_state)
+        last_hidden, cache = model.model(input_ids=ids, return_dict=False)
+        torch.testing.assert_close(last_hidden, base.last_hidden_state)
+        assert isinstance(cache, ZformerLlamaCache)
+        model.config.output_hidden_states, model.config.return_dict = True, False
+        logits, cache, hidden_states = model(input_ids=ids)
+        assert isinstance(cache, ZformerLlamaCache)
+        torch.testing.assert_close(logits, out.logits)
+        for got, expected in zip(hidden_states, out.hidden_states, strict=True):
+            torch.testing.assert_close(got, expected)
+        assert model.model(input_ids=ids)[-1] is not None  # the base model's hidden states, from the config
+
+
+def test_shift_labels_are_the_targets_of_the_logits():
+    """Targets shifted before the call (Trainer under sequence or context parallelism) score
+    logits[i] against shift_labels[i], whatever `labels` say."""
+    model = converted("hybrid")
+    ids = torch.randint(5, 97, (2, 10))
+    shift_labels = torch.randint(0, 97, (2, 10))
+    for labels in (ids, torch.zeros_like(ids), None):
+        out = model(input_ids=ids, labels=labels, shift_labels=shift_labels)
+        torch.testing.assert_close(out.loss, torch.nn.functional.cross_entropy(out.logits.reshape(-1, 97),
+                                                                               shift_labels.reshape(-1)))
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_tensor_parallel_plan_shards_a_tied_head_with_its_embeddings(tie):
+    model = convert_causal_lm("tiny", source=tiny_llama(tie_word_embeddings=tie), attention_type="zformer")
+    plan = model.tp_plan
+    assert ("lm_head" in plan) == ("model.embed_tokens" in plan) and "lm_head" in plan
+    assert (model.lm_head.weight is model.model.embed_tokens.weight) == tie
+
+
 def test_training_step_moves_the_new_attention_parameters():
     model = converted("hybrid").train()
     ids = torch.randint(5, 97, (2, 10))

@@ -806,3 +806,36 @@ def test_inputs_that_do_not_fit_are_named_with_their_shapes(kind):
             with pytest.raises(ValueError, match=f"the cache holds a batch of 2 sequences, but {decoder} has shape "
                                                  r"\(3, 1\) \(a batch of 3\)"):
                 model(**step, past_key_values=cache, use_cache=True)
+
+
+def _every_class():
+    from hf_zformer.modeling import modeling_zformer
+
+    return [cls for pair in modeling_zformer.AUTO_CLASSES.values() for cls in pair]
+
+
+@pytest.mark.parametrize("model_class", _every_class(), ids=lambda cls: cls.__name__)
+def test_building_a_model_leaves_its_config_as_it_was(model_class):
+    """What a model settles in its config (an encoder-decoder or not, the attention dropout default,
+    the auto_map) goes into its own copy: a config builds every class the same, in any order."""
+    config = model_class.config_class(**{**TINY, "attention_type": "zformer", "decoder_attention_type": "full",
+                                         "num_decoder_layers": 1, "attention_probs_dropout_prob": None})
+    before = config.to_dict()
+    model = model_class(config)
+    assert config.to_dict() == before
+    assert model.config.is_encoder_decoder == ("ConditionalGeneration" in model_class.__name__)
+    assert model.config.attention_probs_dropout_prob is not None and model.config.auto_map
+    for name, module in model.named_modules():
+        if isinstance(module, hf_zformer.ZformerPreTrainedModel):
+            assert module.config is model.config, name  # parts read the settings of the model they are in
+
+
+def test_generative_classes_name_the_generation_mixin_among_their_bases():
+    """transformers expects each generative class to inherit the generation mixin directly."""
+    classes = [*_every_class(), hf_zformer.ZformerLlamaForCausalLM, hf_zformer.ZformerLlamaModel]
+    generative = [cls for cls in classes if cls.can_generate()]
+    assert {cls.__name__ for cls in generative} == {
+        "ZformerForConditionalGeneration", "FastformerForConditionalGeneration", "ZformerForCausalLM",
+        "FastformerForCausalLM", "ZformerLlamaForCausalLM"}
+    for cls in generative:
+        assert "GenerationMixin" in str(cls.__bases__), cls.__bases__

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 from conftest import ATTENTION_TYPES, TINY, assert_same_generations_in_clean_process, random_batch, repad
-from transformers import AutoConfig, AutoModelForSeq2SeqLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForSeq2SeqLM
 
 from hf_zformer import ZformerCache
 from hf_zformer.modeling.modeling_zformer import shift_tokens_right
@@ -353,3 +353,33 @@ def test_labels_that_are_a_view_of_a_larger_tensor_give_the_same_loss():
     assert not labels.is_contiguous()
     loss = model(input_ids=ids, labels=labels).loss
     torch.testing.assert_close(loss, model(input_ids=ids, labels=labels.contiguous()).loss)
+
+
+def test_the_encoder_is_the_base_model_and_a_saved_encoder_loads_into_it(tmp_path):
+    """`base_model_prefix` names the encoder (the causal LM's: its decoder stack), so `base_model` is
+    the part below the head and a saved `ZformerModel` loads into the encoder-decoder's encoder."""
+    from transformers import AutoModel
+
+    from hf_zformer import ZformerForConditionalGeneration
+
+    model = seq2seq()
+    assert model.base_model is model.encoder and not model.supports_tp_plan
+    encoder = AutoModel.from_config(model.config)
+    with torch.no_grad():
+        for parameter in encoder.parameters():
+            parameter.normal_()
+    encoder.save_pretrained(tmp_path / "encoder")
+    loaded, info = ZformerForConditionalGeneration.from_pretrained(tmp_path / "encoder", output_loading_info=True)
+    assert not [key for key in info["missing_keys"] if key.startswith("encoder.")], info["missing_keys"]
+    assert info["missing_keys"] and not info["unexpected_keys"]  # the decoder has no weights there
+    for name, tensor in encoder.state_dict().items():
+        torch.testing.assert_close(loaded.encoder.state_dict()[name], tensor, rtol=0, atol=0)
+    causal = AutoModelForCausalLM.from_config(AutoConfig.for_model("zformer", **TINY, tie_word_embeddings=False))
+    assert causal.base_model is causal.decoder and not causal.supports_tp_plan
+    causal.save_pretrained(tmp_path / "causal")  # its own checkpoint loads as before
+    again, info = AutoModelForCausalLM.from_pretrained(tmp_path / "causal", output_loading_info=True)
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"]), info
+    causal.base_model.save_pretrained(tmp_path / "stack")  # the base model is a model: it saves, and loads back
+    again, info = AutoModelForCausalLM.from_pretrained(tmp_path / "stack", output_loading_info=True)
+    assert info["missing_keys"] == {"lm_head.weight"} and not info["unexpected_keys"], info
+    torch.testing.assert_close(again.decoder.state_dict(), causal.decoder.state_dict(), rtol=0, atol=0)

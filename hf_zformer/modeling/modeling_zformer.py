@@ -5,6 +5,8 @@ This file ships to the Hugging Face Hub with every checkpoint (with `attention.p
 `configuration_zformer.py`): torch, transformers and siblings only.
 """
 
+import copy
+import dataclasses
 import math
 
 import torch
@@ -369,14 +371,39 @@ class ZformerPreTrainedModel(PreTrainedModel):
     # The heads with a loss take Trainer's `num_items_in_batch` (`mean_loss`); forwards have no **kwargs.
     accepts_loss_kwargs = True
 
+    # The kind of model a class builds, which its config must say (`is_encoder_decoder`); None: either.
+    _is_encoder_decoder: bool | None = None
+
     def __init__(self, config, *inputs, **kwargs):
         # The config validates itself at construction; fields set afterwards are checked here, with the
         # same errors naming field and value (instead of a failure deep inside a layer).
         config._validate()
-        config.resolve_attention_dropout()  # the default now that the layers to build are known
+        # What the model settles in its config (its kind; the attention dropout default, now that the
+        # layers to build are known; the `auto_map` through which saved checkpoints load with
+        # trust_remote_code=True, every Auto class we support) goes into a copy where it changes
+        # anything: the caller's config stays as it was, for the next model built from it. The
+        # classes build their parts from `self.config`.
+        is_encoder_decoder = config.is_encoder_decoder if self._is_encoder_decoder is None else self._is_encoder_decoder
+        auto_map = auto_map_for(config.model_type)
+        if (config.is_encoder_decoder != is_encoder_decoder or config.attention_probs_dropout_prob is None
+                or getattr(config, "auto_map", None) != auto_map):
+            config = copy.deepcopy(config)
+            config.is_encoder_decoder = is_encoder_decoder
+            config.resolve_attention_dropout()
+            config.auto_map = auto_map
         super().__init__(config, *inputs, **kwargs)
-        # Saved checkpoints load with trust_remote_code=True through every Auto class we support.
-        config.auto_map = auto_map_for(config.model_type)
+
+    @staticmethod
+    def _load_pretrained_model(model, state_dict, checkpoint_files, load_config, *args, **kwargs):
+        """transformers' loading, with the reshape of a 0-d `log_scale` (checkpoints saved before 0.2.0,
+        `ScalarToVector`) where the model has one."""
+        if any(name.endswith("log_scale") for name, _ in model.named_parameters()):
+            scalar_log_scale = WeightConverter("log_scale", "log_scale", operations=[ScalarToVector()])
+            load_config = dataclasses.replace(
+                load_config, weight_mapping=[*(load_config.weight_mapping or []), scalar_log_scale]
+            )
+        return PreTrainedModel._load_pretrained_model(model, state_dict, checkpoint_files, load_config, *args,
+                                                      **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module):
@@ -488,6 +515,7 @@ class ZformerModel(ZformerPreTrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
+        config = self.config
         self.embeddings = ZformerEmbeddings(config)
         self.encoder = ZformerEncoder(config)
         self.post_init()
@@ -617,6 +645,7 @@ def classification_loss(config, logits, labels, num_items_in_batch=None):
 class ZformerForSequenceClassification(ZformerPreTrainedModel):
     def __init__(self, config):
         super().__init__(config)
+        config = self.config
         self.num_labels = config.num_labels
         self.zformer = ZformerModel(config)
         self.pooler = ZformerPooler(config)
@@ -691,6 +720,7 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
 
     def __init__(self, config):
         super().__init__(config)
+        config = self.config
         self.zformer = ZformerModel(config)
         self.lm_head = ZformerLMHead(config)
         self.post_init()
@@ -806,13 +836,20 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
         return residual(branch, hidden_states, self.feed_forward_norm, post)
 
 
-class ZformerDecoder(nn.Module):
+class ZformerDecoder(ZformerPreTrainedModel):
     """Embeddings, causal layers (with cross-attention when `cross_attention`), final LayerNorm:
     the decoder of the encoder-decoder, and the whole stack of a causal language model (whose
-    zformer layers may take a softmax window from the config, `attention_window`)."""
+    zformer layers may take a softmax window from the config, `attention_window`). A model of its
+    own, as transformers' decoders are: the causal language model's base model, and built from a
+    config alone, the decoder of the config's kind (`is_encoder_decoder`)."""
 
-    def __init__(self, config, layer_types: list[str], cross_attention: bool = True):
-        super().__init__()
+    _no_split_modules = ["ZformerDecoderLayer"]
+
+    def __init__(self, config, layer_types: list[str] | None = None, cross_attention: bool | None = None):
+        super().__init__(config)
+        config = self.config
+        cross_attention = config.is_encoder_decoder if cross_attention is None else cross_attention
+        layer_types = config.layer_attention_types(decoder=cross_attention) if layer_types is None else layer_types
         self.layer_types = layer_types
         self.cross_attention = cross_attention
         self.embeddings = ZformerEmbeddings(config)
@@ -824,6 +861,7 @@ class ZformerDecoder(nn.Module):
         self.final_norm = final_norm(config)
         self.position_offset = config.position_offset
         self.conv_size = config.decoder_conv_size
+        self.post_init()
 
     def new_cache(self) -> ZformerCache:
         return ZformerCache(self.layer_types, cross_attention=self.cross_attention, windows=self.windows,
@@ -911,37 +949,50 @@ PIPELINE_NEW_TOKENS = 256
 
 class ZformerGenerationMixin(GenerationMixin):
     """`generate()` for models with a `ZformerDecoder` (`self.decoder`): it decodes with the
-    decoder's `ZformerCache`, which knows the kind of every layer (no DynamicCache). A request the
-    model cannot finish is refused before the first step: an empty prompt, or a length past the
-    decoder's positions (a default length is cut to them instead)."""
+    decoder's `ZformerCache`, which knows the kind of every layer (no DynamicCache). The prompt of a
+    decoder-only model may be token ids or embeddings (`inputs_embeds`, with or without a cache of
+    earlier steps). A request the model cannot finish is refused before the first step: an empty
+    prompt, or a length past the decoder's positions (a default length is cut to them instead)."""
 
-    def _validate_generated_length(self, generation_config, input_ids_length, has_default_max_length):
-        if input_ids_length == 0:
-            raise ValueError("generate() got an empty prompt (input_ids of length 0): give at least one token, e.g. "
-                             f"the BOS token (bos_token_id={self.config.bos_token_id})")
+    def _prepare_generated_length(self, generation_config, has_default_max_length, has_default_min_length,
+                                  model_input_name, input_ids_length, inputs_tensor):
+        generation_config = super()._prepare_generated_length(
+            generation_config, has_default_max_length, has_default_min_length, model_input_name, input_ids_length,
+            inputs_tensor,
+        )
+        # The tokens the decoder holds: the prompt and the new tokens. A decoder-only model's prompt may
+        # come as embeddings, without (or beside) input_ids, which then hold only the generated tokens:
+        # max_length counts from input_ids.
+        prompt = input_ids_length
+        if model_input_name == "inputs_embeds" and not self.config.is_encoder_decoder:
+            prompt = max(prompt, inputs_tensor.shape[1])
+        new_tokens = generation_config.max_length - input_ids_length
+        if prompt == 0:
+            raise ValueError("generate() got an empty prompt (input_ids of length 0, no inputs_embeds): give at least "
+                             f"one token, e.g. the BOS token (bos_token_id={self.config.bos_token_id})")
         limit = self.config.max_position_embeddings - self.config.position_offset
-        if input_ids_length >= limit:  # no room for a new token, whatever length was asked for
+        if prompt >= limit:  # no room for a new token, whatever length was asked for
             raise ValueError(
-                f"generate() got a prompt of {input_ids_length} tokens, but the model holds {limit} positions "
+                f"generate() got a prompt of {prompt} tokens, but the model holds {limit} positions "
                 f"(max_position_embeddings={self.config.max_position_embeddings}): shorten the prompt to at most "
                 f"{limit - 1} tokens to generate any"
             )
-        if generation_config.max_length > limit:
+        if prompt + new_tokens > limit:
             if has_default_max_length and generation_config.max_new_tokens is None:
-                generation_config.max_length = limit  # the default length, not asked for: cut to what fits
+                generation_config.max_length = input_ids_length + limit - prompt  # the default, not asked for: cut
             else:
                 asked = (f"max_length={generation_config.max_length}" if generation_config.max_new_tokens is None else
-                         f"{input_ids_length} prompt tokens + max_new_tokens={generation_config.max_new_tokens}")
+                         f"{prompt} prompt tokens + max_new_tokens={generation_config.max_new_tokens}")
                 pipeline_default = generation_config.max_new_tokens == PIPELINE_NEW_TOKENS
                 raise ValueError(
-                    f"generate() would reach {generation_config.max_length} tokens ({asked}), past the {limit} "
+                    f"generate() would reach {prompt + new_tokens} tokens ({asked}), past the {limit} "
                     f"positions of the model (max_position_embeddings={self.config.max_position_embeddings}): ask for "
-                    f"at most {limit - input_ids_length} new tokens"
+                    f"at most {limit - prompt} new tokens"
                     + (f" ({PIPELINE_NEW_TOKENS} new tokens is also what transformers' text-generation pipeline asks "
                        "for when its call names no length: pass max_new_tokens=... to the call)" if pipeline_default
                        else "")
                 )
-        super()._validate_generated_length(generation_config, input_ids_length, has_default_max_length)
+        return generation_config
 
     def _prepare_cache_for_generation(
         self, generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
@@ -976,15 +1027,18 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         "lm_head.weight": "encoder.embeddings.word_embeddings.weight",
     }
     _no_split_modules = ["ZformerLayer", "ZformerDecoderLayer"]
+    # The base model is the encoder, a `ZformerModel`: its checkpoint loads into `encoder.*`
+    base_model_prefix = "encoder"
+    _is_encoder_decoder = True
 
     def __init__(self, config):
         if config.num_decoder_layers < 1:  # no layer, no cross-attention: the output would ignore the source
             raise ValueError(f"num_decoder_layers={config.num_decoder_layers}: an encoder-decoder needs at least one "
                              "decoder layer, whose cross-attention reads the source")
-        config.is_encoder_decoder = True
         super().__init__(config)
+        config = self.config
         self.encoder = ZformerModel(config)
-        self.decoder = ZformerDecoder(config, config.layer_attention_types(decoder=True), cross_attention=True)
+        self.decoder = ZformerDecoder(config)  # with cross-attention: the config is an encoder-decoder's
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self._is_stateful = any(kind != "full" for kind in self.decoder.layer_types)  # no assisted generation
         self.post_init()
@@ -1124,11 +1178,17 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
 # ----------------------------------------------------------------------------------------------
 
 
-def causal_lm_loss(logits, labels, num_items_in_batch=None) -> torch.Tensor:
+def causal_lm_loss(logits, labels, num_items_in_batch=None, shift_labels=None) -> torch.Tensor:
     """Next-token cross-entropy: the logits at position i score labels[i + 1] (labels are the input
-    ids, -100 where nothing is scored: transformers' convention); `mean_loss` normalisation."""
-    (shifted_logits,) = at_least_fp32(logits[:, :-1].reshape(-1, logits.shape[-1]))  # fp64 stays fp64
-    return mean_loss(CrossEntropyLoss, num_items_in_batch, shifted_logits, labels[:, 1:].reshape(-1))
+    ids, -100 where nothing is scored: transformers' convention); `mean_loss` normalisation.
+    `shift_labels` (B, N), when given, are the targets already aligned with the logits (position i
+    scores shift_labels[i]) and `labels` are not read: under sequence or context parallelism Trainer
+    shifts the whole sequence before sharding it, so each shard's last token is scored against the
+    next shard's first."""
+    if shift_labels is None:
+        logits, shift_labels = logits[:, :-1], labels[:, 1:]
+    (flat,) = at_least_fp32(logits.reshape(-1, logits.shape[-1]))  # fp64 stays fp64
+    return mean_loss(CrossEntropyLoss, num_items_in_batch, flat, shift_labels.reshape(-1).to(flat.device))
 
 
 class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
@@ -1147,6 +1207,8 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
 
     _tied_weights_keys = {"lm_head.weight": "decoder.embeddings.word_embeddings.weight"}
     _no_split_modules = ["ZformerDecoderLayer"]
+    base_model_prefix = "decoder"  # the stack below the head
+    _is_encoder_decoder = False
 
     def __init__(self, config):
         layer_types = config.layer_attention_types()
@@ -1156,9 +1218,9 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
                     f"attention_type={config.attention_type!r}: layer {i} is {kind!r}, which cannot be causal; a "
                     f"causal language model takes {list(CAUSAL_ATTENTION_TYPES)}"
                 )
-        config.is_encoder_decoder = False
         super().__init__(config)
-        self.decoder = ZformerDecoder(config, layer_types, cross_attention=False)
+        config = self.config
+        self.decoder = ZformerDecoder(config, layer_types)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
         self._is_stateful = any(kind != "full" for kind in layer_types)  # no assisted generation
         self.post_init()
@@ -1191,12 +1253,14 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         return_dict: bool | None = None,
         logits_to_keep: int = 0,
         cache: ZformerCache | None = None,
+        shift_labels: torch.LongTensor | None = None,
     ):
         """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), or (B, past + N) with a
         cache (what `generate()` passes), 1 at real tokens, padding on either side; position_ids
         (B, N) by default from the mask. `past_key_values` (or `cache`, transformers' name since 5.24):
         the `ZformerCache` of earlier calls (a new one when `use_cache` and none is given). labels
-        (B, N): the input ids, -100 where not scored; shifted inside. `logits_to_keep` > 0 computes
+        (B, N): the input ids, -100 where not scored; shifted inside; or `shift_labels` (B, N), targets
+        already shifted (`causal_lm_loss`), which take their place. `logits_to_keep` > 0 computes
         only the last ones. Returns
         `CausalLMOutputWithPast(loss, logits (B, N, vocab), the cache, hidden_states)`, the cache under
         `CACHE_FIELD` (`cache` from transformers 5.24, `past_key_values` before)."""
@@ -1212,7 +1276,8 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
             output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
         )
         use_cache = use_cache if use_cache is not None else self.config.use_cache
-        if labels is not None and past_key_values is None:
+        scored = labels is not None or shift_labels is not None
+        if scored and past_key_values is None:
             use_cache = False
         if use_cache and past_key_values is None:
             past_key_values = self.decoder.new_cache()
@@ -1228,7 +1293,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         )
         kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
         logits = self.lm_head(kept) if tied is None else self.lm_head(kept, head_weight)
-        loss = causal_lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
+        loss = causal_lm_loss(logits, labels, num_items_in_batch, shift_labels) if scored else None
         output = CausalLMOutputWithPast(
             loss=loss, logits=logits, hidden_states=all_hidden, **{CACHE_FIELD: past_key_values}
         )
@@ -1236,7 +1301,8 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
 
 
 # ----------------------------------------------------------------------------------------------
-# "fastformer" model type: the same classes bound to FastformerConfig
+# "fastformer" model type: the same classes bound to FastformerConfig (the generative ones name the
+# generation mixin among their direct bases, as transformers expects of every generative class)
 # ----------------------------------------------------------------------------------------------
 
 
@@ -1255,12 +1321,12 @@ class FastformerForMaskedLM(ZformerForMaskedLM):
     config_class = FastformerConfig
 
 
-class FastformerForConditionalGeneration(ZformerForConditionalGeneration):
+class FastformerForConditionalGeneration(ZformerForConditionalGeneration, ZformerGenerationMixin):
     config: FastformerConfig
     config_class = FastformerConfig
 
 
-class FastformerForCausalLM(ZformerForCausalLM):
+class FastformerForCausalLM(ZformerForCausalLM, ZformerGenerationMixin):
     config: FastformerConfig
     config_class = FastformerConfig
 
@@ -1310,7 +1376,10 @@ for _config_class in CONFIG_CLASSES:
 #
 # Checkpoints saved before 0.2.0 also hold Zformer's `log_scale` as a 0-d tensor; it has shape (1,) now
 # (FSDP shards no 0-d parameter). `ScalarToVector` reshapes it on load; it is its own reverse, so a
-# model is always saved with shape (1,).
+# model is always saved with shape (1,). It joins the load of models that have a `log_scale`
+# (`ZformerPreTrainedModel._load_pretrained_model`) rather than the model type's registered mapping:
+# transformers expects every registered pattern to name keys of each model of the type, and a model
+# of full, xformer, fastformer or hedgehog layers has no `log_scale`.
 
 
 class ScalarToVector(ConversionOps):
@@ -1332,7 +1401,6 @@ for _config_class in CONFIG_CLASSES:
         _config_class.model_type,
         [
             WeightRenaming(r"attention_output\.", "attention.output."),
-            WeightConverter("log_scale", "log_scale", operations=[ScalarToVector()]),
         ],
         overwrite=True,
     )

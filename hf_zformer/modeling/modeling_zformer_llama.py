@@ -19,7 +19,12 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers import initialization as init
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import (
+    LlamaForCausalLM,
+    LlamaMLP,
+    LlamaRMSNorm,
+    LlamaRotaryEmbedding,
+)
 
 from .attention import HedgehogFeatureMap
 from .attention_llama import LLAMA_ATTENTION_CLASSES, RotaryFastformerAttention, RotaryLinearAttention
@@ -105,10 +110,15 @@ class ZformerLlamaModel(ZformerLlamaPreTrainedModel):
         """input_ids (B, N) or inputs_embeds (B, N, D); attention_mask (B, N), or (B, past + N) with a
         cache, 1 at real tokens; position_ids (B, N) or (1, N), by default past, past + 1, ... as
         Llama's (`generate()` passes positions counted from the mask). `past_key_values` (or
-        `cache`): the `ZformerLlamaCache` of earlier calls (a new one when `use_cache`)."""
+        `cache`): the `ZformerLlamaCache` of earlier calls (a new one when `use_cache`).
+        `output_hidden_states` and `return_dict` default to the config's, as in every transformers model."""
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids and inputs_embeds")
         cache = decoding_state(past_key_values, cache)
+        output_hidden_states = (
+            output_hidden_states if output_hidden_states is not None else self.config.output_hidden_states
+        )
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
         use_cache = use_cache if use_cache is not None else self.config.use_cache
         if use_cache and cache is None:
             cache = self.new_cache()
@@ -130,8 +140,9 @@ class ZformerLlamaModel(ZformerLlamaPreTrainedModel):
         hidden_states = self.norm(hidden_states)
         if output_hidden_states:
             all_hidden = all_hidden[:-1] + (hidden_states,)  # Llama's last entry is after the final norm
-        return BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=all_hidden,
-                                       **{CACHE_FIELD: cache})
+        output = BaseModelOutputWithPast(last_hidden_state=hidden_states, hidden_states=all_hidden,
+                                         **{CACHE_FIELD: cache})
+        return output if return_dict else output.to_tuple()
 
 
 class ZformerLlamaForCausalLM(ZformerLlamaPreTrainedModel, GenerationMixin):
@@ -140,6 +151,8 @@ class ZformerLlamaForCausalLM(ZformerLlamaPreTrainedModel, GenerationMixin):
     constant size when no layer is "full"."""
 
     _tied_weights_keys = {"lm_head.weight": "model.embed_tokens.weight"}
+    # Llama's plan for the head: transformers shards the input embeddings, so the head tied to them is sharded too
+    _tp_plan = LlamaForCausalLM._tp_plan
 
     def __init__(self, config):
         super().__init__(config)
@@ -173,24 +186,28 @@ class ZformerLlamaForCausalLM(ZformerLlamaPreTrainedModel, GenerationMixin):
 
     def forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
                 inputs_embeds=None, labels=None, num_items_in_batch=None, use_cache=None,
-                output_hidden_states=None, return_dict=None, logits_to_keep: int = 0, cache=None, **kwargs):
+                output_hidden_states=None, return_dict=None, logits_to_keep: int = 0, cache=None,
+                shift_labels=None, **kwargs):
         """As `ZformerLlamaModel.forward`; labels (B, N): the input ids, -100 where not scored,
-        shifted inside. `logits_to_keep` > 0 computes only the last ones. Returns
+        shifted inside; or `shift_labels` (B, N), targets already shifted, which take their place
+        (`causal_lm_loss`). `logits_to_keep` > 0 computes only the last ones. Returns
         `CausalLMOutputWithPast(loss, logits (B, N, vocab), the cache, hidden_states)`."""
         if kwargs.get("output_attentions"):
             raise ValueError("output_attentions=True is not supported: linear attention forms no attention matrix")
         cache = decoding_state(past_key_values, cache)
-        if labels is not None and cache is None:
+        return_dict = return_dict if return_dict is not None else self.config.return_dict
+        scored = labels is not None or shift_labels is not None
+        if scored and cache is None:
             use_cache = False
         outputs = self.model(input_ids, attention_mask, position_ids, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                             output_hidden_states=output_hidden_states, cache=cache)
+                             output_hidden_states=output_hidden_states, cache=cache, return_dict=True)
         hidden_states = outputs.last_hidden_state
         kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
         logits = self.lm_head(kept)
-        loss = causal_lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
+        loss = causal_lm_loss(logits, labels, num_items_in_batch, shift_labels) if scored else None
         output = CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=outputs.hidden_states,
                                         **{CACHE_FIELD: getattr(outputs, CACHE_FIELD)})
-        return output if return_dict is not False else output.to_tuple()
+        return output if return_dict else output.to_tuple()
 
 
 ZformerLlamaConfig.register_for_auto_class("AutoConfig")
