@@ -134,9 +134,9 @@ def test_memory_holding_every_older_token_is_softmax_attention():
 
 
 def test_memory_keeps_the_tokens_the_state_recalls_worst():
-    """A placement keeps, per head, the candidates (the memory and the chunk leaving) that the state
-    recalls worst, and every other placed token but the sinks joins the state: the state is the sum
-    written out over the tokens the memory does not hold."""
+    """A placement keeps, per head, the candidates (the memory and the chunk leaving) that a state
+    holding all of them recalls worst, and every other placed token but the sinks joins the state:
+    the state is the sum written out over the tokens the memory does not hold."""
     from hf_zformer.modeling.attention_memory import memory_self_attention
 
     torch.manual_seed(3)
@@ -156,7 +156,9 @@ def test_memory_keeps_the_tokens_the_state_recalls_worst():
         assert row["placed"] == 3 * chunk and row["sink_keys"].shape[1] == sinks
         for head in range(heads):
             candidates = before["memory_index"][head].tolist() + list(range(2 * chunk, 3 * chunk))
-            recalled = features[head, candidates] @ before["state"][head]
+            pairs = torch.cat([v[0, head, candidates], torch.ones(len(candidates), 1)], 1)
+            holding = before["state"][head] + features[head, candidates].T @ pairs  # the state with every candidate
+            recalled = features[head, candidates] @ holding
             error = (v[0, head, candidates] - recalled[:, :-1] / recalled[:, -1:]).pow(2).sum(-1)
             worst = {candidates[i] for i in error.topk(slots).indices.tolist()}
             assert set(row["memory_index"][head].tolist()) == worst, head

@@ -12,8 +12,9 @@ Each query i of a sequence attends with one normalisation to
   is in no memory slot (r the fading factor with `feature_map_horizon`, else 1).
 
 Placement happens once C tokens have left the W-token window: those C tokens (sinks aside) and the
-M memory tokens of each head are scored by how badly the state recalls their value,
-|| v_j - S_v^T phi(k_j) / s_z^T phi(k_j) ||^2; the M worst stay in memory, the others join the
+M memory tokens of each head are scored by how badly a state holding all of them would recall
+their value (self-recall), || v_j - S_v^T phi(k_j) / s_z^T phi(k_j) ||^2 with (S_v, s_z) the state
+plus every candidate's weighted phi(k) [v, 1]^T; the M worst stay in memory, the others join the
 state. The schedule depends only on a sequence's real tokens, so a prompt read at once or in parts,
 with or without left padding, gives the same outputs, and the cache holds at most S + M + W + C - 1
 keys and values per head besides the state: constant in the generated length.
@@ -163,8 +164,8 @@ def _segment(row: dict, query, key, value, feature_query, feature_key, s: dict) 
 
 def _place(row: dict, s: dict) -> None:
     """The oldest `chunk` recent tokens leave: sinks to the sinks, the rest with the memory scored by
-    the state's recall error; the `slots` worst recalled per head stay in memory, the others join
-    the state with their faded weights."""
+    their self-recall error (read back from the state plus every candidate); the `slots` worst
+    recalled per head stay in memory, the others join the state with their faded weights."""
     chunk, groups, placed = s["chunk"], s["groups"], row["placed"]
     leaving = slice(0, chunk)
     keys, values = row["recent_keys"][:, leaving], row["recent_values"][:, leaving]
@@ -186,23 +187,23 @@ def _place(row: dict, s: dict) -> None:
         feature_keys = torch.cat([row["memory_feature_keys"], feature_keys], 1)
         index = torch.cat([row["memory_index"], index], 1)
     features = s["key_map"](feature_keys[None])[0]  # (H, M + c, F)
+    weight = torch.ones_like(index, dtype=features.dtype)
+    if s["decay"] is not None:  # token j as the next query (real index `seen`) sees it: r^(seen - W - j)
+        age = (row["seen"] - s["window"] - index).to(features.dtype)
+        weight = s["decay"].to(features.dtype)[:, None] ** age
+    pairs = torch.cat([values, torch.ones_like(values[..., :1])], -1)  # [v, 1]
+    candidates = torch.einsum("hkf,hk,hke->hfe", features, weight, pairs)
     state = row["state"]
-    if state is None:
-        error = values.pow(2).sum(-1)  # nothing stored yet: the state recalls zero
-    else:
-        recalled = torch.einsum("hkf,hfe->hke", features, state)
-        error = (values - recalled[..., :-1] / recalled[..., -1:].clamp_min(1e-30)).pow(2).sum(-1)
+    # self-recall: each candidate read back from the state that holds every candidate (itself too)
+    recalled = torch.einsum("hkf,hfe->hke", features, candidates if state is None else state + candidates)
+    error = (values - recalled[..., :-1] / recalled[..., -1:].clamp_min(1e-30)).pow(2).sum(-1)
     keep = min(s["slots"], keys.shape[1])
     kept = error.topk(keep, dim=1).indices.sort(1).values  # (H, keep), in order of age
     stays = torch.zeros_like(error, dtype=torch.bool).scatter(1, kept, True)
     pick = lambda t: t.gather(1, kept[..., None].expand(-1, -1, t.shape[-1]))  # noqa: E731
     row["memory_keys"], row["memory_values"] = pick(keys), pick(values)
     row["memory_feature_keys"], row["memory_index"] = pick(feature_keys), index.gather(1, kept)
-    weight = (~stays).to(features.dtype)
-    if s["decay"] is not None:  # token j as the next query (real index `seen`) sees it: r^(seen - W - j)
-        age = (row["seen"] - s["window"] - index).to(features.dtype)
-        weight = weight * s["decay"].to(features.dtype)[:, None] ** age
-    added = torch.einsum("hkf,hk,hke->hfe", features, weight, torch.cat([values, torch.ones_like(values[..., :1])], -1))
+    added = torch.einsum("hkf,hk,hke->hfe", features, weight * (~stays).to(weight.dtype), pairs)
     row["state"] = added if state is None else state + added
 
 
