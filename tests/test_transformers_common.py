@@ -4,8 +4,9 @@ and cached, tests/transformers_sdist.py), plus our generate() checks in the form
 GenerationTesterMixin, which the sdist lacks (tests/common_generation_checks.py).
 
 One tester per form, each on a tiny config: the encoder of each attention type (with its heads),
-seq2seq with zformer, fastformer and mixed decoders, both causal LMs (and one with an untied head),
-ZformerLlama all-linear, mixed and untied. The only skips are the features the models document as
+seq2seq with zformer (Hedgehog map, causal convolution), fastformer and mixed decoders, both causal LMs
+(the zformer one windowed, with sinks and a convolution) and a mixed one with an untied head,
+ZformerLlama all-linear and mixed. The only skips are the features the models document as
 missing (docs/models.md, "transformers' common tests"): transformers' tests skip themselves where a
 model declares no attention weights (`has_attentions = False`), and the other skips they make are
 their own (a GPU, flash-attn, a multi-device setup, a model kind these are not).
@@ -217,29 +218,33 @@ LLAMA = (ZformerLlamaModel, ZformerLlamaForCausalLM)
 
 EncoderFull = make_tester("EncoderFull", ZformerConfig, dict(attention_type="full"), ENCODERS, has_attentions=True)
 EncoderZformer = make_tester("EncoderZformer", ZformerConfig, dict(attention_type="zformer"), ENCODERS)
-EncoderHedgehog = make_tester("EncoderHedgehog", ZformerConfig,
-                         dict(attention_type="zformer", zformer_feature_map="hedgehog"), ENCODERS)
 EncoderXformer = make_tester("EncoderXformer", ZformerConfig, dict(attention_type="xformer"), ENCODERS)
 EncoderFastformer = make_tester("EncoderFastformer", FastformerConfig, dict(attention_type="fastformer"), FAST_ENCODERS)
-Seq2SeqZformer = make_tester("Seq2SeqZformer", ZformerConfig, dict(attention_type="zformer", decoder_attention_type="zformer"),
-                        (ZformerForConditionalGeneration,), seq2seq=True)
+# The Hedgehog map in an encoder and a decoder, with the decoder's causal convolution (a state of its own)
+Seq2SeqZformer = make_tester("Seq2SeqZformer", ZformerConfig,
+                             dict(attention_type="zformer", decoder_attention_type="zformer",
+                                  zformer_feature_map="hedgehog", decoder_conv_size=2),
+                             (ZformerForConditionalGeneration,), seq2seq=True)
 Seq2SeqFastformer = make_tester("Seq2SeqFastformer", FastformerConfig,
-                           dict(attention_type="fastformer", decoder_attention_type="fastformer"),
-                           (FastformerForConditionalGeneration,), seq2seq=True)
+                                dict(attention_type="fastformer", decoder_attention_type="fastformer"),
+                                (FastformerForConditionalGeneration,), seq2seq=True)
 Seq2SeqMixed = make_tester("Seq2SeqMixed", ZformerConfig,
-                      dict(attention_type=["zformer", "xformer"], decoder_attention_type=["full", "fastformer"],
-                           cross_attention_type="zformer"), (ZformerForConditionalGeneration,), seq2seq=True)
-CausalZformer = make_tester("CausalZformer", ZformerConfig, dict(attention_type="zformer"), (ZformerForCausalLM,))
+                           dict(attention_type=["zformer", "xformer"], decoder_attention_type=["full", "fastformer"],
+                                cross_attention_type="zformer"), (ZformerForConditionalGeneration,), seq2seq=True)
+# The Hedgehog map with a softmax window (shorter than the 7 tokens), a sink and the causal convolution
+CausalZformer = make_tester("CausalZformer", ZformerConfig,
+                            dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3,
+                                 attention_sinks=1, decoder_conv_size=2), (ZformerForCausalLM,))
 CausalFastformer = make_tester("CausalFastformer", FastformerConfig, dict(attention_type="fastformer"),
-                          (FastformerForCausalLM,))
+                               (FastformerForCausalLM,))
 CausalMixedUntied = make_tester("CausalMixedUntied", ZformerConfig,
-                           dict(attention_type=["zformer", "full"], tie_word_embeddings=False), (ZformerForCausalLM,))
-LlamaLinear = make_tester("LlamaLinear", ZformerLlamaConfig, dict(attention_type="zformer"), LLAMA)
-LlamaMixed = make_tester("LlamaMixed", ZformerLlamaConfig, dict(attention_type=["zformer", "full"], tie_word_embeddings=True),
-                    LLAMA)
-LlamaMixedUntied = make_tester("LlamaMixedUntied", ZformerLlamaConfig,
-                          dict(attention_type=["fastformer", "full"], tie_word_embeddings=False), LLAMA)
-
+                                dict(attention_type=["zformer", "full"], tie_word_embeddings=False),
+                                (ZformerForCausalLM,))
+# ZformerLlama: all-linear with an untied head (the Llama default), and mixed with a tied head and a window
+LlamaLinear = make_tester("LlamaLinear", ZformerLlamaConfig, dict(attention_type=["zformer", "fastformer"]), LLAMA)
+LlamaMixed = make_tester("LlamaMixed", ZformerLlamaConfig,
+                         dict(attention_type=["zformer", "full"], attention_window=[3, 0], attention_sinks=1,
+                              tie_word_embeddings=True), LLAMA)
 
 def test_config_common_kwargs_cover_the_base_config():
     """CONFIG_COMMON_KWARGS sets every public attribute of PreTrainedConfig, none at its default."""
