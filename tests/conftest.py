@@ -33,6 +33,15 @@ import hf_zformer  # noqa: E402,F401  (registers the Auto classes)
 # Ctrl-C does: pytest reports the tests that ran and what failed before it exits.
 signal.signal(signal.SIGTERM, signal.default_int_handler)
 
+
+
+def pytest_configure(config):
+    # The marks transformers' common test modules (tests/test_transformers_common.py) put on their tests
+    for mark in ("accelerate_tests", "flash_attn_test", "flash_attn_3_test", "flash_attn_4_test",
+                 "torch_compile_test", "is_training_test"):
+        config.addinivalue_line("markers", f"{mark}: a mark of transformers' common tests")
+
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:  # the benchmark harness (benchmarks/) lives beside the package, in the checkout
     sys.path.append(str(REPO_ROOT))

@@ -258,6 +258,17 @@ def test_windowed_layer_keeps_the_last_window_tokens():
         "decoder.layers.0.self_attention.window_gate"}
 
 
+def test_a_window_added_at_loading_starts_at_half_share(tmp_path):
+    """A checkpoint without a softmax window loaded with one: the window gates it lacks start as a
+    new model's do (0: a softmax share of 0.5 per head), not as whatever memory they were given."""
+    causal_lm("zformer", zformer_feature_map="hedgehog").save_pretrained(tmp_path)
+    model, info = ZformerForCausalLM.from_pretrained(tmp_path, attention_window=3, output_loading_info=True)
+    gates = {n: p for n, p in model.named_parameters() if "window_gate" in n}
+    assert gates and set(gates) <= set(info["missing_keys"])
+    for gate in gates.values():
+        torch.testing.assert_close(gate.detach(), torch.zeros_like(gate))
+
+
 @pytest.mark.parametrize(("overrides", "message"), [
     (dict(attention_type="zformer", attention_window=4), "only zformer layers with the hedgehog map"),
     (dict(attention_type="fastformer", attention_window=4), "only zformer layers with the hedgehog map"),

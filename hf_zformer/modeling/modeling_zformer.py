@@ -409,8 +409,11 @@ class ZformerPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         std = self.config.initializer_range
-        if isinstance(module, ZformerAttention) and module.log_scale is not None:
-            init.constant_(module.log_scale, math.log(module.scale_init))
+        if isinstance(module, ZformerAttention):
+            if module.log_scale is not None:
+                init.constant_(module.log_scale, math.log(module.scale_init))
+            if module.window_gate is not None:  # the softmax share of each head, sigmoid(0) = 0.5
+                init.zeros_(module.window_gate)
         elif isinstance(module, HedgehogFeatureMap):  # the identity map: W = I, b = 0
             init.copy_(module.weight, torch.eye(module.weight.shape[-1]).expand_as(module.weight))
             init.zeros_(module.bias)
