@@ -6,29 +6,74 @@ This file ships to the Hugging Face Hub with every checkpoint: torch, transforme
 """
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 
-class RecurrentLayer(CacheLayerMixin):
-    """A cache layer whose state has a fixed size (no sequence axis): `tensors()` lists it.
-    It counts the tokens it has seen (padding included, as a `DynamicLayer` does), so
-    `get_seq_length` works when every layer is recurrent. Beam search and batch selection index
-    the state's batch axis; `crop` cannot undo a sum and is refused."""
+class RecurrentLayer(LinearAttentionCacheLayerMixin):
+    """A cache layer whose state has a fixed size (no sequence axis): `tensors()` lists it. It is a
+    transformers linear-attention cache layer (`LinearAttentionCacheLayerMixin`), so transformers'
+    generic cache code tells it from a key/value layer: its state tensors, batch first, are
+    `recurrent_states` (one entry per tensor), it has no `conv_states` (a causal convolution's
+    inputs live in the cache's `conv_layers`) and no keys and values to read. It counts the tokens
+    it has seen (padding included, as a `DynamicLayer` does), so `get_seq_length` works when every
+    layer is recurrent. Beam search and batch selection index the state's batch axis. A running sum
+    cannot drop its last tokens by itself: `crop` is the cache's (`ZformerCache.crop`, which
+    restores a recorded state and reads the kept tokens again), and the layer's own refuses."""
 
     is_compileable = False
-    is_croppable = False
     supports_early_init = False
 
     def __init__(self):
-        super().__init__()
         self.num_tokens = 0
+        self.is_initialized = False
+        self.device = None
+        self.dtype = None
+        self.record_past = False
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor = None, **kwargs) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
         self.is_initialized = True
 
     def tensors(self) -> list[torch.Tensor]:
         raise NotImplementedError
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The state as batched tensors (B, ...), what `recurrent_states` shows."""
+        return self.tensors()
+
+    # transformers' linear-attention layer interface, read-only views of the state
+    @property
+    def number_of_states(self) -> int:
+        return max(1, len(self.state_tensors()))
+
+    @property
+    def recurrent_states(self) -> dict[int, torch.Tensor | None]:
+        held = self.state_tensors()
+        return {i: held[i] if i < len(held) else None for i in range(self.number_of_states)}
+
+    @property
+    def has_previous_state(self) -> dict[int, bool]:
+        return {i: tensor is not None for i, tensor in self.recurrent_states.items()}
+
+    @property
+    def is_recurrent_states_initialized(self) -> dict[int, bool]:
+        return self.has_previous_state
+
+    @property
+    def conv_states(self) -> dict[int, None]:
+        return dict.fromkeys(range(self.number_of_states))
+
+    @property
+    def is_conv_states_initialized(self) -> dict[int, bool]:
+        return dict.fromkeys(range(self.number_of_states), False)
+
+    @property
+    def conv_kernel_size(self) -> dict[int, None]:
+        return dict.fromkeys(range(self.number_of_states))
+
+    @property
+    def is_croppable(self) -> bool:
+        return False  # alone; the cache crops (`ZformerCache.is_croppable`)
 
     def batch_rows(self) -> int | None:
         """The rows of the batch that filled the layer, or None while it is empty."""
@@ -41,6 +86,19 @@ class RecurrentLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         raise TypeError(f"{type(self).__name__} keeps a fixed-size state, not keys and values: its attention "
                         "computes the state and calls `store`")
+
+    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs):
+        raise TypeError(f"{type(self).__name__} has no convolution state: its attention computes the state and "
+                        "calls `store`")
+
+    update_recurrent_state = update_conv_state
+
+    def increase_count(self, state_idx: int = 0):
+        raise TypeError(f"{type(self).__name__} counts its tokens in `store`")
+
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None, **kwargs):
+        self.record_past = True
+        self.recurrent_states_to_keep = recurrent_states_to_keep
 
     def get_seq_length(self) -> int:
         return self.num_tokens
@@ -72,7 +130,8 @@ class RecurrentLayer(CacheLayerMixin):
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove != 0:
-            raise ValueError(f"{type(self).__name__} is a running sum: it cannot drop its last tokens")
+            raise ValueError(f"{type(self).__name__} is a running sum: it cannot drop its last tokens by itself "
+                             "(the cache can, in recording mode: `ZformerCache.crop`)")
 
 
 class ZformerStateLayer(RecurrentLayer):
@@ -191,6 +250,32 @@ class SideLayer:
         return list(self.value) if isinstance(self.value, tuple) else [self.value]
 
 
+def _layer_state(layer) -> dict:
+    """A cache layer's attributes as they are now: its tensors are replaced by later calls, never
+    written in place, so references keep them (a recall-memory layer's per-row dicts are copied)."""
+    state = dict(vars(layer))
+    if state.get("rows") is not None:
+        state["rows"] = [dict(row) for row in state["rows"]]
+    return state
+
+
+def replayable_call(forward, length: int, tokens: dict, masks: dict, fixed: dict):
+    """`replay(keep)` for `ZformerCache.record_call`: `forward(**inputs)` of the first `keep` of a
+    forward's `length` new tokens, without gradients. `tokens` are the inputs with the new tokens on
+    axis 1 (ids, embeddings, positions; None stays None), `masks` those whose last `length` columns
+    are the new tokens, `fixed` the others (the cache, encoder states, flags)."""
+
+    def replay(keep: int) -> None:
+        cut = length - keep
+        inputs = dict(fixed)
+        inputs.update({name: None if t is None else t[:, :keep] for name, t in tokens.items()})
+        inputs.update({name: None if t is None else t[:, : t.shape[1] - cut] for name, t in masks.items()})
+        with torch.no_grad():
+            forward(**inputs)
+
+    return replay
+
+
 RECURRENT_LAYERS = {"zformer": ZformerStateLayer, "fastformer": FastformerStateLayer}
 
 
@@ -227,6 +312,10 @@ class ZformerCache(Cache):
         super().__init__(layers=layers)
         self.memory_layers = [SideLayer() for _ in layer_types] if cross_attention else []
         self.conv_layers = [SideLayer() for _ in layer_types] if conv_size else []
+        self.record_past = False
+        self.recurrent_states_to_keep = None
+        self._recorded = None  # (every layer's state before the first of them, [(replay, tokens)]) since the last crop
+        self._replaying = False
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Full self-attention of layer `layer_idx`: stores the new tokens' keys/values (B, H, N, d) and
@@ -282,6 +371,82 @@ class ZformerCache(Cache):
         super().reset()
         for layer in (*self.memory_layers, *self.conv_layers):
             layer.value = None
+        self._recorded = None
+
+    # Speculative (assisted) decoding: a crop back to any of the tokens of the forwards since the last crop.
+
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None, **kwargs):
+        """Recording mode, which `generate()` turns on for assisted decoding (and for the draft model's
+        cache): from then on `crop(-n)` can drop the last n tokens of the forwards run since the last
+        crop. At the first such forward the cache keeps every layer's state as it was (a fixed-size
+        copy of references: states are replaced, never written in place) and each forward leaves a
+        way to run its first tokens again (`record_call`); `crop(-n)` restores the kept state and
+        runs the tokens that stay through the decoder again, in one forward per recorded call.
+        Between two crops the cache thus holds one state besides its own and the inputs of the
+        recorded forwards (a verification step's draft tokens): constant in the generated length.
+        `recurrent_states_to_keep` (the draft length transformers passes) is kept for transformers'
+        `get_recurrent_states_to_keep`; any crop within the recorded tokens works."""
+        self.record_past = True
+        self.recurrent_states_to_keep = recurrent_states_to_keep
+        for layer in self.layers:
+            if isinstance(layer, RecurrentLayer):
+                layer.activate_past_recording(recurrent_states_to_keep)
+
+    def record_call(self, replay, tokens: int) -> None:
+        """Called by the decoder at the start of each forward of `tokens` new tokens: in recording mode,
+        keep every layer's state before the first forward since the last crop, and `replay(keep)`,
+        which runs the forward's first `keep` tokens again from there."""
+        if not self.record_past or self._replaying:
+            return
+        if self._recorded is None:
+            self._recorded = ([_layer_state(layer) for layer in self._all_layers()], [])
+        self._recorded[1].append((replay, tokens))
+
+    @property
+    def is_croppable(self) -> bool:
+        """Whether `crop` can drop tokens: in recording mode always; otherwise when every layer keeps keys
+        and values (`DynamicLayer`) and no causal convolution keeps inputs."""
+        return self.record_past or (not self.conv_layers and all(isinstance(layer, DynamicLayer) for layer in self.layers))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last `-tokens_to_remove` tokens (transformers' convention: a negative count). In
+        recording mode (`activate_past_recording`) any count up to the tokens of the forwards since
+        the last crop: the state before them comes back and the tokens that stay are read again; a
+        crop of 0 only ends the recorded span. Otherwise transformers' crop of each layer, which a
+        fixed-size state refuses."""
+        if not self.record_past:
+            super().crop(tokens_to_remove)
+            return
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): pass the number of tokens to drop as a negative count")
+        recorded, self._recorded = self._recorded, None
+        drop = -tokens_to_remove
+        if drop == 0:
+            return
+        if recorded is None:
+            raise ValueError(f"crop({tokens_to_remove}): no forward was recorded since the last crop, so there are no "
+                             "tokens to drop")
+        saved, calls = recorded
+        total = sum(tokens for _, tokens in calls)
+        if drop > total:
+            raise ValueError(f"crop({tokens_to_remove}): the forwards since the last crop read {total} tokens; a "
+                             "fixed-size state can only go back within them")
+        for layer, state in zip(self._all_layers(), saved, strict=True):
+            layer.__dict__.clear()
+            layer.__dict__.update(state)
+        keep = total - drop
+        self._replaying = True
+        try:
+            for replay, tokens in calls:
+                if keep <= 0:
+                    break
+                replay(min(tokens, keep))
+                keep -= tokens
+        finally:
+            self._replaying = False
+
+    def _all_layers(self) -> list:
+        return [*self.layers, *self.memory_layers, *self.conv_layers]
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         super().reorder_cache(beam_idx)

@@ -38,7 +38,7 @@ from .blocks import (
     masked_softmax,
     zero_padding,
 )
-from .cache_zformer import ZformerCache
+from .cache_zformer import ZformerCache, replayable_call
 from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
 
 
@@ -878,6 +878,15 @@ class ZformerDecoder(ZformerPreTrainedModel):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
         length = reference.shape[1]
+        if getattr(past_key_values, "record_past", False):  # assisted decoding: a crop may read these again
+            past_key_values.record_call(replayable_call(
+                self.forward, length,
+                tokens=dict(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids,
+                            token_type_ids=token_type_ids),
+                masks=dict(attention_mask=attention_mask),
+                fixed=dict(encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
+                           past_key_values=past_key_values),
+            ), length)
         if attention_mask is not None and attention_mask.shape[1] == length and past_length:
             # the new tokens' mask only: the cached tokens were all real
             past_mask = attention_mask.new_ones(attention_mask.shape[0], past_length)
@@ -1004,6 +1013,10 @@ class ZformerGenerationMixin(GenerationMixin):
                     f"Zformer-family decoders decode with their ZformerCache"
                 )
             model_kwargs[CACHE_FIELD] = self.decoder.new_cache()
+            if generation_config.is_assistant:  # a draft model's cache: generate() crops its rejected tokens
+                model_kwargs[CACHE_FIELD].activate_past_recording(
+                    recurrent_states_to_keep=generation_config.num_assistant_tokens
+                )
             return
         super()._prepare_cache_for_generation(
             generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
