@@ -951,6 +951,14 @@ def decoding_state(past_key_values, cache):
     return cache if cache is not None else past_key_values
 
 
+def generation_cache(cache, generation_config):
+    """`cache`, new for `generate()`, in recording mode when the model drafts for another one: generate()
+    then crops the drafted tokens the other model rejects (`ZformerCache.activate_past_recording`)."""
+    if getattr(generation_config, "is_assistant", False):
+        cache.activate_past_recording(recurrent_states_to_keep=generation_config.num_assistant_tokens)
+    return cache
+
+
 # What transformers' text-generation pipeline asks for when its call names no length; a refusal of
 # this many new tokens says so, since the user may not have asked for it.
 PIPELINE_NEW_TOKENS = 256
@@ -1012,11 +1020,7 @@ class ZformerGenerationMixin(GenerationMixin):
                     f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
                     f"Zformer-family decoders decode with their ZformerCache"
                 )
-            model_kwargs[CACHE_FIELD] = self.decoder.new_cache()
-            if generation_config.is_assistant:  # a draft model's cache: generate() crops its rejected tokens
-                model_kwargs[CACHE_FIELD].activate_past_recording(
-                    recurrent_states_to_keep=generation_config.num_assistant_tokens
-                )
+            model_kwargs[CACHE_FIELD] = generation_cache(self.decoder.new_cache(), generation_config)
             return
         super()._prepare_cache_for_generation(
             generation_config, model_kwargs, generation_mode, batch_size, max_cache_length

@@ -32,7 +32,7 @@ from .blocks import check_inputs, drop_full_mask
 from .cache_zformer import replayable_call
 from .cache_zformer_llama import ZformerLlamaCache
 from .configuration_zformer_llama import ZformerLlamaConfig
-from .modeling_zformer import CACHE_FIELD, cache_extent, causal_lm_loss, decoding_state
+from .modeling_zformer import CACHE_FIELD, cache_extent, causal_lm_loss, decoding_state, generation_cache
 
 
 class ZformerLlamaDecoderLayer(GradientCheckpointingLayer):
@@ -188,7 +188,7 @@ class ZformerLlamaForCausalLM(ZformerLlamaPreTrainedModel, GenerationMixin):
             if generation_config.cache_implementation not in (None, "dynamic"):
                 raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
                                  "this model decodes with its ZformerLlamaCache")
-            model_kwargs[CACHE_FIELD] = self.model.new_cache()
+            model_kwargs[CACHE_FIELD] = generation_cache(self.model.new_cache(), generation_config)
             return
         super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size,
                                               max_cache_length)
