@@ -9,8 +9,9 @@ projections of their attention and MLP) so that they change the next token rarel
 right as often as a good small model would be, and the timing shows what a crop costs when most
 drafts are kept. `--draft independent`: a random one-layer model of the same vocabulary, almost
 always wrong: the timing shows what assisted decoding costs when every draft is rejected.
-Prints one line per setting: ms/token of each, the speed-up, the drafted tokens kept and the
-target's forwards (verifications, and the re-reads of kept tokens after a rejection).
+Prints one line per setting: ms/token of each, the speed-up, the tokens drafted (transformers' draft
+stops early when it is unsure, `assistant_confidence_threshold`) and the share kept, and the target's
+forwards (verifications, and the re-reads of kept tokens after a rejection).
 
     OMP_NUM_THREADS=1 python scripts/benchmark_assisted.py --draft shallow independent --new_tokens 64
 """
@@ -41,6 +42,9 @@ def parse_args(argv=None):
     parser.add_argument("--depth_scale", type=float, default=0.02,
                         help="factor on the deeper layers' output projections (--draft shallow)")
     parser.add_argument("--draft_tokens", type=int, default=4, help="num_assistant_tokens")
+    parser.add_argument("--assistant_confidence_threshold", type=float, default=None,
+                        help="the draft stops when its next token's probability is below this (default: "
+                             "transformers', 0.4; 0 drafts --draft_tokens every time)")
     parser.add_argument("--prompt_length", type=int, default=32)
     parser.add_argument("--new_tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; the median is reported")
@@ -83,17 +87,18 @@ class Counts:
     """The target's decoder forwards and the tokens crops dropped, during one generate()."""
 
     def __init__(self, target):
-        self.forwards = self.dropped = self.crops = 0
+        self.forwards = self.dropped = self.crops = self.tokens = 0
         self.cache = None
         target.model.register_forward_pre_hook(self._forward, with_kwargs=True)
         self._crop = ZformerCache.crop
 
     def _forward(self, module, args, kwargs):
         self.forwards += 1
+        self.tokens += (args[0] if args else kwargs["input_ids"]).shape[1]
         self.cache = kwargs.get("past_key_values", kwargs.get("cache"))  # the target's (the draft's crops are not counted)
 
     def __enter__(self):
-        self.forwards = self.dropped = self.crops = 0
+        self.forwards = self.dropped = self.crops = self.tokens = 0
         counts, crop = self, self._crop
 
         def counted(cache, tokens_to_remove):
@@ -130,8 +135,11 @@ def main(argv=None):
     for draft in args.draft:
         target, assistant = models(args, draft)
         counts = Counts(target)
-        assist = dict(assistant_model=assistant, num_assistant_tokens=args.draft_tokens,
-                      num_assistant_tokens_schedule="constant")
+        assist = dict(assistant_model=assistant)  # transformers reads the draft settings from the draft's config
+        assistant.generation_config.num_assistant_tokens = args.draft_tokens
+        assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        if args.assistant_confidence_threshold is not None:
+            assistant.generation_config.assistant_confidence_threshold = args.assistant_confidence_threshold
         with torch.inference_mode():
             target.generate(ids, **asked)  # warm-up of both (the first assisted call imports more modules)
             target.generate(ids, **asked, **assist)
@@ -143,10 +151,11 @@ def main(argv=None):
         runs = args.repeats
         verifications = counts.forwards / runs
         greedy_ms, assisted_ms = 1e3 * greedy_time / args.new_tokens, 1e3 * assisted_time / args.new_tokens
-        drafted = verifications * args.draft_tokens
+        # a verification reads the token before the drafts and the drafts (the first one, the prompt too)
+        drafted = (counts.tokens - counts.forwards) / runs - (args.prompt_length - 1)
         kept = 1 - counts.dropped / runs / drafted if drafted else 0.0
         print(f"--draft {draft}: greedy {greedy_ms:.2f} ms/token, assisted {assisted_ms:.2f} ms/token "
-              f"({greedy_ms / assisted_ms:.2f}x); drafts kept {kept:.0%}; target forwards per run: "
+              f"({greedy_ms / assisted_ms:.2f}x); {drafted:.0f} tokens drafted per run, {kept:.0%} kept; target forwards: "
               f"{verifications:.0f} verifications + {counts.crops / runs:.0f} re-reads (greedy: {args.new_tokens})")
 
 

@@ -81,12 +81,17 @@ def crops(monkeypatch):
 
 
 def assert_assisted_is_greedy(model, draft, crops, inputs, new_tokens=16, draft_tokens=4):
+    """Assisted decoding gives greedy decoding's tokens, with a draft of `draft_tokens` each step (the
+    draft model's generation config holds transformers' draft settings), some of them rejected."""
+    draft.generation_config.num_assistant_tokens = draft_tokens
+    draft.generation_config.num_assistant_tokens_schedule = "constant"
+    draft.generation_config.assistant_confidence_threshold = 0.0  # never stop a draft early
     greedy = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     assisted = model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-                              assistant_model=draft, num_assistant_tokens=draft_tokens,
-                              num_assistant_tokens_schedule="constant")
+                              assistant_model=draft)
     assert torch.equal(assisted, greedy)
     assert crops, "no draft token was rejected: the crop was not exercised"
+    assert max(crops) > 1, "no crop dropped more than one token"
 
 
 @pytest.mark.parametrize("kind", sorted(CAUSAL))

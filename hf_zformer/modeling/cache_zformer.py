@@ -259,21 +259,32 @@ def _layer_state(layer) -> dict:
     return state
 
 
-def replayable_call(forward, length: int, tokens: dict, masks: dict, fixed: dict):
-    """`replay(keep)` for `ZformerCache.record_call`: `forward(**inputs)` of the first `keep` of a
-    forward's `length` new tokens, without gradients. `tokens` are the inputs with the new tokens on
-    axis 1 (ids, embeddings, positions; None stays None), `masks` those whose last `length` columns
-    are the new tokens, `fixed` the others (the cache, encoder states, flags)."""
+class RecordedCall:
+    """A decoder forward of `length` new tokens, as a recording cache keeps it (`ZformerCache.record_call`):
+    `forward` and its inputs: `tokens` those with the new tokens on axis 1 (ids, embeddings,
+    positions; None stays None), `masks` those whose last columns are the new tokens (all the tokens
+    so far, or only the new ones), `fixed` the others (the cache, encoder states, flags)."""
 
-    def replay(keep: int) -> None:
-        cut = length - keep
-        inputs = dict(fixed)
-        inputs.update({name: None if t is None else t[:, :keep] for name, t in tokens.items()})
-        inputs.update({name: None if t is None else t[:, : t.shape[1] - cut] for name, t in masks.items()})
-        with torch.no_grad():
-            forward(**inputs)
+    def __init__(self, forward, length: int, tokens: dict, masks: dict, fixed: dict):
+        self.forward, self.length, self.tokens, self.masks, self.fixed = forward, length, tokens, masks, fixed
 
-    return replay
+
+def replay(calls: list[RecordedCall], keep: int) -> None:
+    """Run the first `keep` new tokens of consecutive recorded forwards again, in one forward (without
+    gradients): their token inputs joined, each mask as the last forward gave it (or joined, when the
+    forwards passed only the new tokens' columns), cut to the kept tokens."""
+    drop = sum(call.length for call in calls) - keep
+    last = calls[-1]
+    inputs = dict(calls[0].fixed)
+    for name in last.tokens:
+        parts = [call.tokens[name] for call in calls]
+        inputs[name] = None if any(part is None for part in parts) else torch.cat(parts, 1)[:, :keep]
+    for name, mask in last.masks.items():
+        if mask is not None and mask.shape[1] == last.length:  # only the new tokens' columns
+            mask = torch.cat([call.masks[name] for call in calls], 1)
+        inputs[name] = None if mask is None else mask[:, : mask.shape[1] - drop]
+    with torch.no_grad():
+        last.forward(**inputs)
 
 
 RECURRENT_LAYERS = {"zformer": ZformerStateLayer, "fastformer": FastformerStateLayer}
@@ -314,13 +325,21 @@ class ZformerCache(Cache):
         self.conv_layers = [SideLayer() for _ in layer_types] if conv_size else []
         self.record_past = False
         self.recurrent_states_to_keep = None
-        self._recorded = None  # (every layer's state before the first of them, [(replay, tokens)]) since the last crop
+        self._recorded = None  # (every layer's state before the first of them, [RecordedCall]) since the last crop
         self._replaying = False
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Full self-attention of layer `layer_idx`: stores the new tokens' keys/values (B, H, N, d) and
         returns all of them (B, H, past + N, d)."""
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The tokens layer `layer_idx` has seen: every layer counts them, a fixed-size one too
+        (transformers' own `Cache` asks a key/value layer instead before 5.25)."""
+        return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return self.layers[layer_idx].get_mask_sizes(query_length) if layer_idx < len(self.layers) else (query_length, 0)
 
     def has_memory(self, layer_idx: int) -> bool:
         return layer_idx < len(self.memory_layers) and self.memory_layers[layer_idx].value is not None
@@ -379,9 +398,9 @@ class ZformerCache(Cache):
         """Recording mode, which `generate()` turns on for assisted decoding (and for the draft model's
         cache): from then on `crop(-n)` can drop the last n tokens of the forwards run since the last
         crop. At the first such forward the cache keeps every layer's state as it was (a fixed-size
-        copy of references: states are replaced, never written in place) and each forward leaves a
-        way to run its first tokens again (`record_call`); `crop(-n)` restores the kept state and
-        runs the tokens that stay through the decoder again, in one forward per recorded call.
+        copy of references: states are replaced, never written in place) and each forward leaves its
+        inputs (`record_call`); `crop(-n)` restores the kept state and runs the tokens that stay
+        through the decoder again, in one forward.
         Between two crops the cache thus holds one state besides its own and the inputs of the
         recorded forwards (a verification step's draft tokens): constant in the generated length.
         `recurrent_states_to_keep` (the draft length transformers passes) is kept for transformers'
@@ -392,15 +411,14 @@ class ZformerCache(Cache):
             if isinstance(layer, RecurrentLayer):
                 layer.activate_past_recording(recurrent_states_to_keep)
 
-    def record_call(self, replay, tokens: int) -> None:
-        """Called by the decoder at the start of each forward of `tokens` new tokens: in recording mode,
-        keep every layer's state before the first forward since the last crop, and `replay(keep)`,
-        which runs the forward's first `keep` tokens again from there."""
+    def record_call(self, call: RecordedCall) -> None:
+        """Called by the decoder at the start of each forward: in recording mode, keep every layer's
+        state before the first forward since the last crop, and the forward's inputs."""
         if not self.record_past or self._replaying:
             return
         if self._recorded is None:
             self._recorded = ([_layer_state(layer) for layer in self._all_layers()], [])
-        self._recorded[1].append((replay, tokens))
+        self._recorded[1].append(call)
 
     @property
     def is_croppable(self) -> bool:
@@ -427,21 +445,16 @@ class ZformerCache(Cache):
             raise ValueError(f"crop({tokens_to_remove}): no forward was recorded since the last crop, so there are no "
                              "tokens to drop")
         saved, calls = recorded
-        total = sum(tokens for _, tokens in calls)
+        total = sum(call.length for call in calls)
         if drop > total:
             raise ValueError(f"crop({tokens_to_remove}): the forwards since the last crop read {total} tokens; a "
                              "fixed-size state can only go back within them")
         for layer, state in zip(self._all_layers(), saved, strict=True):
             layer.__dict__.clear()
             layer.__dict__.update(state)
-        keep = total - drop
         self._replaying = True
         try:
-            for replay, tokens in calls:
-                if keep <= 0:
-                    break
-                replay(min(tokens, keep))
-                keep -= tokens
+            replay(calls, total - drop)
         finally:
             self._replaying = False
 

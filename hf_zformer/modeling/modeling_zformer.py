@@ -38,7 +38,7 @@ from .blocks import (
     masked_softmax,
     zero_padding,
 )
-from .cache_zformer import ZformerCache, replayable_call
+from .cache_zformer import ZformerCache, RecordedCall
 from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
 
 
@@ -879,14 +879,14 @@ class ZformerDecoder(ZformerPreTrainedModel):
         reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
         length = reference.shape[1]
         if getattr(past_key_values, "record_past", False):  # assisted decoding: a crop may read these again
-            past_key_values.record_call(replayable_call(
+            past_key_values.record_call(RecordedCall(
                 self.forward, length,
                 tokens=dict(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids,
                             token_type_ids=token_type_ids),
                 masks=dict(attention_mask=attention_mask),
                 fixed=dict(encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
                            past_key_values=past_key_values),
-            ), length)
+            ))
         if attention_mask is not None and attention_mask.shape[1] == length and past_length:
             # the new tokens' mask only: the cached tokens were all real
             past_mask = attention_mask.new_ones(attention_mask.shape[0], past_length)
@@ -1057,7 +1057,6 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         self.encoder = ZformerModel(config)
         self.decoder = ZformerDecoder(config)  # with cross-attention: the config is an encoder-decoder's
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._is_stateful = any(kind != "full" for kind in self.decoder.layer_types)  # no assisted generation
         self.post_init()
 
     def get_encoder(self, modality=None):
@@ -1239,7 +1238,6 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         config = self.config
         self.decoder = ZformerDecoder(config, layer_types)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._is_stateful = any(kind != "full" for kind in layer_types)  # no assisted generation
         self.post_init()
 
     def get_input_embeddings(self):
