@@ -84,21 +84,22 @@ def models(args, draft: str):
 
 
 class Counts:
-    """The target's decoder forwards and the tokens crops dropped, during one generate()."""
+    """The target's decoder forwards, the tokens they read and the tokens crops dropped, inside `with`
+    blocks (one per assisted generate())."""
 
     def __init__(self, target):
         self.forwards = self.dropped = self.crops = self.tokens = 0
-        self.cache = None
+        self.active, self.cache = False, None
         target.model.register_forward_pre_hook(self._forward, with_kwargs=True)
         self._crop = ZformerCache.crop
 
     def _forward(self, module, args, kwargs):
-        self.forwards += 1
-        self.tokens += (args[0] if args else kwargs["input_ids"]).shape[1]
-        self.cache = kwargs.get("past_key_values", kwargs.get("cache"))  # the target's (the draft's crops are not counted)
+        if self.active:
+            self.forwards += 1
+            self.tokens += (args[0] if args else kwargs["input_ids"]).shape[1]
+            self.cache = kwargs.get("past_key_values", kwargs.get("cache"))  # the target's, not the draft's
 
     def __enter__(self):
-        self.forwards = self.dropped = self.crops = self.tokens = 0
         counts, crop = self, self._crop
 
         def counted(cache, tokens_to_remove):
@@ -107,20 +108,25 @@ class Counts:
                 counts.dropped -= tokens_to_remove
             return crop(cache, tokens_to_remove)
 
+        self.active = True
         ZformerCache.crop = counted
         return self
 
     def __exit__(self, *exc):
+        self.active = False
         ZformerCache.crop = self._crop
 
 
-def timed(function, repeats):
-    times, result = [], None
+def timed(functions, repeats):
+    """The median seconds of each of `functions` over `repeats` rounds, run in turn within each round
+    (so load on the machine hits them alike), and each one's last result."""
+    times, results = [[] for _ in functions], [None] * len(functions)
     for _ in range(repeats):
-        start = time.perf_counter()
-        result = function()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), result
+        for index, function in enumerate(functions):
+            start = time.perf_counter()
+            results[index] = function()
+            times[index].append(time.perf_counter() - start)
+    return [statistics.median(each) for each in times], results
 
 
 def main(argv=None):
@@ -143,9 +149,12 @@ def main(argv=None):
         with torch.inference_mode():
             target.generate(ids, **asked)  # warm-up of both (the first assisted call imports more modules)
             target.generate(ids, **asked, **assist)
-            greedy_time, greedy = timed(lambda: target.generate(ids, **asked), args.repeats)
-            with counts:
-                assisted_time, assisted = timed(lambda: target.generate(ids, **asked, **assist), args.repeats)
+            def assisted_run():
+                with counts:
+                    return target.generate(ids, **asked, **assist)
+
+            (greedy_time, assisted_time), (greedy, assisted) = timed(
+                [lambda: target.generate(ids, **asked), assisted_run], args.repeats)
         if not torch.equal(greedy, assisted):
             raise SystemExit(f"--draft {draft}: assisted decoding gave other tokens than greedy decoding")
         runs = args.repeats

@@ -117,11 +117,22 @@ def test_assisted_decoding_gives_greedy_tokens_seq2seq(kind, crops):
     assert_assisted_is_greedy(model, draft, crops, inputs)
 
 
-def test_a_zformer_draft_model_serves_a_llama_target(crops):
+DRAFTS = {
+    "zformer": lambda: build(ZformerForCausalLM, ZformerConfig, dict(attention_type="zformer", num_hidden_layers=1),
+                             seed=7),
+    "fastformer": lambda: build(FastformerForCausalLM, FastformerConfig,
+                                dict(attention_type="fastformer", num_hidden_layers=1), seed=7),
+    "llama-window-memory": lambda: build(ZformerLlamaForCausalLM, ZformerLlamaConfig, dict(
+        KINDS["zformer-window-memory"], vocab_size=VOCAB, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2), seed=7),
+}
+
+
+@pytest.mark.parametrize("draft", sorted(DRAFTS))
+def test_our_causal_lms_serve_as_draft_models(draft, crops):
     """Our causal LM as the draft: its cache records its one-token steps and crops across them."""
     model = converted("hybrid", tiny_llama()).eval()
-    draft = build(ZformerForCausalLM, ZformerConfig, dict(attention_type="zformer", num_hidden_layers=1), seed=7)
-    assert_assisted_is_greedy(model, draft, crops, dict(input_ids=prompt(length=9)), draft_tokens=3)
+    assert_assisted_is_greedy(model, DRAFTS[draft](), crops, dict(input_ids=prompt(length=9)), draft_tokens=3)
 
 
 def test_a_crop_restores_the_state_of_the_kept_tokens():
