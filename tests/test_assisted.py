@@ -158,6 +158,16 @@ def test_a_crop_restores_the_state_of_the_kept_tokens():
         model(ids[:, 10:11], **{CACHE_FIELD: cache}, use_cache=True)
     with pytest.raises(ValueError, match="only go back within them"):  # two tokens read since the last crop
         cache.crop(-3)
+    cache.crop(-1)  # the refused crop kept the recorded span
+    assert cache.get_seq_length() == 10
+    with torch.no_grad():
+        model(ids[:, 10:12], **{CACHE_FIELD: cache}, use_cache=True)
+    cache.crop(-2)  # every token since the last crop: the state before them
+    assert cache.get_seq_length() == 10
+    with torch.no_grad():
+        expected = model(ids[:, 10:11], **{CACHE_FIELD: getattr(reference, CACHE_FIELD)}, use_cache=True).logits
+        got = model(ids[:, 10:11], **{CACHE_FIELD: cache}, use_cache=True).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
 def test_a_crop_without_recording_is_refused_by_a_fixed_size_state():

@@ -269,6 +269,13 @@ class RecordedCall:
         self.forward, self.length, self.tokens, self.masks, self.fixed = forward, length, tokens, masks, fixed
 
 
+def record_forward(cache, forward, length: int, tokens: dict, masks: dict, fixed: dict) -> None:
+    """At the start of a decoder forward: a recording cache keeps it (`ZformerCache.record_call`), since
+    a crop may read its tokens again; any other cache (or None) nothing."""
+    if getattr(cache, "record_past", False):
+        cache.record_call(RecordedCall(forward, length, tokens, masks, fixed))
+
+
 def replay(calls: list[RecordedCall], keep: int) -> None:
     """Run the first `keep` new tokens of consecutive recorded forwards again, in one forward (without
     gradients): their token inputs joined, each mask as the last forward gave it (or joined, when the
@@ -437,21 +444,23 @@ class ZformerCache(Cache):
             return
         if tokens_to_remove > 0:
             raise ValueError(f"crop({tokens_to_remove}): pass the number of tokens to drop as a negative count")
-        recorded, self._recorded = self._recorded, None
         drop = -tokens_to_remove
-        if drop == 0:
-            return
-        if recorded is None:
+        if drop and self._recorded is None:
             raise ValueError(f"crop({tokens_to_remove}): no forward was recorded since the last crop, so there are no "
                              "tokens to drop")
-        saved, calls = recorded
-        total = sum(call.length for call in calls)
+        total = sum(call.length for call in self._recorded[1]) if drop else 0
         if drop > total:
             raise ValueError(f"crop({tokens_to_remove}): the forwards since the last crop read {total} tokens; a "
                              "fixed-size state can only go back within them")
+        recorded, self._recorded = self._recorded, None
+        if drop == 0:
+            return
+        saved, calls = recorded
         for layer, state in zip(self._all_layers(), saved, strict=True):
             layer.__dict__.clear()
             layer.__dict__.update(state)
+        if drop == total:  # back to the state before them: nothing to read again
+            return
         self._replaying = True
         try:
             replay(calls, total - drop)

@@ -38,7 +38,7 @@ from .blocks import (
     masked_softmax,
     zero_padding,
 )
-from .cache_zformer import ZformerCache, RecordedCall
+from .cache_zformer import ZformerCache, record_forward
 from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
 
 
@@ -878,15 +878,11 @@ class ZformerDecoder(ZformerPreTrainedModel):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
         length = reference.shape[1]
-        if getattr(past_key_values, "record_past", False):  # assisted decoding: a crop may read these again
-            past_key_values.record_call(RecordedCall(
-                self.forward, length,
-                tokens=dict(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids,
-                            token_type_ids=token_type_ids),
-                masks=dict(attention_mask=attention_mask),
-                fixed=dict(encoder_hidden_states=encoder_hidden_states, encoder_attention_mask=encoder_attention_mask,
-                           past_key_values=past_key_values),
-            ))
+        record_forward(past_key_values, self.forward, length, masks=dict(attention_mask=attention_mask),
+                       tokens=dict(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids,
+                                   token_type_ids=token_type_ids),
+                       fixed=dict(encoder_hidden_states=encoder_hidden_states,
+                                  encoder_attention_mask=encoder_attention_mask, past_key_values=past_key_values))
         if attention_mask is not None and attention_mask.shape[1] == length and past_length:
             # the new tokens' mask only: the cached tokens were all real
             past_mask = attention_mask.new_ones(attention_mask.shape[0], past_length)

@@ -29,7 +29,7 @@ from transformers.models.llama.modeling_llama import (
 from .attention import HedgehogFeatureMap
 from .attention_llama import LLAMA_ATTENTION_CLASSES, RotaryFastformerAttention, RotaryLinearAttention
 from .blocks import check_inputs, drop_full_mask
-from .cache_zformer import RecordedCall
+from .cache_zformer import record_forward
 from .cache_zformer_llama import ZformerLlamaCache
 from .configuration_zformer_llama import ZformerLlamaConfig
 from .modeling_zformer import CACHE_FIELD, cache_extent, causal_lm_loss, decoding_state, generation_cache
@@ -126,14 +126,10 @@ class ZformerLlamaModel(ZformerLlamaPreTrainedModel):
         if not use_cache:
             cache = None
         check_inputs(input_ids, inputs_embeds, attention_mask, **cache_extent(cache))
-        if getattr(cache, "record_past", False):  # assisted decoding: a crop may read these again
-            length = (input_ids if inputs_embeds is None else inputs_embeds).shape[1]
-            cache.record_call(RecordedCall(
-                self.forward, length,
-                tokens=dict(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids),
-                masks=dict(attention_mask=attention_mask),
-                fixed=dict(cache=cache, use_cache=True, output_hidden_states=False, return_dict=True),
-            ))
+        record_forward(cache, self.forward, (input_ids if inputs_embeds is None else inputs_embeds).shape[1],
+                       tokens=dict(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids),
+                       masks=dict(attention_mask=attention_mask),
+                       fixed=dict(cache=cache, use_cache=True, output_hidden_states=False, return_dict=True))
         # settled once per forward (each decoding step), not per layer: generate() passes all ones without padding
         attention_mask = drop_full_mask(attention_mask)
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
