@@ -235,3 +235,14 @@ def test_llama_cache_layers_are_transformers_layer_types(kind):
             assert cache.has_previous_state(index)
     if kind != "zformer-window-memory":  # a recall memory keeps one dict per row: no batched tensor to show
         check_cache_format(cache, 2, 8, model.config)
+
+
+@pytest.mark.parametrize("kind", ["zformer-hedgehog-window-sinks", "fastformer"])
+def test_prompt_lookup_decoding_gives_greedy_tokens(kind, crops):
+    """Prompt lookup drafts from the prompt's own n-grams (no draft model) and crops the same way."""
+    model = build(*CAUSAL[kind])
+    ids = torch.cat([prompt(), prompt()[:, :4], prompt()], 1)  # repeated n-grams to draft from
+    greedy = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False)
+    lookup = model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False, prompt_lookup_num_tokens=3)
+    assert torch.equal(lookup, greedy)
+    assert crops, "no drafted token was rejected: the crop was not exercised"
