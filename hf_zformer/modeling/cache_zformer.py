@@ -1,6 +1,8 @@
 """The decoding cache of Zformer-family decoders: a transformers `Cache` with one layer per decoder
 layer (transformers' `DynamicLayer` for full attention, a fixed-size recurrent layer for Zformer
-and Fastformer) and, for encoder-decoders, the projected encoder states of each cross-attention.
+and Fastformer, one of transformers' linear-attention cache layers) and, for encoder-decoders, the
+projected encoder states of each cross-attention. In recording mode (assisted decoding) it crops
+back to any token of the forwards since its last crop.
 
 This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and siblings only.
 """
@@ -311,7 +313,9 @@ class ZformerCache(Cache):
     `.key_pool`, `.store(...)`). A zformer layer with a softmax window gets a `WindowedStateLayer`
     (the window's last keys and values and the state over older tokens: also fixed size). With
     `conv_size` > 0, `conv_layers[i]` keeps the last inputs of layer i's causal convolution
-    (`conv_state` / `update_conv`). Beam search reorders every part.
+    (`conv_state` / `update_conv`). Beam search reorders every part. In recording mode
+    (`activate_past_recording`, for assisted decoding) `crop` restores the state before the forwards
+    since the last crop and reads the kept tokens again.
 
     Args:
         layer_types: the decoder's attention type per layer (`"full"`, `"zformer"` or `"fastformer"`).
