@@ -42,6 +42,13 @@ class MemoryStateLayer(RecurrentLayer):
     def tensors(self):
         return [t for row in self.rows or [] for t in row.values() if isinstance(t, torch.Tensor)]
 
+    def state_tensors(self):
+        return []  # one dict per row, of shapes that differ between rows: nothing batched to show
+
+    @property
+    def has_previous_state(self) -> dict[int, bool]:
+        return {0: self.rows is not None}
+
     def batch_rows(self) -> int | None:
         return None if self.rows is None else len(self.rows)
 

@@ -1,34 +1,81 @@
 """The decoding cache of Zformer-family decoders: a transformers `Cache` with one layer per decoder
 layer (transformers' `DynamicLayer` for full attention, a fixed-size recurrent layer for Zformer
-and Fastformer) and, for encoder-decoders, the projected encoder states of each cross-attention.
+and Fastformer, one of transformers' linear-attention cache layers) and, for encoder-decoders, the
+projected encoder states of each cross-attention. In recording mode (assisted decoding) it crops
+back to any token of the forwards since its last crop.
 
 This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and siblings only.
 """
 
 import torch
-from transformers.cache_utils import Cache, CacheLayerMixin, DynamicLayer
+from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 
-class RecurrentLayer(CacheLayerMixin):
-    """A cache layer whose state has a fixed size (no sequence axis): `tensors()` lists it.
-    It counts the tokens it has seen (padding included, as a `DynamicLayer` does), so
-    `get_seq_length` works when every layer is recurrent. Beam search and batch selection index
-    the state's batch axis; `crop` cannot undo a sum and is refused."""
+class RecurrentLayer(LinearAttentionCacheLayerMixin):
+    """A cache layer whose state has a fixed size (no sequence axis): `tensors()` lists it. It is a
+    transformers linear-attention cache layer (`LinearAttentionCacheLayerMixin`), so transformers'
+    generic cache code tells it from a key/value layer: its state tensors, batch first, are
+    `recurrent_states` (one entry per tensor), it has no `conv_states` (a causal convolution's
+    inputs live in the cache's `conv_layers`) and no keys and values to read. It counts the tokens
+    it has seen (padding included, as a `DynamicLayer` does), so `get_seq_length` works when every
+    layer is recurrent. Beam search and batch selection index the state's batch axis. A running sum
+    cannot drop its last tokens by itself: `crop` is the cache's (`ZformerCache.crop`, which
+    restores a recorded state and reads the kept tokens again), and the layer's own refuses."""
 
     is_compileable = False
-    is_croppable = False
     supports_early_init = False
 
     def __init__(self):
-        super().__init__()
         self.num_tokens = 0
+        self.is_initialized = False
+        self.device = None
+        self.dtype = None
+        self.record_past = False
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
-        self.device = key_states.device
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor = None, **kwargs) -> None:
+        self.device, self.dtype = key_states.device, key_states.dtype
         self.is_initialized = True
 
     def tensors(self) -> list[torch.Tensor]:
         raise NotImplementedError
+
+    def state_tensors(self) -> list[torch.Tensor]:
+        """The state as batched tensors (B, ...), what `recurrent_states` shows."""
+        return self.tensors()
+
+    # transformers' linear-attention layer interface, read-only views of the state
+    @property
+    def number_of_states(self) -> int:
+        return max(1, len(self.state_tensors()))
+
+    @property
+    def recurrent_states(self) -> dict[int, torch.Tensor | None]:
+        held = self.state_tensors()
+        return {i: held[i] if i < len(held) else None for i in range(self.number_of_states)}
+
+    @property
+    def has_previous_state(self) -> dict[int, bool]:
+        return {i: tensor is not None for i, tensor in self.recurrent_states.items()}
+
+    @property
+    def is_recurrent_states_initialized(self) -> dict[int, bool]:
+        return self.has_previous_state
+
+    @property
+    def conv_states(self) -> dict[int, None]:
+        return dict.fromkeys(range(self.number_of_states))
+
+    @property
+    def is_conv_states_initialized(self) -> dict[int, bool]:
+        return dict.fromkeys(range(self.number_of_states), False)
+
+    @property
+    def conv_kernel_size(self) -> dict[int, None]:
+        return dict.fromkeys(range(self.number_of_states))
+
+    @property
+    def is_croppable(self) -> bool:
+        return False  # alone; the cache crops (`ZformerCache.is_croppable`)
 
     def batch_rows(self) -> int | None:
         """The rows of the batch that filled the layer, or None while it is empty."""
@@ -41,6 +88,19 @@ class RecurrentLayer(CacheLayerMixin):
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         raise TypeError(f"{type(self).__name__} keeps a fixed-size state, not keys and values: its attention "
                         "computes the state and calls `store`")
+
+    def update_conv_state(self, conv_states: torch.Tensor, state_idx: int = 0, **kwargs):
+        raise TypeError(f"{type(self).__name__} has no convolution state: its attention computes the state and "
+                        "calls `store`")
+
+    update_recurrent_state = update_conv_state
+
+    def increase_count(self, state_idx: int = 0):
+        raise TypeError(f"{type(self).__name__} counts its tokens in `store`")
+
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None, **kwargs):
+        self.record_past = True
+        self.recurrent_states_to_keep = recurrent_states_to_keep
 
     def get_seq_length(self) -> int:
         return self.num_tokens
@@ -72,7 +132,8 @@ class RecurrentLayer(CacheLayerMixin):
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove != 0:
-            raise ValueError(f"{type(self).__name__} is a running sum: it cannot drop its last tokens")
+            raise ValueError(f"{type(self).__name__} is a running sum: it cannot drop its last tokens by itself "
+                             "(the cache can, in recording mode: `ZformerCache.crop`)")
 
 
 class ZformerStateLayer(RecurrentLayer):
@@ -191,6 +252,50 @@ class SideLayer:
         return list(self.value) if isinstance(self.value, tuple) else [self.value]
 
 
+def _layer_state(layer) -> dict:
+    """A cache layer's attributes as they are now: its tensors are replaced by later calls, never
+    written in place, so references keep them (a recall-memory layer's per-row dicts are copied)."""
+    state = dict(vars(layer))
+    if state.get("rows") is not None:
+        state["rows"] = [dict(row) for row in state["rows"]]
+    return state
+
+
+class RecordedCall:
+    """A decoder forward of `length` new tokens, as a recording cache keeps it (`ZformerCache.record_call`):
+    `forward` and its inputs: `tokens` those with the new tokens on axis 1 (ids, embeddings,
+    positions; None stays None), `masks` those whose last columns are the new tokens (all the tokens
+    so far, or only the new ones), `fixed` the others (the cache, encoder states, flags)."""
+
+    def __init__(self, forward, length: int, tokens: dict, masks: dict, fixed: dict):
+        self.forward, self.length, self.tokens, self.masks, self.fixed = forward, length, tokens, masks, fixed
+
+
+def record_forward(cache, forward, length: int, tokens: dict, masks: dict, fixed: dict) -> None:
+    """At the start of a decoder forward: a recording cache keeps it (`ZformerCache.record_call`), since
+    a crop may read its tokens again; any other cache (or None) nothing."""
+    if getattr(cache, "record_past", False):
+        cache.record_call(RecordedCall(forward, length, tokens, masks, fixed))
+
+
+def replay(calls: list[RecordedCall], keep: int) -> None:
+    """Run the first `keep` new tokens of consecutive recorded forwards again, in one forward (without
+    gradients): their token inputs joined, each mask as the last forward gave it (or joined, when the
+    forwards passed only the new tokens' columns), cut to the kept tokens."""
+    drop = sum(call.length for call in calls) - keep
+    last = calls[-1]
+    inputs = dict(calls[0].fixed)
+    for name in last.tokens:
+        parts = [call.tokens[name] for call in calls]
+        inputs[name] = None if any(part is None for part in parts) else torch.cat(parts, 1)[:, :keep]
+    for name, mask in last.masks.items():
+        if mask is not None and mask.shape[1] == last.length:  # only the new tokens' columns
+            mask = torch.cat([call.masks[name] for call in calls], 1)
+        inputs[name] = None if mask is None else mask[:, : mask.shape[1] - drop]
+    with torch.no_grad():
+        last.forward(**inputs)
+
+
 RECURRENT_LAYERS = {"zformer": ZformerStateLayer, "fastformer": FastformerStateLayer}
 
 
@@ -208,7 +313,9 @@ class ZformerCache(Cache):
     `.key_pool`, `.store(...)`). A zformer layer with a softmax window gets a `WindowedStateLayer`
     (the window's last keys and values and the state over older tokens: also fixed size). With
     `conv_size` > 0, `conv_layers[i]` keeps the last inputs of layer i's causal convolution
-    (`conv_state` / `update_conv`). Beam search reorders every part.
+    (`conv_state` / `update_conv`). Beam search reorders every part. In recording mode
+    (`activate_past_recording`, for assisted decoding) `crop` restores the state before the forwards
+    since the last crop and reads the kept tokens again.
 
     Args:
         layer_types: the decoder's attention type per layer (`"full"`, `"zformer"` or `"fastformer"`).
@@ -227,11 +334,23 @@ class ZformerCache(Cache):
         super().__init__(layers=layers)
         self.memory_layers = [SideLayer() for _ in layer_types] if cross_attention else []
         self.conv_layers = [SideLayer() for _ in layer_types] if conv_size else []
+        self.record_past = False
+        self.recurrent_states_to_keep = None
+        self._recorded = None  # (every layer's state before the first of them, [RecordedCall]) since the last crop
+        self._replaying = False
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, layer_idx: int, *args, **kwargs):
         """Full self-attention of layer `layer_idx`: stores the new tokens' keys/values (B, H, N, d) and
         returns all of them (B, H, past + N, d)."""
         return self.layers[layer_idx].update(key_states, value_states, *args, **kwargs)
+
+    def get_seq_length(self, layer_idx: int = 0) -> int:
+        """The tokens layer `layer_idx` has seen: every layer counts them, a fixed-size one too
+        (transformers' own `Cache` asks a key/value layer instead before 5.25)."""
+        return self.layers[layer_idx].get_seq_length() if layer_idx < len(self.layers) else 0
+
+    def get_mask_sizes(self, query_length: int, layer_idx: int) -> tuple[int, int]:
+        return self.layers[layer_idx].get_mask_sizes(query_length) if layer_idx < len(self.layers) else (query_length, 0)
 
     def has_memory(self, layer_idx: int) -> bool:
         return layer_idx < len(self.memory_layers) and self.memory_layers[layer_idx].value is not None
@@ -282,6 +401,78 @@ class ZformerCache(Cache):
         super().reset()
         for layer in (*self.memory_layers, *self.conv_layers):
             layer.value = None
+        self._recorded = None
+
+    # Speculative (assisted) decoding: a crop back to any of the tokens of the forwards since the last crop.
+
+    def activate_past_recording(self, recurrent_states_to_keep: int | None = None, **kwargs):
+        """Recording mode, which `generate()` turns on for assisted decoding (and for the draft model's
+        cache): from then on `crop(-n)` can drop the last n tokens of the forwards run since the last
+        crop. At the first such forward the cache keeps every layer's state as it was (a fixed-size
+        copy of references: states are replaced, never written in place) and each forward leaves its
+        inputs (`record_call`); `crop(-n)` restores the kept state and runs the tokens that stay
+        through the decoder again, in one forward.
+        Between two crops the cache thus holds one state besides its own and the inputs of the
+        recorded forwards (a verification step's draft tokens): constant in the generated length.
+        `recurrent_states_to_keep` (the draft length transformers passes) is kept for transformers'
+        `get_recurrent_states_to_keep`; any crop within the recorded tokens works."""
+        self.record_past = True
+        self.recurrent_states_to_keep = recurrent_states_to_keep
+        for layer in self.layers:
+            if isinstance(layer, RecurrentLayer):
+                layer.activate_past_recording(recurrent_states_to_keep)
+
+    def record_call(self, call: RecordedCall) -> None:
+        """Called by the decoder at the start of each forward: in recording mode, keep every layer's
+        state before the first forward since the last crop, and the forward's inputs."""
+        if not self.record_past or self._replaying:
+            return
+        if self._recorded is None:
+            self._recorded = ([_layer_state(layer) for layer in self._all_layers()], [])
+        self._recorded[1].append(call)
+
+    @property
+    def is_croppable(self) -> bool:
+        """Whether `crop` can drop tokens: in recording mode always; otherwise when every layer keeps keys
+        and values (`DynamicLayer`) and no causal convolution keeps inputs."""
+        return self.record_past or (not self.conv_layers and all(isinstance(layer, DynamicLayer) for layer in self.layers))
+
+    def crop(self, tokens_to_remove: int) -> None:
+        """Drop the last `-tokens_to_remove` tokens (transformers' convention: a negative count). In
+        recording mode (`activate_past_recording`) any count up to the tokens of the forwards since
+        the last crop: the state before them comes back and the tokens that stay are read again; a
+        crop of 0 only ends the recorded span. Otherwise transformers' crop of each layer, which a
+        fixed-size state refuses."""
+        if not self.record_past:
+            super().crop(tokens_to_remove)
+            return
+        if tokens_to_remove > 0:
+            raise ValueError(f"crop({tokens_to_remove}): pass the number of tokens to drop as a negative count")
+        drop = -tokens_to_remove
+        if drop and self._recorded is None:
+            raise ValueError(f"crop({tokens_to_remove}): no forward was recorded since the last crop, so there are no "
+                             "tokens to drop")
+        total = sum(call.length for call in self._recorded[1]) if drop else 0
+        if drop > total:
+            raise ValueError(f"crop({tokens_to_remove}): the forwards since the last crop read {total} tokens; a "
+                             "fixed-size state can only go back within them")
+        recorded, self._recorded = self._recorded, None
+        if drop == 0:
+            return
+        saved, calls = recorded
+        for layer, state in zip(self._all_layers(), saved, strict=True):
+            layer.__dict__.clear()
+            layer.__dict__.update(state)
+        if drop == total:  # back to the state before them: nothing to read again
+            return
+        self._replaying = True
+        try:
+            replay(calls, total - drop)
+        finally:
+            self._replaying = False
+
+    def _all_layers(self) -> list:
+        return [*self.layers, *self.memory_layers, *self.conv_layers]
 
     def reorder_cache(self, beam_idx: torch.LongTensor):
         super().reorder_cache(beam_idx)

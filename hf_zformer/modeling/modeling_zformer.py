@@ -38,7 +38,7 @@ from .blocks import (
     masked_softmax,
     zero_padding,
 )
-from .cache_zformer import ZformerCache
+from .cache_zformer import ZformerCache, record_forward
 from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
 
 
@@ -881,6 +881,11 @@ class ZformerDecoder(ZformerPreTrainedModel):
         past_length = past_key_values.get_seq_length() if past_key_values is not None else 0
         reference = input_ids if input_ids is not None else inputs_embeds[..., 0]
         length = reference.shape[1]
+        record_forward(past_key_values, self.forward, length, masks=dict(attention_mask=attention_mask),
+                       tokens=dict(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids,
+                                   token_type_ids=token_type_ids),
+                       fixed=dict(encoder_hidden_states=encoder_hidden_states,
+                                  encoder_attention_mask=encoder_attention_mask, past_key_values=past_key_values))
         if attention_mask is not None and attention_mask.shape[1] == length and past_length:
             # the new tokens' mask only: the cached tokens were all real
             past_mask = attention_mask.new_ones(attention_mask.shape[0], past_length)
@@ -945,6 +950,14 @@ def decoding_state(past_key_values, cache):
     return cache if cache is not None else past_key_values
 
 
+def generation_cache(cache, generation_config):
+    """`cache`, new for `generate()`, in recording mode when the model drafts for another one: generate()
+    then crops the drafted tokens the other model rejects (`ZformerCache.activate_past_recording`)."""
+    if getattr(generation_config, "is_assistant", False):
+        cache.activate_past_recording(recurrent_states_to_keep=generation_config.num_assistant_tokens)
+    return cache
+
+
 # What transformers' text-generation pipeline asks for when its call names no length; a refusal of
 # this many new tokens says so, since the user may not have asked for it.
 PIPELINE_NEW_TOKENS = 256
@@ -1006,7 +1019,7 @@ class ZformerGenerationMixin(GenerationMixin):
                     f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
                     f"Zformer-family decoders decode with their ZformerCache"
                 )
-            model_kwargs[CACHE_FIELD] = self.decoder.new_cache()
+            model_kwargs[CACHE_FIELD] = generation_cache(self.decoder.new_cache(), generation_config)
             return
         super()._prepare_cache_for_generation(
             generation_config, model_kwargs, generation_mode, batch_size, max_cache_length
@@ -1043,7 +1056,6 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         self.encoder = ZformerModel(config)
         self.decoder = ZformerDecoder(config)  # with cross-attention: the config is an encoder-decoder's
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._is_stateful = any(kind != "full" for kind in self.decoder.layer_types)  # no assisted generation
         self.post_init()
 
     def get_encoder(self, modality=None):
@@ -1225,7 +1237,6 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         config = self.config
         self.decoder = ZformerDecoder(config, layer_types)
         self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._is_stateful = any(kind != "full" for kind in layer_types)  # no assisted generation
         self.post_init()
 
     def get_input_embeddings(self):

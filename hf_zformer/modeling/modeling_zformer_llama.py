@@ -29,9 +29,10 @@ from transformers.models.llama.modeling_llama import (
 from .attention import HedgehogFeatureMap
 from .attention_llama import LLAMA_ATTENTION_CLASSES, RotaryFastformerAttention, RotaryLinearAttention
 from .blocks import check_inputs, drop_full_mask
+from .cache_zformer import record_forward
 from .cache_zformer_llama import ZformerLlamaCache
 from .configuration_zformer_llama import ZformerLlamaConfig
-from .modeling_zformer import CACHE_FIELD, cache_extent, causal_lm_loss, decoding_state
+from .modeling_zformer import CACHE_FIELD, cache_extent, causal_lm_loss, decoding_state, generation_cache
 
 
 class ZformerLlamaDecoderLayer(GradientCheckpointingLayer):
@@ -125,6 +126,10 @@ class ZformerLlamaModel(ZformerLlamaPreTrainedModel):
         if not use_cache:
             cache = None
         check_inputs(input_ids, inputs_embeds, attention_mask, **cache_extent(cache))
+        record_forward(cache, self.forward, (input_ids if inputs_embeds is None else inputs_embeds).shape[1],
+                       tokens=dict(input_ids=input_ids, inputs_embeds=inputs_embeds, position_ids=position_ids),
+                       masks=dict(attention_mask=attention_mask),
+                       fixed=dict(cache=cache, use_cache=True, output_hidden_states=False, return_dict=True))
         # settled once per forward (each decoding step), not per layer: generate() passes all ones without padding
         attention_mask = drop_full_mask(attention_mask)
         hidden_states = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
@@ -158,7 +163,6 @@ class ZformerLlamaForCausalLM(ZformerLlamaPreTrainedModel, GenerationMixin):
         super().__init__(config)
         self.model = ZformerLlamaModel(config)
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
-        self._is_stateful = any(kind != "full" for kind in config.layer_attention_types())  # no assisted decoding
         self.post_init()
 
     def get_input_embeddings(self):
@@ -179,7 +183,7 @@ class ZformerLlamaForCausalLM(ZformerLlamaPreTrainedModel, GenerationMixin):
             if generation_config.cache_implementation not in (None, "dynamic"):
                 raise ValueError(f"cache_implementation={generation_config.cache_implementation!r} is not supported: "
                                  "this model decodes with its ZformerLlamaCache")
-            model_kwargs[CACHE_FIELD] = self.model.new_cache()
+            model_kwargs[CACHE_FIELD] = generation_cache(self.model.new_cache(), generation_config)
             return
         super()._prepare_cache_for_generation(generation_config, model_kwargs, generation_mode, batch_size,
                                               max_cache_length)
