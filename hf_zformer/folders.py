@@ -45,6 +45,7 @@ from pathlib import Path
 __all__ = [
     "MARKER",
     "OWNED",
+    "RUN_FILES",
     "WriteFailed",
     "adopt",
     "check_adoptable",
@@ -84,6 +85,12 @@ OWNED = (
     "*_predictions.jsonl", "*_results.json", "run_args.json", "results.json", "transfer_state.*",
     "finetune_state.*", "transferred", "finetuned", "trials.jsonl", "summary.json",
 )
+
+
+#: What a training run writes into its output folder (:data:`OWNED` but an evaluation's files): a
+#: file of the user's under one of these names stops the run before any work.
+RUN_FILES = tuple(name for name in OWNED if name not in ("*_predictions.jsonl", "*_results.json")) + (
+    "all_results.json",)
 
 
 def owned(name: str) -> bool:

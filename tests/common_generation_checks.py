@@ -16,17 +16,6 @@ from transformers.cache_utils import Cache, CacheLayerMixin, LinearAttentionCach
 
 NEW_TOKENS = 3
 
-# What transformers' generic cache checks need and the cache layers do not give yet: their recurrent
-# states are not in the fields a generic check reads (a layer's keys/values, or a linear-attention
-# layer's conv/recurrent states).
-CACHE_NOT_INSPECTABLE = pytest.mark.xfail(strict=False, reason="cache layers not yet inspectable")
-# Assisted decoding rolls the cache back to the last accepted draft token (`Cache.crop`), which the
-# constant-size states cannot do yet; the check turns into a pass (and this mark into a failure) when
-# they can.
-NO_ASSISTED_DECODING = pytest.mark.xfail(
-    strict=True, reason="assisted decoding needs a cache that can be cropped; the linear layers' states cannot yet")
-
-
 def check_cache_layers(test, cache, batch_size, cached_length):
     """Every layer of `cache` (of its self-attention part, for an encoder-decoder's EncoderDecoderCache)
     shows its state the way transformers' generic checks read it: a linear-attention layer
@@ -98,14 +87,12 @@ class GenerationChecks:
                     new = out.sequences[:, -NEW_TOKENS + step]
                     torch.testing.assert_close(score.argmax(-1), new)
 
-    @CACHE_NOT_INSPECTABLE
     def test_greedy_generate_dict_outputs_use_cache(self):
         for model, inputs in self._models():
             out = self._greedy(model, inputs, use_cache=True, return_dict_in_generate=True, output_scores=True)
             check_cache_layers(self, out.past_key_values, inputs["input_ids"].shape[0],
                                self._cached_length(out.sequences))
 
-    @CACHE_NOT_INSPECTABLE
     def test_beam_search_generate_dict_outputs_use_cache(self):
         for model, inputs in self._models():
             out = self._greedy(model, inputs, use_cache=True, num_beams=2, return_dict_in_generate=True,
@@ -114,7 +101,6 @@ class GenerationChecks:
             check_cache_layers(self, out.past_key_values, 2 * inputs["input_ids"].shape[0],
                                self._cached_length(out.sequences))
 
-    @CACHE_NOT_INSPECTABLE
     def test_past_key_values_format(self):
         """A forward with use_cache=True returns a cache whose layers hold the whole input."""
         config, inputs = self.model_tester.prepare_config_and_inputs_for_common()
@@ -164,7 +150,6 @@ class GenerationChecks:
                 generated = generated[:, pad:]
             torch.testing.assert_close(generated, expected)
 
-    @NO_ASSISTED_DECODING
     def test_assisted_decoding_matches_greedy_search(self):
         """Greedy decoding checked by a draft model (a tiny model of the same class, other weights)
         gives the tokens of greedy decoding alone."""

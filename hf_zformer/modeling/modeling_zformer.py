@@ -1114,6 +1114,15 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
             )
         return encoder_outputs if isinstance(encoder_outputs, BaseModelOutput) else BaseModelOutput(*encoder_outputs)
 
+    def _check_inputs(self, input_ids, inputs_embeds, attention_mask, decoder_input_ids, decoder_inputs_embeds,
+                      decoder_attention_mask, cache, output_attentions, with_source: bool) -> None:
+        """`forward`'s inputs fit together (the source's only when the encoder runs), before any work."""
+        if with_source:
+            check_inputs(input_ids, inputs_embeds, attention_mask)
+        check_inputs(decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask, prefix="decoder_",
+                     **cache_extent(cache))
+        self._refuse_attention_outputs(decoder_attention_mask, output_attentions)
+
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
@@ -1153,11 +1162,9 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         use_cache = (use_cache if use_cache is not None else self.config.use_cache) and labels is None
         if labels is not None and decoder_input_ids is None and decoder_inputs_embeds is None:
             decoder_input_ids = self.prepare_decoder_input_ids_from_labels(labels)
-        if encoder_outputs is None:
-            check_inputs(input_ids, inputs_embeds, attention_mask)
-        check_inputs(decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask, prefix="decoder_",
-                     **cache_extent(past_key_values if use_cache else None))
-        self._refuse_attention_outputs(decoder_attention_mask, output_attentions)
+        self._check_inputs(input_ids if encoder_outputs is None else None, inputs_embeds, attention_mask,
+                           decoder_input_ids, decoder_inputs_embeds, decoder_attention_mask,
+                           past_key_values if use_cache else None, output_attentions, encoder_outputs is None)
         head_weight = None
         if inputs_embeds is None and decoder_inputs_embeds is None:
             embedded = self._tied_inputs(input_ids if encoder_outputs is None else None, decoder_input_ids)
@@ -1171,11 +1178,9 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         encoder_hidden = encoder_outputs.last_hidden_state
         if use_cache and past_key_values is None:
             past_key_values = self.decoder.new_cache()
-        past_key_values = past_key_values if use_cache else None
         hidden_states, decoder_hidden = self.decoder(
-            decoder_input_ids, None, encoder_hidden, attention_mask, past_key_values, decoder_inputs_embeds,
-            output_hidden_states=output_hidden_states,
-        )
+            decoder_input_ids, None, encoder_hidden, attention_mask, past_key_values if use_cache else None,
+            decoder_inputs_embeds, output_hidden_states=output_hidden_states)
         logits = self.lm_head(hidden_states) if head_weight is None else self.lm_head(hidden_states, head_weight)
         output = Seq2SeqLMOutput(
             loss=None if labels is None else self._loss(logits, labels, num_items_in_batch),
@@ -1183,7 +1188,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
             decoder_hidden_states=decoder_hidden,
             encoder_last_hidden_state=encoder_hidden,
             encoder_hidden_states=encoder_outputs.hidden_states,
-            **{CACHE_FIELD: past_key_values},
+            **{CACHE_FIELD: past_key_values if use_cache else None},
         )
         return output if return_dict else output.to_tuple()
 

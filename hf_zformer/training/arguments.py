@@ -378,7 +378,6 @@ def _check_ranges(parser: argparse.ArgumentParser, args: RunArguments) -> None:
 def _check_outputs(parser: argparse.ArgumentParser, args: RunArguments) -> None:
     """--output_dir, --results_file and --resume_from_checkpoint, before any work."""
     from .. import folders
-    from .run import RUN_FILES
 
     training = args.training
     try:  # new, empty or the library's; never an input of the run, data included (folders.check_output_dir)
@@ -391,7 +390,7 @@ def _check_outputs(parser: argparse.ArgumentParser, args: RunArguments) -> None:
             adopting = [path.name for path in earlier_run_files(output_dir)]  # a run of a version without markers
             folders.check_adoptable(output_dir, adopting)
         # nothing of the user's under a name the run writes, no link, and a folder that takes a write
-        folders.check_writes(output_dir, RUN_FILES, listed=adopting)
+        folders.check_writes(output_dir, folders.RUN_FILES, listed=adopting)
         training.output_dir = str(output_dir)
     except (ValueError, OSError) as error:
         parser.error(str(error))

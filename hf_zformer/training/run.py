@@ -48,10 +48,7 @@ __all__ = [
 ]
 
 LOCK_FILE = ".lock"  # in --output_dir; holds the pid of the run that owns the folder
-# what a training run writes into --output_dir (folders.OWNED but an evaluation's files): a file of
-# the user's under one of these names stops the run before any work
-RUN_FILES = tuple(name for name in folders.OWNED if name not in ("*_predictions.jsonl", "*_results.json")) + (
-    "all_results.json",)
+RUN_FILES = folders.RUN_FILES
 
 
 def make_accelerator(training: TrainingArguments):
