@@ -132,7 +132,7 @@ def prepare_output_dir(args, parser) -> Path:
         output_dir = folders.check_output_dir(args.output_dir, name="--output_dir", whole=False, inputs=inputs)
         folders.check_writes(output_dir, OUTPUTS)  # names this script owns, never through a link
         if args.results_file:
-            check_results_file(args.results_file)
+            check_results_file(args.results_file, output_dir)
     except (ValueError, OSError) as problem:
         parser.error(str(problem))
     output_dir.mkdir(parents=True, exist_ok=True)

@@ -137,7 +137,7 @@ def check_args(parser, args: RunArguments) -> None:
         parser.error(str(error))
     try:  # found after the whole evaluation otherwise
         if args.evaluation.results_file:
-            records.check_results_file(args.evaluation.results_file)
+            records.check_results_file(args.evaluation.results_file, args.training.output_dir)
     except ValueError as error:
         parser.error(f"--results_file: {error}")
 

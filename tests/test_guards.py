@@ -1198,3 +1198,65 @@ def test_evaluation_refuses_a_model_that_is_not_its_folders(tmp_path, tiny_data,
             message=f"--split 'train' holds labels up to 3, but --model_name_or_path {str(trained_classifier)!r} has "
                     "2 classes (0..1): its head does not fit these labels")
     assert not any((tmp_path / name / "train_results.json").exists() for name in ("e1", "e2", "e3"))
+
+
+# ---- the marker's own writes, links inside checkpoints, results files the run writes itself --
+
+def test_the_markers_temporary_file_never_writes_a_users_file_or_through_a_link(tmp_path, tiny_data):  # noqa: F811
+    """The marker is written through a new file of a unique name: a user's file named
+    .hf_zformer-output.json.tmp, or a link of that name to a file outside, stays as it was."""
+    outside = plant(tmp_path / "outside", {"notes.txt": "my notes"})
+    out = marked(tmp_path / "run", **{"all_results.json": "{}"})
+    planted = plant(out, {"sub/.hf_zformer-output.json.tmp": "mine too"})
+    (out / ".hf_zformer-output.json.tmp").symlink_to(tmp_path / "outside" / "notes.txt")
+    run_script("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1,
+               "--output_dir", out, "--overwrite_output_dir")
+    assert_kept(tmp_path / "outside", outside)
+    assert_kept(out, planted)
+    assert os.readlink(out / ".hf_zformer-output.json.tmp") == str(tmp_path / "outside" / "notes.txt")
+    assert (out / "config.json").is_file()
+
+
+def test_a_link_or_users_file_in_a_checkpoint_stops_an_overwrite_or_resume_before_any_work(  # noqa: F811
+        tmp_path, tiny_data, checkpointed_run):
+    """The library never writes a link, so a checkpoint's file replaced by a link (to a file
+    outside) is not the library's: --overwrite_output_dir would delete it, a resume would replace
+    the checkpoint holding it. Both are refused before any work, as a user's file there is."""
+    import shutil
+
+    outside = plant(tmp_path / "outside", {"notes.txt": "my notes"})
+    data = ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 4, "--checkpointing_steps", 2]
+    for step, flags in (("step_2", ["--overwrite_output_dir"]), ("step_4", ["--resume_from_checkpoint", "step_2"])):
+        out = tmp_path / f"run-{step}"
+        shutil.copytree(checkpointed_run, out)
+        flags = [out / f if f == "step_2" else f for f in flags]
+        (out / step / "optimizer.bin").unlink()
+        (out / step / "optimizer.bin").symlink_to(tmp_path / "outside" / "notes.txt")
+        before = tree(out)
+        result = refused("run_classification.py", *data, "--output_dir", out, *flags,
+                         message=f"({step}/optimizer.bin)")
+        assert "training" not in result.stdout.lower() and tree(out) == before
+    out = tmp_path / "run-step_4"
+    (out / "step_4" / "optimizer.bin").unlink()
+    planted = plant(out, {"step_4/notes.txt": "mine"})
+    refused("run_classification.py", *data, "--output_dir", out, "--resume_from_checkpoint", out / "step_2",
+            message="in folders a resumed run replaces (step_4/notes.txt)")
+    assert_kept(out, planted)
+    assert_kept(tmp_path / "outside", outside)
+
+
+def test_a_results_file_that_the_run_writes_itself_is_refused_before_any_work(tmp_path, tiny_data,  # noqa: F811
+                                                                               trained_classifier):
+    """--results_file out/all_results.json (or another name the run writes in --output_dir) was
+    found not to be a list of records only after the whole run."""
+    for name in ("all_results.json", "README.md", "step_1/r.json"):
+        result = refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1,
+                         "--output_dir", tmp_path / "run", "--results_file", tmp_path / "run" / name,
+                         message="a file the run writes itself")
+        assert not (tmp_path / "run").exists(), result.stderr
+    refused("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
+            "--output_dir", tmp_path / "eval", "--results_file", tmp_path / "eval" / "validation_results.json",
+            message="a file the run writes itself")
+    run_script("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
+               "--output_dir", tmp_path / "eval", "--results_file", tmp_path / "eval" / "records.json")
+    assert len(json.loads((tmp_path / "eval" / "records.json").read_text())) == 1

@@ -399,7 +399,7 @@ def _check_outputs(parser: argparse.ArgumentParser, args: RunArguments) -> None:
         from .results import check_results_file
 
         try:
-            check_results_file(args.evaluation.results_file)
+            check_results_file(args.evaluation.results_file, training.output_dir)
         except ValueError as error:
             parser.error(f"--results_file: {error}")
     resume = training.resume_from_checkpoint
