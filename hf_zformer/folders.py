@@ -123,12 +123,6 @@ def _write_marker(folder: Path, files, **extra) -> None:
         raise
 
 
-def _marker_leftover(name: str) -> bool:
-    """Whether ``name`` is a temporary marker of :func:`_write_marker` that a kill left behind: never
-    the library's to list, never the user's file to protect (nothing ever deletes or writes it)."""
-    return name.startswith(f"{MARKER}.") and name.endswith(".tmp")
-
-
 def _ours(name: str, path: Path) -> bool:
     """Whether ``path`` (named ``name``) is a staging or backup folder of this library."""
     return name.startswith((STAGING_PREFIX, BACKUP_PREFIX)) and not path.is_symlink() and read_marker(path) is not None
@@ -147,7 +141,7 @@ def files_under(folder: str | os.PathLike) -> set[str]:
                 files.append(name)
             elif here == root and _ours(name, here / name):
                 dirs.remove(name)
-        found.update((here / name).relative_to(root).as_posix() for name in files if not _marker_leftover(name))
+        found.update((here / name).relative_to(root).as_posix() for name in files)
     found.discard(MARKER)
     return found
 
@@ -502,7 +496,12 @@ def staging_dir(parent: str | os.PathLike, target: str) -> Path:
     parent = Path(parent)
     staging = parent / f"{STAGING_PREFIX}{target}{_suffix()}"
     staging.mkdir()
-    _write_marker(staging, [])
+    try:
+        _write_marker(staging, [])
+    except BaseException:  # the disk full or a read-only folder: no unmarked staging folder is left
+        with contextlib.suppress(OSError):
+            staging.rmdir()
+        raise
     _hold(staging)
     return staging
 

@@ -151,6 +151,7 @@ def load(args, device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_zformer.conversion.long_context import streaming_model, switch_off_state
+    from hf_zformer.training.run import weights_failure
 
     extra = dict(gguf_file=args.gguf_file) if args.gguf_file else {}
     converted = args.baseline != "streaming"  # the overrides are the converted model's, else the baseline's
@@ -158,9 +159,9 @@ def load(args, device):
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, **extra)
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32, **extra,
                                                      **(args.overrides if converted else {}))
-    except (OSError, ValueError) as problem:  # no folder, no weights, no network for a Hub id: name it and the cause
+    except Exception as problem:  # noqa: BLE001  (no folder, no or damaged weights, a pickle, no network)
         fail(f"--model_name_or_path {args.model_name_or_path}: its tokenizer or causal LM cannot be loaded "
-             f"({type(problem).__name__}: {str(problem).splitlines()[0]})")
+             f"({weights_failure(problem)})")
     model.eval()
     try:
         if converted and args.overrides and model.config.model_type != "zformer_llama":

@@ -308,9 +308,12 @@ def load_model(auto_class, model_args: ModelArguments):
     left over or of another shape (a folder of another kind, or a config edited after training,
     would be scored with random weights) and none NaN or infinite."""
     name = model_args.model_name_or_path
-    model, loading = auto_class.from_pretrained(name, trust_remote_code=model_args.trust_remote_code,
-                                                dtype=torch.float32, output_loading_info=True,
-                                                ignore_mismatched_sizes=True)  # listed below, not a traceback
+    try:
+        model, loading = auto_class.from_pretrained(name, trust_remote_code=model_args.trust_remote_code,
+                                                    dtype=torch.float32, output_loading_info=True,
+                                                    ignore_mismatched_sizes=True)  # listed below, not a traceback
+    except Exception as error:  # noqa: BLE001  (a pickle refused, a truncated file, a missing shard)
+        run.usage_error(f"--model_name_or_path {name!r}: its weights cannot be loaded ({run.weights_failure(error)})")
     problems = [(what, [str(key[0] if isinstance(key, tuple) else key) for key in loading.get(field) or []])
                 for field, what in (("missing_keys", "missing (initialised at random)"),
                                     ("unexpected_keys", "left unused"),

@@ -1260,3 +1260,121 @@ def test_a_results_file_that_the_run_writes_itself_is_refused_before_any_work(tm
     run_script("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
                "--output_dir", tmp_path / "eval", "--results_file", tmp_path / "eval" / "records.json")
     assert len(json.loads((tmp_path / "eval" / "records.json").read_text())) == 1
+
+
+@pytest.mark.parametrize("script, override, message", [
+    ("run_classification.py", "dtype=bfloat16", "config field 'dtype' is set by the library"),
+    ("run_classification.py", "architectures=Foo", "config field 'architectures' is set by the library"),
+    ("run_classification.py", "transformers_version=0.0.1", "config field 'transformers_version' is set by the library"),
+    ("run_translation.py", "is_encoder_decoder=false", "is_encoder_decoder=False: a translation model is an encoder-"),
+])
+def test_config_fields_the_library_sets_are_refused(tmp_path, tiny_data, script, override, message):  # noqa: F811
+    """Each was accepted with exit code 0 and not kept: save_pretrained wrote its own value
+    (architectures, transformers_version, is_encoder_decoder), or the weights trained and were saved
+    in bfloat16 while the records said fp32 (dtype)."""
+    if script == "run_classification.py":
+        data = ["--data_dir", tiny_data / "clf", *CLF[:3], f"{TINY_CLF},{override}", *CLF[4:]]
+    else:
+        data = ["--data_dir", tiny_data / "mt", *MT[:3], f"{TINY_MT},{override}", *MT[4:]]
+    result = refused(script, *data, "--max_train_steps", 1, "--output_dir", tmp_path / "o",
+                     message=f"invalid model configuration: {message}")
+    assert result.stderr.count("error:") == 1 and not (tmp_path / "o").exists()
+
+
+def test_a_precision_accelerate_does_not_know_is_refused(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    """ACCELERATE_MIXED_PRECISION=foo trained fp32 with exit code 0 and recorded "mixed_precision": "foo"."""
+    for script, args in (("run_classification.py", ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1]),
+                         ("evaluate_model.py", ["--model_name_or_path", trained_classifier, "--data_dir",
+                                                tiny_data / "clf"])):
+        refused(script, *args, "--output_dir", tmp_path / script, env={"ACCELERATE_MIXED_PRECISION": "foo"},
+                message="--mixed_precision 'foo' (ACCELERATE_MIXED_PRECISION) is none of no, fp16, bf16, fp8")
+        assert not (tmp_path / script / "all_results.json").exists()
+        assert not (tmp_path / script / "validation_results.json").exists()
+
+
+def test_the_training_file_as_validation_file_is_refused(tmp_path):
+    """run_clm.py --validation_file the training file scored the training texts as validation, exit 0."""
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": f"document {i} about a film"}) + "\n" for i in range(40)))
+    for script in ("run_clm.py", "run_mlm.py"):
+        refused(script, "--train_file", texts, "--validation_file", tmp_path / "." / "texts.jsonl", "--attention_type",
+                "zformer", "--output_dir", tmp_path / "out", message="is --train_file: the validation would score")
+        assert not (tmp_path / "out").exists()
+
+
+def test_the_converter_refuses_a_classifier_of_one_class(tmp_path):
+    """--num_labels 1 made a one-class classifier, a regression on the labels (MSE), with exit code 0."""
+    source, _ = make_source(tmp_path, "bert", "classification")
+    refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer", "--num_labels", 1,
+            "--output_dir", tmp_path / "out", message="--num_labels must be >= 2, got 1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_whose_weights_do_not_load_is_named_in_one_line(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    """A pickle in pytorch_model.bin (its code not run), a truncated model.safetensors or a missing
+    shard: one error line naming the folder, not the loader's traceback (evaluate_model.py, a warm
+    start, the converter)."""
+    import shutil
+
+    canary = tmp_path / "code-ran"
+    pickled, truncated, sharded = (tmp_path / name for name in ("pickled", "truncated", "sharded"))
+    for folder in (pickled, truncated, sharded):
+        shutil.copytree(trained_classifier, folder)
+    (pickled / "model.safetensors").unlink()
+    torch.save({"state": RunsCode(canary)}, pickled / "pytorch_model.bin")
+    weights = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(weights[:-64])
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"classifier.weight": "model-00002-of-00002.safetensors"}}))
+    for folder, why in ((pickled, "holds objects other than tensors and plain values (WeightsUnpickler error"),
+                        (truncated, "SafetensorError"), (sharded, "model-00002-of-00002.safetensors")):
+        for script, args in (("evaluate_model.py", ["--data_dir", tiny_data / "clf"]),
+                             ("run_classification.py", ["--data_dir", tiny_data / "clf", "--max_train_steps", 1])):
+            result = refused(script, "--model_name_or_path", folder, *args, "--output_dir", tmp_path / "out",
+                             message=f"--model_name_or_path {str(folder)!r}: its weights cannot be loaded (")
+            error, = [line for line in result.stderr.splitlines() if "error:" in line]
+            assert why in error and "weights_only=False" not in error, error
+    assert not canary.exists()
+    source, _ = make_source(tmp_path, "bert", "classification")
+    (source / "model.safetensors").unlink()
+    torch.save({"state": RunsCode(canary)}, source / "pytorch_model.bin")
+    result = refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer",
+                     "--output_dir", tmp_path / "converted", message="it is not unpickled, as it could run code")
+    assert "weights_only=False" not in result.stderr and not canary.exists()
+
+
+def test_linearize_names_a_bad_configuration_in_one_line(tmp_path):
+    """An unknown field, a value the config refuses, or one attention type per layer of another count
+    ended in a traceback once the source had loaded."""
+    from test_decoder_transfer import _word_tokenizer
+    from test_llama_decoder import tiny_llama
+
+    tiny_llama(tie_word_embeddings=True).save_pretrained(tmp_path / "llama")
+    _word_tokenizer().save_pretrained(tmp_path / "llama")
+    (tmp_path / "texts.txt").write_text(" ".join(f"w{i % 92}" for i in range(400)) + "\n")
+    common = ["--model_name_or_path", tmp_path / "llama", "--train_file", tmp_path / "texts.txt", "--eval_file",
+              tmp_path / "texts.txt", "--steps", 1, "--block_size", 16, "--eval_block_size", 32, "--eval_blocks", 1]
+    for flags, message in ((["--config_overrides", "foo=1"], "unknown config field 'foo'"),
+                           (["--config_overrides", "attention_window=-4"], "attention_window=-4 must be"),
+                           (["--attention_type", "zformer", "full"], "attention_type has 2 entries")):
+        out = tmp_path / f"out-{flags[-1]}"
+        result = refused("linearize_decoder.py", *common, *flags, "--output_dir", out,
+                         message=f"invalid model configuration (--attention_type, --config_overrides): {message}")
+        assert result.stderr.count("error:") == 1
+        assert not (out / "transfer_state.safetensors").exists()
+
+
+def test_a_staging_folder_whose_marker_cannot_be_written_is_not_left(tmp_path, monkeypatch):
+    """The disk full (or a read-only folder) when a staging folder's marker is written: the write
+    fails with the errno, and no unmarked staging folder, which nothing would ever clean, is left."""
+    import errno
+    import tempfile
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        staging_dir(tmp_path, "final")
+    assert list(tmp_path.iterdir()) == []
