@@ -135,8 +135,11 @@ def prepare_output_dir(args, parser) -> Path:
             check_results_file(args.results_file, output_dir)
     except (ValueError, OSError) as problem:
         parser.error(str(problem))
-    output_dir.mkdir(parents=True, exist_ok=True)
-    folders.record(output_dir)
+    try:  # the disk full or a read-only folder at its first write: the path and the errno
+        output_dir.mkdir(parents=True, exist_ok=True)
+        folders.record(output_dir)
+    except OSError as problem:
+        parser.error(str(folders.WriteFailed(problem, output_dir)))
     run_file = output_dir / "run_args.json"
     if run_file.exists() and json.loads(run_file.read_text()) != identity(args):
         parser.error(f"--output_dir {output_dir} holds a run with other arguments ({run_file}); choose another folder")

@@ -362,7 +362,12 @@ def main(argv=None) -> dict:
     if not seq2seq:
         check_labels(data, model.config, args.model.model_name_or_path, split)
     limit = model.config.max_position_embeddings
+    if seq2seq:  # cut with a warning, and recorded as cut
+        args.task.max_source_length = run.fit_to_positions("--max_source_length", args.task.max_source_length,
+                                                           model.config, logger)
     max_length = classification_length(args.task, tokenizer)
+    if not seq2seq and args.task.max_length is not None:
+        max_length = run.fit_to_positions("--max_length", max_length, model.config, logger)
     model, loader = accelerator.prepare(model, tokenized_loader(args, tokenizer, data, seq2seq, limit, max_length))
     if seq2seq:
         results, rows, metric = score_translation(args, accelerator, model, loader, tokenizer, data, split, limit)

@@ -239,8 +239,11 @@ def prepare_output_dir(args: LinearizationArguments) -> Path:
     except (ValueError, OSError) as problem:
         error(str(problem))
     torch.manual_seed(args.seed)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    folders.record(output_dir)
+    try:  # the disk full or a read-only folder at its first write: the path and the errno
+        output_dir.mkdir(parents=True, exist_ok=True)
+        folders.record(output_dir)
+    except OSError as problem:
+        error(str(folders.WriteFailed(problem, output_dir)))
     folders.recover(output_dir)  # what a killed write left
     identity = {k: v for k, v in args.flags().items() if k not in RESUMABLE}
     identity_file = output_dir / "run_args.json"
@@ -480,16 +483,19 @@ def main(argv=None):
     output_dir = prepare_output_dir(args)
     started = time.time()
     tokenizer, source, model, start = load_models(args, device)
-    run = Run(args, device, output_dir, tokenizer)
-    run.results["config"] = {key: getattr(model.config, key) for key in (
-        "attention_type", "zformer_feature_map", "attention_window", "attention_sinks", "feature_map_horizon",
-        "rotary_feature_maps", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")}
-    run.score("source", source)
-    run.score(start, model)
-    documents = read_documents(args.train_file, args.text_column, args.seed)
-    used = transfer_attention(run, model, documents) if args.transfer.steps else 0
-    if args.finetune.finetune_steps:
-        model = finetune(run, model, source, documents, used)
+    try:  # texts too short for the blocks asked (--block_size, --eval_block_size): one line, not a traceback
+        run = Run(args, device, output_dir, tokenizer)
+        run.results["config"] = {key: getattr(model.config, key) for key in (
+            "attention_type", "zformer_feature_map", "attention_window", "attention_sinks", "feature_map_horizon",
+            "rotary_feature_maps", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")}
+        run.score("source", source)
+        run.score(start, model)
+        documents = read_documents(args.train_file, args.text_column, args.seed)
+        used = transfer_attention(run, model, documents) if args.transfer.steps else 0
+        if args.finetune.finetune_steps:
+            model = finetune(run, model, source, documents, used)
+    except ValueError as problem:
+        error(str(problem))
     report(run, started)
 
 

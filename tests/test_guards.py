@@ -1344,9 +1344,9 @@ def test_a_model_whose_weights_do_not_load_is_named_in_one_line(tmp_path, tiny_d
     assert "weights_only=False" not in result.stderr and not canary.exists()
 
 
-def test_linearize_names_a_bad_configuration_in_one_line(tmp_path):
-    """An unknown field, a value the config refuses, or one attention type per layer of another count
-    ended in a traceback once the source had loaded."""
+def test_linearize_names_a_bad_configuration_or_blocks_longer_than_the_texts_in_one_line(tmp_path):
+    """An unknown field, a value the config refuses, one attention type per layer of another count, or
+    blocks longer than the texts ended in a traceback once the source had loaded."""
     from test_decoder_transfer import _word_tokenizer
     from test_llama_decoder import tiny_llama
 
@@ -1355,12 +1355,14 @@ def test_linearize_names_a_bad_configuration_in_one_line(tmp_path):
     (tmp_path / "texts.txt").write_text(" ".join(f"w{i % 92}" for i in range(400)) + "\n")
     common = ["--model_name_or_path", tmp_path / "llama", "--train_file", tmp_path / "texts.txt", "--eval_file",
               tmp_path / "texts.txt", "--steps", 1, "--block_size", 16, "--eval_block_size", 32, "--eval_blocks", 1]
-    for flags, message in ((["--config_overrides", "foo=1"], "unknown config field 'foo'"),
-                           (["--config_overrides", "attention_window=-4"], "attention_window=-4 must be"),
-                           (["--attention_type", "zformer", "full"], "attention_type has 2 entries")):
-        out = tmp_path / f"out-{flags[-1]}"
-        result = refused("linearize_decoder.py", *common, *flags, "--output_dir", out,
-                         message=f"invalid model configuration (--attention_type, --config_overrides): {message}")
+    configuration = "invalid model configuration (--attention_type, --config_overrides): "
+    for flags, message in ((["--config_overrides", "foo=1"], configuration + "unknown config field 'foo'"),
+                           (["--config_overrides", "attention_window=-4"], configuration + "attention_window=-4 must"),
+                           (["--attention_type", "zformer", "full"], configuration + "attention_type has 2 entries"),
+                           (["--block_size", 100000], "the training documents hold"),
+                           (["--eval_block_size", 100000], "tokens make no block of 100000")):
+        out = tmp_path / f"out-{flags[0]}-{flags[-1]}"
+        result = refused("linearize_decoder.py", *common, *flags, "--output_dir", out, message=message)
         assert result.stderr.count("error:") == 1
         assert not (out / "transfer_state.safetensors").exists()
 
@@ -1378,3 +1380,11 @@ def test_a_staging_folder_whose_marker_cannot_be_written_is_not_left(tmp_path, m
     with pytest.raises(OSError, match="No space left on device"):
         staging_dir(tmp_path, "final")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluation_cuts_a_length_past_the_positions_with_a_warning(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    """evaluate_model.py --max_length 100000 cut to the model's 512 positions without a word."""
+    result = run_script("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir",
+                        tiny_data / "clf", "--max_length", 100000, "--output_dir", tmp_path / "eval")
+    assert "--max_length 100000 > the model's 512 positions (max_position_embeddings=512): cut to 512" in result.stderr
+    assert json.loads((tmp_path / "eval" / "validation_results.json").read_text())["max_length"] == 512
