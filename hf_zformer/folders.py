@@ -38,6 +38,7 @@ import fnmatch
 import json
 import os
 import shutil
+import tempfile
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -115,10 +116,18 @@ def read_marker(folder: str | os.PathLike) -> dict | None:
 
 
 def _write_marker(folder: Path, files, **extra) -> None:
+    """Write the marker through a new temporary file of a unique name (created exclusively, so
+    neither a file of the user's nor a link is ever written), then rename it into place."""
     marker = {"written_by": "hf_zformer", **extra, "files": sorted(set(files))}
-    tmp = folder / f"{MARKER}.tmp"
-    tmp.write_text(json.dumps(marker, indent=1) + "\n")
-    os.replace(tmp, folder / MARKER)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f"{MARKER}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(json.dumps(marker, indent=1) + "\n")
+        os.replace(tmp, folder / MARKER)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def _ours(name: str, path: Path) -> bool:
@@ -236,9 +245,12 @@ def _names(paths, limit: int = 4) -> str:
 
 
 def foreign_files(folder: str | os.PathLike) -> set[str]:
-    """Files under ``folder`` that are not on its marker's list (all of them without a marker)."""
+    """Files under ``folder`` that are not on its marker's list (all of them without a marker), and
+    the links under it: the library never writes a link, so a link is somebody else's whatever
+    its name (a listed file replaced by a link to a file outside)."""
     marker = read_marker(folder)
-    return files_under(folder) - set(marker["files"] if marker else [])
+    found = files_under(folder)
+    return (found - set(marker["files"] if marker else [])) | {f for f in found if (Path(folder) / f).is_symlink()}
 
 
 def check_output_dir(
@@ -259,8 +271,9 @@ def check_output_dir(
     library's marker (somebody's files, whatever they are). ``whole`` (the converter): the folder is
     replaced as a whole, so a non-empty one needs ``overwrite`` and must hold only files the library
     wrote. Otherwise (a training run, an evaluation) files are written into it; with ``overwrite``
-    every subfolder whose recorded files would be deleted must hold nothing else; ``resume`` (a run
-    resumed in its own folder, which deletes nothing) also accepts a run folder of a version whose
+    (which deletes) or ``resume`` (which replaces checkpoints and ``best/``) every subfolder holding
+    recorded files must hold nothing else, no link either; ``resume`` (a run resumed in its own
+    folder) also accepts a run folder of a version whose
     folders carried no marker."""
     if output_dir is None or str(output_dir).strip() == "":
         raise ValueError(f"{name} is empty ({output_dir!r}): pass the folder to write to")
@@ -300,12 +313,13 @@ def check_output_dir(
         if foreign:
             raise ValueError(f"{name}={shown!r} holds files this library did not write ({_names(foreign)}); "
                              "replacing the folder would delete them: move them out, or pass another folder")
-    elif overwrite:
+    elif overwrite or resume:
         cleared = {str(Path(f).parent) for f in marker["files"] if "/" in f}
         blocking = {f for f in foreign if any(f.startswith(d + "/") for d in cleared)}
         if blocking:
-            raise ValueError(f"{name}={shown!r} holds files this library did not write in folders an overwrite "
-                             f"clears ({_names(blocking)}); move them out, or pass another folder")
+            what = "an overwrite clears" if overwrite else "a resumed run replaces"
+            raise ValueError(f"{name}={shown!r} holds files this library did not write (or links) in folders "
+                             f"{what} ({_names(blocking)}); move them out, or pass another folder")
     return path
 
 
@@ -489,7 +503,12 @@ def staging_dir(parent: str | os.PathLike, target: str) -> Path:
     parent = Path(parent)
     staging = parent / f"{STAGING_PREFIX}{target}{_suffix()}"
     staging.mkdir()
-    _write_marker(staging, [])
+    try:
+        _write_marker(staging, [])
+    except BaseException:  # the disk full or a read-only folder: no unmarked staging folder is left
+        with contextlib.suppress(OSError):
+            staging.rmdir()
+        raise
     _hold(staging)
     return staging
 

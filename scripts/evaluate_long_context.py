@@ -132,11 +132,14 @@ def prepare_output_dir(args, parser) -> Path:
         output_dir = folders.check_output_dir(args.output_dir, name="--output_dir", whole=False, inputs=inputs)
         folders.check_writes(output_dir, OUTPUTS)  # names this script owns, never through a link
         if args.results_file:
-            check_results_file(args.results_file)
+            check_results_file(args.results_file, output_dir)
     except (ValueError, OSError) as problem:
         parser.error(str(problem))
-    output_dir.mkdir(parents=True, exist_ok=True)
-    folders.record(output_dir)
+    try:  # the disk full or a read-only folder at its first write: the path and the errno
+        output_dir.mkdir(parents=True, exist_ok=True)
+        folders.record(output_dir)
+    except OSError as problem:
+        parser.error(str(folders.WriteFailed(problem, output_dir)))
     run_file = output_dir / "run_args.json"
     if run_file.exists() and json.loads(run_file.read_text()) != identity(args):
         parser.error(f"--output_dir {output_dir} holds a run with other arguments ({run_file}); choose another folder")
@@ -151,6 +154,7 @@ def load(args, device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_zformer.conversion.long_context import streaming_model, switch_off_state
+    from hf_zformer.training.run import weights_failure
 
     extra = dict(gguf_file=args.gguf_file) if args.gguf_file else {}
     converted = args.baseline != "streaming"  # the overrides are the converted model's, else the baseline's
@@ -158,9 +162,9 @@ def load(args, device):
         tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, **extra)
         model = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32, **extra,
                                                      **(args.overrides if converted else {}))
-    except (OSError, ValueError) as problem:  # no folder, no weights, no network for a Hub id: name it and the cause
+    except Exception as problem:  # noqa: BLE001  (no folder, no or damaged weights, a pickle, no network)
         fail(f"--model_name_or_path {args.model_name_or_path}: its tokenizer or causal LM cannot be loaded "
-             f"({type(problem).__name__}: {str(problem).splitlines()[0]})")
+             f"({weights_failure(problem)})")
     model.eval()
     try:
         if converted and args.overrides and model.config.model_type != "zformer_llama":

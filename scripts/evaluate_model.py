@@ -137,7 +137,7 @@ def check_args(parser, args: RunArguments) -> None:
         parser.error(str(error))
     try:  # found after the whole evaluation otherwise
         if args.evaluation.results_file:
-            records.check_results_file(args.evaluation.results_file)
+            records.check_results_file(args.evaluation.results_file, args.training.output_dir)
     except ValueError as error:
         parser.error(f"--results_file: {error}")
 
@@ -308,9 +308,12 @@ def load_model(auto_class, model_args: ModelArguments):
     left over or of another shape (a folder of another kind, or a config edited after training,
     would be scored with random weights) and none NaN or infinite."""
     name = model_args.model_name_or_path
-    model, loading = auto_class.from_pretrained(name, trust_remote_code=model_args.trust_remote_code,
-                                                dtype=torch.float32, output_loading_info=True,
-                                                ignore_mismatched_sizes=True)  # listed below, not a traceback
+    try:
+        model, loading = auto_class.from_pretrained(name, trust_remote_code=model_args.trust_remote_code,
+                                                    dtype=torch.float32, output_loading_info=True,
+                                                    ignore_mismatched_sizes=True)  # listed below, not a traceback
+    except Exception as error:  # noqa: BLE001  (a pickle refused, a truncated file, a missing shard)
+        run.usage_error(f"--model_name_or_path {name!r}: its weights cannot be loaded ({run.weights_failure(error)})")
     problems = [(what, [str(key[0] if isinstance(key, tuple) else key) for key in loading.get(field) or []])
                 for field, what in (("missing_keys", "missing (initialised at random)"),
                                     ("unexpected_keys", "left unused"),
@@ -359,7 +362,12 @@ def main(argv=None) -> dict:
     if not seq2seq:
         check_labels(data, model.config, args.model.model_name_or_path, split)
     limit = model.config.max_position_embeddings
+    if seq2seq:  # cut with a warning, and recorded as cut
+        args.task.max_source_length = run.fit_to_positions("--max_source_length", args.task.max_source_length,
+                                                           model.config, logger)
     max_length = classification_length(args.task, tokenizer)
+    if not seq2seq and args.task.max_length is not None:
+        max_length = run.fit_to_positions("--max_length", max_length, model.config, logger)
     model, loader = accelerator.prepare(model, tokenized_loader(args, tokenizer, data, seq2seq, limit, max_length))
     if seq2seq:
         results, rows, metric = score_translation(args, accelerator, model, loader, tokenizer, data, split, limit)

@@ -239,8 +239,11 @@ def prepare_output_dir(args: LinearizationArguments) -> Path:
     except (ValueError, OSError) as problem:
         error(str(problem))
     torch.manual_seed(args.seed)
-    output_dir.mkdir(parents=True, exist_ok=True)
-    folders.record(output_dir)
+    try:  # the disk full or a read-only folder at its first write: the path and the errno
+        output_dir.mkdir(parents=True, exist_ok=True)
+        folders.record(output_dir)
+    except OSError as problem:
+        error(str(folders.WriteFailed(problem, output_dir)))
     folders.recover(output_dir)  # what a killed write left
     identity = {k: v for k, v in args.flags().items() if k not in RESUMABLE}
     identity_file = output_dir / "run_args.json"
@@ -287,25 +290,32 @@ def load_models(args: LinearizationArguments, device):
     from hf_zformer.conversion.convert_decoder import convert_causal_lm
     from hf_zformer.modeling import ZformerLlamaConfig, ZformerLlamaForCausalLM
     from hf_zformer.training.arguments import parse_config_overrides
+    from hf_zformer.training.run import weights_failure
 
     started = time.time()
     load = dict(gguf_file=args.gguf_file) if args.gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, **load)
-    source = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32, **load).eval()
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(args.model_name_or_path, **load)
+        source = AutoModelForCausalLM.from_pretrained(args.model_name_or_path, dtype=torch.float32, **load).eval()
+    except Exception as problem:  # noqa: BLE001  (no or damaged weights, a pickle, no network for a Hub id)
+        error(f"--model_name_or_path {args.model_name_or_path}: its tokenizer or causal LM cannot be loaded "
+              f"({weights_failure(problem)})")
     log(f"source {type(source).__name__} loaded ({sum(p.numel() for p in source.parameters()) / 1e6:.1f}M "
         f"parameters, {time.time() - started:.0f} s)")
     if args.init_model:
         try:
             model = ZformerLlamaForCausalLM.from_pretrained(args.init_model, dtype=torch.float32).eval()
         except Exception as problem:  # not a folder of a converted model: name it and the cause
-            error(f"--init_model {args.init_model} holds no converted model "
-                  f"({type(problem).__name__}: {str(problem).splitlines()[0]})")
+            error(f"--init_model {args.init_model} holds no converted model ({weights_failure(problem)})")
         start = "init_model"
     else:
         attention_type = args.layer_attention
-        overrides = parse_config_overrides(args.config_overrides, ZformerLlamaConfig)
-        model = convert_causal_lm(args.model_name_or_path, attention_type, source=source, tokenizer=tokenizer,
-                                  **overrides)
+        try:  # an unknown field, a value the config refuses, one attention type per layer of another count
+            overrides = parse_config_overrides(args.config_overrides, ZformerLlamaConfig)
+            model = convert_causal_lm(args.model_name_or_path, attention_type, source=source, tokenizer=tokenizer,
+                                      **overrides)
+        except ValueError as problem:
+            error(f"invalid model configuration (--attention_type, --config_overrides): {problem}")
         start = "converted"
     return tokenizer, source.to(device), model.to(device), start
 
@@ -473,16 +483,19 @@ def main(argv=None):
     output_dir = prepare_output_dir(args)
     started = time.time()
     tokenizer, source, model, start = load_models(args, device)
-    run = Run(args, device, output_dir, tokenizer)
-    run.results["config"] = {key: getattr(model.config, key) for key in (
-        "attention_type", "zformer_feature_map", "attention_window", "attention_sinks", "feature_map_horizon",
-        "rotary_feature_maps", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")}
-    run.score("source", source)
-    run.score(start, model)
-    documents = read_documents(args.train_file, args.text_column, args.seed)
-    used = transfer_attention(run, model, documents) if args.transfer.steps else 0
-    if args.finetune.finetune_steps:
-        model = finetune(run, model, source, documents, used)
+    try:  # texts too short for the blocks asked (--block_size, --eval_block_size): one line, not a traceback
+        run = Run(args, device, output_dir, tokenizer)
+        run.results["config"] = {key: getattr(model.config, key) for key in (
+            "attention_type", "zformer_feature_map", "attention_window", "attention_sinks", "feature_map_horizon",
+            "rotary_feature_maps", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")}
+        run.score("source", source)
+        run.score(start, model)
+        documents = read_documents(args.train_file, args.text_column, args.seed)
+        used = transfer_attention(run, model, documents) if args.transfer.steps else 0
+        if args.finetune.finetune_steps:
+            model = finetune(run, model, source, documents, used)
+    except ValueError as problem:
+        error(str(problem))
     report(run, started)
 
 

@@ -1198,3 +1198,193 @@ def test_evaluation_refuses_a_model_that_is_not_its_folders(tmp_path, tiny_data,
             message=f"--split 'train' holds labels up to 3, but --model_name_or_path {str(trained_classifier)!r} has "
                     "2 classes (0..1): its head does not fit these labels")
     assert not any((tmp_path / name / "train_results.json").exists() for name in ("e1", "e2", "e3"))
+
+
+# ---- the marker's own writes, links inside checkpoints, results files the run writes itself --
+
+def test_the_markers_temporary_file_never_writes_a_users_file_or_through_a_link(tmp_path, tiny_data):  # noqa: F811
+    """The marker is written through a new file of a unique name: a user's file named
+    .hf_zformer-output.json.tmp, or a link of that name to a file outside, stays as it was."""
+    outside = plant(tmp_path / "outside", {"notes.txt": "my notes"})
+    out = marked(tmp_path / "run", **{"all_results.json": "{}"})
+    planted = plant(out, {"sub/.hf_zformer-output.json.tmp": "mine too"})
+    (out / ".hf_zformer-output.json.tmp").symlink_to(tmp_path / "outside" / "notes.txt")
+    run_script("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1,
+               "--output_dir", out, "--overwrite_output_dir")
+    assert_kept(tmp_path / "outside", outside)
+    assert_kept(out, planted)
+    assert os.readlink(out / ".hf_zformer-output.json.tmp") == str(tmp_path / "outside" / "notes.txt")
+    assert (out / "config.json").is_file()
+
+
+def test_a_link_or_users_file_in_a_checkpoint_stops_an_overwrite_or_resume_before_any_work(  # noqa: F811
+        tmp_path, tiny_data, checkpointed_run):
+    """The library never writes a link, so a checkpoint's file replaced by a link (to a file
+    outside) is not the library's: --overwrite_output_dir would delete it, a resume would replace
+    the checkpoint holding it. Both are refused before any work, as a user's file there is."""
+    import shutil
+
+    outside = plant(tmp_path / "outside", {"notes.txt": "my notes"})
+    data = ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 4, "--checkpointing_steps", 2]
+    for step, flags in (("step_2", ["--overwrite_output_dir"]), ("step_4", ["--resume_from_checkpoint", "step_2"])):
+        out = tmp_path / f"run-{step}"
+        shutil.copytree(checkpointed_run, out)
+        flags = [out / f if f == "step_2" else f for f in flags]
+        (out / step / "optimizer.bin").unlink()
+        (out / step / "optimizer.bin").symlink_to(tmp_path / "outside" / "notes.txt")
+        before = tree(out)
+        result = refused("run_classification.py", *data, "--output_dir", out, *flags,
+                         message=f"({step}/optimizer.bin)")
+        assert "training" not in result.stdout.lower() and tree(out) == before
+    out = tmp_path / "run-step_4"
+    (out / "step_4" / "optimizer.bin").unlink()
+    planted = plant(out, {"step_4/notes.txt": "mine"})
+    refused("run_classification.py", *data, "--output_dir", out, "--resume_from_checkpoint", out / "step_2",
+            message="in folders a resumed run replaces (step_4/notes.txt)")
+    assert_kept(out, planted)
+    assert_kept(tmp_path / "outside", outside)
+
+
+def test_a_results_file_that_the_run_writes_itself_is_refused_before_any_work(tmp_path, tiny_data,  # noqa: F811
+                                                                               trained_classifier):
+    """--results_file out/all_results.json (or another name the run writes in --output_dir) was
+    found not to be a list of records only after the whole run."""
+    for name in ("all_results.json", "README.md", "step_1/r.json"):
+        result = refused("run_classification.py", "--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1,
+                         "--output_dir", tmp_path / "run", "--results_file", tmp_path / "run" / name,
+                         message="a file the run writes itself")
+        assert not (tmp_path / "run").exists(), result.stderr
+    refused("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
+            "--output_dir", tmp_path / "eval", "--results_file", tmp_path / "eval" / "validation_results.json",
+            message="a file the run writes itself")
+    run_script("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
+               "--output_dir", tmp_path / "eval", "--results_file", tmp_path / "eval" / "records.json")
+    assert len(json.loads((tmp_path / "eval" / "records.json").read_text())) == 1
+
+
+@pytest.mark.parametrize("script, override, message", [
+    ("run_classification.py", "dtype=bfloat16", "config field 'dtype' is set by the library"),
+    ("run_classification.py", "architectures=Foo", "config field 'architectures' is set by the library"),
+    ("run_classification.py", "transformers_version=0.0.1", "config field 'transformers_version' is set by the library"),
+    ("run_translation.py", "is_encoder_decoder=false", "is_encoder_decoder=False: a translation model is an encoder-"),
+])
+def test_config_fields_the_library_sets_are_refused(tmp_path, tiny_data, script, override, message):  # noqa: F811
+    """Each was accepted with exit code 0 and not kept: save_pretrained wrote its own value
+    (architectures, transformers_version, is_encoder_decoder), or the weights trained and were saved
+    in bfloat16 while the records said fp32 (dtype)."""
+    if script == "run_classification.py":
+        data = ["--data_dir", tiny_data / "clf", *CLF[:3], f"{TINY_CLF},{override}", *CLF[4:]]
+    else:
+        data = ["--data_dir", tiny_data / "mt", *MT[:3], f"{TINY_MT},{override}", *MT[4:]]
+    result = refused(script, *data, "--max_train_steps", 1, "--output_dir", tmp_path / "o",
+                     message=f"invalid model configuration: {message}")
+    assert result.stderr.count("error:") == 1 and not (tmp_path / "o").exists()
+
+
+def test_a_precision_accelerate_does_not_know_is_refused(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    """ACCELERATE_MIXED_PRECISION=foo trained fp32 with exit code 0 and recorded "mixed_precision": "foo"."""
+    for script, args in (("run_classification.py", ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1]),
+                         ("evaluate_model.py", ["--model_name_or_path", trained_classifier, "--data_dir",
+                                                tiny_data / "clf"])):
+        refused(script, *args, "--output_dir", tmp_path / script, env={"ACCELERATE_MIXED_PRECISION": "foo"},
+                message="--mixed_precision 'foo' (ACCELERATE_MIXED_PRECISION) is none of no, fp16, bf16, fp8")
+        assert not (tmp_path / script / "all_results.json").exists()
+        assert not (tmp_path / script / "validation_results.json").exists()
+
+
+def test_the_training_file_as_validation_file_is_refused(tmp_path):
+    """run_clm.py --validation_file the training file scored the training texts as validation, exit 0."""
+    texts = tmp_path / "texts.jsonl"
+    texts.write_text("".join(json.dumps({"text": f"document {i} about a film"}) + "\n" for i in range(40)))
+    for script in ("run_clm.py", "run_mlm.py"):
+        refused(script, "--train_file", texts, "--validation_file", tmp_path / "." / "texts.jsonl", "--attention_type",
+                "zformer", "--output_dir", tmp_path / "out", message="is --train_file: the validation would score")
+        assert not (tmp_path / "out").exists()
+
+
+def test_the_converter_refuses_a_classifier_of_one_class(tmp_path):
+    """--num_labels 1 made a one-class classifier, a regression on the labels (MSE), with exit code 0."""
+    source, _ = make_source(tmp_path, "bert", "classification")
+    refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer", "--num_labels", 1,
+            "--output_dir", tmp_path / "out", message="--num_labels must be >= 2, got 1")
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_model_whose_weights_do_not_load_is_named_in_one_line(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    """A pickle in pytorch_model.bin (its code not run), a truncated model.safetensors or a missing
+    shard: one error line naming the folder, not the loader's traceback (evaluate_model.py, a warm
+    start, the converter)."""
+    import shutil
+
+    canary = tmp_path / "code-ran"
+    pickled, truncated, sharded = (tmp_path / name for name in ("pickled", "truncated", "sharded"))
+    for folder in (pickled, truncated, sharded):
+        shutil.copytree(trained_classifier, folder)
+    (pickled / "model.safetensors").unlink()
+    torch.save({"state": RunsCode(canary)}, pickled / "pytorch_model.bin")
+    weights = (truncated / "model.safetensors").read_bytes()
+    (truncated / "model.safetensors").write_bytes(weights[:-64])
+    (sharded / "model.safetensors").rename(sharded / "model-00001-of-00002.safetensors")
+    (sharded / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"classifier.weight": "model-00002-of-00002.safetensors"}}))
+    for folder, why in ((pickled, "holds objects other than tensors and plain values (WeightsUnpickler error"),
+                        (truncated, "SafetensorError"), (sharded, "model-00002-of-00002.safetensors")):
+        for script, args in (("evaluate_model.py", ["--data_dir", tiny_data / "clf"]),
+                             ("run_classification.py", ["--data_dir", tiny_data / "clf", "--max_train_steps", 1])):
+            result = refused(script, "--model_name_or_path", folder, *args, "--output_dir", tmp_path / "out",
+                             message=f"--model_name_or_path {str(folder)!r}: its weights cannot be loaded (")
+            error, = [line for line in result.stderr.splitlines() if "error:" in line]
+            assert why in error and "weights_only=False" not in error, error
+    assert not canary.exists()
+    source, _ = make_source(tmp_path, "bert", "classification")
+    (source / "model.safetensors").unlink()
+    torch.save({"state": RunsCode(canary)}, source / "pytorch_model.bin")
+    result = refused("convert_checkpoint.py", "--model_name_or_path", source, "--attention_type", "zformer",
+                     "--output_dir", tmp_path / "converted", message="it is not unpickled, as it could run code")
+    assert "weights_only=False" not in result.stderr and not canary.exists()
+
+
+def test_linearize_names_a_bad_configuration_or_blocks_longer_than_the_texts_in_one_line(tmp_path):
+    """An unknown field, a value the config refuses, one attention type per layer of another count, or
+    blocks longer than the texts ended in a traceback once the source had loaded."""
+    from test_decoder_transfer import _word_tokenizer
+    from test_llama_decoder import tiny_llama
+
+    tiny_llama(tie_word_embeddings=True).save_pretrained(tmp_path / "llama")
+    _word_tokenizer().save_pretrained(tmp_path / "llama")
+    (tmp_path / "texts.txt").write_text(" ".join(f"w{i % 92}" for i in range(400)) + "\n")
+    common = ["--model_name_or_path", tmp_path / "llama", "--train_file", tmp_path / "texts.txt", "--eval_file",
+              tmp_path / "texts.txt", "--steps", 1, "--block_size", 16, "--eval_block_size", 32, "--eval_blocks", 1]
+    configuration = "invalid model configuration (--attention_type, --config_overrides): "
+    for flags, message in ((["--config_overrides", "foo=1"], configuration + "unknown config field 'foo'"),
+                           (["--config_overrides", "attention_window=-4"], configuration + "attention_window=-4 must"),
+                           (["--attention_type", "zformer", "full"], configuration + "attention_type has 2 entries"),
+                           (["--block_size", 100000], "the training documents hold"),
+                           (["--eval_block_size", 100000], "tokens make no block of 100000")):
+        out = tmp_path / f"out-{flags[0]}-{flags[-1]}"
+        result = refused("linearize_decoder.py", *common, *flags, "--output_dir", out, message=message)
+        assert result.stderr.count("error:") == 1
+        assert not (out / "transfer_state.safetensors").exists()
+
+
+def test_a_staging_folder_whose_marker_cannot_be_written_is_not_left(tmp_path, monkeypatch):
+    """The disk full (or a read-only folder) when a staging folder's marker is written: the write
+    fails with the errno, and no unmarked staging folder, which nothing would ever clean, is left."""
+    import errno
+    import tempfile
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(tempfile, "mkstemp", full)
+    with pytest.raises(OSError, match="No space left on device"):
+        staging_dir(tmp_path, "final")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_evaluation_cuts_a_length_past_the_positions_with_a_warning(tmp_path, tiny_data, trained_classifier):  # noqa: F811
+    """evaluate_model.py --max_length 100000 cut to the model's 512 positions without a word."""
+    result = run_script("evaluate_model.py", "--model_name_or_path", trained_classifier, "--data_dir",
+                        tiny_data / "clf", "--max_length", 100000, "--output_dir", tmp_path / "eval")
+    assert "--max_length 100000 > the model's 512 positions (max_position_embeddings=512): cut to 512" in result.stderr
+    assert json.loads((tmp_path / "eval" / "validation_results.json").read_text())["max_length"] == 512

@@ -110,8 +110,9 @@ class ConversionArguments:
         """Ranges, the distillation and the output folder, before any work (``ValueError``)."""
         from .convert import check_conversion_output
 
-        if self.num_labels is not None and self.num_labels < 1:
-            raise ValueError(f"--num_labels must be >= 1, got {self.num_labels}")
+        if self.num_labels is not None and self.num_labels < 2:  # as run_classification.py's --num_labels
+            raise ValueError(f"--num_labels must be >= 2, got {self.num_labels}: one class makes the classifier a "
+                             "regression on the labels (MSE), which the classification script refuses too")
         self.distillation.check()
         # before any work: the conversion and distillation must not be thrown away at the end
         check_conversion_output(self.output_dir, overwrite=self.overwrite, model_name_or_path=self.model_name_or_path,

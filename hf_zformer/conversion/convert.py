@@ -513,8 +513,10 @@ def _load_source(model_name_or_path, source_task: str, source_config):
             model_name_or_path, dtype=torch.float32, output_loading_info=True
         )
     except Exception as error:  # no weight file, a truncated or corrupt one: name the folder and the cause
+        from ..training.run import weights_failure
+
         raise ValueError(f"model_name_or_path={str(model_name_or_path)!r}: its weights cannot be loaded "
-                         f"({type(error).__name__}: {str(error).splitlines()[0]})") from error
+                         f"({weights_failure(error)})") from error
     source.eval()
     missing = [key for key in loading["missing_keys"] if "pooler" not in key]
     if missing:

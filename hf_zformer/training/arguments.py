@@ -333,6 +333,11 @@ def _check_data_source(parser: argparse.ArgumentParser, args: RunArguments) -> N
     for name, value in files.items():
         if value and not Path(value).expanduser().is_file():
             parser.error(f"--{name} {value!r} is not a file")
+    if files["validation_file"] and files["train_file"] and (
+            Path(files["validation_file"]).expanduser().resolve() == Path(files["train_file"]).expanduser().resolve()):
+        parser.error(f"--validation_file {files['validation_file']!r} is --train_file: the validation would score the "
+                     "training texts; drop it (--validation_split_percentage carves a validation split from the "
+                     "training file) or pass other texts")
 
 
 def _at_least(parser: argparse.ArgumentParser, least: int, **values: int | None) -> None:
@@ -398,7 +403,7 @@ def _check_outputs(parser: argparse.ArgumentParser, args: RunArguments) -> None:
         from .results import check_results_file
 
         try:
-            check_results_file(args.evaluation.results_file)
+            check_results_file(args.evaluation.results_file, training.output_dir)
         except ValueError as error:
             parser.error(f"--results_file: {error}")
     resume = training.resume_from_checkpoint
@@ -619,6 +624,14 @@ def _convert(key: str, raw: str, default: Any) -> Any:
 
 
 MAPPING_FIELDS = frozenset({"id2label", "label2id"})  # config fields no "k=v" can write
+#: Config fields the library sets itself, which an override would not set (saving writes its own
+#: value) or would set against what the run records: why each is refused in --config_overrides.
+LIBRARY_FIELDS = {
+    "architectures": "save_pretrained writes the model's class there",
+    "transformers_version": "save_pretrained writes the installed version there",
+    "dtype": ("the weights would be made, trained and saved in that type while the run records its "
+              "--mixed_precision; pass accelerate's --mixed_precision instead"),
+}
 
 
 def parse_config_overrides(overrides: str | None, config_class=ZformerConfig) -> dict[str, Any]:
@@ -628,7 +641,8 @@ def parse_config_overrides(overrides: str | None, config_class=ZformerConfig) ->
     Each value is converted to the type of the config field's default (int, float,
     bool as true/false, str); ``none`` for optional fields (a string field keeps the word:
     ``hidden_act=none`` is the string); ``a|b|c`` for per-layer lists (e.g.
-    ``attention_type=fastformer|full``). Unknown keys raise ``ValueError`` listing the valid ones.
+    ``attention_type=fastformer|full``). Unknown keys raise ``ValueError`` listing the valid ones, as do
+    the fields the library sets itself (:data:`LIBRARY_FIELDS`) and mappings.
     """
     if not overrides:
         return {}
@@ -644,6 +658,9 @@ def parse_config_overrides(overrides: str | None, config_class=ZformerConfig) ->
             raise ValueError(
                 f"unknown config field {key!r} in --config_overrides; valid fields: {', '.join(sorted(fields))}"
             )
+        if key in LIBRARY_FIELDS:
+            raise ValueError(f"config field {key!r} is set by the library, not by --config_overrides: "
+                             f"{LIBRARY_FIELDS[key]}; drop it")
         if key in MAPPING_FIELDS:
             raise ValueError(f"config field {key!r} is a mapping, which --config_overrides cannot write; the classes "
                              "and their names come from the data (run_classification.py: --num_labels, --label_names)")
@@ -656,7 +673,7 @@ def build_config(model: ModelArguments, vocab_size: int, seq2seq: bool, **extra:
     ``--config_overrides`` (which win), the tokenizer's vocabulary size and ``extra`` task fields
     (the tokenizer's ``pad_token_id`` among them). ``ValueError`` for an override the tokenizer or
     the task cannot take: a ``vocab_size`` below the tokenizer's, a ``pad_token_id`` other than
-    its, an encoder-decoder (``seq2seq``) without decoder layers."""
+    its, an encoder-decoder (``seq2seq``) without decoder layers or declared not to be one."""
     kwargs: dict[str, Any] = {"attention_type": model.attention_type, "vocab_size": vocab_size, **extra}
     if seq2seq:
         kwargs["decoder_attention_type"] = model.decoder_attention_type
@@ -669,6 +686,9 @@ def build_config(model: ModelArguments, vocab_size: int, seq2seq: bool, **extra:
         raise ValueError(f"pad_token_id={overrides['pad_token_id']}, but the tokenizer pads with id "
                          f"{extra['pad_token_id']}, which the batches are padded with; drop it (the tokenizer's id is "
                          "the default)")
+    if seq2seq and overrides.get("is_encoder_decoder") is False:
+        raise ValueError("is_encoder_decoder=False: a translation model is an encoder-decoder, and would be saved as "
+                         "one whatever the override says; drop it")
     kwargs.update(overrides)
     config = ZformerConfig(**kwargs)
     if seq2seq and config.num_decoder_layers < 1:

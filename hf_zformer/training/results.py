@@ -87,10 +87,20 @@ def read_records(path: str | os.PathLike) -> list[dict[str, Any]]:
     return records
 
 
-def check_results_file(path: str | os.PathLike) -> None:
+def check_results_file(path: str | os.PathLike, output_dir: str | os.PathLike | None = None) -> None:
     """Before a run: ``ValueError`` naming ``path`` unless :func:`append_records` can extend it at
-    the end (a new file whose folder can be made, or a JSON list of objects)."""
+    the end (a new file whose folder can be made, or a JSON list of objects) and it is no file the
+    run writes itself: a name the library owns (:data:`hf_zformer.folders.OWNED`) inside ``output_dir``,
+    or a file in a folder of such a name (a checkpoint, ``best/``), which the run replaces."""
+    from ..folders import owned
+
     path = Path(path).expanduser()
+    if output_dir is not None:
+        top = Path(output_dir).expanduser().resolve()
+        where = path.parent.resolve() / path.name
+        if top in where.parents and owned(where.relative_to(top).parts[0]):  # that file, or in a folder it replaces
+            raise ValueError(f"results file {path} is {where.relative_to(top)} of --output_dir {str(output_dir)!r}, "
+                             "a file the run writes itself; pass a path outside --output_dir or of another name")
     for part in path.parents:
         if part.exists() and not part.is_dir():
             raise ValueError(f"results file {path}: {part} is a file, not a folder")

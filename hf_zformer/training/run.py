@@ -78,11 +78,18 @@ def make_accelerator(training: TrainingArguments):
     return accelerator
 
 
+PRECISIONS = ("no", "fp16", "bf16", "fp8")  # accelerate's --mixed_precision choices
+
+
 def precision_problem(precision: str, has_accelerator: bool) -> str | None:
     """Why the mixed precision ``precision`` (accelerate's ``--mixed_precision``, as its launcher
     passes it: ``ACCELERATE_MIXED_PRECISION``) cannot run here, or None. On a CPU, accelerate takes
     fp16 but runs fp32 (its records would say fp16), and fp8 needs an NVIDIA GPU of compute
-    capability 8.9 or newer."""
+    capability 8.9 or newer. A value that is none of accelerate's (``no``, ``fp16``, ``bf16``,
+    ``fp8``) ran fp32 and was recorded as given."""
+    if precision not in PRECISIONS:
+        return (f"--mixed_precision {precision!r} (ACCELERATE_MIXED_PRECISION) is none of {', '.join(PRECISIONS)}: "
+                "accelerate would run fp32 and the records would name it; launch with one of them")
     if precision == "fp16" and not has_accelerator:
         return ("--mixed_precision fp16 needs a GPU: on the CPU accelerate would run fp32 and record it as fp16; "
                 "launch with --mixed_precision bf16 (which the CPU runs) or no (fp32)")
@@ -308,12 +315,26 @@ def pretrained_tokenizer(model: ModelArguments, source: str):
 NEW_HEADS = ("classifier", "pooler", "lm_head", "score")  # parts a script may start fresh on a pretrained body
 
 
+def weights_failure(error: BaseException) -> str:
+    """Why ``from_pretrained`` raised ``error``, in one line: a pickle refused as it could run code
+    (without the loader's advice to load it anyway), a truncated or damaged file, a missing shard."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    unpickler = next((line for line in lines if line.startswith("WeightsUnpickler error:")), None)
+    if unpickler is not None:
+        return (f"a weight file holds objects other than tensors and plain values ({unpickler}); it is not "
+                "unpickled, as it could run code")
+    return f"{type(error).__name__}: {lines[0]}"
+
+
 def load_pretrained(auto_class, name_or_path: str, **kwargs):
     """``auto_class.from_pretrained(name_or_path, **kwargs)``, refused (exit code 2) when weights of
     the model's body are missing: a folder of another kind (a classifier given to the causal-LM
     script) would otherwise load nothing and silently train from scratch. Task heads
     (:data:`NEW_HEADS`) may start fresh."""
-    model, loading = auto_class.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    try:
+        model, loading = auto_class.from_pretrained(name_or_path, output_loading_info=True, **kwargs)
+    except Exception as error:  # noqa: BLE001  (a pickle refused, a truncated file, a missing shard)
+        usage_error(f"--model_name_or_path {name_or_path!r}: its weights cannot be loaded ({weights_failure(error)})")
     missing = sorted(key for key in loading["missing_keys"] if not set(key.split(".")) & set(NEW_HEADS))
     if missing:
         found = ", ".join(getattr(model.config, "architectures", None) or ["another kind of model"])
