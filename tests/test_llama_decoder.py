@@ -133,7 +133,8 @@ def test_memory_holding_every_older_token_is_softmax_attention():
     torch.testing.assert_close(torch.cat(parts, 1), expected, atol=1e-5, rtol=1e-5)
 
 
-def test_memory_keeps_the_tokens_the_state_recalls_worst():
+@pytest.mark.parametrize("fading", [False, True], ids=["flat", "fading"])
+def test_memory_keeps_the_tokens_the_state_recalls_worst(fading):
     """A placement keeps, per head, the candidates (the memory and the chunk leaving) that a state
     holding all of them recalls worst, and every other placed token but the sinks joins the state:
     the state is the sum written out over the tokens the memory does not hold."""
@@ -145,7 +146,8 @@ def test_memory_keeps_the_tokens_the_state_recalls_worst():
     q, k, v = (torch.randn(1, heads, window + 3 * chunk, d) for _ in range(3))
     layer = ZformerLlamaCache(["zformer"], [window], memory=slots).layers[0]
     settings = dict(window=window, sinks=sinks, slots=slots, chunk=chunk, query_map=attention.query_map,
-                    key_map=attention.key_map, window_gate=torch.zeros(heads), scaling=0.5, groups=1)
+                    key_map=attention.key_map, window_gate=torch.zeros(heads), scaling=0.5, groups=1,
+                    decay=torch.full((heads,), 0.7) if fading else None)
     features = attention.key_map(k)[0]  # (H, N, F)
     with torch.no_grad():
         split = window + 2 * chunk  # two placements, then the third
@@ -157,11 +159,14 @@ def test_memory_keeps_the_tokens_the_state_recalls_worst():
         for head in range(heads):
             candidates = before["memory_index"][head].tolist() + list(range(2 * chunk, 3 * chunk))
             pairs = torch.cat([v[0, head, candidates], torch.ones(len(candidates), 1)], 1)
-            holding = before["state"][head] + features[head, candidates].T @ pairs  # the state with every candidate
+            # the state with every candidate at full weight, however long a held one has waited
+            holding = before["state"][head] + features[head, candidates].T @ pairs
             recalled = features[head, candidates] @ holding
             error = (v[0, head, candidates] - recalled[:, :-1] / recalled[:, -1:]).pow(2).sum(-1)
             worst = {candidates[i] for i in error.topk(slots).indices.tolist()}
             assert set(row["memory_index"][head].tolist()) == worst, head
+            if fading:  # the state's faded sum is held by the tests of the whole layer (cache equals no cache)
+                continue
             rest = [j for j in range(sinks, 3 * chunk) if j not in worst]
             values = torch.cat([v[0, head, rest], torch.ones(len(rest), 1)], 1)
             torch.testing.assert_close(row["state"][head], features[head, rest].T @ values, atol=1e-5, rtol=1e-5)

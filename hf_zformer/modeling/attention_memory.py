@@ -14,8 +14,9 @@ Each query i of a sequence attends with one normalisation to
 Placement happens once C tokens have left the W-token window: those C tokens (sinks aside) and the
 M memory tokens of each head are scored by how badly a state holding all of them would recall
 their value (self-recall), || v_j - S_v^T phi(k_j) / s_z^T phi(k_j) ||^2 with (S_v, s_z) the state
-plus every candidate's weighted phi(k) [v, 1]^T; the M worst stay in memory, the others join the
-state. The schedule depends only on a sequence's real tokens, so a prompt read at once or in parts,
+plus every candidate's phi(k) [v, 1]^T at full weight (a faded weight would make the oldest held
+tokens the worst recalled, and the memory would keep them for good); the M worst stay in memory,
+the others join the state with their faded weights. The schedule depends only on a sequence's real tokens, so a prompt read at once or in parts,
 with or without left padding, gives the same outputs, and the cache holds at most S + M + W + C - 1
 keys and values per head besides the state: constant in the generated length.
 
@@ -199,9 +200,10 @@ def _place(row: dict, s: dict) -> None:
         age = (row["seen"] - s["window"] - index).to(features.dtype)
         weight = s["decay"].to(features.dtype)[:, None] ** age
     pairs = torch.cat([values, torch.ones_like(values[..., :1])], -1)  # [v, 1]
-    candidates = torch.einsum("hkf,hk,hke->hfe", features, weight, pairs)
+    # self-recall: each candidate read back from the state that holds every candidate (itself too), each
+    # at full weight whatever its age, so that a token held long is ranked as a new one would be
+    candidates = torch.einsum("hkf,hke->hfe", features, pairs)
     state = row["state"]
-    # self-recall: each candidate read back from the state that holds every candidate (itself too)
     recalled = torch.einsum("hkf,hfe->hke", features, candidates if state is None else state + candidates)
     error = (values - recalled[..., :-1] / recalled[..., -1:].clamp_min(1e-30)).pow(2).sum(-1)
     keep = min(s["slots"], keys.shape[1])
