@@ -53,6 +53,7 @@ __all__ = [
     "check_output_dir",
     "check_output_files",
     "check_writes",
+    "lock_holder",
     "files_under",
     "foreign_files",
     "read_marker",
@@ -488,6 +489,16 @@ def _in_use(folder: Path) -> bool:
         return True
     finally:
         os.close(fd)
+
+
+def lock_holder(path: str | os.PathLike) -> str | None:
+    """The pid written in the lock file ``path`` while another process holds it (``flock``), else None."""
+    path = Path(path)
+    if not path.is_file() or path.is_symlink() or not _in_use(path):
+        return None
+    with contextlib.suppress(OSError):
+        return path.read_text().strip() or "unknown"
+    return "unknown"
 
 
 def discard(staging: str | os.PathLike) -> None:

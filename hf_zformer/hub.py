@@ -17,7 +17,8 @@ from typing import Any
 
 from huggingface_hub import EvalResult, HfApi, ModelCardData
 
-__all__ = ["DISTILLATION_SETTINGS", "LICENSE", "check_push_access", "model_card", "push_to_hub", "UPLOAD_IGNORE"]
+__all__ = ["DISTILLATION_SETTINGS", "LICENSE", "check_push_access", "model_card", "push_to_hub", "UPLOAD_IGNORE",
+           "weights_failure"]
 
 #: What a converted folder's model card records of its attention distillation (metadata `distillation`):
 #: fields of :class:`hf_zformer.conversion.distillation.Distillation`.
@@ -287,3 +288,14 @@ def check_push_access(repo_id: str, *, token: str | None = None, private: bool |
             "and check --hub_model_id; or run without --push_to_hub (everything is saved in --output_dir) and "
             "upload the folder later."
         ) from None
+
+
+def weights_failure(error: BaseException) -> str:
+    """Why ``from_pretrained`` raised ``error``, in one line: a pickle refused as it could run code
+    (without the loader's advice to load it anyway), a truncated or damaged file, a missing shard."""
+    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
+    unpickler = next((line for line in lines if line.startswith("WeightsUnpickler error:")), None)
+    if unpickler is not None:
+        return (f"a weight file holds objects other than tensors and plain values ({unpickler}); it is not "
+                "unpickled, as it could run code")
+    return f"{type(error).__name__}: {lines[0]}"

@@ -154,7 +154,7 @@ def load(args, device):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hf_zformer.conversion.long_context import streaming_model, switch_off_state
-    from hf_zformer.training.run import weights_failure
+    from hf_zformer.hub import weights_failure
 
     extra = dict(gguf_file=args.gguf_file) if args.gguf_file else {}
     converted = args.baseline != "streaming"  # the overrides are the converted model's, else the baseline's

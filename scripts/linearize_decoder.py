@@ -290,7 +290,7 @@ def load_models(args: LinearizationArguments, device):
     from hf_zformer.conversion.convert_decoder import convert_causal_lm
     from hf_zformer.modeling import ZformerLlamaConfig, ZformerLlamaForCausalLM
     from hf_zformer.training.arguments import parse_config_overrides
-    from hf_zformer.training.run import weights_failure
+    from hf_zformer.hub import weights_failure
 
     started = time.time()
     load = dict(gguf_file=args.gguf_file) if args.gguf_file else {}

@@ -513,7 +513,7 @@ def _load_source(model_name_or_path, source_task: str, source_config):
             model_name_or_path, dtype=torch.float32, output_loading_info=True
         )
     except Exception as error:  # no weight file, a truncated or corrupt one: name the folder and the cause
-        from ..training.run import weights_failure
+        from ..hub import weights_failure
 
         raise ValueError(f"model_name_or_path={str(model_name_or_path)!r}: its weights cannot be loaded "
                          f"({weights_failure(error)})") from error

@@ -394,6 +394,11 @@ def _check_outputs(parser: argparse.ArgumentParser, args: RunArguments) -> None:
         if training.resume_from_checkpoint and output_dir.is_dir() and folders.read_marker(output_dir) is None:
             adopting = [path.name for path in earlier_run_files(output_dir)]  # a run of a version without markers
             folders.check_adoptable(output_dir, adopting)
+        lock = output_dir / ".lock"  # a run of this library holds it: say so, not "somebody else's file"
+        if folders.lock_holder(lock) is not None:
+            raise ValueError(f"--output_dir {output_dir} is in use by another run (pid {folders.lock_holder(lock)}, lock "
+                             f"file {lock}): two runs in one folder overwrite each other's checkpoints and results; "
+                             "wait for it to end or stop it, or pass another --output_dir")
         # nothing of the user's under a name the run writes, no link, and a folder that takes a write
         folders.check_writes(output_dir, folders.RUN_FILES, listed=adopting)
         training.output_dir = str(output_dir)

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from .. import folders
+from ..hub import weights_failure
 from .checkpoints import TrainingDiverged, require_finite
 from .feedback import get_logger, setup_logging, show_bars
 from ..memory import retain_freed_memory
@@ -313,17 +314,6 @@ def pretrained_tokenizer(model: ModelArguments, source: str):
 
 
 NEW_HEADS = ("classifier", "pooler", "lm_head", "score")  # parts a script may start fresh on a pretrained body
-
-
-def weights_failure(error: BaseException) -> str:
-    """Why ``from_pretrained`` raised ``error``, in one line: a pickle refused as it could run code
-    (without the loader's advice to load it anyway), a truncated or damaged file, a missing shard."""
-    lines = [line.strip() for line in str(error).splitlines() if line.strip()] or [type(error).__name__]
-    unpickler = next((line for line in lines if line.startswith("WeightsUnpickler error:")), None)
-    if unpickler is not None:
-        return (f"a weight file holds objects other than tensors and plain values ({unpickler}); it is not "
-                "unpickled, as it could run code")
-    return f"{type(error).__name__}: {lines[0]}"
 
 
 def load_pretrained(auto_class, name_or_path: str, **kwargs):
