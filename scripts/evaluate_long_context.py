@@ -317,13 +317,14 @@ def records(args, model, summary: dict, device) -> list[dict]:
         "baseline": {"none": None, "state_off": "feature-map part switched off (window and sinks alone)",
                      "streaming": f"source weights, attention masked to a {args.streaming_window}-token window and "
                                   f"{args.streaming_sinks} sinks (StreamingLLM)"}[args.baseline],
-        "config": kept, "precision": "fp32", "device": str(device), "threads": torch.get_num_threads(),
+        "attention": config.get("attention_type", "full"), "config": kept, "precision": "fp32", "device": str(device), "threads": torch.get_num_threads(),
         "commit": git_commit(Path(__file__).resolve().parents[1]), "machine": machine(),
         "script": "scripts/evaluate_long_context.py", "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **({"note": args.note} if args.note else {})}
     out = []
     for length, row in summary["passkey"].items():
-        out.append({**common, "task": "passkey", "metric": "exact match", "max_length": int(length),
+        out.append({**common, "task": "passkey", "split": f"generated prompts (seed {args.seed})",
+                    "metric": "exact match", "max_length": int(length),
                     "value": row["accuracy"], "ci95": row["ci95"], "samples": row["trials"], "seed": args.seed,
                     "by_depth": row["by_depth"], "ms_per_token": row["ms_per_token"], "cache_bytes": row["cache_bytes"]})
     for length, row in summary["perplexity"].items():

@@ -156,6 +156,7 @@ def test_script_end_to_end_with_resume_and_records(folders, tmp_path):
     assert {(r["task"], r["max_length"]) for r in records} == {("passkey", 400), ("passkey", 480), ("wikitext-2", 64),
                                                                 ("wikitext-2", 128)}
     assert all(r["config"]["attention_memory"] == 2 and r["commit"] and r["machine"] for r in records)
+    assert all(r["attention"] == "zformer" and r["split"] for r in records)  # the fields every record carries
     again = run(*common)  # resumed: nothing scored twice
     assert "resuming: 8 trials and blocks done" in again.stdout and "passkey 1/4" not in again.stdout
     other = run(*common[:-1], tmp_path / "out", "--trials", 3, check=False)
