@@ -80,6 +80,13 @@ def register_attention(name: str, encoder: type | None = None, *, llama: type | 
     return entry
 
 
+def unregister_attention(name: str) -> None:
+    """Take a type registered outside the built-in ones (`register_attention`) off the table."""
+    if name in _BUILT_IN:
+        raise ValueError(f"attention type {name!r} is built in")
+    _TYPES.pop(name, None)
+
+
 def attention_type(name: str) -> AttentionType:
     """The entry of `name`; a ValueError naming the known types for an unknown one."""
     if name not in _TYPES:
@@ -157,6 +164,7 @@ declare_attention("full", causal=True, cross=True, probabilities=True)
 declare_attention("zformer", causal=True, cross=True, probabilities=False)
 declare_attention("xformer", causal=False, cross=False, probabilities=True)
 declare_attention("fastformer", causal=True, cross=False, probabilities=False)
+_BUILT_IN = frozenset(_TYPES)
 
 __all__ = ["AttentionType", "AttentionTypes", "AttentionClasses", "attention_type", "attention_types",
-           "declare_attention", "register_attention"]
+           "declare_attention", "register_attention", "unregister_attention"]
