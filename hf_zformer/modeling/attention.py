@@ -48,6 +48,7 @@ from .blocks import (
     stacks_projections,
     zero_padding,
 )
+from .cache_zformer import FastformerStateLayer, ZformerStateLayer
 from .ops import (
     add_key_value_products,
     column_scaled,
@@ -64,7 +65,6 @@ from .ops import (
     windowed_linear_attention,
     with_ones,
 )
-from .cache_zformer import FastformerStateLayer, ZformerStateLayer
 
 logger = logging.get_logger(__name__)
 

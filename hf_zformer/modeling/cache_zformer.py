@@ -327,7 +327,8 @@ class ZformerCache(Cache):
     since the last crop and reads the kept tokens again.
 
     Args:
-        layer_types: the decoder's attention type per layer (`"full"`, `"zformer"` or `"fastformer"`).
+        layer_types: the decoder's attention type per layer (`"full"`, `"zformer"`, `"fastformer"` or
+            another causal type of `attention_registry`, whose layer `self_attention_layer` builds).
         cross_attention: whether the decoder has cross-attention.
         windows: the softmax window of each layer (0: none), or None (no layer has one).
         conv_size: the decoder's `decoder_conv_size` (0: no convolution).
