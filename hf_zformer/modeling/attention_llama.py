@@ -34,6 +34,7 @@ from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
 from .attention import FastformerAttention, FullAttention, ZformerAttention
 from .attention_registry import AttentionClasses, attention_types, register_attention
+from .blocks import split_heads
 from .ops import windowed_linear_attention
 
 
@@ -60,18 +61,13 @@ class RotaryAttention(nn.Module):
         self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
         self.build_parameters(config)
 
-    def _heads(self, projection: nn.Linear, x: torch.Tensor, heads: int) -> torch.Tensor:
-        """(B, N, D) through `projection`, as (B, heads, N, d_h)."""
-        batch, length, _ = x.shape
-        return projection(x).view(batch, length, heads, self.head_dim).transpose(1, 2)
-
     def forward(self, hidden_states, position_embeddings, attention_mask=None, cache=None) -> torch.Tensor:
         """(B, N, D) -> (B, N, D): the unrotated queries (B, H, N, d), keys and values (B, H_kv, N, d)
         through the type's `causal_context` with the rotation by `position_embeddings` (cos, sin),
         then `o_proj`."""
-        query = self._heads(self.q_proj, hidden_states, self.num_heads)
-        key = self._heads(self.k_proj, hidden_states, self.num_key_value_heads)
-        value = self._heads(self.v_proj, hidden_states, self.num_key_value_heads)
+        query = split_heads(self.q_proj(hidden_states), self.num_heads)
+        key = split_heads(self.k_proj(hidden_states), self.num_key_value_heads)
+        value = split_heads(self.v_proj(hidden_states), self.num_key_value_heads)
         cos, sin = position_embeddings
         context = self.causal_context(query, key, value, attention_mask, cache,
                                       rotate=partial(apply_rotary_pos_emb, cos=cos, sin=sin))  # (B, N, H d)
