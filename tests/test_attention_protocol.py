@@ -172,3 +172,12 @@ def test_causal_models_decode_with_the_types_cache_layer(mean_type, family):
     with torch.no_grad():
         cached = model.generate(input_ids=ids[:, :3], use_cache=True, **options)
         assert torch.equal(cached, model.generate(input_ids=ids[:, :3], use_cache=False, **options))
+
+
+def test_a_class_that_disagrees_with_its_declared_type_is_refused():
+    class CausalXformer(MeanAttention):
+        CAN_BE_CAUSAL, CAN_BE_CROSS, HAS_ATTENTION_DROPOUT = True, False, True
+
+    with pytest.raises(ValueError, match="disagrees with the declared type"):
+        attention_registry.register_attention("xformer", CausalXformer)
+    assert ATTENTION_CLASSES["xformer"] is not CausalXformer

@@ -129,11 +129,11 @@ class Attention(nn.Module):
     (`attention_llama`), with their own projections in place of `build_projections`'.
     """
 
-    # The type's facts, from its entry in `attention_registry` once registered (`register_attention`
-    # sets them; a type not declared there takes its facts from these): whether it can be causal,
-    # cross-attention, and whether `attention_probs_dropout_prob` drops something here (types that
-    # form no attention probabilities ignore it, and say so once when training with it above zero).
-    ATTENTION_TYPE: str | None = None
+    # The type's facts, as its entry in `attention_registry` has them (`register_attention` refuses a
+    # class that disagrees; a type not declared there takes its facts from these): whether it can be
+    # causal, cross-attention, and whether `attention_probs_dropout_prob` drops something here (types
+    # that form no attention probabilities ignore it, and say so once when training with it above zero).
+    ATTENTION_TYPE: str | None = None  # its name in the registry
     CAN_BE_CAUSAL = True
     CAN_BE_CROSS = True
     HAS_ATTENTION_DROPOUT = True
@@ -589,6 +589,7 @@ class ZformerAttention(_QKVAttention):
     besides the state: still constant in the generated length.
     """
 
+    HAS_ATTENTION_DROPOUT = False
     # The folded form under autocast on CPUs too: under bf16 autocast on an AMD EPYC (Zen 4, 2
     # threads, batch 8, width 512) it ran 1.8-2.3x faster forward and 1.06-1.8x in training than the
     # plain form at 1,024-2,048 tokens (docs/benchmarks.md). CUDA keeps the plain form and its
@@ -856,6 +857,9 @@ class XformerAttention(Attention):
     positions of the sequence itself (no cross form).
     """
 
+    CAN_BE_CAUSAL = False
+    CAN_BE_CROSS = False
+
     def build_parameters(self, config) -> None:
         self.query_width = config.hidden_size // config.xformer_alpha
         self.scaling = (self.query_width // self.num_heads) ** -0.5
@@ -947,6 +951,8 @@ class FastformerAttention(_QKVAttention):
     output (`_pooled_output`): W_r and the residual as one batched product per sequence.
     """
 
+    HAS_ATTENTION_DROPOUT = False
+    CAN_BE_CROSS = False
     # The folded form under autocast on CPUs too: under bf16 autocast on an AMD EPYC (Zen 4, 2
     # threads, batch 8, width 512) it ran 1.1-4.35x faster forward and 1.04-2.0x in training than
     # the plain form from 256 to 2,048 tokens, with a smaller error against fp32 (docs/benchmarks.md).

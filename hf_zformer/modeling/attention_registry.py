@@ -60,8 +60,8 @@ def declare_attention(name: str, *, causal: bool, cross: bool, probabilities: bo
 def register_attention(name: str, encoder: type | None = None, *, llama: type | None = None,
                        cache_layer: Callable | None = None) -> AttentionType:
     """Attach classes to the type `name`; a type not declared yet takes its facts from `encoder`'s
-    class attributes (`CAN_BE_CAUSAL`, `CAN_BE_CROSS`, `HAS_ATTENTION_DROPOUT`). The encoder class
-    then carries the type's facts in those attributes and its name in `ATTENTION_TYPE`."""
+    class attributes (`CAN_BE_CAUSAL`, `CAN_BE_CROSS`, `HAS_ATTENTION_DROPOUT`), and a declared
+    type's encoder class must have the declared ones there. The class gets the name as `ATTENTION_TYPE`."""
     entry = _TYPES.get(name)
     if entry is None:
         if encoder is None:
@@ -69,10 +69,12 @@ def register_attention(name: str, encoder: type | None = None, *, llama: type | 
         entry = declare_attention(name, causal=encoder.CAN_BE_CAUSAL, cross=encoder.CAN_BE_CROSS,
                                   probabilities=encoder.HAS_ATTENTION_DROPOUT)
     if encoder is not None:
+        facts = (encoder.CAN_BE_CAUSAL, encoder.CAN_BE_CROSS, encoder.HAS_ATTENTION_DROPOUT)
+        if facts != (entry.causal, entry.cross, entry.probabilities):
+            raise ValueError(f"{encoder.__name__} (CAN_BE_CAUSAL, CAN_BE_CROSS, HAS_ATTENTION_DROPOUT) = {facts} "
+                             f"disagrees with the declared type {entry}")
         entry.encoder = encoder
         encoder.ATTENTION_TYPE = name
-        encoder.CAN_BE_CAUSAL, encoder.CAN_BE_CROSS = entry.causal, entry.cross
-        encoder.HAS_ATTENTION_DROPOUT = entry.probabilities
     if llama is not None:
         entry.llama = llama
     if cache_layer is not None:
