@@ -8,6 +8,7 @@ from .attention import (
     XformerAttention,
     ZformerAttention,
 )
+from .attention_registry import attention_types, register_attention, unregister_attention
 from .cache_zformer import ZformerCache
 from .configuration_zformer import FastformerConfig, ZformerConfig
 from .configuration_zformer_llama import ZformerLlamaConfig

@@ -10,9 +10,14 @@ exactly invariant to extra padding. Sums over the sequence run in fp32 with auto
 
 Causal (decoder) forms keep their state in a cache (`cache_zformer.ZformerCache`) whose size, for
 Zformer and Fastformer, does not depend on the number of tokens seen: feeding a sequence in one
-call or token by token gives the same outputs.
+call or token by token gives the same outputs. Their core (`Attention.causal_context`, on heads)
+is also the core of the Llama-family decoders' attention, which adapts these classes to Llama's
+projections, rotary positions and grouped key/value heads (`attention_llama.RotaryAttention`).
 
-This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and stdlib only.
+Each type is registered in the one table of attention types (`attention_registry`), from which
+every list of types and `ATTENTION_CLASSES` are derived; docs/models.md says how to add one.
+
+This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and siblings only.
 """
 
 import math
@@ -20,9 +25,13 @@ from collections.abc import Callable
 
 import torch
 from torch import nn
+from transformers import initialization as init
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+from transformers.models.llama.modeling_llama import repeat_kv
 from transformers.utils import logging
 
+from .attention_memory import memory_self_attention
+from .attention_registry import AttentionClasses, attention_types, register_attention
 from .blocks import (
     Dropout,
     Linear,
@@ -39,6 +48,7 @@ from .blocks import (
     stacks_projections,
     zero_padding,
 )
+from .cache_zformer import FastformerStateLayer, ZformerStateLayer
 from .ops import (
     add_key_value_products,
     column_scaled,
@@ -112,12 +122,20 @@ class Attention(nn.Module):
     layer's fixed-size state read from and stored into `cache.layers[layer_idx]`, cross-attention's
     projected memory through `cache.update_memory(...)`. The cache only stores.
     `context(...)` gives the output before W_o (the plain form).
+
+    A type defines its parts in `build_projections` (W_q, W_k, W_v: `_QKVAttention`'s) and
+    `build_parameters` (its own), their initial values in `init_parameters`, and its causal
+    self-attention on heads in `causal_context`: the core that the Llama-family adapters call too
+    (`attention_llama`), with their own projections in place of `build_projections`'.
     """
 
+    # The type's facts, as its entry in `attention_registry` has them (`register_attention` refuses a
+    # class that disagrees; a type not declared there takes its facts from these): whether it can be
+    # causal, cross-attention, and whether `attention_probs_dropout_prob` drops something here (types
+    # that form no attention probabilities ignore it, and say so once when training with it above zero).
+    ATTENTION_TYPE: str | None = None  # its name in the registry
     CAN_BE_CAUSAL = True
     CAN_BE_CROSS = True
-    # Whether `attention_probs_dropout_prob` drops something here: types that form no attention
-    # probabilities ignore it, and say so once when training with it above zero.
     HAS_ATTENTION_DROPOUT = True
     # Device types on which a type with a folded form (`_folded_output`) takes it under autocast
     # too (`use_folded_form`); elsewhere autocast keeps the plain form. A module's own attribute
@@ -138,7 +156,10 @@ class Attention(nn.Module):
         self.is_causal = is_causal
         self.is_cross = is_cross
         self.layer_idx = layer_idx
+        self.groups = 1  # query heads per key/value head (grouped heads: the Llama-family adapters)
         self.output = Linear(config.hidden_size, config.hidden_size)  # W_o
+        self.build_projections(config)
+        self.build_parameters(config)
         # A rate the model's every attention ignores (no layer of it forms probabilities) is worth a
         # warning; in a model with full or Xformer layers it drops theirs.
         ignored = not self.HAS_ATTENTION_DROPOUT and not config.forms_attention_probabilities()
@@ -174,6 +195,27 @@ class Attention(nn.Module):
                 position_ids=None) -> torch.Tensor:
         """The attention's output before its output projection (B, N, D)."""
         raise NotImplementedError
+
+    def build_projections(self, config) -> None:
+        """The input projections (built after W_o, before `build_parameters`); none by default."""
+
+    def build_parameters(self, config) -> None:
+        """The type's own modules and parameters besides its projections; none by default."""
+
+    def init_parameters(self, std: float) -> None:
+        """Set the parameters of `build_parameters` to their initial values (the models'
+        `_init_weights`, under no_grad; `std` the config's `initializer_range`). `Linear` layers
+        are the model's to initialise."""
+
+    def causal_context(self, query, key, value, attention_mask, cache, rotate=None) -> torch.Tensor:
+        """Causal self-attention of N new tokens on heads, the core of both model families: query
+        (B, H, N, d), key and value (B, H / groups, N, d) (each key/value head serves `groups` query
+        heads); attention_mask (B, past + N) 1 at real tokens, or None; `cache` the decoding cache or
+        None. `rotate(query, key) -> (query, key)` applies rotary positions (the Llama-family
+        adapters pass it; None: no positions), which the type applies where its form takes them.
+        Returns the context (B, N, H d) before the output projection, in the type's precision
+        (the caller casts it)."""
+        raise NotImplementedError(f"{type(self).__name__} has no causal form")
 
     def _folded_output(self, hidden_states, attention_mask) -> torch.Tensor | None:
         """The bidirectional output in a folded form (the output projection merged into another
@@ -220,8 +262,7 @@ class Attention(nn.Module):
 class _QKVAttention(Attention):
     """Query/key/value projections D -> D, shared by full, Zformer and Fastformer attention."""
 
-    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
-        super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
+    def build_projections(self, config) -> None:
         self.query = Linear(config.hidden_size, config.hidden_size)
         self.key = Linear(config.hidden_size, config.hidden_size)
         self.value = Linear(config.hidden_size, config.hidden_size)
@@ -266,8 +307,7 @@ class FullAttention(_QKVAttention):
     cross-attention the keys/values of the memory are computed once and kept in the cache.
     """
 
-    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
-        super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
+    def build_parameters(self, config) -> None:
         self.config = config
         self.scaling = self.head_dim**-0.5
         self.dropout = config.attention_probs_dropout_prob
@@ -296,9 +336,33 @@ class FullAttention(_QKVAttention):
             query, key, value = (
                 split_heads(t, self.num_heads) for t in project(hidden_states, self.query, self.key, self.value)
             )
-            if cache is not None:
-                key, value = cache.update(key, value, self.layer_idx)  # (B, H, past + Nq, d)
+            key, value = self._cached(key, value, cache)
             key_mask = attention_mask
+        return self._softmax(query, key, value, key_mask, output_attentions)
+
+    def causal_context(self, query, key, value, attention_mask, cache, rotate=None):
+        if rotate is not None:
+            query, key = rotate(query, key)
+        return self._softmax(query, *self._cached(key, value, cache), attention_mask)[0]
+
+    def _cached(self, key, value, cache):
+        """Self-attention's keys and values (B, H, past + N, d): the new ones appended to the cache's
+        (`cache.update`), each key/value head repeated for its `groups` query heads."""
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)
+        return repeat_kv(key, self.groups), repeat_kv(value, self.groups)
+
+    def _attention_function(self, output_attentions: bool) -> Callable:
+        """The softmax attention's implementation: the config's (`attn_implementation`), the einsum
+        reference for the weights."""
+        if output_attentions:
+            return einsum_attention_forward
+        return ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, einsum_attention_forward)
+
+    def _softmax(self, query, key, value, key_mask, output_attentions=False):
+        """Softmax attention of query (B, H, Nq, d) over key and value (B, H, Nk, d) with key_mask
+        (B, Nk) or None, causal for a causal module (the last Nq keys are the queries' own tokens):
+        (context (B, Nq, H d), weights or None)."""
         batch, _, q_len, _ = query.shape
         k_len = key.shape[2]
         if key_mask is not None and key_mask.shape[1] != k_len:
@@ -306,11 +370,7 @@ class FullAttention(_QKVAttention):
                 f"the attention mask covers {key_mask.shape[1]} tokens, the keys {k_len} (cached and new tokens)"
             )
         mask = None if key_mask is None else key_mask.bool().view(batch, 1, 1, k_len)
-        attention_function: Callable = einsum_attention_forward
-        if not output_attentions:
-            attention_function = ALL_ATTENTION_FUNCTIONS.get_interface(
-                self.config._attn_implementation, einsum_attention_forward
-            )
+        attention_function = self._attention_function(output_attentions)
         # Causal attention over the whole sequence without padding: the kernel's own causal mode
         # (no (N, N) mask to build; SDPA picks its causal flash kernel). With a cache (k_len > q_len)
         # or padding the mask is explicit: the kernels align `is_causal` to the top left.
@@ -321,7 +381,8 @@ class FullAttention(_QKVAttention):
             causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
             if mask is not None:  # every query sees itself: a padded query attends to something (finite output)
                 causal_mask = mask & causal
-                itself = torch.zeros_like(causal).diagonal_scatter(torch.ones(q_len, dtype=torch.bool), k_len - q_len)
+                itself = torch.zeros_like(causal).diagonal_scatter(
+                    torch.ones(q_len, dtype=torch.bool, device=query.device), k_len - q_len)
                 mask = causal_mask | itself
             else:
                 mask = causal.view(1, 1, q_len, k_len)
@@ -535,22 +596,22 @@ class ZformerAttention(_QKVAttention):
     # kernels (faster there than an earlier form of this fold; the GPU check's `zformer_folded` re-times it).
     FOLDED_AUTOCAST_DEVICES: tuple[str, ...] = ("cpu",)
 
-    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
-        super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
+    def build_parameters(self, config) -> None:
         self.scale_init = float(config.zformer_scale_init)
         # the layer's softmax window (`config.attention_window` of a causal LM; models that cannot
         # take one refuse a non-zero value when they are built)
-        windows = config.layer_windows() if is_causal and not is_cross and layer_idx is not None else []
-        self.window = window = windows[layer_idx] if layer_idx is not None and layer_idx < len(windows) else 0
-        self.sinks = config.attention_sinks if window else 0
-        if window and not (is_causal and config.zformer_feature_map == "hedgehog"):
+        causal, layer_idx = self.is_causal and not self.is_cross, self.layer_idx
+        windows = config.layer_windows() if causal and layer_idx is not None else []
+        window = windows[layer_idx] if layer_idx is not None and layer_idx < len(windows) else 0
+        if window and not (self.is_causal and config.zformer_feature_map == "hedgehog"):
             raise ValueError(f"ZformerAttention: window={window} needs causal self-attention with "
-                             f"zformer_feature_map='hedgehog' (is_causal={is_causal}, zformer_feature_map="
+                             f"zformer_feature_map='hedgehog' (is_causal={self.is_causal}, zformer_feature_map="
                              f"{config.zformer_feature_map!r})")
-        if window:  # Shape (H,): the softmax share of each head, sigmoid(0) = 0.5 at init
-            self.window_gate = nn.Parameter(torch.zeros(self.num_heads))
-        else:
-            self.register_parameter("window_gate", None)
+        self._build_window(config, window)
+        self._build_feature_maps(config)
+
+    def _build_feature_maps(self, config) -> None:
+        """The Hedgehog maps of queries and keys, or the scale `log_scale` of the identity map."""
         if config.zformer_feature_map == "hedgehog":
             self.query_map = HedgehogFeatureMap(self.num_heads, self.head_dim)
             self.key_map = HedgehogFeatureMap(self.num_heads, self.head_dim)
@@ -559,6 +620,38 @@ class ZformerAttention(_QKVAttention):
         self.query_map = self.key_map = None
         # Shape (1,), not 0-d: FSDP (fully_shard and FullyShardedDataParallel) refuses scalar parameters.
         self.log_scale = nn.Parameter(torch.full((1,), math.log(self.scale_init)))
+
+    def _build_window(self, config, window: int) -> None:
+        """The softmax window's parts: `window_gate`, the sinks and, from the fields only
+        Llama-family configs have (0 or True elsewhere), the recall memory, the fading feature-map
+        weights (`log_horizon`) and whether the maps read rotated inputs."""
+        self.window = window
+        self.sinks = config.attention_sinks if window else 0
+        if window:  # Shape (H,): the softmax share of each head, sigmoid(0) = 0.5 at init
+            self.window_gate = nn.Parameter(torch.zeros(self.num_heads))
+        else:
+            self.register_parameter("window_gate", None)
+        self.rotary_maps = getattr(config, "rotary_feature_maps", True) or not window
+        self.memory = getattr(config, "attention_memory", 0) if window else 0
+        self.memory_chunk = getattr(config, "attention_memory_chunk", 0)
+        self.horizon_init = getattr(config, "feature_map_horizon", 0) if window else 0
+        if self.horizon_init:  # log of each head's time constant (tokens) for the feature-map part's fading
+            self.log_horizon = nn.Parameter(torch.full((self.num_heads,), math.log(self.horizon_init)))
+        else:
+            self.register_parameter("log_horizon", None)
+
+    def init_parameters(self, std: float) -> None:
+        if self.log_scale is not None:
+            init.constant_(self.log_scale, math.log(self.scale_init))
+        if self.window_gate is not None:  # the softmax share of each head, sigmoid(0) = 0.5
+            init.zeros_(self.window_gate)
+        if self.log_horizon is not None:
+            init.constant_(self.log_horizon, math.log(self.horizon_init))
+
+    def decay(self) -> torch.Tensor | None:
+        """Per head, the factor exp(-1 / tau) by which a feature-map weight fades per token of age
+        (tau = exp(`log_horizon`)), or None without fading."""
+        return None if self.log_horizon is None else torch.exp(-torch.exp(-self.log_horizon))
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
         # Checkpoints saved before 0.2.0 hold a 0-d `log_scale` (from_pretrained reshapes it with a
@@ -642,20 +735,14 @@ class ZformerAttention(_QKVAttention):
         including the new ones. Cross-attention takes the memory's keys, or with a cache its K^T V
         computed at the first step and kept (`_memory`). With a feature map the same calls take
         phi(Q), phi(K) and [V, 1], and the result is normalised (`ops.normalize`)."""
-        length = hidden_states.shape[1]
         if self.is_cross:
             projected = self.query(hidden_states)
         else:  # K and V of the sequence itself (B, N, D)
             projected, key_proj, value_proj = project(hidden_states, self.query, self.key, self.value)
+        if self.is_causal:
+            heads = (split_heads(t, self.num_heads) for t in (projected, key_proj, value_proj))
+            return self.causal_context(*heads, attention_mask, cache).to(projected.dtype)
         query = split_heads(projected, self.num_heads)
-        if self.window:
-            layer = None if cache is None else cache.layers[self.layer_idx]
-            context = windowed_self_attention(
-                query, split_heads(key_proj, self.num_heads),
-                split_heads(value_proj, self.num_heads), attention_mask, layer, self.window,
-                self.query_map, self.key_map, self.window_gate, self.head_dim**-0.5, sinks=self.sinks,
-            )
-            return merge_heads(context.to(projected.dtype))
         if self.query_map is None:
             scale = self._scale(hidden_states.dtype)  # 1 / (sqrt(d_h) s)
         else:  # phi(Q) (B, H, N, 2 d) in fp32; normalised outputs need no scale
@@ -667,21 +754,57 @@ class ZformerAttention(_QKVAttention):
             self._require_memory(memory, None)
             context, _ = linear_attention(query, *self._keys_values(memory, None), memory_mask, scale=scale)
         else:
-            mask = new_tokens_mask(attention_mask, length) if self.is_causal else attention_mask
-            layer = cache.layers[self.layer_idx] if self.is_causal and cache is not None else None
-            context, state = linear_attention(
-                query, *self._key_value_heads(key_proj, value_proj, None), mask,
-                None if layer is None else layer.state,
-                causal=self.is_causal, scale=scale, return_state=layer is not None,
-            )
-            if layer is not None:
-                layer.store(state, length)
+            context, _ = linear_attention(query, *self._key_value_heads(key_proj, value_proj, None), attention_mask,
+                                          scale=scale)
         if self.query_map is not None:
             with no_autocast(context.device.type):
                 context = normalize(context)
         if context.dtype != projected.dtype:
             context = context.to(projected.dtype)
         return merge_heads(context)
+
+    def causal_context(self, query, key, value, attention_mask, cache, rotate=None):
+        """Q against the prefix sums of k^T v (`ops.linear_attention`), starting from the cache
+        layer's sum over earlier tokens and storing the sum including the new ones; with a feature
+        map over phi(Q), phi(K) and [V, 1], normalised. With a window, `_windowed`. Rotary positions
+        apply to the queries and keys the maps read, unless the windowed maps read unrotated ones
+        (`rotary_maps=False`)."""
+        layer = None if cache is None else cache.layers[self.layer_idx]
+        feature_inputs = None
+        if rotate is not None:
+            if not self.rotary_maps:  # the maps read the unrotated projections, the softmax the rotated ones
+                feature_inputs = (query, key)
+            query, key = rotate(query, key)
+        if self.window:
+            return merge_heads(self._windowed(query, key, value, attention_mask, layer, feature_inputs))
+        key, value = repeat_kv(key, self.groups), repeat_kv(value, self.groups)
+        length = query.shape[2]
+        if self.query_map is None:  # 1 / (sqrt(d_h) s)
+            keys, values, scale = key, value, self._scale(self.log_scale.dtype)
+        else:  # phi(Q), phi(K) (B, H, N, 2 d) in fp32 and [V, 1]; normalised outputs need no scale
+            query, keys, values, scale = self.query_map(query), self.key_map(key), with_ones(at_least_fp32(value)[0]), None
+        context, state = linear_attention(query, keys, values, new_tokens_mask(attention_mask, length),
+                                          None if layer is None else layer.state, causal=True, scale=scale,
+                                          return_state=layer is not None)
+        if layer is not None:
+            layer.store(state, length)
+        if self.query_map is not None:
+            with no_autocast(context.device.type):
+                context = normalize(context)
+        return merge_heads(context)
+
+    def _windowed(self, query, key, value, attention_mask, layer, feature_inputs):
+        """Causal self-attention with the softmax window (`windowed_self_attention`), or with the
+        recall memory besides it (`attention_memory.memory_self_attention`): context (B, H, N, d)."""
+        if self.memory:
+            return memory_self_attention(query, key, value, attention_mask, layer, window=self.window, sinks=self.sinks,
+                                         slots=self.memory, chunk=self.memory_chunk, query_map=self.query_map,
+                                         key_map=self.key_map, window_gate=self.window_gate,
+                                         scaling=self.head_dim**-0.5, groups=self.groups, decay=self.decay(),
+                                         feature_inputs=feature_inputs)
+        return windowed_self_attention(query, key, value, attention_mask, layer, self.window, self.query_map,
+                                       self.key_map, self.window_gate, self.head_dim**-0.5, groups=self.groups,
+                                       sinks=self.sinks, decay=self.decay(), feature_inputs=feature_inputs)
 
     def _folded(self, hidden_states: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
         """Bidirectional self-attention `Q (K^T V) / s` folded into one (D, D) matrix per sequence.
@@ -737,8 +860,7 @@ class XformerAttention(Attention):
     CAN_BE_CAUSAL = False
     CAN_BE_CROSS = False
 
-    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
-        super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
+    def build_parameters(self, config) -> None:
         self.query_width = config.hidden_size // config.xformer_alpha
         self.scaling = (self.query_width // self.num_heads) ** -0.5
         self.max_length = config.max_position_embeddings
@@ -747,6 +869,9 @@ class XformerAttention(Attention):
         self.query = Linear(config.hidden_size, self.query_width)
         self.sequence_projection = nn.Parameter(torch.empty(self.compressed_length, self.max_length))  # E
         self.dropout = Dropout(config.attention_probs_dropout_prob)
+
+    def init_parameters(self, std: float) -> None:
+        init.normal_(self.sequence_projection, mean=0.0, std=std)
 
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
@@ -835,8 +960,7 @@ class FastformerAttention(_QKVAttention):
     # has timed the folded form there.
     FOLDED_AUTOCAST_DEVICES: tuple[str, ...] = ("cpu",)
 
-    def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
-        super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
+    def build_parameters(self, config) -> None:
         if config.fastformer_share_qv:
             self.value = None
         self.additive = config.fastformer_pooling == "additive"
@@ -844,6 +968,11 @@ class FastformerAttention(_QKVAttention):
             self.query_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_q per head
             self.key_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_k per head
         self.transform = Linear(config.hidden_size, config.hidden_size)  # W_r
+
+    def init_parameters(self, std: float) -> None:
+        if self.additive:
+            init.normal_(self.query_score, mean=0.0, std=std)
+            init.normal_(self.key_score, mean=0.0, std=std)
 
     def _scores(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """(B, H, N, d) -> pooling scores (B, H, N, 1), w_h . x_i / sqrt(d_h) per head
@@ -880,10 +1009,21 @@ class FastformerAttention(_QKVAttention):
         else:
             query_proj, key_proj, value_proj = project(hidden_states, self.query, self.key, self.value)
         query, key, value = (split_heads(t, self.num_heads) for t in (query_proj, key_proj, value_proj))
-        if not self.is_causal:
-            global_key = self._pooled_key(query, key, w_q, w_k, attention_mask)  # (B, H, 1, d)
-        else:
-            global_key = self._causal_pooled_key(query, key, w_q, w_k, attention_mask, cache, hidden_states.shape[1])
+        if self.is_causal:
+            return self.causal_context(query, key, value, attention_mask, cache)
+        global_key = self._pooled_key(query, key, w_q, w_k, attention_mask)  # (B, H, 1, d)
+        return self._mixed(global_key, value, query_proj)
+
+    def causal_context(self, query, key, value, attention_mask, cache, rotate=None):
+        """The prefix poolings (`_causal_pooled_key`) and the mix. Rotary positions do not apply: the
+        poolings mix positions into one vector per head, which rotations would scramble."""
+        key, value = repeat_kv(key, self.groups), repeat_kv(value, self.groups)
+        global_key = self._causal_pooled_key(query, key, *self._score_weights(), attention_mask, cache, query.shape[2])
+        return self._mixed(global_key, value, merge_heads(query))
+
+    def _mixed(self, global_key, value, query_proj):
+        """r_i = W_r u_i + q_i (B, N, D), u_i = k_g * v_i per head: global_key (B, H, 1 or N, d), value
+        (B, H, N, d), query_proj (B, N, D)."""
         if global_key.dtype != value.dtype:
             global_key = global_key.to(value.dtype)
         mixed_value = merge_heads(global_key * value)  # u_i  (B, N, D)
@@ -1038,9 +1178,10 @@ class FastformerAttention(_QKVAttention):
         return w_o @ self.query.weight, w_o @ self.transform.weight, bias
 
 
-ATTENTION_CLASSES = {
-    "full": FullAttention,
-    "zformer": ZformerAttention,
-    "xformer": XformerAttention,
-    "fastformer": FastformerAttention,
-}
+register_attention("full", FullAttention)
+register_attention("zformer", ZformerAttention, cache_layer=ZformerStateLayer)
+register_attention("xformer", XformerAttention)
+register_attention("fastformer", FastformerAttention, cache_layer=FastformerStateLayer)
+
+# type name -> `Attention` class, a view of the registry (a type registered later is in it too)
+ATTENTION_CLASSES = AttentionClasses(attention_types(), lambda entry: entry.encoder)

@@ -10,6 +10,8 @@ This file ships to the Hugging Face Hub with every checkpoint: torch, transforme
 import torch
 from transformers.cache_utils import Cache, DynamicLayer, LinearAttentionCacheLayerMixin
 
+from .attention_registry import attention_type
+
 
 class RecurrentLayer(LinearAttentionCacheLayerMixin):
     """A cache layer whose state has a fixed size (no sequence axis): `tensors()` lists it. It is a
@@ -296,7 +298,14 @@ def replay(calls: list[RecordedCall], keep: int) -> None:
         last.forward(**inputs)
 
 
-RECURRENT_LAYERS = {"zformer": ZformerStateLayer, "fastformer": FastformerStateLayer}
+def self_attention_layer(kind: str, window: int = 0):
+    """The cache layer of causal self-attention of type `kind`: a `WindowedStateLayer` with a softmax
+    window, else the type's fixed-size state (its `cache_layer` in `attention_registry`), or keys and
+    values (`DynamicLayer`) for a type without one."""
+    if window:
+        return WindowedStateLayer()
+    make = attention_type(kind).cache_layer
+    return DynamicLayer() if make is None else make()
 
 
 class ZformerCache(Cache):
@@ -318,7 +327,8 @@ class ZformerCache(Cache):
     since the last crop and reads the kept tokens again.
 
     Args:
-        layer_types: the decoder's attention type per layer (`"full"`, `"zformer"` or `"fastformer"`).
+        layer_types: the decoder's attention type per layer (`"full"`, `"zformer"`, `"fastformer"` or
+            another causal type of `attention_registry`, whose layer `self_attention_layer` builds).
         cross_attention: whether the decoder has cross-attention.
         windows: the softmax window of each layer (0: none), or None (no layer has one).
         conv_size: the decoder's `decoder_conv_size` (0: no convolution).
@@ -327,10 +337,7 @@ class ZformerCache(Cache):
     def __init__(self, layer_types: list[str], cross_attention: bool = False, windows: list[int] | None = None,
                  conv_size: int = 0):
         windows = [0] * len(layer_types) if windows is None else windows
-        layers = [
-            DynamicLayer() if kind == "full" else WindowedStateLayer() if window else RECURRENT_LAYERS[kind]()
-            for kind, window in zip(layer_types, windows, strict=True)
-        ]
+        layers = [self_attention_layer(kind, window) for kind, window in zip(layer_types, windows, strict=True)]
         super().__init__(layers=layers)
         self.memory_layers = [SideLayer() for _ in layer_types] if cross_attention else []
         self.conv_layers = [SideLayer() for _ in layer_types] if conv_size else []

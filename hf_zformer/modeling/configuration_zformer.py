@@ -1,7 +1,7 @@
 """Configuration of the Zformer family (full, Zformer, Xformer and Fastformer attention).
 
 This file ships to the Hugging Face Hub with every saved checkpoint: it imports only the
-standard library and transformers.
+standard library, transformers and `attention_registry` (standard library only).
 """
 
 import math
@@ -9,13 +9,15 @@ import math
 from transformers import PreTrainedConfig
 from transformers.activations import ACT2FN
 
-ATTENTION_TYPES = ("full", "zformer", "xformer", "fastformer")
-# Attention types that have an exact causal form (xformer's sequence projection mixes the future in).
-CAUSAL_ATTENTION_TYPES = ("full", "zformer", "fastformer")
-CROSS_ATTENTION_TYPES = ("full", "zformer")
-# Attention types that form attention probabilities, which `attention_probs_dropout_prob` drops
-# (the attention classes' HAS_ATTENTION_DROPOUT); BERT's rate is their default.
-PROBABILITY_ATTENTION_TYPES = ("full", "xformer")
+from .attention_registry import attention_types
+
+# Views of the one table of attention types (`attention_registry`), read at each use: every type,
+# those with an exact causal form, those that can be cross-attention, and those that form attention
+# probabilities (which `attention_probs_dropout_prob` drops; BERT's rate is their default).
+ATTENTION_TYPES = attention_types()
+CAUSAL_ATTENTION_TYPES = attention_types(causal=True)
+CROSS_ATTENTION_TYPES = attention_types(cross=True)
+PROBABILITY_ATTENTION_TYPES = attention_types(probabilities=True)
 DEFAULT_ATTENTION_DROPOUT = 0.1
 POSITION_EMBEDDING_TYPES = ("sinusoidal", "learned")
 POSITION_EMBEDDING_MERGES = ("add", "concat")
@@ -265,11 +267,13 @@ class ZformerConfig(PreTrainedConfig):
         returns the encoder's, one per layer."""
         encoder_types = _per_layer("attention_type", self.attention_type, self.num_hidden_layers, ATTENTION_TYPES)
         decoder_value = self.decoder_attention_type
-        if decoder_value == "xformer" or (isinstance(decoder_value, (list, tuple)) and "xformer" in decoder_value):
-            raise ValueError(
-                f"decoder_attention_type={decoder_value!r}: xformer cannot be causal (its sequence projection mixes "
-                f"future tokens into every key); choose one of {list(CAUSAL_ATTENTION_TYPES)}"
-            )
+        kinds = [decoder_value] if isinstance(decoder_value, str) else decoder_value
+        for kind in kinds if isinstance(kinds, (list, tuple)) else []:
+            if kind in ATTENTION_TYPES and kind not in CAUSAL_ATTENTION_TYPES:
+                raise ValueError(
+                    f"decoder_attention_type={decoder_value!r}: {kind} cannot be causal (it has no exact causal form: "
+                    f"its output would see later tokens); choose one of {list(CAUSAL_ATTENTION_TYPES)}"
+                )
         _per_layer("decoder_attention_type", decoder_value, self.num_decoder_layers, CAUSAL_ATTENTION_TYPES)
         _check_choice("cross_attention_type", self.cross_attention_type, CROSS_ATTENTION_TYPES)
         _check_positive("encoder_conv_size", self.encoder_conv_size, allow_zero=True)

@@ -1,14 +1,17 @@
 """Configuration of Llama-family decoders with Zformer-family attention (model type `"zformer_llama"`).
 
 This file ships to the Hugging Face Hub with every saved checkpoint: it imports only the
-standard library and transformers.
+standard library, transformers and its configuration siblings (no torch module).
 """
 
 from transformers import LlamaConfig
 
+from .attention_registry import attention_types
 from .configuration_zformer import check_attention_sinks
 
-LLAMA_ATTENTION_TYPES = ("full", "zformer", "fastformer")
+# Every type with a causal form has a Llama-family class (`attention_llama`); a view of the one
+# table (`attention_registry`).
+LLAMA_ATTENTION_TYPES = attention_types(causal=True)
 LLAMA_FEATURE_MAPS = ("identity", "hedgehog")
 
 

@@ -26,7 +26,7 @@ from transformers.modeling_outputs import (
     SequenceClassifierOutput,
 )
 
-from .attention import ATTENTION_CLASSES, FastformerAttention, HedgehogFeatureMap, XformerAttention, ZformerAttention
+from .attention import ATTENTION_CLASSES, Attention, HedgehogFeatureMap
 from .blocks import (
     Dropout,
     Linear,
@@ -409,19 +409,11 @@ class ZformerPreTrainedModel(PreTrainedModel):
     def _init_weights(self, module):
         super()._init_weights(module)
         std = self.config.initializer_range
-        if isinstance(module, ZformerAttention):
-            if module.log_scale is not None:
-                init.constant_(module.log_scale, math.log(module.scale_init))
-            if module.window_gate is not None:  # the softmax share of each head, sigmoid(0) = 0.5
-                init.zeros_(module.window_gate)
+        if isinstance(module, Attention):  # each type's own parameters
+            module.init_parameters(std)
         elif isinstance(module, HedgehogFeatureMap):  # the identity map: W = I, b = 0
             init.copy_(module.weight, torch.eye(module.weight.shape[-1]).expand_as(module.weight))
             init.zeros_(module.bias)
-        elif isinstance(module, XformerAttention):
-            init.normal_(module.sequence_projection, mean=0.0, std=std)
-        elif isinstance(module, FastformerAttention) and module.additive:
-            init.normal_(module.query_score, mean=0.0, std=std)
-            init.normal_(module.key_score, mean=0.0, std=std)
         elif isinstance(module, ZformerEmbeddings) and hasattr(module, "sinusoidal"):
             init.copy_(module.sinusoidal, sinusoidal_table(*module.sinusoidal.shape))
         elif isinstance(module, ZformerLMHead):

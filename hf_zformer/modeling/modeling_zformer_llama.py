@@ -11,8 +11,6 @@ self-attention differs (`attention_llama`): "full" is Llama's, exactly; "zformer
 This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and siblings only.
 """
 
-import math
-
 import torch
 from torch import nn
 from transformers import GenerationMixin, PreTrainedModel
@@ -26,8 +24,8 @@ from transformers.models.llama.modeling_llama import (
     LlamaRotaryEmbedding,
 )
 
-from .attention import HedgehogFeatureMap
-from .attention_llama import LLAMA_ATTENTION_CLASSES, RotaryFastformerAttention, RotaryLinearAttention
+from .attention import Attention, HedgehogFeatureMap
+from .attention_llama import LLAMA_ATTENTION_CLASSES
 from .blocks import check_inputs, drop_full_mask
 from .cache_zformer import record_forward
 from .cache_zformer_llama import ZformerLlamaCache
@@ -71,16 +69,8 @@ class ZformerLlamaPreTrainedModel(PreTrainedModel):
         elif isinstance(module, HedgehogFeatureMap):  # the identity map: W = I, b = 0
             init.copy_(module.weight, torch.eye(module.weight.shape[-1]).expand_as(module.weight))
             init.zeros_(module.bias)
-        elif isinstance(module, RotaryLinearAttention):
-            if module.log_scale is not None:
-                init.constant_(module.log_scale, math.log(self.config.zformer_scale_init))
-            if module.window_gate is not None:
-                init.zeros_(module.window_gate)
-            if module.log_horizon is not None:
-                init.constant_(module.log_horizon, math.log(module.horizon_init))
-        elif isinstance(module, RotaryFastformerAttention):  # mean poolings at init
-            init.zeros_(module.query_score)
-            init.zeros_(module.key_score)
+        elif isinstance(module, Attention):  # each type's own parameters (the adapters' `Attention` class)
+            module.init_parameters(self.config.initializer_range)
 
 
 class ZformerLlamaModel(ZformerLlamaPreTrainedModel):
