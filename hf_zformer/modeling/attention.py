@@ -3,7 +3,7 @@
 Every class follows one protocol (`Attention`): the same constructor and forward, its own output
 projection `output` (so the folded bidirectional forms can merge it into their per-sequence
 matrix, `_apply_folded`); the layer adds the residual. Shared building blocks (head reshapes, masks,
-`Linear`) are in `blocks.py`. `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
+the projections' stacked form) are in `blocks.py`. `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
 0/False at padding; padded positions never influence real ones, so outputs at real positions are
 exactly invariant to extra padding. Sums over the sequence run in fp32 with autocast disabled
 (linear-attention sums overflow fp16 and lose precision in bf16).
@@ -24,8 +24,6 @@ from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 from transformers.utils import logging
 
 from .blocks import (
-    Dropout,
-    Linear,
     add_into_fresh,
     at_least_fp32,
     autocast_input,
@@ -138,7 +136,7 @@ class Attention(nn.Module):
         self.is_causal = is_causal
         self.is_cross = is_cross
         self.layer_idx = layer_idx
-        self.output = Linear(config.hidden_size, config.hidden_size)  # W_o
+        self.output = nn.Linear(config.hidden_size, config.hidden_size)  # W_o
         # A rate the model's every attention ignores (no layer of it forms probabilities) is worth a
         # warning; in a model with full or Xformer layers it drops theirs.
         ignored = not self.HAS_ATTENTION_DROPOUT and not config.forms_attention_probabilities()
@@ -222,9 +220,9 @@ class _QKVAttention(Attention):
 
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__(config, is_causal=is_causal, is_cross=is_cross, layer_idx=layer_idx)
-        self.query = Linear(config.hidden_size, config.hidden_size)
-        self.key = Linear(config.hidden_size, config.hidden_size)
-        self.value = Linear(config.hidden_size, config.hidden_size)
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -744,9 +742,9 @@ class XformerAttention(Attention):
         self.max_length = config.max_position_embeddings
         self.position_offset = config.position_offset  # the column of a first token (RoBERTa-style tables)
         self.compressed_length = math.ceil(config.max_position_embeddings / config.xformer_beta)
-        self.query = Linear(config.hidden_size, self.query_width)
+        self.query = nn.Linear(config.hidden_size, self.query_width)
         self.sequence_projection = nn.Parameter(torch.empty(self.compressed_length, self.max_length))  # E
-        self.dropout = Dropout(config.attention_probs_dropout_prob)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
 
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None):
@@ -843,7 +841,7 @@ class FastformerAttention(_QKVAttention):
         if self.additive:
             self.query_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_q per head
             self.key_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_k per head
-        self.transform = Linear(config.hidden_size, config.hidden_size)  # W_r
+        self.transform = nn.Linear(config.hidden_size, config.hidden_size)  # W_r
 
     def _scores(self, x: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
         """(B, H, N, d) -> pooling scores (B, H, N, 1), w_h . x_i / sqrt(d_h) per head
@@ -940,7 +938,7 @@ class FastformerAttention(_QKVAttention):
         w_o, b_o = self.output.weight, self.output.bias
         with no_autocast(context.device.type):  # W_o b_r + b_o in the weights' precision, one operation
             bias = w_o @ self.transform.bias if b_o is None else torch.addmv(b_o, w_o, self.transform.bias)
-        return self.output(context, bias=bias)
+        return nn.functional.linear(context, w_o, bias)  # W_o is a plain nn.Linear: `plain_linears`
 
     def _pooled_key(self, query, key, w_q, w_k, attention_mask, query_shift=None):
         """k_g (B, H, 1, d) of bidirectional attention, both poolings by `ops.direction_pool`:
