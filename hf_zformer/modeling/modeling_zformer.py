@@ -783,7 +783,7 @@ class ZformerForMaskedLM(ZformerPreTrainedModel):
         if labelled_logits_only:
             scored = labels != -100
             hidden, labels = hidden[scored], labels[scored]
-        logits = head_logits(self.lm_head, hidden, None if tied is None else head_weight)
+        logits = self.lm_head(hidden) if tied is None else self.lm_head(hidden, head_weight)
         loss = None
         if labels is not None:
             (flat,) = at_least_fp32(logits.reshape(-1, logits.shape[-1]))  # bf16 up to fp32; fp64 stays fp64
