@@ -61,8 +61,8 @@ def use_folded_form(hidden_states: torch.Tensor, pays_off: bool, *layers: nn.Mod
                     autocast_devices: tuple[str, ...] = ()) -> bool:
     """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
     `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences), with
-    the projections `layers` plain `Linear`s (the form reads their weights: an adapter or a hook on
-    one keeps the layers' own forward), and in fp32/fp64 outside autocast, or under bf16 autocast on
+    the projections `layers` plain `nn.Linear`s (the form reads their weights: an adapter, or a
+    forward of its own, on one keeps the layers' own forward: `blocks.plain_linears`), and in fp32/fp64 outside autocast, or under bf16 autocast on
     the device types `autocast_devices` (the attention class's `FOLDED_AUTOCAST_DEVICES`). Elsewhere
     under autocast the plain form keeps its low-precision projections and fp32 sequence sums, which
     on CUDA run as the fused kernels (docs/benchmarks.md, "On a GPU")."""
@@ -82,7 +82,7 @@ def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, o
     projection y = W c + b of that output is itself one per-sequence map (W matrix, W offset + b),
     which costs 2 D^3 FLOPs per sequence instead of 2 N D^2, and saves a (B, N, D) intermediate: it
     is folded in where `fold` (the type's `folds_output_projection`), and applied afterwards
-    otherwise (or when `output` is not a plain `Linear`: an adapter or a hook keeps its own forward).
+    otherwise (or when `output` is not a plain `Linear`: an adapter or a forward of its own is kept).
     """
     if fold and plain_linears(output):
         return torch.baddbmm(output(offset)[:, None, :], x, (output.weight @ matrix).transpose(1, 2))
@@ -896,7 +896,7 @@ class FastformerAttention(_QKVAttention):
         where its (B, D, D) map is no larger than v (N >= D; on shorter inputs building the map costs
         more than the passes it saves: 0.70-0.77x on a CPU at 128 tokens, width 512), with a value
         projection, a bias on W_r, and plain `Linear` layers as W_q, W_k, W_v and W_r (adapters and
-        hooks keep the layers' own forward; W_o may be anything: `_pooled_output` calls it)."""
+        forwards of their own keep the layers' forward; W_o may be anything: `_pooled_output` calls it)."""
         layers = (self.query, self.key, self.value, self.transform)
         return length >= width and self.value is not None and self.transform.bias is not None and (
             plain_linears(*layers)
@@ -914,7 +914,7 @@ class FastformerAttention(_QKVAttention):
         (B, D, D), no larger than v where this form is taken (`_takes_pooled_output`), and the
         product is `ops.column_scaled_product` (where its fused kernel runs, no map is formed). b_r joins
         the output's bias rather than q's, so that q rounded to bf16 keeps its own precision. Where
-        W_o is not a plain `Linear` (an adapter, a hook, or set aside as the benchmarks' level
+        W_o is not a plain `Linear` (an adapter, a forward of its own, or set aside as the benchmarks' level
         `attention` does), b_r is added to r in place, one element-wise pass instead of the plain
         form's two (the multiply and the residual add), and W_o runs as it is. Where the projections
         are one stacked product (`stacks_projections`: on CUDA), b_r joins b_q in that product's bias
