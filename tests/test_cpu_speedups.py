@@ -183,3 +183,11 @@ def test_use_cpu_speedups_restores_only_the_layers_it_changed():
     assert [type(m) for m in model] == [torch.nn.Linear, cpu_speedups.FewRowsLinear, torch.nn.Dropout]
     assert enable_cpu_speedups(model) is model and disable_cpu_speedups(model) is model
     assert [type(m) for m in model] == [torch.nn.Linear, torch.nn.Linear, torch.nn.Dropout]
+
+
+def test_the_documented_example_runs():
+    """The example of docs/benchmarks.md, "Opt-in CPU speed-ups": the same tokens with and without."""
+    page = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
+    section = page[page.index("### Opt-in CPU speed-ups"):]
+    block = re.search(r"```python\n(.*?)```", section, flags=re.S).group(1)
+    exec(compile(block, "docs/benchmarks.md: Opt-in CPU speed-ups", "exec"), {})
