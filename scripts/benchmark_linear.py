@@ -13,8 +13,9 @@ from memory as a decoding step does, and prints a markdown table of microseconds
 
 A cell reads `nn.Linear us / FewRowsLinear us (speed-up)`; `=` marks the cells where
 `FewRowsLinear` takes the plain form itself (more than FEW_ROWS rows, or in_features >
-out_features), so both columns time the same computation. `--form transposed` times the transposed product in every cell instead, the rule's
-limits ignored. See docs/benchmarks.md ("Generation and memory").
+out_features), so both columns time the same computation. `--form transposed` times the
+transposed product in every cell instead, the rule's limits ignored. See docs/benchmarks.md
+("Generation and memory").
 """
 
 import argparse
