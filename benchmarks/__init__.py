@@ -39,7 +39,8 @@ The package: `cases` (what is measured), `harness` (machine measurements, timing
 side-by-side runs), `flops` (FLOP accounting), `traffic` (operations and memory traffic),
 `seq2seq` (the encoder-decoder level), `causal` (the decoder-only level), `generation` (pretrained
 causal LMs decoding in lockstep, one process each, for time per token and resident memory),
-`classification` (the sequence-classification level) and `reports` (CSV/JSON/markdown/plots). Every public name is importable from `benchmarks`.
+`classification` (the sequence-classification level) and `reports` (CSV/JSON/markdown/plots). Every public name is importable from `benchmarks`,
+except those of `cpu_speedups_ab`, a script: the paired A/B of the opt-in CPU speed-ups against an earlier commit's modeling code.
 """
 
 from .cases import BASELINE, DEFAULT_TYPES, DTYPES, GRID_LEVELS, LEVELS, MODES, TYPES, BenchCase, BenchResult, build_module, make_config

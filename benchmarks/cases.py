@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_zformer.cpu_speedups import enable_cpu_speedups
 from hf_zformer.modeling.attention import ATTENTION_CLASSES, Attention
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
 
@@ -133,7 +134,7 @@ def build_module(attention_type: str, config: ZformerConfig, level: str, device:
     itself (`model`)."""
     from hf_zformer.modeling.modeling_zformer import ZformerModel
 
-    model = ZformerModel(config)  # runs the model's _init_weights on every submodule
+    model = enable_cpu_speedups(ZformerModel(config))  # _init_weights on every submodule; the CPU layer forms
     if attention_type.endswith(tuple(FORM_SUFFIXES)):
         devices = (device.type,) if folds_under_autocast(attention_type, device.type) else ()
         for module in model.modules():

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_zformer.cpu_speedups import enable_cpu_speedups
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
 from hf_zformer.modeling.modeling_zformer import CACHE_FIELD
 from .cases import DTYPES, ModelRow, ModelShape, ratios_to_baseline
@@ -69,7 +70,7 @@ def build_causal(model: str, shape: CausalShape):
         num_attention_heads=shape.heads, intermediate_size=shape.ffn, max_position_embeddings=positions,
         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, attention_type=model, attn_implementation="sdpa",
     )
-    return ZformerForCausalLM(config), f"ZformerForCausalLM: {shape.layers} causal {model} layers"
+    return enable_cpu_speedups(ZformerForCausalLM(config)), f"ZformerForCausalLM: {shape.layers} causal {model} layers"
 
 
 def cache_bytes(cache) -> int:

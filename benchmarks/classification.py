@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_zformer.cpu_speedups import enable_cpu_speedups
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
 from .cases import DTYPES, ModelRow, ModelShape, folds_under_autocast, ratios_to_baseline
 from .flops import model_flops, step_flops
@@ -89,7 +90,7 @@ def build_classifier(model: str, shape: ClassificationShape):
 
     description = (f"ZformerForSequenceClassification: {shape.layers} {model} layers, BERT's post-LayerNorm, "
                    "embeddings (LayerNorm, token types, learned positions) and tanh pooler")
-    return ZformerForSequenceClassification(_zformer_config(model, shape)), description
+    return enable_cpu_speedups(ZformerForSequenceClassification(_zformer_config(model, shape))), description
 
 
 def classification_flops(model: str, kind: str, length: int, shape: ClassificationShape, config=None,

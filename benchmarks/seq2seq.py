@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from hf_zformer.cpu_speedups import enable_cpu_speedups
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
 from .cases import DTYPES, ModelRow, ModelShape, ratios_to_baseline
 from .flops import attention_flops, dense_flops, layer_flops, token_attention_flops
@@ -81,7 +82,7 @@ def build_seq2seq(model: str, shape: Seq2SeqShape):
     )
     description = (f"ZformerForConditionalGeneration: {attention} encoder, causal {attention} decoder, {cross} "
                    f"cross-attention" + (", query projection shared as value" if config.fastformer_share_qv else ""))
-    return ZformerForConditionalGeneration(config), description
+    return enable_cpu_speedups(ZformerForConditionalGeneration(config)), description
 
 
 def _attention_types(model: str) -> tuple[str, str, str]:

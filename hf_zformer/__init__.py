@@ -35,6 +35,7 @@ from .modeling import (
 )
 from .conversion.convert import convert_pretrained  # warm start from BERT / RoBERTa / DistilBERT checkpoints
 from .conversion.distillation import Distillation, distill_attention  # fit converted attention to the source's softmax attention
+from .cpu_speedups import disable_cpu_speedups, enable_cpu_speedups, use_cpu_speedups  # opt-in faster CPU layer forms
 from .memory import retain_freed_memory  # CPU training: keep freed memory instead of re-faulting it
 
 __version__ = "0.2.0"  # the one version string (setup.cfg reads it)

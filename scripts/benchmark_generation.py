@@ -31,7 +31,7 @@ from tqdm.auto import tqdm  # noqa: E402
 from transformers import AutoConfig, AutoModelForSeq2SeqLM  # noqa: E402
 
 import benchmarks  # noqa: E402
-from hf_zformer import flags, folders  # noqa: E402
+from hf_zformer import enable_cpu_speedups, flags, folders  # noqa: E402
 from hf_zformer.decoding import StepDecoder  # noqa: E402
 from hf_zformer.modeling.modeling_zformer import CACHE_FIELD  # noqa: E402
 
@@ -132,7 +132,7 @@ def build_model(args, decoder_type):
         max_position_embeddings=max(args.prefill + args.max_length, args.source_length) + 1,
     )
     torch.manual_seed(args.seed)
-    return AutoModelForSeq2SeqLM.from_config(config).eval().to(args.device)
+    return enable_cpu_speedups(AutoModelForSeq2SeqLM.from_config(config)).eval().to(args.device)
 
 
 class EagerDecoder:

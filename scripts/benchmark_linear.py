@@ -1,19 +1,21 @@
 #!/usr/bin/env python
-"""Few-row projections: torch's `nn.Linear` against hf_zformer's `Linear`, per weight shape and row count.
+"""Few-row projections: torch's `nn.Linear` against `FewRowsLinear`, per weight shape and row count.
 
 A decoding step sends batch-many rows (one token per sequence) through every projection, and its
-time goes into streaming the weights from memory. hf_zformer's `Linear` computes 1 to `FEW_ROWS`
-rows as (W x^T + b)^T on the CPU where torch computes x W^T + b; this script measures both forms
-side by side (their calls alternate), over many copies of each weight so that every call reads its
-weight from memory as a decoding step does, and prints a markdown table of microseconds per call.
+time goes into streaming the weights from memory. `hf_zformer.cpu_speedups.FewRowsLinear` (the
+opt-in CPU layer forms, `hf_zformer.enable_cpu_speedups`) computes 1 to `FEW_ROWS` rows as
+(W x^T + b)^T on the CPU where torch computes x W^T + b; this script measures both forms side by
+side (their calls alternate), over many copies of each weight so that every call reads its weight
+from memory as a decoding step does, and prints a markdown table of microseconds per call.
 
     python scripts/benchmark_linear.py --threads 2
     python scripts/benchmark_linear.py --shapes 512x512 512x2048 --rows 1 2 4 8 --threads 1
 
-A cell reads `nn.Linear us / Linear us (speed-up)`; `=` marks the cells where `Linear` takes the
-plain form itself (more than FEW_ROWS rows, or in_features > out_features), so both columns time the
-same computation. `--form transposed` times the transposed product in every cell instead, the rule's
-limits ignored. See docs/benchmarks.md ("Generation and memory").
+A cell reads `nn.Linear us / FewRowsLinear us (speed-up)`; `=` marks the cells where
+`FewRowsLinear` takes the plain form itself (more than FEW_ROWS rows, or in_features >
+out_features), so both columns time the same computation. `--form transposed` times the
+transposed product in every cell instead, the rule's limits ignored. See docs/benchmarks.md
+("Generation and memory").
 """
 
 import argparse
@@ -27,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from hf_zformer import flags, folders  # noqa: E402
-from hf_zformer.modeling.blocks import FEW_ROWS, Linear, takes_transposed_form, transposed_linear  # noqa: E402
+from hf_zformer.cpu_speedups import FEW_ROWS, FewRowsLinear, takes_transposed_form, transposed_linear  # noqa: E402
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -53,7 +55,7 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=5, help="timed rounds (median reported)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--form", choices=("linear", "transposed"), default="linear",
-                        help="'linear': hf_zformer's Linear as the models call it; 'transposed': its transposed "
+                        help="'linear': FewRowsLinear as the models call it; 'transposed': its transposed "
                              "product in every cell, past the limits of its rule (to show why the rule stops there)")
     parser.add_argument("--output", type=Path, default=None, help="also write the table to this markdown file")
     args = parser.parse_args(argv)
@@ -73,9 +75,9 @@ def parse_args(argv=None):
 
 def time_shape(in_features: int, out_features: int, rows: int, copies: int, repeats: int,
                form: str = "linear") -> tuple[float, float]:
-    """Median microseconds per call of nn.Linear and of ours (`form`: Linear, or its transposed
+    """Median microseconds per call of nn.Linear and of ours (`form`: FewRowsLinear, or its transposed
     product everywhere), each round running every copy once."""
-    layers = [Linear(in_features, out_features) for _ in range(copies)]
+    layers = [FewRowsLinear(in_features, out_features) for _ in range(copies)]
     x = torch.randn(rows, in_features)
     forms = {
         "nn.Linear": lambda layer: torch.nn.functional.linear(x, layer.weight, layer.bias),
@@ -99,11 +101,11 @@ def main(argv=None):
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    ours = "hf_zformer Linear" if args.form == "linear" else "the transposed product in every cell"
+    ours = "FewRowsLinear" if args.form == "linear" else "the transposed product in every cell"
     lines = [
         f"**nn.Linear vs {ours}, fp32 CPU, {threads} thread{'s' if threads > 1 else ''}, torch {torch.__version__}, "
         f"FEW_ROWS = {FEW_ROWS}** (microseconds per call, median of {args.repeats} rounds"
-        + ("; `=`: Linear takes the plain form there)" if args.form == "linear" else ")"),
+        + ("; `=`: FewRowsLinear takes the plain form there)" if args.form == "linear" else ")"),
         "",
         "| weight (in x out) | " + " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in args.rows) + " |",
         "|---|" + "---:|" * len(args.rows),

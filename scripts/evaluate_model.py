@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import flags, folders  # noqa: E402
+from hf_zformer import enable_cpu_speedups, flags, folders  # noqa: E402
 from hf_zformer.data import load_classification_dataset, load_translation_dataset  # noqa: E402
 from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # noqa: E402  (the loaders' and the training scripts' default)
 from hf_zformer.training import batching, feedback, run  # noqa: E402
@@ -368,6 +368,7 @@ def main(argv=None) -> dict:
     max_length = classification_length(args.task, tokenizer)
     if not seq2seq and args.task.max_length is not None:
         max_length = run.fit_to_positions("--max_length", max_length, model.config, logger)
+    enable_cpu_speedups(model)  # faster layer forms on CPUs (hf_zformer.cpu_speedups); the saved model is unchanged
     model, loader = accelerator.prepare(model, tokenized_loader(args, tokenizer, data, seq2seq, limit, max_length))
     if seq2seq:
         results, rows, metric = score_translation(args, accelerator, model, loader, tokenizer, data, split, limit)

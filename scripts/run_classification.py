@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 import torch  # noqa: E402
 
-from hf_zformer import flags  # noqa: E402
+from hf_zformer import enable_cpu_speedups, flags  # noqa: E402
 from hf_zformer.data.splits import DEFAULT_GROUP_COLUMN  # noqa: E402  (the loader's default too)
 from hf_zformer.training import arguments, batching, loop, run  # noqa: E402
 from hf_zformer.training.scoring import score_accuracy  # noqa: E402
@@ -384,6 +384,7 @@ def train_and_score(args: arguments.RunArguments, accelerator, model, tokenizer,
     eval_dataloaders = batching.make_eval_dataloaders(
         processed, eval_splits, training.per_device_eval_batch_size, collate, seed=training.seed
     )
+    enable_cpu_speedups(model)  # faster layer forms on CPUs (hf_zformer.cpu_speedups); the saved model is unchanged
     optimizer = loop.make_optimizer(model, training)
     model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
     eval_dataloaders = {split: accelerator.prepare(loader) for split, loader in eval_dataloaders.items()}

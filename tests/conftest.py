@@ -156,8 +156,11 @@ def _seed():
 
 @pytest.fixture
 def few_row_form(monkeypatch):
-    """`Linear`'s few-row rule on (FEW_ROWS = 4) whatever this machine's default (on for AMD CPUs
-    only), so that decoding steps of 1-4 rows run the transposed product on every machine."""
-    from hf_zformer.modeling import blocks
+    """The opt-in CPU layer forms with the few-row rule on (`hf_zformer.cpu_speedups.FEW_ROWS` = 4)
+    whatever this machine's default (on for AMD CPUs only): returns `enable_cpu_speedups`, which a
+    test applies to its model so that decoding steps of 1-4 rows run the transposed product on every
+    machine."""
+    from hf_zformer import cpu_speedups
 
-    monkeypatch.setattr(blocks, "FEW_ROWS", 4)
+    monkeypatch.setattr(cpu_speedups, "FEW_ROWS", 4)
+    return cpu_speedups.enable_cpu_speedups

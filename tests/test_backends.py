@@ -11,11 +11,13 @@ from hf_zformer.modeling import blocks, modeling_zformer, ops
 
 
 def test_torch_backend_takes_the_plain_product_for_few_rows(monkeypatch):
-    monkeypatch.setattr(blocks, "FEW_ROWS", 4)  # the AMD rule, on any machine
+    from hf_zformer import cpu_speedups
+
+    monkeypatch.setattr(cpu_speedups, "FEW_ROWS", 4)  # the AMD rule, on any machine
     calls = []
-    original = blocks.transposed_linear
-    monkeypatch.setattr(blocks, "transposed_linear", lambda *a: calls.append(1) or original(*a))
-    layer = blocks.Linear(8, 16)
+    original = cpu_speedups.transposed_linear
+    monkeypatch.setattr(cpu_speedups, "transposed_linear", lambda *a: calls.append(1) or original(*a))
+    layer = cpu_speedups.FewRowsLinear(8, 16)
     x = torch.randn(2, 8)
     fast = layer(x)
     assert calls == [1]

@@ -274,8 +274,9 @@ def test_a_grid_stopped_from_outside_writes_what_it_measured(tmp_path):
 def test_executed_flop_counts_fold_where_the_module_folds(monkeypatch, attention_type, overrides):
     """The executed counts' two folding decisions are the module's own, shape by shape: whether the
     folded form runs, and whether it merges the output projection (W_o never applied per token)."""
+    from torch.nn import Linear
+
     from hf_zformer.modeling.attention import ATTENTION_CLASSES
-    from hf_zformer.modeling.blocks import Linear
 
     d, h = 16, 2
     per_token_outputs = []

@@ -79,9 +79,8 @@ def test_no_peeking(attention_type):
 
 
 @pytest.mark.parametrize("attention_type", TYPES, ids=IDS)
-@pytest.mark.usefixtures("few_row_form")  # decoding steps of 2 rows: the transposed product against the plain one
-def test_cache_equals_no_cache(attention_type):
-    model = causal_lm(attention_type)
+def test_cache_equals_no_cache(attention_type, few_row_form):
+    model = few_row_form(causal_lm(attention_type))  # decoding steps of 2 rows: the transposed product against the plain one
     ids, mask = left_pad(*_batch())
     # logits: one pass vs a prompt then token by token through the cache (mask of past + new tokens)
     full = model(input_ids=ids, attention_mask=mask, use_cache=False).logits

@@ -3,8 +3,8 @@
 Floors, from the ground up (docs/models.md, "Where the code lives"):
 
 0. ``modeling/``: what ships to the Hub; imports nothing else of the package.
-1. ``data/``, ``metrics/`` and the shared utilities (``decoding``, ``flags``, ``folders``, ``hub``,
-   ``memory``, ``tokenization``).
+1. ``data/``, ``metrics/`` and the shared utilities (``cpu_speedups``, ``decoding``, ``flags``, ``folders``,
+   ``hub``, ``memory``, ``tokenization``).
 2. ``training/`` and ``conversion/``: each imports floors 0 and 1, never the other.
 3. ``hf_zformer/__init__`` (the public names); beside the package, ``scripts/`` and the benchmark harness
    ``benchmarks/``, which nothing in the package imports.
@@ -22,7 +22,7 @@ import pytest
 from conftest import REPO_ROOT
 
 PACKAGE = REPO_ROOT / "hf_zformer"
-SHARED = {"decoding", "flags", "folders", "hub", "memory", "tokenization"}
+SHARED = {"cpu_speedups", "decoding", "flags", "folders", "hub", "memory", "tokenization"}
 FLOORS = {"modeling": 0, "data": 1, "metrics": 1, **{name: 1 for name in SHARED}, "training": 2, "conversion": 2, "": 3}
 
 

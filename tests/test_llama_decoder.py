@@ -231,12 +231,11 @@ def test_windowed_attention_against_its_weights_written_out(sinks, fading, monke
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.usefixtures("few_row_form")
-def test_cache_equals_no_cache(kind):
+def test_cache_equals_no_cache(kind, few_row_form):
     """A prompt, then a chunk of 3 tokens, then one token at a time through the cache: the logits of
     one pass over the left-padded batch; and the same tokens generated with and without the cache,
     greedy and beam search."""
-    model = converted(kind)
+    model = few_row_form(converted(kind))  # decoding steps of 2 rows: the transposed product against the plain one
     ids, mask, _ = left_padded()
     with torch.no_grad():
         full = model(input_ids=ids, attention_mask=mask, position_ids=positions(mask), use_cache=False).logits

@@ -42,11 +42,10 @@ def _greedy(model, src, mask, **kwargs):
 
 @pytest.mark.parametrize("encoder, decoder, overrides", [(*pair, {}) for pair in COMBINATIONS] + [
     ("fastformer", decoder, {"decoder_conv_size": 3}) for decoder in ("zformer", "fastformer")])
-@pytest.mark.usefixtures("few_row_form")  # decoding steps of 3 rows: the transposed product against the plain one
-def test_cache_equals_no_cache(encoder, decoder, overrides):
+def test_cache_equals_no_cache(encoder, decoder, overrides, few_row_form):
     """`overrides`: also with a causal convolution ahead of each decoder self-attention, whose last
     inputs the cache carries across the steps."""
-    model = seq2seq(encoder, decoder, **overrides)
+    model = few_row_form(seq2seq(encoder, decoder, **overrides))  # decoding steps of 3 rows: the transposed product
     src, mask = _source()
     # logits: one pass over the whole target vs token by token through the decoding state
     target = torch.randint(5, TINY["vocab_size"], (3, 8))

@@ -3,7 +3,7 @@
 Every class follows one protocol (`Attention`): the same constructor and forward, its own output
 projection `output` (so the folded bidirectional forms can merge it into their per-sequence
 matrix, `_apply_folded`); the layer adds the residual. Shared building blocks (head reshapes, masks,
-`Linear`) are in `blocks.py`. `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
+the projections' stacked form) are in `blocks.py`. `attention_mask` is a `(B, N)` tensor, 1/True at real tokens and
 0/False at padding; padded positions never influence real ones, so outputs at real positions are
 exactly invariant to extra padding. Sums over the sequence run in fp32 with autocast disabled
 (linear-attention sums overflow fp16 and lose precision in bf16).
@@ -33,8 +33,6 @@ from transformers.utils import logging
 from .attention_memory import memory_self_attention
 from .attention_registry import AttentionClasses, attention_types, register_attention
 from .blocks import (
-    Dropout,
-    Linear,
     add_into_fresh,
     at_least_fp32,
     autocast_input,
@@ -73,8 +71,8 @@ def use_folded_form(hidden_states: torch.Tensor, pays_off: bool, *layers: nn.Mod
                     autocast_devices: tuple[str, ...] = ()) -> bool:
     """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
     `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences), with
-    the projections `layers` plain `Linear`s (the form reads their weights: an adapter or a hook on
-    one keeps the layers' own forward), and in fp32/fp64 outside autocast, or under bf16 autocast on
+    the projections `layers` plain `nn.Linear`s (the form reads their weights: an adapter, or a
+    forward of its own, on one keeps the layers' own forward: `blocks.plain_linears`), and in fp32/fp64 outside autocast, or under bf16 autocast on
     the device types `autocast_devices` (the attention class's `FOLDED_AUTOCAST_DEVICES`). Elsewhere
     under autocast the plain form keeps its low-precision projections and fp32 sequence sums, which
     on CUDA run as the fused kernels (docs/benchmarks.md, "On a GPU")."""
@@ -94,7 +92,7 @@ def _apply_folded(x: torch.Tensor, matrix: torch.Tensor, offset: torch.Tensor, o
     projection y = W c + b of that output is itself one per-sequence map (W matrix, W offset + b),
     which costs 2 D^3 FLOPs per sequence instead of 2 N D^2, and saves a (B, N, D) intermediate: it
     is folded in where `fold` (the type's `folds_output_projection`), and applied afterwards
-    otherwise (or when `output` is not a plain `Linear`: an adapter or a hook keeps its own forward).
+    otherwise (or when `output` is not a plain `Linear`: an adapter or a forward of its own is kept).
     """
     if fold and plain_linears(output):
         return torch.baddbmm(output(offset)[:, None, :], x, (output.weight @ matrix).transpose(1, 2))
@@ -157,7 +155,7 @@ class Attention(nn.Module):
         self.is_cross = is_cross
         self.layer_idx = layer_idx
         self.groups = 1  # query heads per key/value head (grouped heads: the Llama-family adapters)
-        self.output = Linear(config.hidden_size, config.hidden_size)  # W_o
+        self.output = nn.Linear(config.hidden_size, config.hidden_size)  # W_o
         self.build_projections(config)
         self.build_parameters(config)
         # A rate the model's every attention ignores (no layer of it forms probabilities) is worth a
@@ -263,9 +261,9 @@ class _QKVAttention(Attention):
     """Query/key/value projections D -> D, shared by full, Zformer and Fastformer attention."""
 
     def build_projections(self, config) -> None:
-        self.query = Linear(config.hidden_size, config.hidden_size)
-        self.key = Linear(config.hidden_size, config.hidden_size)
-        self.value = Linear(config.hidden_size, config.hidden_size)
+        self.query = nn.Linear(config.hidden_size, config.hidden_size)
+        self.key = nn.Linear(config.hidden_size, config.hidden_size)
+        self.value = nn.Linear(config.hidden_size, config.hidden_size)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -866,9 +864,9 @@ class XformerAttention(Attention):
         self.max_length = config.max_position_embeddings
         self.position_offset = config.position_offset  # the column of a first token (RoBERTa-style tables)
         self.compressed_length = math.ceil(config.max_position_embeddings / config.xformer_beta)
-        self.query = Linear(config.hidden_size, self.query_width)
+        self.query = nn.Linear(config.hidden_size, self.query_width)
         self.sequence_projection = nn.Parameter(torch.empty(self.compressed_length, self.max_length))  # E
-        self.dropout = Dropout(config.attention_probs_dropout_prob)
+        self.dropout = nn.Dropout(config.attention_probs_dropout_prob)
 
     def init_parameters(self, std: float) -> None:
         init.normal_(self.sequence_projection, mean=0.0, std=std)
@@ -967,7 +965,7 @@ class FastformerAttention(_QKVAttention):
         if self.additive:
             self.query_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_q per head
             self.key_score = nn.Parameter(torch.empty(self.num_heads, self.head_dim))  # w_k per head
-        self.transform = Linear(config.hidden_size, config.hidden_size)  # W_r
+        self.transform = nn.Linear(config.hidden_size, config.hidden_size)  # W_r
 
     def init_parameters(self, std: float) -> None:
         if self.additive:
@@ -1038,7 +1036,7 @@ class FastformerAttention(_QKVAttention):
         where its (B, D, D) map is no larger than v (N >= D; on shorter inputs building the map costs
         more than the passes it saves: 0.70-0.77x on a CPU at 128 tokens, width 512), with a value
         projection, a bias on W_r, and plain `Linear` layers as W_q, W_k, W_v and W_r (adapters and
-        hooks keep the layers' own forward; W_o may be anything: `_pooled_output` calls it)."""
+        forwards of their own keep the layers' forward; W_o may be anything: `_pooled_output` calls it)."""
         layers = (self.query, self.key, self.value, self.transform)
         return length >= width and self.value is not None and self.transform.bias is not None and (
             plain_linears(*layers)
@@ -1056,7 +1054,7 @@ class FastformerAttention(_QKVAttention):
         (B, D, D), no larger than v where this form is taken (`_takes_pooled_output`), and the
         product is `ops.column_scaled_product` (where its fused kernel runs, no map is formed). b_r joins
         the output's bias rather than q's, so that q rounded to bf16 keeps its own precision. Where
-        W_o is not a plain `Linear` (an adapter, a hook, or set aside as the benchmarks' level
+        W_o is not a plain `Linear` (an adapter, a forward of its own, or set aside as the benchmarks' level
         `attention` does), b_r is added to r in place, one element-wise pass instead of the plain
         form's two (the multiply and the residual add), and W_o runs as it is. Where the projections
         are one stacked product (`stacks_projections`: on CUDA), b_r joins b_q in that product's bias
@@ -1080,7 +1078,7 @@ class FastformerAttention(_QKVAttention):
         w_o, b_o = self.output.weight, self.output.bias
         with no_autocast(context.device.type):  # W_o b_r + b_o in the weights' precision, one operation
             bias = w_o @ self.transform.bias if b_o is None else torch.addmv(b_o, w_o, self.transform.bias)
-        return self.output(context, bias=bias)
+        return nn.functional.linear(context, w_o, bias)  # W_o is a plain nn.Linear: `plain_linears`
 
     def _pooled_key(self, query, key, w_q, w_k, attention_mask, query_shift=None):
         """k_g (B, H, 1, d) of bidirectional attention, both poolings by `ops.direction_pool`:

@@ -1,16 +1,16 @@
 """Building blocks of the attention family: head reshapes, masks, fp32 sums under autocast, the
-residual add, and the CPU-tuned `Linear` and `Dropout`.
+residual add, and the projections' stacked and folded forms.
 
-This file ships to the Hugging Face Hub with every checkpoint: torch and stdlib only.
+This file ships to the Hugging Face Hub with every checkpoint: torch and stdlib only, plain
+`nn.Linear` and `nn.Dropout` layers (machine-specific layer forms are the installed package's
+opt-in `hf_zformer.cpu_speedups`).
 """
 
 import contextlib
 import os
-import platform
 
 import torch
 from torch import nn
-from torch.utils.weak import WeakTensorKeyDictionary
 
 # ----------------------------------------------------------------------------------------------
 # the backend of the fast forms (ops.py, "Backends"; kept here, where every module can read it)
@@ -121,37 +121,14 @@ def masked_softmax(scores: torch.Tensor, mask: torch.Tensor | None, dim: int = -
     return weights.masked_fill(blocked, 0.0) if may_be_empty else weights
 
 
-# The masks `drop_full_mask` has read, each with its version counter and whether it has padding: a
-# mask that enters several stacks (an encoder-decoder's source mask, in the encoder and in the
-# decoder's cross-attention at every decoding step) is read back once, until it is written in place.
-_READ_MASKS = WeakTensorKeyDictionary()
-
-
-def _capturing(tensor: torch.Tensor) -> bool:
-    """Whether a CUDA graph is being captured on the stream of CUDA tensor `tensor`."""
-    return tensor.is_cuda and torch.cuda.is_current_stream_capturing()
-
-
 def drop_full_mask(attention_mask: torch.Tensor | None) -> torch.Tensor | None:
     """None when `attention_mask` has no padding (saves masking passes over the sequence). Reading the
     answer waits for the device (a host synchronisation), so models call it once per forward, where a
-    mask enters the stack, never per layer, and the answer is kept for the mask tensor itself: the
-    same mask, unchanged, is not read again. In-place writes bump its version counter and are seen;
-    writes through `.data` are not, so a mask edited that way must be passed as a new tensor.
-    Inference tensors, which keep no version counter, are read every time, and so is a mask during
-    CUDA-graph capture: a graph replays whatever its buffer holds later, so a kept answer would be
-    baked into it (the read fails the capture instead, as a host synchronisation does)."""
+    mask enters the stack, never per layer. During CUDA-graph capture the read fails the capture, as
+    any host synchronisation does: a graph replays whatever its buffer holds later."""
     if attention_mask is None or torch.compiler.is_compiling():
         return attention_mask
-    version = None if attention_mask.is_inference() or _capturing(attention_mask) else attention_mask._version
-    known = _READ_MASKS.get(attention_mask) if version is not None else None
-    if known is not None and known[0] == version:
-        padded = known[1]
-    else:
-        padded = _read_mask(attention_mask)
-        if version is not None:
-            _READ_MASKS[attention_mask] = (version, padded)
-    return attention_mask if padded else None
+    return attention_mask if _read_mask(attention_mask) else None
 
 
 def _read_mask(attention_mask: torch.Tensor) -> bool:
@@ -222,131 +199,25 @@ def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return fresh + other
 
 
-# Named as torch's class on purpose: a drop-in subclass (same arguments, same state-dict keys).
-class Dropout(nn.Dropout):
-    """`nn.Dropout` that, inactive (eval mode or p = 0), returns its input without a call: a decoding
-    step of a 6-layer decoder otherwise dispatches ~25 identity dropouts (docs/benchmarks.md)."""
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return super().__call__(x) if self.training and self.p > 0 else x
-
-
-def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's vendor id ("AuthenticAMD", "GenuineIntel", ...; "" when the system does not say):
-    from `cpuinfo` on Linux, else from `platform.processor()` (Windows names it there)."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as info:
-            for line in info:
-                if line.startswith("vendor_id"):
-                    return line.partition(":")[2].strip()
-    except OSError:
-        pass
-    processor = platform.processor()
-    return next((vendor for vendor in ("AuthenticAMD", "GenuineIntel") if vendor in processor), "")
-
-
-def default_few_rows(vendor: str) -> int:
-    """`FEW_ROWS` for a CPU vendor: 4 on AMD, where torch's BLAS multiplies 2-4 rows by a weight
-    1.4-5.7x slower as `x W^T` than as `W x^T` (AMD EPYC Zen 3 and Zen 4); 0 (the rule off) elsewhere: on
-    an Intel Xeon with AMX the plain product is the fast one, 2-3x faster than the transposed form
-    (docs/benchmarks.md, "Generation and memory")."""
-    return 4 if vendor == "AuthenticAMD" else 0
-
-
-# Inputs of at most this many rows (tokens x batch) take `Linear`'s transposed product on the CPU;
-# 0 turns the rule off. Chosen for this machine's CPU when the module loads (`default_few_rows`).
-FEW_ROWS = default_few_rows(cpu_vendor())
-
-
-def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """`F.linear(x, weight, bias)` computed as (W x^T + b)^T, a single row sent as two (see `Linear`)."""
-    in_features = weight.shape[1]
-    rows = x.numel() // in_features
-    flat = x.reshape(rows, in_features)
-    if rows == 1:
-        flat = flat.expand(2, in_features).contiguous()
-    columns = flat.t()  # (in, rows): a transposed view, the layout the fast path takes
-    product = torch.mm(weight, columns) if bias is None else torch.addmm(bias[:, None], weight, columns)  # (out, rows)
-    return product[:, :rows].t().contiguous().view(*x.shape[:-1], weight.shape[0])
-
-
-def takes_transposed_form(in_features: int, out_features: int, rows: int) -> bool:
-    """`Linear`'s rule for fp32 inputs on the CPU: 1 to `FEW_ROWS` rows, and no narrowing projection."""
-    return 0 < rows <= FEW_ROWS and in_features <= out_features
-
-
-# Named as torch's class on purpose: a drop-in subclass (same arguments, same state-dict keys).
-class Linear(nn.Linear):
-    """`nn.Linear` (same parameters, same state-dict keys) whose few-row products on the CPU take a
-    faster form: a decoding step of batch B sends B rows through every projection.
-
-    For 1 to `FEW_ROWS` rows of fp32 on the CPU, with `in_features <= out_features`
-    (`takes_transposed_form`), y = x W^T + b is computed as (W x^T + b)^T: the weight becomes the
-    BLAS call's left operand and the few rows its narrow right one. On an AMD EPYC, torch's CPU BLAS
-    computes `x @ W^T` for 2-4 rows through a general matrix product path that streams the weight
-    1.4-5.7x slower than `W @ x^T`, and a single row takes a vector path about half as fast as the
-    two-column product, so one row is sent as two (the row twice; the copy's column is dropped).
-    Same arithmetic, per output the same sum in another order (agreement to fp32 rounding).
-    Measured in docs/benchmarks.md ("Generation and memory"). It stays off for `in_features >
-    out_features` (the FFN's down projection), where it was slower at one thread. Greedy generation
-    of the benchmark's encoder-decoders at batch 1-4 runs 1.4-2x faster with it on AMD CPUs. On an Intel Xeon the plain
-    product is 2-3x faster than the transposed one, so the rule is on for AMD CPUs only
-    (`default_few_rows`); set `FEW_ROWS` on this module to choose (0: off;
-    `scripts/benchmark_linear.py --form transposed` checks a machine). The backend `torch`
-    (`set_kernel_backend`) turns it off with the other fast forms.
-    """
-
-    def forward(
-        self, x: torch.Tensor, weight: torch.Tensor | None = None, bias: torch.Tensor | None = None
-    ) -> torch.Tensor:
-        """`weight` (out_features, in_features) stands in for `self.weight` when given: an alias of it
-        that carries its gradient another way (`tied_lookups` in modeling_zformer.py); `bias`, when
-        given, for `self.bias` (a bias with another one folded in: `FastformerAttention._pooled_output`)."""
-        weight = self.weight if weight is None else weight
-        bias = self.bias if bias is None else bias
-        if (
-            x.device.type == "cpu"
-            and _backend != "torch"  # the plain product, to compare (ops.py, "Backends")
-            and x.dtype == torch.float32
-            and weight.dtype == torch.float32
-            and x.dim() > 0
-            and x.shape[-1] == self.in_features
-            and takes_transposed_form(self.in_features, self.out_features, x.numel() // self.in_features)
-            and not torch.is_autocast_enabled("cpu")
-        ):
-            return transposed_linear(x, weight, bias)
-        return nn.functional.linear(x, weight, bias)
-
-
 # Devices on which `project` stacks projections into one product (see there).
 STACKED_PROJECTION_DEVICES = ("cuda",)
 
 
 def plain_linears(*layers: nn.Module) -> bool:
-    """Whether every layer is a `Linear` used as it is: not wrapped (adapters, sharding and
-    quantisation replace the class), its weight and bias plain tensors (quantisation in place swaps
-    the weight for a tensor subclass), without hooks of its own or global module hooks (forward or
-    backward), and without a forward of its own (accelerate's offloading hooks replace the
-    instance's `forward`), so its product may run outside its own forward (stacked with others,
-    `project`; folded into another form)."""
-    hooks = nn.modules.module
-    if (hooks._global_forward_hooks or hooks._global_forward_pre_hooks or hooks._global_backward_hooks
-            or hooks._global_backward_pre_hooks):
-        return False
-    # Called several times per attention forward, so read straight from the instances' dicts: a
-    # registered parameter lives in `_parameters`, never in the instance's own dict (half the host
-    # time of going through `Module.__getattr__`).
+    """Whether every layer is an `nn.Linear` used as it is, so that its product may run outside its
+    own forward (stacked with others, `project`; folded into another form): of the class `nn.Linear`
+    itself, or of a subclass that declares the same product (`linear_product = True`, as the layers
+    of `hf_zformer.cpu_speedups` do; adapters, sharding and quantisation replace the class with one
+    that does not), without a forward of its own (accelerate's offloading replaces the instance's
+    `forward`), and with plain tensors as weight and bias (quantisation in place swaps the weight for
+    a tensor subclass; DeepSpeed ZeRO-3 marks its partitioned weights with `ds_id`). Forward hooks
+    registered on such a layer do not run where its product is taken outside its forward."""
     for layer in layers:
-        state = layer.__dict__
-        if type(layer) is not Linear or "forward" in state or (
-            state["_forward_hooks"] or state["_forward_pre_hooks"] or state["_backward_hooks"]
-            or state["_backward_pre_hooks"]
-        ):
+        linear = type(layer) is nn.Linear or getattr(type(layer), "linear_product", False)
+        if not linear or "forward" in vars(layer):
             return False
-        parameters = state["_parameters"]
-        for name in ("weight", "bias"):
-            tensor = parameters[name] if name in parameters else getattr(layer, name)
-            if tensor is not None and type(tensor) is not nn.Parameter and type(tensor) is not torch.Tensor:
+        for tensor in (layer.weight, layer.bias):
+            if tensor is not None and (type(tensor) not in (nn.Parameter, torch.Tensor) or hasattr(tensor, "ds_id")):
                 return False
     return True
 
@@ -366,7 +237,7 @@ def stacks_projections(x: torch.Tensor, *layers: nn.Module) -> bool:
 def project(x: torch.Tensor, *layers: nn.Module, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """x (..., D) through each of `layers` (D -> D_i), one output per layer.
 
-    On CUDA (`STACKED_PROJECTION_DEVICES`), where every layer is a plain `Linear` (`plain_linears`)
+    On CUDA (`STACKED_PROJECTION_DEVICES`), where every layer is a plain `nn.Linear` (`plain_linears`)
     and the input has at least as many rows as a layer has inputs, one product against the stacked
     weights (sum D_i, D) gives all the outputs, as column slices of one (..., sum D_i) tensor. Under
     autocast the fp32 input is then cast to the low precision once instead of once per projection

@@ -28,14 +28,13 @@ from transformers.modeling_outputs import (
 
 from .attention import ATTENTION_CLASSES, Attention, HedgehogFeatureMap
 from .blocks import (
-    Dropout,
-    Linear,
     add_into_fresh,
     at_least_fp32,
     check_inputs,
     drop_full_mask,
     kernel_backend,
     masked_softmax,
+    plain_linears,
     zero_padding,
 )
 from .cache_zformer import ZformerCache, record_forward
@@ -84,11 +83,11 @@ class ZformerEmbeddings(nn.Module):
             self.position_embeddings = nn.Embedding(config.max_position_embeddings, width)
         else:
             self.register_buffer("sinusoidal", sinusoidal_table(self.max_length, width), persistent=False)
-        self.merge = Linear(2 * width, width) if config.position_embedding_merge == "concat" else None
+        self.merge = nn.Linear(2 * width, width) if config.position_embedding_merge == "concat" else None
         self.type_vocab_size = config.type_vocab_size
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, width) if config.type_vocab_size else None
         self.layer_norm = nn.LayerNorm(width, eps=config.layer_norm_eps) if config.embedding_layer_norm else None
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def positions(self, position_ids: torch.Tensor, max_position: int | None = None) -> torch.Tensor:
         """Position vectors (B, N, D) of `position_ids` (B, N) (or (1, N), shared by the batch).
@@ -201,9 +200,9 @@ class _TiedLookups(torch.autograd.Function):
 def tied_lookups(head: nn.Module, *lookups):
     """Training-time token embeddings of weights shared with an output projection: `lookups` are
     (embedding module, token ids (B, N)) pairs. Where every module's weight is `head`'s (tied
-    embeddings), it is a plain `Parameter` being trained, and the head is our bias-free `Linear`,
-    returns (the unscaled token embeddings (B, N, D) of each pair..., the weight to pass to `head`)
-    from one `_TiedLookups` call. The gradient is plain autograd's, less one zero-filled (vocab, D)
+    embeddings), it is a plain `Parameter` being trained, and the head a bias-free `nn.Linear` used as
+    it is (`blocks.plain_linears`), returns (the unscaled token embeddings (B, N, D) of each pair...,
+    the weight that `head_logits` applies in place of the head's) from one `_TiedLookups` call. The gradient is plain autograd's, less one zero-filled (vocab, D)
     buffer and its addition per lookup. Otherwise (no gradient, untied weights, ids missing,
     sharded weights such as DeepSpeed ZeRO-3's, which are gathered per module; the backend `torch`,
     `blocks.set_kernel_backend`) returns None: the modules look up their tokens as usual."""
@@ -211,7 +210,7 @@ def tied_lookups(head: nn.Module, *lookups):
     if not (
         kernel_backend() != "torch"
         and torch.is_grad_enabled()
-        and isinstance(head, Linear)
+        and plain_linears(head)
         and head.bias is None
         and type(weight) is nn.Parameter
         and weight.requires_grad
@@ -226,17 +225,22 @@ def tied_lookups(head: nn.Module, *lookups):
     return _TiedLookups.apply(weight, lookups[0][0].padding_idx, *(token_ids for _, token_ids in lookups))
 
 
+def head_logits(head: nn.Module, hidden: torch.Tensor, weight: torch.Tensor | None) -> torch.Tensor:
+    """`head(hidden)`, or with `weight`, the tied weight as `tied_lookups` returns it, in place of the head's."""
+    return head(hidden) if weight is None else nn.functional.linear(hidden, weight)
+
+
 class ZformerFeedForward(nn.Module):
     def __init__(self, config):
         super().__init__()
-        self.intermediate = Linear(config.hidden_size, config.intermediate_size)
+        self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
         self.activation = ACT2FN[config.hidden_act]
-        self.output = Linear(config.intermediate_size, config.hidden_size)
+        self.output = nn.Linear(config.intermediate_size, config.hidden_size)
         activation_dropout = config.activation_dropout
-        self.activation_dropout = Dropout(
+        self.activation_dropout = nn.Dropout(
             config.hidden_dropout_prob if activation_dropout is None else activation_dropout
         )
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states):
         return self.dropout(self.output(self.activation_dropout(self.activation(self.intermediate(hidden_states)))))
@@ -334,7 +338,7 @@ class ZformerLayer(GradientCheckpointingLayer):
         self.attention = ATTENTION_CLASSES[attention_type](config, layer_idx=layer_idx)
         self.feed_forward_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.feed_forward = ZformerFeedForward(config)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(
         self,
@@ -600,10 +604,10 @@ class ZformerPooler(nn.Module):
         super().__init__()
         self.mode = config.classifier_pooling
         if self.mode == "attention":
-            self.projection = Linear(config.hidden_size, config.hidden_size)
-            self.score = Linear(config.hidden_size, 1, bias=False)
+            self.projection = nn.Linear(config.hidden_size, config.hidden_size)
+            self.score = nn.Linear(config.hidden_size, 1, bias=False)
         elif self.mode == "pooler":
-            self.dense = Linear(config.hidden_size, config.hidden_size)
+            self.dense = nn.Linear(config.hidden_size, config.hidden_size)
             self.activation = ACT2FN[config.pooler_activation]
 
     def forward(self, hidden_states, attention_mask):
@@ -645,8 +649,8 @@ class ZformerForSequenceClassification(ZformerPreTrainedModel):
         self.zformer = ZformerModel(config)
         self.pooler = ZformerPooler(config)
         dropout = config.classifier_dropout if config.classifier_dropout is not None else config.hidden_dropout_prob
-        self.dropout = Dropout(dropout)
-        self.classifier = Linear(config.hidden_size, config.num_labels)
+        self.dropout = nn.Dropout(dropout)
+        self.classifier = nn.Linear(config.hidden_size, config.num_labels)
         self.post_init()
 
     def forward(
@@ -686,16 +690,16 @@ class ZformerLMHead(nn.Module):
 
     def __init__(self, config):
         super().__init__()
-        self.dense = Linear(config.hidden_size, config.hidden_size)
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.activation = ACT2FN[config.hidden_act]
         self.layer_norm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.decoder = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.decoder = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
     def forward(self, hidden_states, decoder_weight=None):
         """`decoder_weight`: the tied weight as `tied_lookups` returns it (None: `decoder.weight`)."""
         hidden = self.layer_norm(self.activation(self.dense(hidden_states)))
-        logits = self.decoder(hidden) if decoder_weight is None else self.decoder(hidden, decoder_weight)
+        logits = head_logits(self.decoder, hidden, decoder_weight)
         return logits + self.bias
 
     def resize_bias(self, vocab_size: int):
@@ -809,7 +813,7 @@ class ZformerDecoderLayer(GradientCheckpointingLayer):
             self.cross_attention = None
         self.feed_forward_norm = nn.LayerNorm(width, eps=eps)
         self.feed_forward = ZformerFeedForward(config)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
 
     def forward(self, hidden_states, attention_mask=None, encoder_hidden_states=None, encoder_attention_mask=None,
                 past_key_values=None):
@@ -1047,7 +1051,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         config = self.config
         self.encoder = ZformerModel(config)
         self.decoder = ZformerDecoder(config)  # with cross-attention: the config is an encoder-decoder's
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     def get_encoder(self, modality=None):
@@ -1173,7 +1177,7 @@ class ZformerForConditionalGeneration(ZformerPreTrainedModel, ZformerGenerationM
         hidden_states, decoder_hidden = self.decoder(
             decoder_input_ids, None, encoder_hidden, attention_mask, past_key_values if use_cache else None,
             decoder_inputs_embeds, output_hidden_states=output_hidden_states)
-        logits = self.lm_head(hidden_states) if head_weight is None else self.lm_head(hidden_states, head_weight)
+        logits = head_logits(self.lm_head, hidden_states, head_weight)
         output = Seq2SeqLMOutput(
             loss=None if labels is None else self._loss(logits, labels, num_items_in_batch),
             logits=logits,
@@ -1233,7 +1237,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
         super().__init__(config)
         config = self.config
         self.decoder = ZformerDecoder(config, layer_types)
-        self.lm_head = Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.post_init()
 
     def get_input_embeddings(self):
@@ -1303,7 +1307,7 @@ class ZformerForCausalLM(ZformerPreTrainedModel, ZformerGenerationMixin):
             position_ids=position_ids, token_type_ids=token_type_ids, output_hidden_states=output_hidden_states,
         )
         kept = hidden_states[:, -logits_to_keep:] if logits_to_keep else hidden_states
-        logits = self.lm_head(kept) if tied is None else self.lm_head(kept, head_weight)
+        logits = head_logits(self.lm_head, kept, None if tied is None else head_weight)
         loss = causal_lm_loss(logits, labels, num_items_in_batch, shift_labels) if scored else None
         output = CausalLMOutputWithPast(
             loss=loss, logits=logits, hidden_states=all_hidden, **{CACHE_FIELD: past_key_values}

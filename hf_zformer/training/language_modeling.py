@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ..cpu_speedups import enable_cpu_speedups
 from . import batching, run
 
 if TYPE_CHECKING:
@@ -183,6 +184,7 @@ def train_on_blocks(args: RunArguments, accelerator, logger, model, tokenizer, p
     eval_dataloaders = batching.make_eval_dataloaders(
         processed, ["validation"], training.per_device_eval_batch_size, eval_collate, seed=training.seed
     )
+    enable_cpu_speedups(model)  # faster layer forms on CPUs (hf_zformer.cpu_speedups); the saved model is unchanged
     optimizer = loop.make_optimizer(model, training)
     model, optimizer, train_dataloader = accelerator.prepare(model, optimizer, train_dataloader)
     eval_dataloader = accelerator.prepare(eval_dataloaders["validation"])
