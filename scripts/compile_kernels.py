@@ -245,21 +245,20 @@ def drive_kernels(triton_ops, compiler: KernelCompiler, widths: list[int], dtype
         b, h, n, d = shape
         return torch.zeros(b, n, h * d, dtype=dtype, requires_grad=True).view(b, n, h, d).transpose(1, 2)
 
-    saved_min_pairs = triton_ops.FUSED_MIN_PAIRS
     try:
         for dtype, heads_layout, width in itertools.product(dtypes, (True, False), widths):
             layout["heads"] = heads_layout
             _drive_linear_attention(triton_ops, compiler, tensor, dtype, width, mask)
-            triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
             _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask)
     finally:
-        triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
         compiler.bound = None
 
 
 def _drive_linear_attention(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     """Zformer: plain heads (d against d) and the Hedgehog map's features (2 d against d + 1), in
     both launch plans, with a mask and a scale and without."""
+    from hf_zformer.modeling.policy import use_policy  # imported once TRITON_INTERPRET is settled
+
     length = mask.shape[1]
     for dk, dv in ((width, width), (2 * width, width + 1)):
         if not triton_ops.linear_attention_fits(dk, dv, compiler.limit):
@@ -267,12 +266,12 @@ def _drive_linear_attention(triton_ops, compiler, tensor, dtype, width, mask) ->
             continue
         compiler.bound = triton_ops.linear_attention_shared(dk, dv)
         for min_pairs, with_mask in itertools.product((1, 10**9), (True, False)):  # one program per pair; split
-            triton_ops.FUSED_MIN_PAIRS = min_pairs
             q, k = (tensor(BATCH, HEADS, length, dk, dtype=dtype) for _ in range(2))
             v = tensor(BATCH, HEADS, length, dv, dtype=dtype)
             scale = torch.ones(1, requires_grad=True) if with_mask else None
-            out = triton_ops.linear_attention_kernel(q, k, v, mask if with_mask else None, scale)
-            _backward(out, q, k, v, scale)
+            with use_policy(fused_min_pairs=min_pairs):
+                out = triton_ops.linear_attention_kernel(q, k, v, mask if with_mask else None, scale)
+                _backward(out, q, k, v, scale)
 
 
 def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
@@ -280,11 +279,13 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     vectors, no bound needed), plain and gated (the key pooling), the pooling across `MODEL_HEADS`
     heads of the layer's input, and the causal (prefix) pooling; the first two along a direction
     and as the mean; and the column scaling of W_r at the model's width."""
+    from hf_zformer.modeling.policy import active
+
     length, limit = mask.shape[1], compiler.limit
     compiler.bound = None
     # the gate's gradients take a tile of sequences: a batch that fills it compiles the largest
     full_tile = max(BATCH, triton_ops._GATE_TILE // triton_ops._tile(width))
-    for rows, with_direction, gated in itertools.product((triton_ops.POOL_CHUNK or 64, length), (True, False),
+    for rows, with_direction, gated in itertools.product((active().pool_chunk or 64, length), (True, False),
                                                          (False, True)):
         batch = full_tile if gated else BATCH
         values = tensor(batch, HEADS, rows, width, dtype=dtype)

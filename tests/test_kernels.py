@@ -11,7 +11,7 @@ a GPU machine the same tests run the compiled kernels on CUDA:
 import pytest
 import torch
 
-from hf_zformer.modeling import ops, triton_ops
+from hf_zformer.modeling import ops, policy, triton_ops
 from hf_zformer.modeling.attention import FastformerAttention, ZformerAttention
 from conftest import tiny_config
 
@@ -21,12 +21,17 @@ pytestmark = pytest.mark.skipif(not triton_ops.RUNNABLE, reason="triton is not i
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _set_policy(monkeypatch, **changes):
+    """The policy in force with `changes`, for the rest of the test."""
+    monkeypatch.setattr(policy, "_active", policy.active().replaced(**changes))
+
+
 @pytest.fixture(params=["fused", "split"])
 def kernels(request, monkeypatch):
     """The kernel backend for the test (the previous choice restored after it), in both launch
     plans of linear attention: one program per (sequence, head), and sums split over slices of the
-    sequence (the pooling's plan is `POOL_CHUNK`'s: slices of 128 rows)."""
-    monkeypatch.setattr(triton_ops, "FUSED_MIN_PAIRS", 0 if request.param == "fused" else 10**9)
+    sequence (the pooling's plan is the policy's `pool_chunk`: slices of 128 rows)."""
+    _set_policy(monkeypatch, fused_min_pairs=0 if request.param == "fused" else 10**9)
     previous = ops.set_kernel_backend("triton")
     yield
     ops.set_kernel_backend(previous)
@@ -35,7 +40,7 @@ def kernels(request, monkeypatch):
 @pytest.fixture
 def triton_backend():
     """The kernel backend for a test of a kernel with one launch plan (the shared pooling's slices
-    are `POOL_CHUNK`'s whatever `FUSED_MIN_PAIRS` says)."""
+    are the policy's `pool_chunk` whatever its `fused_min_pairs` says)."""
     previous = ops.set_kernel_backend("triton")
     yield
     ops.set_kernel_backend(previous)
@@ -211,7 +216,7 @@ def test_direction_pool_kernel_applies_the_score_scale(kernels, direction_rows):
 
 
 @pytest.mark.parametrize("direction_rows", [None, 1, 3])
-@pytest.mark.parametrize("length", [100, 700])  # one slice of `POOL_CHUNK`; several, merged
+@pytest.mark.parametrize("length", [100, 700])  # one slice of the policy's `pool_chunk`; several, merged
 def test_direction_pool_kernel_pools_gated_rows(kernels, direction_rows, length):
     """A gate g (B, H, d): the pooling of the rows g * x_j, the gate applied inside the kernel, against
     the naive reference over the gated rows formed in fp64, and its gradients (the gate's and the
@@ -290,7 +295,7 @@ def test_direction_pool_kernel_matches_the_naive_reference(kernels):
 
 
 def test_direction_pool_kernel_one_slice_and_many_agree_bit_for_bit(kernels):
-    """100 real rows (one slice of `POOL_CHUNK`) padded to 600 (five slices, merged): the same
+    """100 real rows (one slice of `pool_chunk`) padded to 600 (five slices, merged): the same
     pooling and the same gradients at the real rows, exactly."""
     generator = torch.Generator().manual_seed(8)
     values = _heads(2, 100, 2, 16, generator)
@@ -306,15 +311,15 @@ def test_direction_pool_kernel_one_slice_and_many_agree_bit_for_bit(kernels):
 
 
 def test_pool_chunk_must_be_whole_tiles(kernels, monkeypatch):
-    monkeypatch.setattr(triton_ops, "POOL_CHUNK", 100)
+    _set_policy(monkeypatch, pool_chunk=100)
     values = _heads(1, 300, 1, 16, torch.Generator().manual_seed(9))
-    with pytest.raises(ValueError, match="POOL_CHUNK=100"):
+    with pytest.raises(ValueError, match="pool_chunk=100"):
         ops.direction_pool(values)
 
 
-@pytest.mark.parametrize("chunk", [None, 128])  # rows per program (`POOL_CHUNK`); None: the pairs' rule
+@pytest.mark.parametrize("chunk", [None, 128])  # rows per program (`pool_chunk`); None: the pairs' rule
 def test_direction_pool_kernel_extra_padding_changes_nothing(kernels, monkeypatch, chunk):
-    monkeypatch.setattr(triton_ops, "POOL_CHUNK", chunk)
+    _set_policy(monkeypatch, pool_chunk=chunk)
     generator = torch.Generator().manual_seed(7)
     values = _heads(2, 600, 2, 16, generator)
     direction = torch.randn(1, 2, 16, generator=generator).to(DEVICE)
@@ -427,7 +432,7 @@ def test_folded_fastformer_under_autocast_gives_the_torch_forms_results(triton_b
     module = FastformerAttention(config).to(DEVICE)
     torch.nn.init.normal_(module.query_score)
     torch.nn.init.normal_(module.key_score)
-    module.FOLDED_AUTOCAST_DEVICES = (DEVICE.type,)
+    module.folded_autocast_devices = (DEVICE.type,)
     x = torch.randn(3, 50, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)  # B N >= 2 D: W_o folded in
     mask = _mask(3, 50, [50, 17, 1])
     outputs = []
@@ -878,8 +883,8 @@ def test_scaled_product_kernel_extra_padding_changes_nothing(triton_backend):
 
 
 def test_scaled_product_kernel_runs_only_where_chosen(monkeypatch):
-    """Under `auto` the fused product runs only on the device types of `FUSED_PRODUCT_DEVICES` (none
-    by default) and only for bf16 rows; the backend `triton` runs it for fp32 rows too; a base of
+    """Under `auto` the fused product runs only on the device types of the policy's experimental
+    `fused_product` (none by default) and only for bf16 rows; the backend `triton` runs it for fp32 rows too; a base of
     another dtype than the rows takes the torch form."""
     monkeypatch.setattr(ops, "_kernel_applies", lambda *args, **kwargs: True)  # as on a GPU
     bf16 = _product_operands(1, 4, 8, 8, torch.bfloat16)[1]
@@ -887,9 +892,9 @@ def test_scaled_product_kernel_runs_only_where_chosen(monkeypatch):
     device = bf16[1].device.type
     previous = ops.set_kernel_backend("auto")
     try:
-        assert ops.FUSED_PRODUCT_DEVICES == ()
+        assert policy.DEFAULT.experimental.fused_product == ()
         assert not ops._product_kernel_applies(*bf16)
-        monkeypatch.setattr(ops, "FUSED_PRODUCT_DEVICES", (device,))
+        _set_policy(monkeypatch, fused_product=(device,))
         assert ops._product_kernel_applies(*bf16) and not ops._product_kernel_applies(*fp32)
         ops.set_kernel_backend("triton")
         assert ops._product_kernel_applies(*fp32)
@@ -905,10 +910,7 @@ def test_fastformer_pooled_output_through_the_fused_product(triton_backend, kern
     forms'; under bf16 autocast, with W_o set aside (b_r in the stacked bias) and a large b_r, its
     output is (on a GPU) as close to fp64 as the torch forms' (centred, as the pooled output's
     precision test)."""
-    from hf_zformer.modeling import attention as attention_module, blocks
-
-    monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(attention_module, "use_folded_form", lambda *args, **kwargs: False)
+    _set_policy(monkeypatch, stacked_projection=("cuda", "cpu"), folded=False)
     config = tiny_config(attention_type="fastformer", hidden_size=64, num_attention_heads=4,
                          max_position_embeddings=128)
     torch.manual_seed(0)
@@ -1030,15 +1032,21 @@ def test_compiled_modules_run_the_kernels(attention, options, folded, backend, m
         assert want is None or _relative(got_grad, want) < 1e-5
 
 
-def test_a_copy_of_the_kernels_module_registers_operators_of_its_own():
+def test_a_copy_of_the_kernels_module_registers_operators_of_its_own(monkeypatch):
     """A checkpoint's copy of triton_ops.py (`trust_remote_code` imports it under another name)
     registers its operators in a namespace of its own, and a torch that refuses to redefine an
     operator gets a numbered namespace instead of an error."""
-    import importlib.util
+    import importlib
+    import sys
+    import types
+    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("checkpoint_folder.triton_ops", triton_ops.__file__)
-    copy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
+    folder = types.ModuleType("checkpoint_folder")  # the copied folder, siblings and all
+    folder.__path__ = [str(Path(triton_ops.__file__).parent)]
+    monkeypatch.setitem(sys.modules, "checkpoint_folder", folder)
+    for name in ("checkpoint_folder.policy", "checkpoint_folder.triton_ops"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    copy = importlib.import_module("checkpoint_folder.triton_ops")
     assert copy.operator_namespace() == "checkpoint_folder_triton_ops" != triton_ops.operator_namespace()
     values = torch.randn(2, 1, 20, 16, device=DEVICE)
     pooled = copy.OPERATORS.direction_pool(values, None, None)[0]
@@ -1097,7 +1105,7 @@ def test_kernels_under_selective_activation_checkpointing_give_the_plain_gradien
     config = tiny_config(attention_type=attention, hidden_size=64, num_attention_heads=4)
     torch.manual_seed(0)
     module = {"zformer": ZformerAttention, "fastformer": FastformerAttention}[attention](config).to(DEVICE)
-    module.FOLDED_AUTOCAST_DEVICES = ()  # the plain form, whose sequence operations are the kernels
+    module.folded_autocast_devices = ()  # the plain form, whose sequence operations are the kernels
     x = torch.randn(2, 40, 64, generator=torch.Generator().manual_seed(3)).to(DEVICE).requires_grad_()
     mask = _mask(2, 40, [40, 23])
     namespace = triton_ops.operator_namespace()

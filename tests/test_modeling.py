@@ -214,7 +214,7 @@ def test_remote_code_round_trip_in_clean_process(tmp_path):
     }
     assert sorted(p.name for p in (tmp_path / "full-AutoModel").glob("*.py")) == [
         "attention.py", "blocks.py", "cache_zformer.py", "configuration_zformer.py", "modeling_zformer.py", "ops.py",
-        "triton_ops.py",
+        "policy.py", "triton_ops.py",
     ]
     torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
     run_isolated(

@@ -34,12 +34,12 @@ from .blocks import (
     at_least_fp32,
     check_inputs,
     drop_full_mask,
-    kernel_backend,
     masked_softmax,
     zero_padding,
 )
 from .cache_zformer import ZformerCache, record_forward
 from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
+from .policy import kernel_backend
 
 
 def sinusoidal_table(length: int, width: int) -> torch.Tensor:
@@ -206,7 +206,7 @@ def tied_lookups(head: nn.Module, *lookups):
     from one `_TiedLookups` call. The gradient is plain autograd's, less one zero-filled (vocab, D)
     buffer and its addition per lookup. Otherwise (no gradient, untied weights, ids missing,
     sharded weights such as DeepSpeed ZeRO-3's, which are gathered per module; the backend `torch`,
-    `blocks.set_kernel_backend`) returns None: the modules look up their tokens as usual."""
+    `policy.set_kernel_backend`) returns None: the modules look up their tokens as usual."""
     weight = getattr(head, "weight", None)
     if not (
         kernel_backend() != "torch"

@@ -60,18 +60,16 @@ checkpoint: torch and siblings only.
 import torch
 from transformers.utils import logging
 
-from .blocks import (  # noqa: F401  (the backend's controls are this module's public names too)
+from .blocks import at_least_fp32, masked_softmax, no_autocast, per_head_product
+from .policy import (  # noqa: F401  (the backend's controls are this module's public names too)
     KERNEL_BACKENDS,
-    at_least_fp32,
+    active,
     kernel_backend,
-    masked_softmax,
-    no_autocast,
-    per_head_product,
     set_kernel_backend,
     use_kernel_backend,
 )
+from .policy import INTERPRETED as TRITON_INTERPRETED
 from .triton_ops import AVAILABLE as TRITON_AVAILABLE
-from .triton_ops import INTERPRETED as TRITON_INTERPRETED
 from .triton_ops import RUNNABLE as TRITON_RUNNABLE
 from .triton_ops import VERSION as TRITON_VERSION
 from .triton_ops import FLOOR as KERNEL_FLOOR
@@ -91,18 +89,6 @@ from .triton_ops import (
 )
 
 logger = logging.get_logger(__name__)
-
-# Zformer's causal form is computed in blocks of this many tokens: quadratic inside a block,
-# recurrent across blocks, so what autograd keeps is O(N * block) instead of O(N * d_h^2). Inputs up to
-# one block without a state take the quadratic form alone.
-ZFORMER_CAUSAL_BLOCK = 64
-
-# Fastformer's causal poolings without a state take a quadratic form up to this many tokens: a
-# softmax over the (N, N) causal pattern, four operations where the prefix sums take ten, each a
-# dispatch in the forward and more in the backward (docs/benchmarks.md). Its 2 N^2 D FLOPs per
-# pooling (all heads) are N / D of one D x D projection's: an eighth at N = 64, D = 512.
-FASTFORMER_CAUSAL_QUADRATIC = 64
-
 
 # ----------------------------------------------------------------------------------------------
 # backends
@@ -126,37 +112,35 @@ def interpreter_too_old() -> str:
 
 
 def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_width, fits=None) -> bool:
-    """Whether `operation` runs its Triton kernel on these inputs (the backend, the device, the
-    dtypes and widths, `width_ok` of each last dimension, and `fits(limit)` of the kernel's tiles
-    against the GPU's shared memory, `triton_ops.shared_memory_limit`); `False` means the torch
-    form, with the reason logged once at debug level."""
-    backend = kernel_backend()
-    if backend == "torch":
-        return False
-    device = tensors[0].device.type
-    if device != "cuda" and backend == "auto":
-        return False  # the torch forms are the CPU's own
+    """Whether `operation` runs its Triton kernel on these inputs: where the policy sends calls on
+    their device to the kernels (`policy.Policy.kernels_wanted`), in its dtypes, with `width_ok` of
+    each last dimension, and `fits(limit)` of the kernel's tiles against the GPU's shared memory
+    (`triton_ops.shared_memory_limit`); `False` means the torch form, with the reason logged once at
+    debug level. The tensors may be anything with a device, a dtype and a shape (`explain.py`)."""
+    policy = active()
+    device = tensors[0].device
+    if not policy.kernels_wanted(device.type, operation):
+        return False  # the torch forms are the device's own
+    forced = policy.backend == "triton"
     if not TRITON_AVAILABLE:
-        if backend == "triton":
+        if forced:
             raise RuntimeError("HF_ZFORMER_KERNELS=triton: triton is not installed (pip install triton)")
         return _torch_form("triton is not installed")
-    if device != "cuda" and not TRITON_INTERPRETED:
-        raise RuntimeError(f"HF_ZFORMER_KERNELS=triton on a {device} tensor: the kernels need CUDA, or "
+    if device.type != "cuda" and not TRITON_INTERPRETED:
+        raise RuntimeError(f"HF_ZFORMER_KERNELS=triton on a {device.type} tensor: the kernels need CUDA, or "
                            "TRITON_INTERPRET=1 set before the first import to run them on the CPU")
     if not TRITON_RUNNABLE:
-        if backend == "triton":
+        if forced:
             raise RuntimeError(f"HF_ZFORMER_KERNELS=triton: {interpreter_too_old()}")
         return _torch_form(interpreter_too_old())
-    # fp16: the pooling's fp32 result only; attention outputs written in fp16 overflow where the
-    # sums over long sequences are large (bf16 has fp32's range)
-    dtypes = (torch.float32, torch.bfloat16) + ((torch.float16,) if operation == "direction_pool" else ())
+    dtypes = policy.pool_kernel_dtypes if operation == "direction_pool" else policy.kernel_dtypes
     if any(t.dtype not in dtypes for t in tensors):
         return _torch_form(f"{operation} in {tensors[0].dtype}")
     if not all(width_ok(t.shape[-1]) for t in tensors):
         return _torch_form(f"{operation} with widths {sorted({t.shape[-1] for t in tensors})}")
-    if fits is not None and not fits(shared_memory_limit(tensors[0].device)):
+    if fits is not None and not fits(shared_memory_limit(device)):
         return _torch_form(f"{operation} with widths {sorted({t.shape[-1] for t in tensors})}: no shared-memory "
-                           f"bound of its kernel's tiles fits {tensors[0].device}")
+                           f"bound of its kernel's tiles fits {device}")
     return True
 
 
@@ -165,9 +149,13 @@ _fla_chunk = None
 
 def _fla_applies(*tensors: torch.Tensor) -> bool:
     """Whether causal linear attention runs flash-linear-attention's chunked kernel (`fla`, CUDA
-    only, an optional install): the conditions of `_kernel_applies`, and fla importable."""
+    only, an optional install): on the policy's `fla_devices`, the conditions of `_kernel_applies`,
+    and fla importable."""
     global _fla_chunk
-    if not tensors[0].is_cuda or not _kernel_applies("causal linear_attention", *tensors):
+    device_type = tensors[0].device.type
+    if device_type != "cuda" or device_type not in active().fla_devices:
+        return False
+    if not _kernel_applies("causal linear_attention", *tensors):
         return False
     if torch.compiler.is_compiling():  # fla's launches are not operators the compiler can call
         return _torch_form("causal linear_attention inside torch.compile: fla's kernel runs in eager calls only")
@@ -205,6 +193,23 @@ def quadratic_order_pays_off(query_length: int, key_length: int, head_dim: int) 
     return 2 * query_length * key_length < head_dim * (query_length + key_length)
 
 
+def linear_attention_path(query, key, value, has_state: bool = False, *, causal: bool = False,
+                          return_state: bool = False) -> str:
+    """The path `linear_attention` takes on these inputs (tensors, or anything with their device,
+    dtype and shape): 'triton' (the bidirectional kernel: no state in or out), 'fla' (causal over
+    more than one token where fla runs) or 'torch'."""
+    if key is None:
+        return "torch"
+    if not has_state and not (causal or return_state) and _kernel_applies(
+        "linear_attention", query, key, value,
+        fits=lambda limit: linear_attention_fits(query.shape[-1], value.shape[-1], limit),
+    ):
+        return "triton"
+    if causal and query.shape[2] > 1 and _fla_applies(query, key, value):
+        return "fla"
+    return "torch"
+
+
 def linear_attention(query, key, value, mask=None, state=None, *, causal=False, scale=None, return_state=False):
     """Zformer's sequence operation (see the module docstring). query (B, H, Nq, d), key (B, H, Nk, d)
     and value (B, H, Nk, e) (Nk = Nq when causal) or both None (no new keys), mask (B, Nk), 1 at real
@@ -213,27 +218,26 @@ def linear_attention(query, key, value, mask=None, state=None, *, causal=False, 
     queries' dtype), the state including these keys (B, H, d, e) when `return_state`, else None).
 
     The form, by a rule on the shapes: without a state (and none asked for), `(Q K^T) V` where it
-    costs less (`quadratic_order_pays_off`; causal: up to ZFORMER_CAUSAL_BLOCK tokens, with the
-    scores above the diagonal zeroed); one new causal token with a state, q (state + k^T v);
-    otherwise `Q (K^T V)`, causal in blocks of ZFORMER_CAUSAL_BLOCK tokens (`causal_linear_attention`).
+    costs less (`quadratic_order_pays_off`; causal: up to the policy's `zformer_causal_block` tokens,
+    with the scores above the diagonal zeroed); one new causal token with a state, q (state + k^T v);
+    otherwise `Q (K^T V)`, causal in blocks (`causal_linear_attention`). The kernels where the policy
+    sends the call to them (`linear_attention_path`).
     """
     if key is None:  # no new keys: attend to the state alone (a cross-attention's stored memory)
         with no_autocast(query.device.type):
             query = at_least_fp32(query)[0]
             query = query if scale is None else query * scale.to(query.dtype)
             return per_head_product(query, state), state if return_state else None
-    if state is None and not (causal or return_state) and _kernel_applies(
-        "linear_attention", query, key, value,
-        fits=lambda limit: linear_attention_fits(query.shape[-1], value.shape[-1], limit),
-    ):
+    path = linear_attention_path(query, key, value, state is not None, causal=causal, return_state=return_state)
+    if path == "triton":
         return linear_attention_kernel(query, key, value, mask, scale), None
     if mask is not None:
         key = key * mask.to(key.dtype)[:, None, :, None]  # padding's keys are zero: no k^T v term
-    if causal and query.shape[2] > 1 and _fla_applies(query, key, value):
+    if path == "fla":
         return _fla_causal_linear_attention(query, key, value, state, scale, return_state)
     queries, keys, dim = query.shape[2], key.shape[2], query.shape[3]
     if state is None and not return_state:
-        short = queries <= ZFORMER_CAUSAL_BLOCK if causal else quadratic_order_pays_off(queries, keys, dim)
+        short = queries <= active().zformer_causal_block if causal else quadratic_order_pays_off(queries, keys, dim)
         if short:
             return quadratic_linear_attention(query, key, value, causal=causal, scale=scale), None
     with no_autocast(query.device.type):
@@ -268,22 +272,22 @@ def quadratic_linear_attention(query, key, value, *, causal=False, scale=None):
 
 
 def causal_linear_attention(query, key, value, past=None, decay=None) -> torch.Tensor:
-    """out_i = q_i (past + sum_{j<=i} k_j^T v_j), in fp32, computed in blocks of ZFORMER_CAUSAL_BLOCK
-    tokens: quadratic inside a block, recurrent across blocks. query/key (B, H, N, d), value
+    """out_i = q_i (past + sum_{j<=i} k_j^T v_j), in fp32, computed in blocks of the policy's
+    `zformer_causal_block` tokens: quadratic inside a block, recurrent across blocks. query/key (B, H, N, d), value
     (B, H, N, e); past (B, H, d, e) (the sum over earlier tokens) or None. Returns (B, H, N, e).
 
     With `decay` (H,), per head a factor r in (0, 1]: out_i = q_i (r^i past + sum_{j<=i}
     r^(i-j) k_j^T v_j), every term fading by r per token of age (`past` as the first query sees it)."""
-    length = query.shape[2]
+    length, block = query.shape[2], active().zformer_causal_block
     with no_autocast(query.device.type):
         query, key, value = at_least_fp32(query, key, value)
         log_decay = None if decay is None else torch.log(decay.to(query.dtype)).view(1, -1, 1, 1)
         state = past  # None: nothing before the first block (no product with a zero state)
         outputs = []
-        for start in range(0, length, ZFORMER_CAUSAL_BLOCK):
-            q = query[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
-            k = key[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
-            v = value[:, :, start : start + ZFORMER_CAUSAL_BLOCK]
+        for start in range(0, length, block):
+            q = query[:, :, start : start + block]
+            k = key[:, :, start : start + block]
+            v = value[:, :, start : start + block]
             scores = q @ k.transpose(-1, -2)  # (B, H, b, b): no softmax, only causality
             if log_decay is not None:  # r^(a - c) for query a, key c <= a of the block
                 steps = torch.arange(q.shape[2], device=q.device, dtype=q.dtype)
@@ -293,7 +297,7 @@ def causal_linear_attention(query, key, value, past=None, decay=None) -> torch.T
             if q.shape[2] > 1:
                 scores = scores.tril()
             outputs.append(scores @ v if state is None else per_head_product(q, state).add_(scores @ v))
-            if start + ZFORMER_CAUSAL_BLOCK < length:
+            if start + block < length:
                 if log_decay is not None:  # as the next block's first query sees them: r^(b - c), r^b
                     size = k.shape[2]
                     ages = size - torch.arange(size, device=k.device, dtype=k.dtype)
@@ -556,7 +560,7 @@ def softmax_pool(scores, values, mask=None, state=None, *, causal=False, return_
 
     The form: bidirectional, one masked softmax; causal without a state, the Triton kernel where
     kernels apply (`prefix_pool_kernel`, one launch forward and one backward; its state only
-    outside autograd); else up to FASTFORMER_CAUSAL_QUADRATIC tokens without a state (and none asked
+    outside autograd); else up to the policy's `fastformer_causal_quadratic` tokens without a state (and none asked
     for) a softmax over the causal pattern (`causal_softmax_pool`); otherwise prefix sums from the
     state (`prefix_pool`, a four-operation update for one new token).
     """
@@ -565,18 +569,27 @@ def softmax_pool(scores, values, mask=None, state=None, *, causal=False, return_
             raise ValueError("softmax_pool: a state belongs to the causal form (causal=True)")
         weights = masked_softmax(scores, None if mask is None else mask.bool()[:, None, :, None], dim=2)
         return weights.transpose(-1, -2) @ values, None
-    if state is None and _prefix_kernel_applies(scores, values, return_state):
+    if softmax_pool_path(scores, values, state is not None, causal=True, return_state=return_state) == "triton":
         pooled, lse = prefix_pool_kernel(scores, values, mask)
         if not return_state:
             return pooled, None
         last = lse[:, :, -1:, None]  # "nothing seen yet" in the torch form's spelling: the lowest float
         return pooled, (torch.where(last > KERNEL_FLOOR, last, torch.finfo(last.dtype).min), pooled[:, :, -1:])
-    if state is None and not return_state and scores.shape[2] <= FASTFORMER_CAUSAL_QUADRATIC:
+    if state is None and not return_state and scores.shape[2] <= active().fastformer_causal_quadratic:
         return causal_softmax_pool(scores, values, mask), None
     if mask is not None:
         scores = scores.masked_fill(~mask.bool()[:, None, :, None], float("-inf"))
     pooled, after = prefix_pool(scores, values, state)
     return pooled, after if return_state else None
+
+
+def softmax_pool_path(scores, values, has_state: bool = False, *, causal: bool = False,
+                      return_state: bool = False) -> str:
+    """The path `softmax_pool` takes: 'triton' (the causal kernel, `prefix_pool_kernel`, without a
+    state in) or 'torch'."""
+    if causal and not has_state and _prefix_kernel_applies(scores, values, return_state):
+        return "triton"
+    return "torch"
 
 
 def _prefix_kernel_applies(scores, values, return_state: bool) -> bool:
@@ -604,11 +617,15 @@ def direction_pool(values, direction=None, mask=None, scale: float = 1.0, gate=N
     the whole rows along its own direction (Fastformer's folded form pools the layer's input this
     way); without a direction that is the plain mean, H = 1.
 
-    The Triton kernel where it applies (`_kernel_applies`; `shared_pool_kernel` for shared values),
-    else `softmax_pool` over the scores (shared values: two batched products)."""
+    The Triton kernel where the policy sends the call to it (`direction_pool_path`;
+    `shared_pool_kernel` for shared values), the gate inside the launch unless the policy's
+    `gate_in_kernel` is off; else `softmax_pool` over the scores (shared values: two batched products)."""
     shared = values.shape[1] == 1 and (direction is None or direction.shape[1] > 1)
     if not shared and _kernel_applies("direction_pool", values):
-        return direction_pool_kernel(values, direction, mask, scale, gate)[:, :, None]
+        if gate is None or active().gate_in_kernel:
+            return direction_pool_kernel(values, direction, mask, scale, gate)[:, :, None]
+        direction = None if direction is None else direction * gate
+        return gate[:, :, None] * direction_pool_kernel(values, direction, mask, scale)[:, :, None]
     if gate is not None:  # the torch forms: the gate's two products
         direction = None if direction is None else direction * gate
     direction = _scaled(direction, scale)
@@ -621,38 +638,52 @@ def direction_pool(values, direction=None, mask=None, scale: float = 1.0, gate=N
     return pooled if gate is None else gate[:, :, None] * pooled
 
 
+def direction_pool_path(values, direction_heads: int | None) -> str:
+    """The path `direction_pool` takes on values (B, H, N, d) along a direction of
+    `direction_heads` heads (None: no direction, the mean): 'triton' or 'torch'. Shared rows
+    (B, 1, N, D) take the copy `shared_rows` chooses, whose path this is when `values` is that copy."""
+    if values.shape[1] == 1 and (direction_heads is None or direction_heads > 1):
+        return "triton" if _shared_kernel_applies(values, direction_heads or 1) else "torch"
+    return "triton" if _kernel_applies("direction_pool", values) else "torch"
+
+
 def column_scaled(weight, scales, dtype: torch.dtype):
     """weight (O, I) with its columns scaled per sequence, (B, O, I) = weight diag(scales[b]) for
     scales (B, I), in `dtype` (Fastformer's W_r diag(k_g)). On CUDA one kernel (`column_scale_kernel`:
     each product in fp32, rounded once; the backward reads the output's gradient once for both
     gradients); else the weight and the scales cast to `dtype` and multiplied (five passes over
     (B, O, I) in the backward where the kernel makes one)."""
-    if _kernel_applies("column_scale", weight, scales, width_ok=lambda width: width >= 1):
+    if column_scaled_path(weight, scales) == "triton":
         return column_scale_kernel(weight, scales, dtype)
     return weight.to(dtype) * scales.to(dtype)[:, None, :]
 
 
-# Device types where `column_scaled_product` takes its fused kernel under the backend `auto` (the
-# backend `triton` takes it wherever the kernel runs). None yet: on CUDA the batched product over
-# the (B, O, I) map (cuBLAS) stays until the GPU check's A/B (docs/bench/ab/fastformer_gpu.py,
-# variant `fused_product`) has timed the two side by side.
-FUSED_PRODUCT_DEVICES: tuple[str, ...] = ()
+def column_scaled_path(weight, scales) -> str:
+    """The path `column_scaled` takes: 'triton' or 'torch'."""
+    return "triton" if _kernel_applies("column_scale", weight, scales, width_ok=lambda width: width >= 1) else "torch"
 
 
 def column_scaled_product(base, rows, weight, scales):
     """(B, N, O) = base + (rows diag(scales[b])) weight^T per sequence, in rows' dtype, for rows and
     base (B, N, I) and (B, N, O), weight (O, I) and scales (B, I) (Fastformer's r = q + W_r (k_g * v)).
     The torch form is one batched product whose accumulator starts from base, over the map
-    `column_scaled(weight, scales)` (B, O, I); the fused kernel (`scaled_product_kernel`: bf16
-    rows under `auto`, on the device types of `FUSED_PRODUCT_DEVICES`) scales the rows as it loads
-    them and writes no map: a (B, O, I) write and read fewer, forward."""
-    if _product_kernel_applies(base, rows, weight, scales):
+    `column_scaled(weight, scales)` (B, O, I); the fused kernel (`scaled_product_kernel`, an
+    experimental one: 16-bit rows under `auto` on the device types of the policy's
+    `experimental.fused_product`, none by default) scales the rows as it loads them and writes no
+    map: a (B, O, I) write and read fewer, forward."""
+    if column_scaled_product_path(base, rows, weight, scales) == "triton":
         return scaled_product_kernel(base, rows, weight, scales)
     return torch.baddbmm(base, rows, column_scaled(weight, scales, rows.dtype).transpose(1, 2))
 
 
+def column_scaled_product_path(base, rows, weight, scales) -> str:
+    """The path `column_scaled_product` takes: 'triton' (the fused kernel) or 'torch' (a batched
+    product over the map `column_scaled` forms, whose own path is `column_scaled_path`)."""
+    return "triton" if _product_kernel_applies(base, rows, weight, scales) else "torch"
+
+
 def _product_kernel_applies(base, rows, weight, scales) -> bool:
-    if kernel_backend() == "auto" and (rows.device.type not in FUSED_PRODUCT_DEVICES or rows.dtype == torch.float32):
+    if not active().fused_product_wanted(rows.device.type, rows.dtype):
         return False
     return base.dtype == rows.dtype and _kernel_applies("scaled_product", rows, base, weight, scales,
                                                         width_ok=lambda width: width >= 1, fits=product_fits)
@@ -665,7 +696,8 @@ def _scaled(direction, scale: float):
 
 def _shared_kernel_applies(values, heads: int) -> bool:
     """Whether `direction_pool` of shared rows runs `shared_pool_kernel` (`_shared_direction_pool`)."""
-    if values.dtype == torch.float32 and kernel_backend() != "triton":
+    policy = active()
+    if values.dtype == torch.float32 and not (policy.shared_pool_fp32 or policy.backend == "triton"):
         return False
     return _kernel_applies("direction_pool", values, width_ok=lambda width: width >= 1,
                            fits=lambda limit: shared_fits(values.shape[-1], heads, limit))

@@ -10,7 +10,7 @@
   over tiles of rows (`_state_product`).
 - `direction_pool_kernel(values, direction, mask)`: Fastformer's bidirectional pooling
   `sum_j softmax_j(values_j . u) values_j` over the real positions by an online softmax (`_pool`:
-  one program per slice of `POOL_CHUNK` rows, the slices merged in order, `_merge_pools`; one per
+  one program per slice of the policy's `pool_chunk` rows, the slices merged in order, `_merge_pools`; one per
   pair where the sequence fits one slice); the backward (`_pool_backward`) reads the values once more:
   dx_j = w_j g + w_j (g . x_j - g . pooled) u, du = sum_j w_j (g . x_j - g . pooled) x_j.
 - `column_scale_kernel(weight, scales, dtype)`: Fastformer's W_r diag(k_g) per sequence, each
@@ -44,12 +44,16 @@ and nothing here may be called); with `TRITON_INTERPRET=1` the kernels run on th
 later: `RUNNABLE`), which is how the tests check them without a GPU.
 """
 
-import os
 import re
 import types
 from typing import Optional
 
 import torch
+
+from .policy import INTERPRETED, active
+
+# The Triton interpreter (`INTERPRETED`) multiplies 16-bit tiles wrongly (numpy has no bf16
+# product): it takes the fp32 product of the same tiles, as fp32 inputs do anyway.
 
 try:
     import triton
@@ -62,9 +66,6 @@ AVAILABLE = triton is not None
 # the log-sum-exp of an online softmax before any real score (finite: no NaN)
 FLOOR = -1.0e38
 
-# The Triton interpreter multiplies 16-bit tiles wrongly (numpy has no bf16 product): it takes the
-# fp32 product of the same tiles, as fp32 inputs do anyway.
-INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 # triton's interpreter before 3.7 stops at a loop bound computed inside a kernel (it asks an integer
 # of a one-element array), and every sequence loop here has one: interpreted, the kernels need 3.7.
@@ -718,16 +719,16 @@ def _prefix_rows(width: int) -> int:
     return _PREFIX_WIDE_BLOCK_N if _tile(width) >= 256 else _PREFIX_BLOCK_N
 
 
-# One program per (sequence, head) pair, for the whole sequence, where there are at least this many
-# pairs; None: the GPU's number of multiprocessors (the interpreter: always).
-FUSED_MIN_PAIRS: int | None = None
 _multiprocessors: dict = {}
 
 
 def fused(pairs: int, device: torch.device) -> bool:
-    """Whether `pairs` (sequence, head) pairs fill the device with one program each."""
-    if FUSED_MIN_PAIRS is not None:
-        return pairs >= FUSED_MIN_PAIRS
+    """Whether `pairs` (sequence, head) pairs fill the device with one program each: from the
+    policy's `fused_min_pairs` pairs, or where unset the GPU's number of multiprocessors (the
+    interpreter: always)."""
+    least = active().fused_min_pairs
+    if least is not None:
+        return pairs >= least
     if device.type != "cuda":
         return True
     if device not in _multiprocessors:
@@ -756,7 +757,7 @@ LINEAR_ATTENTION_SHARED = ((4096, 98_304), (16_384, 131_072), (32_768, 212_992))
 SHARED_POOL_SHARED = ((4096, 98_304), (8192, 163_840))
 # the causal (prefix) pooling: the head width
 PREFIX_POOL_SHARED = ((64, 26_624), (256, 34_816))
-# the scaled product: its fixed tiles, whatever the widths (`_PRODUCT_TILES`)
+# the scaled product: its fixed tiles, whatever the widths (`policy.Experimental.product_tiles`)
 PRODUCT_SHARED = 115_200
 
 
@@ -767,6 +768,8 @@ def shared_memory_limit(device: torch.device) -> int | None:
     if INTERPRETED or device.type != "cuda":
         return None
     if device not in _shared_memory:
+        if not torch.cuda.is_available():  # a GPU this machine lacks (`explain.py` asks): no limit known
+            return None
         index = device.index if device.index is not None else torch.cuda.current_device()
         try:
             limit = int(triton.runtime.driver.active.utils.get_device_properties(index)["max_shared_mem"])
@@ -1023,25 +1026,17 @@ def _direction_strides(direction):
     return (0 if direction.shape[0] == 1 else direction.stride(0)), direction.stride(1)
 
 
-# Rows per program of the bidirectional pooling (a multiple of the tile; fixed, so padding keeps
-# every real row in its slice), or None for the other kernels' rule (one program per (sequence,
-# head) pair where the pairs fill the GPU, else slices of `_CHUNK` rows). A pooling program does
-# little work per row: walking a whole sequence, it waits on one tile's load after another (on an
-# H200 at 2,048 tokens, batch 40, one program per pair read at about a quarter of the copy rate),
-# while short slices put many programs' loads in flight at once. The GPU check's A/B
-# (docs/bench/ab/fastformer_gpu.py) times this against the other rule and longer slices.
-POOL_CHUNK: int | None = 128
-
-
 def _pool_slices(values) -> tuple[int, int]:
-    """(slices, rows per slice) of a pooling; one slice is the whole sequence (`POOL_CHUNK`)."""
+    """(slices, rows per slice) of a pooling, by the policy's `pool_chunk` (rows per program, or
+    None for one program per pair where the pairs fill the GPU); one slice is the whole sequence."""
     batch, heads, length, _ = values.shape
     whole = 1, max(_BLOCK_N, triton.cdiv(length, _BLOCK_N) * _BLOCK_N)
-    if POOL_CHUNK is None:
+    chunk = active().pool_chunk
+    if chunk is None:
         return whole if fused(batch * heads, values.device) else _slices(length)
-    if POOL_CHUNK <= 0 or POOL_CHUNK % _BLOCK_N:  # a slice ends inside a tile: rows counted twice
-        raise ValueError(f"triton_ops.POOL_CHUNK={POOL_CHUNK}: a positive multiple of {_BLOCK_N} rows, or None")
-    return whole if length <= POOL_CHUNK else (triton.cdiv(length, POOL_CHUNK), POOL_CHUNK)
+    if chunk <= 0 or chunk % _BLOCK_N:  # a slice ends inside a tile: rows counted twice
+        raise ValueError(f"policy pool_chunk={chunk}: a positive multiple of {_BLOCK_N} rows, or None")
+    return whole if length <= chunk else (triton.cdiv(length, chunk), chunk)
 
 
 def _pool_forward(values, direction, mask, scale: float = 1.0, gate=None):
@@ -1159,15 +1154,14 @@ def column_scale_kernel(weight, scales, dtype: torch.dtype) -> torch.Tensor:
     return _column_scale_forward(weight, scales, dtype)
 
 
-# Tiles of the scaled product (`scaled_product_kernel`), (rows, outputs, inner width, warps,
-# pipeline stages): tensor-core tiles for 16-bit rows, and smaller ones where fp32 rows make the
-# products exact on CUDA cores (the interpreter keeps the first: its products are exact anyway).
-_PRODUCT_TILES = (128, 128, 64, 8, 3)
+# Tiles of the scaled product (`scaled_product_kernel`) where fp32 rows make the products exact on
+# CUDA cores, (rows, outputs, inner width, warps, pipeline stages); 16-bit rows take the policy's
+# `experimental.product_tiles` (tensor-core tiles; the interpreter too: its products are exact anyway).
 _PRODUCT_EXACT_TILES = (64, 64, 16, 4, 2)
 
 
 def _product_tiles(dtype: torch.dtype) -> tuple[int, int, int, int, int]:
-    return _PRODUCT_EXACT_TILES if dtype == torch.float32 and not INTERPRETED else _PRODUCT_TILES
+    return _PRODUCT_EXACT_TILES if dtype == torch.float32 and not INTERPRETED else active().experimental.product_tiles
 
 
 def _scaled_product_forward(base, rows, weight, scales) -> torch.Tensor:
@@ -1303,7 +1297,7 @@ def shared_fits(width: int, heads: int, limit: int | None = None) -> bool:
 def _shared_block(width: int, backward: bool = False) -> int:
     """Rows per tile of the shared pooling: 16,384 elements of a (rows, width) tile (8,192 in the
     backward, which holds more tiles beside it), at least 16 (a matrix product's smallest tile): 32
-    and 16 at width 512. A divisor of `POOL_CHUNK` and of `_BLOCK_N`. At width 512 the backward's
+    and 16 at width 512. A divisor of the policy's `pool_chunk` and of `_BLOCK_N`. At width 512 the backward's
     32-row tiles asked 196,608 bytes of shared memory (an A100 has 166,912) and ptxas spilled
     registers; 16 rows ask 163,840."""
     return max(16, min(_BLOCK_N, (8192 if backward else 16384) // _tile(width)))
@@ -1344,9 +1338,10 @@ def _shared_pool_forward(values, direction, mask, has_direction):
 
 def _paired_backward(heads: int) -> bool:
     """Whether the shared pooling's backward with `heads` directions takes
-    `_shared_pool_backward_paired`: where each direction and its gradient fit one tile's rows (up
-    to 8 heads, whose directions alone are padded to the 16 rows of a matrix product's tile)."""
-    return _tile(2 * heads) == _tile(heads)
+    `_shared_pool_backward_paired`: where the policy's `paired_shared_backward` allows it and each
+    direction and its gradient fit one tile's rows (up to 8 heads, whose directions alone are padded
+    to the 16 rows of a matrix product's tile)."""
+    return active().paired_shared_backward and _tile(2 * heads) == _tile(heads)
 
 
 def _shared_pool_grads(values, direction, mask, pooled, lse, grad, has_direction: bool):
@@ -1392,7 +1387,7 @@ def shared_pool_kernel(values, direction=None, mask=None) -> torch.Tensor:
     pooled_h = sum_j softmax_j(values_j . u_h) values_j over the real positions. values (B, N, D),
     any strides; direction u (B or 1, H, D), or None for zero scores (the plain mean, H = 1); mask
     (B, N) or None. Returns (B, H, D) in fp32; zero for a row with no real token. One program per
-    slice of `POOL_CHUNK` rows reads each tile once for every head."""
+    slice of `pool_chunk` rows reads each tile once for every head."""
     has_direction = direction is not None
     direction = values[:1, :1] if direction is None else direction.contiguous()  # a pointer never read
     if _as_operators():
