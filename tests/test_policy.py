@@ -210,3 +210,15 @@ def test_the_gpu_ab_script_patches_nothing():
     calls = [node.lineno for node in ast.walk(tree) if isinstance(node, ast.Call)
              and isinstance(node.func, ast.Name) and node.func.id == "setattr"]
     assert not assigned and not calls, (assigned, calls)
+
+
+def test_the_documented_example_runs(capsys):
+    """docs/benchmarks.md, "Which path runs where": its example runs and prints what it says."""
+    text = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
+    section = text.split("### Which path runs where", 1)[1].split("\n### ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/benchmarks.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and "form=folded" in lines[0] and "form=pooled" in lines[1]
+    if triton_ops.RUNNABLE:
+        assert "direction_pool=triton" in lines[1] and "fused_product=triton" in lines[2]

@@ -38,16 +38,19 @@ where one exists, a fused Triton kernel (`triton_ops.py`: bidirectional linear a
 direction pooling (per head, or shared rows along every head's direction) and causal softmax
 pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
 is installed; causal linear attention over more than one token runs flash-linear-attention's
-chunked kernel where `fla` is installed (`pip install hf_zformer[gpu]`). The same switch governs the
-device-specific fast forms outside this file: the GPU's stacked query/key/value product
-(`blocks.project`), `blocks.Linear`'s transposed product for a few rows (AMD CPUs) and the
-tied-embedding gradient of `modeling_zformer.tied_lookups`. `HF_ZFORMER_KERNELS` (read
-at import), `set_kernel_backend` or `use_kernel_backend` chooses (`blocks.py` keeps the choice):
-`auto` (the default: every fast form where it applies), `torch`
-(plain torch everywhere: the reference to compare with) or `triton` (as `auto`, but the plain forms
-with the kernels wherever these apply, also on CPU tensors under `TRITON_INTERPRET=1`, as the tests
-run them). A call a kernel does not cover (a state, causal,
-fp64, an unsupported head width) takes the torch form; the reason is logged once at debug level.
+chunked kernel where `fla` is installed (`pip install hf_zformer[gpu]`). Which form runs is the
+execution policy's choice (`policy.py`: one table by operation, device type, dtype and width, with
+every threshold this file reads); each function here asks it through a `*_path` function
+(`linear_attention_path`, `softmax_pool_path`, `direction_pool_path`, `column_scaled_path`,
+`column_scaled_product_path`), which `explain.py` asks too. The policy's backend, `auto` (the
+default: every fast form where it applies), `torch` (plain torch everywhere: the reference to
+compare with) or `triton` (the kernels wherever these apply, also on CPU tensors under
+`TRITON_INTERPRET=1`, as the tests run them), also governs the device-specific fast forms outside
+this file: the GPU's stacked query/key/value product (`blocks.project`), `blocks.Linear`'s
+transposed product for a few rows and the tied-embedding gradient of
+`modeling_zformer.tied_lookups`; `HF_ZFORMER_KERNELS` (read at import), `set_kernel_backend` or
+`use_kernel_backend` chooses it. A call a kernel does not cover (a state, causal, fp64, an
+unsupported head width) takes the torch form; the reason is logged once at debug level.
 Inside `torch.compile` the kernels run as operators the compiler calls without tracing into them
 (`triton_ops.OPERATORS`); fla's kernel runs in eager calls only.
 
