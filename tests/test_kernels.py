@@ -11,7 +11,17 @@ a GPU machine the same tests run the compiled kernels on CUDA:
 import pytest
 import torch
 
-from hf_zformer.modeling import ops, policy, triton_ops
+from hf_zformer.modeling import (
+    ops,
+    policy,
+    triton_launch,
+    triton_linear_attention,
+    triton_ops,
+    triton_pooling,
+    triton_prefix_pool,
+    triton_product,
+    triton_shared_pool,
+)
 from hf_zformer.modeling.attention import FastformerAttention, ZformerAttention
 from conftest import tiny_config
 
@@ -147,10 +157,10 @@ def test_linear_attention_kernel_extra_padding_changes_nothing(kernels):
 
 
 def test_linear_attention_kernel_in_16_row_tiles(kernels, monkeypatch):
-    """The tiles fp32 inputs take on CUDA (`triton_ops._linear_rows`; the interpreter keeps 64 rows
+    """The tiles fp32 inputs take on CUDA (`triton_linear_attention._linear_rows`; the interpreter keeps 64 rows
     otherwise): the same results against fp64, gradients included, and padding changes nothing."""
     rows = []
-    monkeypatch.setattr(triton_ops, "_linear_rows", lambda exact: rows.append(exact) or 16)
+    monkeypatch.setattr(triton_linear_attention, "_linear_rows", lambda exact: rows.append(exact) or 16)
     test_linear_attention_kernel_matches_fp64(kernels, True, True, 150, 150, 16, 32)
     ops.set_kernel_backend("triton")
     test_linear_attention_kernel_extra_padding_changes_nothing(kernels)
@@ -246,9 +256,9 @@ def test_direction_pool_kernel_pools_gated_rows(kernels, direction_rows, length)
 def test_direction_pool_gate_gradients_walk_the_batch_in_tiles(kernels, monkeypatch, direction_rows):
     """The gate's and direction's gradients (`_gate_grads`) with the batch of 5 walked 2 sequences per
     tile (the last one partial), over several slices: the fp64 torch forms' gradients."""
-    monkeypatch.setattr(triton_ops, "_GATE_TILE", 64)
+    monkeypatch.setattr(triton_pooling, "GATE_TILE", 64)
     batch, heads, length, dim = 5, 2, 300, 24
-    assert triton_ops._gate_batch_rows(batch, dim) == 2
+    assert triton_pooling._gate_batch_rows(batch, dim) == 2
     generator = torch.Generator().manual_seed(16)
     values, direction = _pool_inputs(batch, heads, length, dim, direction_rows, generator)
     gate = torch.randn(batch, heads, dim, generator=generator).to(DEVICE).requires_grad_()
@@ -355,8 +365,8 @@ def test_shared_pool_kernel_matches_fp64(triton_backend, monkeypatch, direction_
     """Fastformer's folded poolings: one sequence's rows pooled along every head's direction
     (`shared_pool_kernel`), 300 rows in three slices, against the torch form in fp64. Up to 8
     heads the backward pairs each direction with its gradient in one tile, beyond that not."""
-    paired = _Launches(triton_ops._shared_pool_backward_paired)
-    monkeypatch.setattr(triton_ops, "_shared_pool_backward_paired", paired)
+    paired = _Launches(triton_shared_pool._shared_pool_backward_paired)
+    monkeypatch.setattr(triton_shared_pool, "_shared_pool_backward_paired", paired)
     generator = torch.Generator().manual_seed(10)
     batch, length = 3, 300
     values = _shared_rows(batch, length, dim, generator)
@@ -466,7 +476,7 @@ def test_shared_pool_kernel_takes_tiles_up_to_8192_elements(triton_backend, monk
     (166_912, {"linear 64x64", "linear 128x65", "shared 16x512", "shared 8x256", "prefix 128", "prefix 256",
                "product"}),
     (101_376, {"linear 64x64", "shared 8x256", "prefix 128", "prefix 256"}),
-    (40_000, {"prefix 128", "prefix 256"}),  # 16-row tiles at 256 (`triton_ops._prefix_rows`)
+    (40_000, {"prefix 128", "prefix 256"}),  # 16-row tiles at 256 (`triton_prefix_pool._prefix_rows`)
     (30_000, set()),
 ])
 def test_kernels_run_only_where_their_shared_memory_fits_the_gpu(triton_backend, monkeypatch, limit, admitted):
@@ -506,7 +516,7 @@ def test_shared_memory_limit_asks_triton_then_the_compute_capability(monkeypatch
     cannot say, from the compute capability's table (the smallest known for an unknown one)."""
     from types import SimpleNamespace
 
-    driver = triton_ops.triton.runtime.driver
+    driver = triton_launch.triton.runtime.driver
     previous = getattr(driver, "_active", None)
     asked = []
 
@@ -516,8 +526,9 @@ def test_shared_memory_limit_asks_triton_then_the_compute_capability(monkeypatch
             raise RuntimeError("no such query")
         return {"max_shared_mem": 232_448}
 
-    monkeypatch.setattr(triton_ops, "INTERPRETED", False)
-    monkeypatch.setattr(triton_ops, "_shared_memory", {})
+    monkeypatch.setattr(triton_launch, "INTERPRETED", False)
+    monkeypatch.setattr(triton_launch, "_shared_memory", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: {1: (8, 0), 2: (7, 5)}[index])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     driver.set_active(SimpleNamespace(utils=SimpleNamespace(get_device_properties=properties)))
@@ -561,7 +572,7 @@ def _causal_pool_inputs(batch, heads, length, dim, seed, spread=3.0):
 @pytest.mark.parametrize("dim", [16, 24, 200])
 def test_prefix_pool_kernel_matches_fp64(kernels, with_mask, dim):
     """Several tiles and a partial one; with the mask: left padding, a gap inside, an all-padding row.
-    Heads 200 wide (256-wide tiles) take the shorter tiles of `triton_ops._prefix_rows`."""
+    Heads 200 wide (256-wide tiles) take the shorter tiles of `triton_prefix_pool._prefix_rows`."""
     batch, heads, length = 3, 2, 150
     scores, values = _causal_pool_inputs(batch, heads, length, dim, seed=11)
     mask = None
@@ -945,7 +956,7 @@ def test_scaled_product_operator_passes_opcheck(triton_backend):
     stacked, operands = _product_operands(2, 40, 24, 16, torch.float32)
     torch.library.opcheck(triton_ops.OPERATORS.scaled_product, operands)
     leaves = [stacked, *operands[2:]]
-    eager = _grads(triton_ops._ScaledProduct.apply(*operands), leaves)
+    eager = _grads(triton_product._ScaledProduct.apply(*operands), leaves)
     for got, want in zip(_grads(triton_ops.OPERATORS.scaled_product(*operands), leaves), eager, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
@@ -972,11 +983,14 @@ def kernel_calls(monkeypatch):
     """The names of the launching functions behind the kernels' operators and autograd functions,
     in the order they are called (forward launches and gradients of each family)."""
     calls = []
-    for name in ("_linear_attention_forward", "_linear_attention_grads", "_pool_forward", "_direction_pool_grads",
-                 "_shared_pool_forward", "_shared_pool_grads", "_prefix_pool_forward", "_prefix_pool_grads",
-                 "_scaled_product_forward"):
-        original = getattr(triton_ops, name)
-        monkeypatch.setattr(triton_ops, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    for module, names in ((triton_linear_attention, ("_linear_attention_forward", "_linear_attention_grads")),
+                          (triton_pooling, ("_pool_forward", "_direction_pool_grads")),
+                          (triton_shared_pool, ("_shared_pool_forward", "_shared_pool_grads")),
+                          (triton_prefix_pool, ("_prefix_pool_forward", "_prefix_pool_grads")),
+                          (triton_product, ("_scaled_product_forward",))):
+        for name in names:
+            original = getattr(module, name)
+            monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     return calls
 
 
@@ -1032,30 +1046,32 @@ def test_compiled_modules_run_the_kernels(attention, options, folded, backend, m
         assert want is None or _relative(got_grad, want) < 1e-5
 
 
-def test_a_copy_of_the_kernels_module_registers_operators_of_its_own(monkeypatch):
-    """A checkpoint's copy of triton_ops.py (`trust_remote_code` imports it under another name)
-    registers its operators in a namespace of its own, and a torch that refuses to redefine an
-    operator gets a numbered namespace instead of an error."""
+def test_a_copy_of_the_kernels_registers_operators_of_its_own(monkeypatch):
+    """A checkpoint's copy of the kernel modules (`trust_remote_code` imports them under another
+    package) registers its operators in a namespace of its own, and a torch that refuses to
+    redefine an operator gets a numbered namespace instead of an error."""
     import importlib
     import sys
     import types
     from pathlib import Path
 
     folder = types.ModuleType("checkpoint_folder")  # the copied folder, siblings and all
-    folder.__path__ = [str(Path(triton_ops.__file__).parent)]
+    folder.__path__ = [str(Path(triton_launch.__file__).parent)]
     monkeypatch.setitem(sys.modules, "checkpoint_folder", folder)
-    for name in ("checkpoint_folder.policy", "checkpoint_folder.triton_ops"):
-        monkeypatch.delitem(sys.modules, name, raising=False)
-    copy = importlib.import_module("checkpoint_folder.triton_ops")
-    assert copy.operator_namespace() == "checkpoint_folder_triton_ops" != triton_ops.operator_namespace()
+    for name in [name for name in sys.modules if name.startswith("checkpoint_folder.")]:
+        monkeypatch.delitem(sys.modules, name)
+    copy = importlib.import_module("checkpoint_folder.triton_prefix_pool")
+    namespace = importlib.import_module("checkpoint_folder.triton_launch").operator_namespace()
+    assert namespace == "checkpoint_folder_kernels" != triton_launch.operator_namespace()
+    pooling = importlib.import_module("checkpoint_folder.triton_pooling")
     values = torch.randn(2, 1, 20, 16, device=DEVICE)
-    pooled = copy.OPERATORS.direction_pool(values, None, None)[0]
+    pooled = pooling.OPERATORS.direction_pool(values, None, None)[0]
     torch.testing.assert_close(pooled, values.float().mean(2))
 
     define = torch.library.custom_op
 
     def refuse_redefinition(name, *args, **kwargs):  # as some torch versions answer a second definition
-        if name.startswith(copy.operator_namespace() + "::"):
+        if name.startswith(namespace + "::"):
             raise RuntimeError(f"Tried to register an operator ({name}) with the same name multiple times")
         return define(name, *args, **kwargs)
 
@@ -1065,7 +1081,7 @@ def test_a_copy_of_the_kernels_module_registers_operators_of_its_own(monkeypatch
     finally:
         torch.library.custom_op = define
     assert operators.prefix_pool is not copy.OPERATORS.prefix_pool
-    assert hasattr(torch.ops.checkpoint_folder_triton_ops_1, "prefix_pool")
+    assert hasattr(torch.ops.checkpoint_folder_kernels_1, "prefix_pool")
 
 
 @pytest.mark.parametrize("kind, attention", [("classification", "zformer"), ("seq2seq", "fastformer")])

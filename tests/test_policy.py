@@ -222,3 +222,14 @@ def test_the_documented_example_runs(capsys):
     assert len(lines) == 3 and "form=folded" in lines[0] and "form=pooled" in lines[1]
     if triton_ops.RUNNABLE:
         assert "direction_pool=triton" in lines[1] and "fused_product=triton" in lines[2]
+
+
+def test_kernel_modules_are_one_family_each_and_short():
+    """The Triton kernels live one family to a module (with the helpers they share in
+    triton_launch.py), none past ~600 lines; triton_ops.py only gathers their names."""
+    kernels = sorted(MODELING.glob("triton_*.py"))
+    assert {path.name for path in kernels} >= {"triton_launch.py", "triton_linear_attention.py", "triton_pooling.py",
+                                               "triton_shared_pool.py", "triton_prefix_pool.py", "triton_product.py"}
+    lengths = {path.name: len(path.read_text().splitlines()) for path in kernels}
+    assert max(lengths.values()) <= 600, lengths
+    assert "@triton.jit" not in (MODELING / "triton_ops.py").read_text()

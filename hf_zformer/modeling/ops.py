@@ -34,9 +34,10 @@ Softmax attention (full) runs through transformers' attention functions, with
 `attention.einsum_attention_forward` as its reference.
 
 **Backends.** Each operation has a torch form (below; every device and dtype, fp64 included) and,
-where one exists, a fused Triton kernel (`triton_ops.py`: bidirectional linear attention,
-direction pooling (per head, or shared rows along every head's direction) and causal softmax
-pooling, forward and backward), which runs on CUDA tensors in fp32/bf16/fp16 when triton
+where one exists, a fused Triton kernel, one module per family (`triton_linear_attention.py`,
+`triton_pooling.py` and `triton_shared_pool.py` (direction pooling per head, or of shared rows
+along every head's direction), `triton_prefix_pool.py` (causal softmax pooling), `triton_product.py`
+(column scaling), forward and backward, their shared helpers in `triton_launch.py`), which runs on CUDA tensors in fp32/bf16/fp16 when triton
 is installed; causal linear attention over more than one token runs flash-linear-attention's
 chunked kernel where `fla` is installed (`pip install hf_zformer[gpu]`). Which form runs is the
 execution policy's choice (`policy.py`: one table by operation, device type, dtype and width, with
@@ -52,7 +53,7 @@ transposed product for a few rows and the tied-embedding gradient of
 `use_kernel_backend` chooses it. A call a kernel does not cover (a state, causal, fp64, an
 unsupported head width) takes the torch form; the reason is logged once at debug level.
 Inside `torch.compile` the kernels run as operators the compiler calls without tracing into them
-(`triton_ops.OPERATORS`); fla's kernel runs in eager calls only.
+(each family's `OPERATORS`); fla's kernel runs in eager calls only.
 
 Each function picks its form by a rule stated in its docstring (the cheaper order on short inputs,
 blocks for long causal inputs, a four-operation step while decoding). Sums over the sequence run in
@@ -72,24 +73,16 @@ from .policy import (  # noqa: F401  (the backend's controls are this module's p
     use_kernel_backend,
 )
 from .policy import INTERPRETED as TRITON_INTERPRETED
-from .triton_ops import AVAILABLE as TRITON_AVAILABLE
-from .triton_ops import RUNNABLE as TRITON_RUNNABLE
-from .triton_ops import VERSION as TRITON_VERSION
-from .triton_ops import FLOOR as KERNEL_FLOOR
-from .triton_ops import (
-    column_scale_kernel,
-    direction_pool_kernel,
-    linear_attention_fits,
-    linear_attention_kernel,
-    prefix_fits,
-    prefix_pool_kernel,
-    product_fits,
-    scaled_product_kernel,
-    shared_fits,
-    shared_memory_limit,
-    shared_pool_kernel,
-    supported_width,
-)
+from .triton_launch import AVAILABLE as TRITON_AVAILABLE
+from .triton_launch import FLOOR as KERNEL_FLOOR
+from .triton_launch import RUNNABLE as TRITON_RUNNABLE
+from .triton_launch import VERSION as TRITON_VERSION
+from .triton_launch import shared_memory_limit, supported_width
+from .triton_linear_attention import linear_attention_fits, linear_attention_kernel
+from .triton_pooling import direction_pool_kernel
+from .triton_prefix_pool import prefix_fits, prefix_pool_kernel
+from .triton_product import column_scale_kernel, product_fits, scaled_product_kernel
+from .triton_shared_pool import shared_fits, shared_pool_kernel
 
 logger = logging.get_logger(__name__)
 
@@ -108,7 +101,7 @@ def _torch_form(reason: str) -> bool:
 
 
 def interpreter_too_old() -> str:
-    """Why the kernels cannot run here (`triton_ops.RUNNABLE` false): the interpreter's version, and the remedy."""
+    """Why the kernels cannot run here (`triton_launch.RUNNABLE` false): the interpreter's version, and the remedy."""
     version = ".".join(map(str, TRITON_VERSION))
     return (f"triton {version}'s interpreter (TRITON_INTERPRET=1) cannot run the kernels; from triton 3.7 on "
             "it can (pip install 'triton>=3.7')")
@@ -118,7 +111,7 @@ def _kernel_applies(operation: str, *tensors: torch.Tensor, width_ok=supported_w
     """Whether `operation` runs its Triton kernel on these inputs: where the policy sends calls on
     their device to the kernels (`policy.Policy.kernels_wanted`), in its dtypes, with `width_ok` of
     each last dimension, and `fits(limit)` of the kernel's tiles against the GPU's shared memory
-    (`triton_ops.shared_memory_limit`); `False` means the torch form, with the reason logged once at
+    (`triton_launch.shared_memory_limit`); `False` means the torch form, with the reason logged once at
     debug level. The tensors may be anything with a device, a dtype and a shape (`explain.py`)."""
     policy = active()
     device = tensors[0].device

@@ -7,7 +7,7 @@ folder keeps a switch. The forms an operation can take:
 - `torch`: the plain torch form (every device and dtype, fp64 included; the reference);
 - `folded`: a bidirectional module's folded form (one (D, D) map per sequence, no Q, K, V), the
   CPU's form of long inputs (`attention.use_folded_form`);
-- `triton`: a fused Triton kernel (`triton_ops.py`), on CUDA tensors in fp32/bf16 (fp16 for the
+- `triton`: a fused Triton kernel (the `triton_*.py` families), on CUDA tensors in fp32/bf16 (fp16 for the
   poolings) where triton is installed;
 - `fla`: flash-linear-attention's chunked kernel for causal linear attention (`pip install
   hf_zformer[gpu]`).
@@ -71,7 +71,7 @@ class Experimental:
     through `use_policy`).
 
     - `fused_product`: device types on which `ops.column_scaled_product` takes its fused kernel
-      (`triton_ops.scaled_product_kernel`) for 16-bit rows under `auto`; elsewhere it is one batched
+      (`triton_product.scaled_product_kernel`) for 16-bit rows under `auto`; elsewhere it is one batched
       product over the (B, O, I) map `column_scaled` forms.
     - `product_tiles`: that kernel's (rows, outputs, inner width, warps, pipeline stages) for
       16-bit rows.
