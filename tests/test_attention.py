@@ -14,7 +14,7 @@ from hf_zformer.modeling.attention import (
     XformerAttention,
     ZformerAttention,
 )
-from hf_zformer.modeling import ops
+from hf_zformer.modeling import ops, ops_linear_attention
 from hf_zformer.modeling.policy import use_policy
 from hf_zformer.modeling.cache_zformer import ZformerCache
 
@@ -482,12 +482,12 @@ def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, sour
     kwargs = dict(memory=source, memory_mask=mask) if is_cross else dict(attention_mask=mask)
     results = []
     for quadratic in (True, False):
-        monkeypatch.setattr(ops, "quadratic_order_pays_off", lambda nq, nk, d, q=quadratic: q)
+        monkeypatch.setattr(ops_linear_attention, "quadratic_order_pays_off", lambda nq, nk, d, q=quadratic: q)
         results.append(_output_and_gradients(attention, [x, source] if is_cross else [x], **kwargs))
     _assert_same_function(*results)
     quad_out = results[0][0]
     if with_mask:  # padding invariance of the quadratic order
-        monkeypatch.setattr(ops, "quadratic_order_pays_off", lambda nq, nk, d: True)
+        monkeypatch.setattr(ops_linear_attention, "quadratic_order_pays_off", lambda nq, nk, d: True)
         extra = torch.randn(4, 3, D, generator=generator, dtype=torch.float64)
         padded_mask = torch.cat([mask, torch.zeros(4, 3, dtype=torch.long)], 1)
         if is_cross:

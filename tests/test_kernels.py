@@ -12,7 +12,11 @@ import pytest
 import torch
 
 from hf_zformer.modeling import (
+    dispatch,
     ops,
+    ops_linear_attention,
+    ops_pooling,
+    ops_product,
     policy,
     triton_launch,
     triton_linear_attention,
@@ -458,8 +462,8 @@ def test_shared_pool_kernel_takes_tiles_up_to_8192_elements(triton_backend, monk
     """(heads, width) tiles padded to powers of two: 16 heads at width 512, 32 at 256; wider ones
     (whose backward outgrows an H200's shared memory) take the torch form."""
     calls = []
-    original = ops.shared_pool_kernel
-    monkeypatch.setattr(ops, "shared_pool_kernel",
+    original = ops_pooling.shared_pool_kernel
+    monkeypatch.setattr(ops_pooling, "shared_pool_kernel",
                         lambda *a, **k: calls.append((a[1].shape[1], a[0].shape[-1])) or original(*a, **k))
     generator = torch.Generator().manual_seed(14)
     for heads, dim in ((16, 512), (17, 512), (2, 513), (16, 1024), (32, 256)):
@@ -483,11 +487,13 @@ def test_kernels_run_only_where_their_shared_memory_fits_the_gpu(triton_backend,
     """Each kernel family's shared memory, bounded by its tile (`triton_ops.*_SHARED`), against the
     GPU's limit: H100/H200 (232,448 bytes), A100 (166,912), RTX 40xx / L4 (101,376); beyond it, or
     past the largest tile a family has a bound for, the torch form runs."""
-    monkeypatch.setattr(ops, "shared_memory_limit", lambda device: limit)
+    monkeypatch.setattr(dispatch, "shared_memory_limit", lambda device: limit)
     ran = []
-    for name in ("linear_attention_kernel", "shared_pool_kernel", "prefix_pool_kernel", "scaled_product_kernel"):
-        original = getattr(ops, name)
-        monkeypatch.setattr(ops, name, lambda *a, _name=name, _original=original, **k: ran.append(_name) or _original(*a, **k))
+    for module, name in ((ops_linear_attention, "linear_attention_kernel"), (ops_pooling, "shared_pool_kernel"),
+                         (ops_pooling, "prefix_pool_kernel"), (ops_product, "scaled_product_kernel")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda *a, _name=name, _original=original, **k: ran.append(_name) or _original(*a, **k))
 
     def admits(label, call):
         ran.clear()
@@ -548,10 +554,10 @@ def test_auto_backend_leaves_fp32_shared_rows_to_the_torch_form(monkeypatch):
     cores. Checked through the dispatch rule on the device's tensors."""
     previous = ops.set_kernel_backend("auto")
     try:
-        monkeypatch.setattr(ops, "_kernel_applies", lambda *args, **kwargs: True)
+        monkeypatch.setattr(ops_pooling, "kernel_applies", lambda *args, **kwargs: True)
         rows = torch.randn(2, 30, 64)
-        assert not ops._shared_kernel_applies(rows, 8)
-        assert ops._shared_kernel_applies(rows.bfloat16(), 8)
+        assert not ops_pooling._shared_kernel_applies(rows, 8)
+        assert ops_pooling._shared_kernel_applies(rows.bfloat16(), 8)
     finally:
         ops.set_kernel_backend(previous)
 
@@ -727,8 +733,9 @@ def test_causal_fastformer_module_gives_the_torch_forms_results():
 
 def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypatch):
     calls = []
-    original = ops.linear_attention_kernel
-    monkeypatch.setattr(ops, "linear_attention_kernel", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = ops_linear_attention.linear_attention_kernel
+    monkeypatch.setattr(ops_linear_attention, "linear_attention_kernel",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
     generator = torch.Generator().manual_seed(8)
     query, key, value = (_heads(1, 20, 2, 16, generator) for _ in range(3))
     ops.linear_attention(query, key, value)
@@ -737,8 +744,8 @@ def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypat
     ops.linear_attention(*_fp64(query, key, value))  # fp64: the torch form
     ops.linear_attention(query, key, value, return_state=True)  # a state for a cache: the torch form
     pools = []
-    original_pool = ops.prefix_pool_kernel
-    monkeypatch.setattr(ops, "prefix_pool_kernel", lambda *a, **k: pools.append(1) or original_pool(*a, **k))
+    original_pool = ops_pooling.prefix_pool_kernel
+    monkeypatch.setattr(ops_pooling, "prefix_pool_kernel", lambda *a, **k: pools.append(1) or original_pool(*a, **k))
     scores = torch.randn(1, 2, 20, 1, device=DEVICE)
     ops.softmax_pool(scores, query, causal=True)  # causal pooling without a state: the kernel
     with torch.no_grad():  # a prefill's state outside autograd: the kernel too
@@ -749,8 +756,8 @@ def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypat
     wide = [t.repeat(1, 1, 1, 17) for t in (query, key, value)]  # 272: wider than a tile
     ops.linear_attention(*wide)
     # fp16: attention outputs written in fp16 could overflow; the pooling's result is fp32
-    assert not ops._kernel_applies("linear_attention", query.half())
-    assert ops._kernel_applies("direction_pool", query.half())
+    assert not dispatch.kernel_applies("linear_attention", query.half())
+    assert dispatch.kernel_applies("direction_pool", query.half())
     ops.set_kernel_backend("torch")
     ops.linear_attention(query, key, value)
     assert len(calls) == 1
@@ -759,7 +766,7 @@ def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypat
 def test_auto_backend_leaves_the_cpu_to_the_torch_forms(monkeypatch):
     previous = ops.set_kernel_backend("auto")
     try:
-        monkeypatch.setattr(ops, "linear_attention_kernel", None)  # calling it would fail
+        monkeypatch.setattr(ops_linear_attention, "linear_attention_kernel", None)  # calling it would fail
         query = torch.randn(1, 2, 20, 16)
         out, _ = ops.linear_attention(query, query, query)
         assert out.shape == (1, 2, 20, 16)
@@ -897,19 +904,19 @@ def test_scaled_product_kernel_runs_only_where_chosen(monkeypatch):
     """Under `auto` the fused product runs only on the device types of the policy's experimental
     `fused_product` (none by default) and only for bf16 rows; the backend `triton` runs it for fp32 rows too; a base of
     another dtype than the rows takes the torch form."""
-    monkeypatch.setattr(ops, "_kernel_applies", lambda *args, **kwargs: True)  # as on a GPU
+    monkeypatch.setattr(ops_product, "kernel_applies", lambda *args, **kwargs: True)  # as on a GPU
     bf16 = _product_operands(1, 4, 8, 8, torch.bfloat16)[1]
     fp32 = _product_operands(1, 4, 8, 8, torch.float32)[1]
     device = bf16[1].device.type
     previous = ops.set_kernel_backend("auto")
     try:
         assert policy.DEFAULT.experimental.fused_product == ()
-        assert not ops._product_kernel_applies(*bf16)
+        assert not ops_product._product_kernel_applies(*bf16)
         _set_policy(monkeypatch, fused_product=(device,))
-        assert ops._product_kernel_applies(*bf16) and not ops._product_kernel_applies(*fp32)
+        assert ops_product._product_kernel_applies(*bf16) and not ops_product._product_kernel_applies(*fp32)
         ops.set_kernel_backend("triton")
-        assert ops._product_kernel_applies(*fp32)
-        assert not ops._product_kernel_applies(fp32[0], *bf16[1:])
+        assert ops_product._product_kernel_applies(*fp32)
+        assert not ops_product._product_kernel_applies(fp32[0], *bf16[1:])
     finally:
         ops.set_kernel_backend(previous)
 

@@ -213,8 +213,8 @@ def test_remote_code_round_trip_in_clean_process(tmp_path):
         "AutoModelForSeq2SeqLM", "AutoModelForCausalLM",
     }
     assert sorted(p.name for p in (tmp_path / "full-AutoModel").glob("*.py")) == [
-        "attention.py", "blocks.py", "cache_zformer.py", "configuration_zformer.py", "modeling_zformer.py", "ops.py",
-        "policy.py", "triton_launch.py", "triton_linear_attention.py", "triton_pooling.py", "triton_prefix_pool.py",
+        "attention.py", "blocks.py", "cache_zformer.py", "configuration_zformer.py", "dispatch.py",
+        "modeling_zformer.py", "ops.py", "ops_linear_attention.py", "ops_pooling.py", "ops_product.py", "policy.py", "triton_launch.py", "triton_linear_attention.py", "triton_pooling.py", "triton_prefix_pool.py",
         "triton_product.py", "triton_shared_pool.py",
     ]
     torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
