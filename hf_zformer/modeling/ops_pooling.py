@@ -142,8 +142,8 @@ def _shared_kernel_applies(values, heads: int) -> bool:
 def shared_rows(values, low_precision, heads: int):
     """Which copy of shared rows (B, N, D) `direction_pool` along `heads` directions should read:
     `low_precision` (the autocast copy, half the bytes) where the kernel takes it, else `values`
-    itself, which the torch form sums without making an fp32 copy (on a CPU under bf16 autocast:
-    1.3-1.45x faster forward for fastformer's folded form at 2,048 tokens, width 512)."""
+    itself, which the torch form sums without making an fp32 copy (the faster on a CPU under bf16
+    autocast: docs/benchmarks.md, "Mixed precision on CPUs")."""
     if low_precision is values or _shared_kernel_applies(low_precision, heads):
         return low_precision
     return values
@@ -170,8 +170,8 @@ def direction_scores(values, direction):
     """values_j . u (B, H, N, 1) in the values' dtype, u (B or 1, H, d): a product and a sum over d,
     on the values' own strided layout (no copy); zeros without a direction (the plain mean). Each
     score is a d_h-term dot product, too small for BLAS: a `bmm` over the heads or one product with a
-    block-diagonal (D, H) matrix took 1.6-1.8x as long, forward and backward, at B x N = 128 tokens,
-    d_h = 64 on the CPU (docs/benchmarks.md, "Short inputs")."""
+    block-diagonal (D, H) matrix is the slower, forward and backward (docs/benchmarks.md, "Short
+    inputs")."""
     if direction is None:
         return values.new_zeros(*values.shape[:-1], 1)
     return (values * direction.to(values.dtype)[:, :, None, :]).sum(-1, keepdim=True)

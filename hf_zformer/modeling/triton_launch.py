@@ -151,8 +151,8 @@ def mask_arguments(mask: torch.Tensor | None, x: torch.Tensor):
 
 def launch_options(*widths: int) -> dict:
     """Warps and pipeline stages of a launch: wide tiles (128 columns and up: 1,024 wide with 8
-    heads, a feature map's 2 d) take 8 warps and two stages, or the staged tiles outgrow an H200's
-    shared memory (237,568 bytes asked against 232,448 at three stages)."""
+    heads, a feature map's 2 d) take 8 warps and two stages, or the staged tiles outgrow the largest
+    shared memory a program may have (237,568 bytes asked against sm_90's 232,448 at three stages)."""
     if max(tile(w) for w in widths) >= 128:
         return {"num_warps": 8, "num_stages": 2}
     return {"num_warps": 4, "num_stages": 3}
@@ -196,8 +196,8 @@ def sequences_per_tile(batch: int, most: int) -> int:
 # compiler its outputs' shapes, dtypes and strides. Compiled graphs (inductor's CUDA graphs of
 # `mode="reduce-overhead"` included) then launch the kernels as they are. So do calls under a
 # Python dispatch mode (`as_operators`), which sees each operator whole. Other eager calls keep
-# the autograd functions: an operator's dispatch costs about 10 us more host time per call, and
-# eager calls on short inputs are bound by host time.
+# the autograd functions: an operator's dispatch costs more host time per call, and eager calls
+# on short inputs are bound by host time.
 
 Tensor = torch.Tensor
 

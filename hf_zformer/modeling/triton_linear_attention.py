@@ -334,7 +334,7 @@ def _linear_attention_grads(query, key, value, mask, scale, state, grad):
 
 def _fused_backward_fits(dk: int, dv: int) -> bool:
     """Whether one program can hold the fused backward's tiles (the state, Q^T dO and their
-    transposes: 262,144 bytes of shared memory at 128 x 128, over an H200's 232,448). Wider heads
+    transposes: 262,144 bytes of shared memory at 128 x 128, over sm_90's 232,448). Wider heads
     (1,024 wide with 8 heads; a Hedgehog map's 2 d against d + 1) take the split backward, whose
     launches each hold one tile; the fused forward's state serves it as it is."""
     return tile(dk) * tile(dv) < 128 * 128
@@ -400,7 +400,11 @@ def _linear_attention_operator_backward(ctx, grad, _):
 
 def _register_operators():
     """This family's forward and gradient operators (`triton_launch.register_family`)."""
-    return types.SimpleNamespace(**register_family("linear_attention", _linear_attention_op, _fake_linear_attention, _linear_attention_operator_backward, _linear_attention_grads_op, _fake_linear_attention_grads))
+    operators = register_family(
+        "linear_attention", _linear_attention_op, _fake_linear_attention,
+        _linear_attention_operator_backward, _linear_attention_grads_op, _fake_linear_attention_grads,
+    )
+    return types.SimpleNamespace(**operators)
 
 
 OPERATORS = _register_operators() if AVAILABLE else None

@@ -48,4 +48,5 @@ from .triton_shared_pool import SHARED_POOL_SHARED, shared_fits, shared_pool_ker
 
 FAMILIES = (LINEAR_ATTENTION_OPERATORS, POOLING_OPERATORS, SHARED_POOL_OPERATORS, PREFIX_POOL_OPERATORS,
             PRODUCT_OPERATORS)
-OPERATORS = types.SimpleNamespace(**{k: v for family in FAMILIES for k, v in vars(family).items()}) if AVAILABLE else None
+OPERATORS = (types.SimpleNamespace(**{name: op for family in FAMILIES for name, op in vars(family).items()})
+             if AVAILABLE else None)

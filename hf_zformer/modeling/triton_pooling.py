@@ -384,7 +384,11 @@ def _direction_pool_operator_backward(ctx, grad, _):
 
 def _register_operators():
     """This family's forward and gradient operators (`triton_launch.register_family`)."""
-    return types.SimpleNamespace(**register_family("direction_pool", _direction_pool_op, fake_pool, _direction_pool_operator_backward, _direction_pool_grads_op, _fake_direction_pool_grads))
+    operators = register_family(
+        "direction_pool", _direction_pool_op, fake_pool,
+        _direction_pool_operator_backward, _direction_pool_grads_op, _fake_direction_pool_grads,
+    )
+    return types.SimpleNamespace(**operators)
 
 
 OPERATORS = _register_operators() if AVAILABLE else None

@@ -231,7 +231,11 @@ def _prefix_pool_operator_backward(ctx, grad, _):
 
 def _register_operators():
     """This family's forward and gradient operators (`triton_launch.register_family`)."""
-    return types.SimpleNamespace(**register_family("prefix_pool", _prefix_pool_op, _fake_prefix_pool, _prefix_pool_operator_backward, _prefix_pool_grads_op, _fake_prefix_pool_grads))
+    operators = register_family(
+        "prefix_pool", _prefix_pool_op, _fake_prefix_pool,
+        _prefix_pool_operator_backward, _prefix_pool_grads_op, _fake_prefix_pool_grads,
+    )
+    return types.SimpleNamespace(**operators)
 
 
 OPERATORS = _register_operators() if AVAILABLE else None

@@ -195,7 +195,7 @@ def shared_pool_shared(width: int, heads: int) -> int | None:
     rows `width` wide (`SHARED_POOL_SHARED`), or None past its largest tile: a program holds
     (heads, width) tiles (the directions, the pooling, in the backward the gradients too), padded to
     powers of two, of at most 8,192 elements (16 heads at width 512); the backward's 16 x 1,024
-    tiles outgrow an H200."""
+    tiles outgrow sm_90's shared memory."""
     return bound(SHARED_POOL_SHARED, tile(heads) * tile(width)) if width >= 1 else None
 
 
@@ -208,9 +208,9 @@ def shared_fits(width: int, heads: int, limit: int | None = None) -> bool:
 def _shared_block(width: int, backward: bool = False) -> int:
     """Rows per tile of the shared pooling: 16,384 elements of a (rows, width) tile (8,192 in the
     backward, which holds more tiles beside it), at least 16 (a matrix product's smallest tile): 32
-    and 16 at width 512. A divisor of the policy's `pool_chunk` and of `BLOCK_N`. At width 512 the backward's
-    32-row tiles asked 196,608 bytes of shared memory (an A100 has 166,912) and ptxas spilled
-    registers; 16 rows ask 163,840."""
+    and 16 at width 512. A divisor of the policy's `pool_chunk` and of `BLOCK_N`. At width 512 the
+    backward's 32-row tiles asked 196,608 bytes of shared memory (sm_80 allows 166,912) and ptxas
+    spilled registers; 16 rows ask 163,840."""
     return max(16, min(BLOCK_N, (8192 if backward else 16384) // tile(width)))
 
 
@@ -337,7 +337,11 @@ def _fake_shared_pool(values, direction, mask, has_direction):
 
 def _register_operators():
     """This family's forward and gradient operators (`triton_launch.register_family`)."""
-    return types.SimpleNamespace(**register_family("shared_pool", _shared_pool_op, _fake_shared_pool, _shared_pool_operator_backward, _shared_pool_grads_op, _fake_shared_pool_grads))
+    operators = register_family(
+        "shared_pool", _shared_pool_op, _fake_shared_pool,
+        _shared_pool_operator_backward, _shared_pool_grads_op, _fake_shared_pool_grads,
+    )
+    return types.SimpleNamespace(**operators)
 
 
 OPERATORS = _register_operators() if AVAILABLE else None
