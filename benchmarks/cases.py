@@ -10,6 +10,7 @@ import torch
 from hf_zformer.cpu_speedups import enable_cpu_speedups
 from hf_zformer.modeling.attention import ATTENTION_CLASSES, Attention
 from hf_zformer.modeling.configuration_zformer import ZformerConfig
+from hf_zformer.modeling.policy import active
 
 TYPES = ("full", "full_eager", "zformer", "xformer", "fastformer", "zformer_torch", "fastformer_torch",
          "zformer_kernels", "fastformer_kernels", "zformer_folded", "zformer_plain", "fastformer_folded",
@@ -79,7 +80,7 @@ def ratios_to_baseline(results: list, baseline: str, key, ratios: dict[str, str]
 # apply (where `auto` may take a folded form instead)
 BACKEND_SUFFIXES = {"_torch": "torch", "_kernels": "triton"}
 # `<type>_folded` / `<type>_plain`: the type's folded form under autocast on every device / on none
-# (its attention modules' `FOLDED_AUTOCAST_DEVICES`, where the class has its default)
+# (its attention modules' `folded_autocast_devices`, where the execution policy has its default)
 FORM_SUFFIXES = {"_folded": True, "_plain": False}
 
 
@@ -97,11 +98,11 @@ def attention_of(benchmark_type: str) -> str:
 
 def folds_under_autocast(benchmark_type: str, device_type: str) -> bool:
     """Whether a benchmark type takes its folded form (where it has one) under autocast on
-    `device_type` (`FORM_SUFFIXES`, else its attention class's `FOLDED_AUTOCAST_DEVICES`)."""
+    `device_type` (`FORM_SUFFIXES`, else the execution policy's `folded_autocast` for its type)."""
     forced = next((folds for suffix, folds in FORM_SUFFIXES.items() if benchmark_type.endswith(suffix)), None)
     if forced is not None:
         return forced
-    return device_type in ATTENTION_CLASSES[attention_of(benchmark_type)].FOLDED_AUTOCAST_DEVICES
+    return device_type in active().folded_autocast_devices(ATTENTION_CLASSES[attention_of(benchmark_type)].POLICY_NAME)
 
 
 def kernel_backend_of(benchmark_type: str) -> str:
@@ -139,7 +140,7 @@ def build_module(attention_type: str, config: ZformerConfig, level: str, device:
         devices = (device.type,) if folds_under_autocast(attention_type, device.type) else ()
         for module in model.modules():
             if isinstance(module, Attention):
-                module.FOLDED_AUTOCAST_DEVICES = devices  # this module only, not its class
+                module.folded_autocast_devices = devices  # this module only, not the policy
     if level == "model":
         return model.to(device)
     attention = model.encoder.layers[0].attention

@@ -9,7 +9,7 @@ no input; an operation that overwrites a tensor (`copy_`, `fill_`, `zero_`, an `
 does not read it first. Caches are ignored
 (a product's operands are counted once, as if tiles were never fetched twice), so the count is
 about what a GPU's memory serves when every operation streams its operands from it. hf_zformer's
-Triton kernels run as operators under the counter (`triton_ops._as_operators`) and count as one
+Triton kernels run as operators under the counter (`triton_launch.as_operators`) and count as one
 operation each: their inputs and outputs, not what a kernel keeps in its own scratch. Kernels
 launched outside PyTorch's dispatcher (flash-linear-attention's) are not seen.
 

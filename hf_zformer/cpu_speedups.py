@@ -34,7 +34,7 @@ import platform
 import torch
 from torch import nn
 
-from .modeling.blocks import kernel_backend
+from .modeling.policy import kernel_backend
 
 
 def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:

@@ -7,7 +7,7 @@ shared memory against the architecture's limit, and how many programs fit on one
 
 Triton compiles down to the GPU's machine code (cubin) with the ptxas it bundles; neither a GPU nor
 a CUDA driver is needed. The kernels are reached through their public functions in
-`hf_zformer.modeling.triton_ops`, forward and backward, with CPU tensors of the shapes and layouts
+`hf_zformer.modeling.triton_ops` (every family's kernel module under one name), forward and backward, with CPU tensors of the shapes and layouts
 the models give them (head views of a projection, and contiguous): Zformer's linear attention (one program per (sequence, head) pair, and the split plan),
 with and without a mask and a scale, at head width d against d and, for the Hedgehog feature map,
 2 d against d + 1; Fastformer's poolings per head (one slice and several), across heads at the
@@ -15,8 +15,8 @@ model widths 8 d, and causal (prefix), the column scaling of W_r and the fused p
 q + (v diag(k_g)) W_r^T at the model widths. Every launch compiles and returns at once: nothing runs, so
 the outputs stay unwritten. A kernel compiled for several calls is reported once.
 
-Only what the dispatch would run on each GPU is compiled: `triton_ops` bounds every kernel
-family's shared memory by the tile it holds (`LINEAR_ATTENTION_SHARED`, `SHARED_POOL_SHARED`,
+Only what the dispatch would run on each GPU is compiled: each family's module bounds its kernels'
+shared memory by the tile they hold (`LINEAR_ATTENTION_SHARED`, `SHARED_POOL_SHARED`,
 `PREFIX_POOL_SHARED`, and `PRODUCT_SHARED` for the fused product's fixed tiles) and leaves tiles whose bound exceeds the GPU's shared memory to the torch
 forms; those are listed at the end. Exit status 1 where a kernel fails to compile, asks more shared
 memory than the architecture gives one program (the launch would fail on that GPU with "out of
@@ -68,7 +68,7 @@ class CompiledKernel:
     shared_limit: int
     programs_per_sm: int | None
     seconds: float
-    bound: int | None = None  # the family's shared-memory bound for this tile (`triton_ops.*_SHARED`)
+    bound: int | None = None  # the family's shared-memory bound for this tile (`*_SHARED` of its module)
     error: str = ""
 
     @property
@@ -245,21 +245,20 @@ def drive_kernels(triton_ops, compiler: KernelCompiler, widths: list[int], dtype
         b, h, n, d = shape
         return torch.zeros(b, n, h * d, dtype=dtype, requires_grad=True).view(b, n, h, d).transpose(1, 2)
 
-    saved_min_pairs = triton_ops.FUSED_MIN_PAIRS
     try:
         for dtype, heads_layout, width in itertools.product(dtypes, (True, False), widths):
             layout["heads"] = heads_layout
             _drive_linear_attention(triton_ops, compiler, tensor, dtype, width, mask)
-            triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
             _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask)
     finally:
-        triton_ops.FUSED_MIN_PAIRS = saved_min_pairs
         compiler.bound = None
 
 
 def _drive_linear_attention(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     """Zformer: plain heads (d against d) and the Hedgehog map's features (2 d against d + 1), in
     both launch plans, with a mask and a scale and without."""
+    from hf_zformer.modeling.policy import use_policy  # imported once TRITON_INTERPRET is settled
+
     length = mask.shape[1]
     for dk, dv in ((width, width), (2 * width, width + 1)):
         if not triton_ops.linear_attention_fits(dk, dv, compiler.limit):
@@ -267,12 +266,12 @@ def _drive_linear_attention(triton_ops, compiler, tensor, dtype, width, mask) ->
             continue
         compiler.bound = triton_ops.linear_attention_shared(dk, dv)
         for min_pairs, with_mask in itertools.product((1, 10**9), (True, False)):  # one program per pair; split
-            triton_ops.FUSED_MIN_PAIRS = min_pairs
             q, k = (tensor(BATCH, HEADS, length, dk, dtype=dtype) for _ in range(2))
             v = tensor(BATCH, HEADS, length, dv, dtype=dtype)
             scale = torch.ones(1, requires_grad=True) if with_mask else None
-            out = triton_ops.linear_attention_kernel(q, k, v, mask if with_mask else None, scale)
-            _backward(out, q, k, v, scale)
+            with use_policy(fused_min_pairs=min_pairs):
+                out = triton_ops.linear_attention_kernel(q, k, v, mask if with_mask else None, scale)
+                _backward(out, q, k, v, scale)
 
 
 def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
@@ -280,11 +279,16 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     vectors, no bound needed), plain and gated (the key pooling), the pooling across `MODEL_HEADS`
     heads of the layer's input, and the causal (prefix) pooling; the first two along a direction
     and as the mean; and the column scaling of W_r at the model's width."""
+    from hf_zformer.modeling.policy import active  # imported once TRITON_INTERPRET is settled
+    from hf_zformer.modeling.triton_launch import tile
+    from hf_zformer.modeling.triton_pooling import GATE_TILE
+    from hf_zformer.modeling.triton_product import SCALE_BATCH
+
     length, limit = mask.shape[1], compiler.limit
     compiler.bound = None
     # the gate's gradients take a tile of sequences: a batch that fills it compiles the largest
-    full_tile = max(BATCH, triton_ops._GATE_TILE // triton_ops._tile(width))
-    for rows, with_direction, gated in itertools.product((triton_ops.POOL_CHUNK or 64, length), (True, False),
+    full_tile = max(BATCH, GATE_TILE // tile(width))
+    for rows, with_direction, gated in itertools.product((active().pool_chunk or 64, length), (True, False),
                                                          (False, True)):
         batch = full_tile if gated else BATCH
         values = tensor(batch, HEADS, rows, width, dtype=dtype)
@@ -314,7 +318,7 @@ def _drive_poolings(triton_ops, compiler, tensor, dtype, width, mask) -> None:
     # 32 x 32 tiles, no bound needed; the backward's fullest group of sequences
     compiler.bound = None
     weight = torch.zeros(model_width, model_width, requires_grad=True)
-    scales = torch.zeros(max(BATCH, triton_ops._SCALE_BATCH), model_width, requires_grad=True)
+    scales = torch.zeros(max(BATCH, SCALE_BATCH), model_width, requires_grad=True)
     _backward(triton_ops.column_scale_kernel(weight, scales, dtype), weight, scales)
     # r = q + (v diag(k_g)) W_r^T in one product (its backward through the map above)
     if triton_ops.product_fits(limit):
@@ -458,7 +462,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    os.environ.pop("TRITON_INTERPRET", None)  # compile, not interpret (read when triton_ops is first imported)
+    os.environ.pop("TRITON_INTERPRET", None)  # compile, not interpret (read when policy.py is first imported)
     args = parse_args(argv)
     dtypes = [{"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}[d] for d in args.dtypes]
     start = time.perf_counter()

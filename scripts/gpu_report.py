@@ -5,14 +5,15 @@
   forward at 512 and 2,048 tokens and forward + backward at 2,048, for the attention alone and for
   whole modules (the CUDA-graph grids);
 - each folded form against its plain form at the lengths where it is taken (where their executed
-  FLOPs differ): whether to add "cuda" to the type's `FOLDED_AUTOCAST_DEVICES` (on a CPU the
+  FLOPs differ): whether to add "cuda" to the type's `folded_autocast` in the execution policy
+  (`hf_zformer/modeling/policy.py`; on a CPU the
   default forms fold under autocast too, so there is nothing to compare);
 - decoding: ms/token by context length (tokens generated, plus the prefix where one was read
   first) against the full decoder with its KV cache: flat, and below it from 4,096 tokens;
 - the training scripts' tokens/s against full attention;
 - fastformer's A/B (`ab_fastformer.json` of `docs/bench/ab/fastformer_gpu.py`): each variant of the
-  module against the shipped form, and whether to add "cuda" to `ops.FUSED_PRODUCT_DEVICES` (the
-  fused product of the pooled output, in one of its two tile plans).
+  module against the shipped form, and whether to add "cuda" to the policy's experimental
+  `fused_product` (the fused product of the pooled output, in one of its two tile plans).
 
 The check runs it after every step, so its archive always carries the report of what has run.
 It reads only JSON (standard library; no torch), so it runs anywhere the archive is unpacked:
@@ -38,9 +39,9 @@ FLAT = 1.25  # ms/token called flat: the slowest context within 25% of the faste
 REPORT = "acceptance"
 AB = "ab_fastformer"
 # the A/B's variants of the fused product: what to set where one is faster wherever it was timed
-FUSED_PRODUCT = {"fused_product": 'add "cuda" to ops.FUSED_PRODUCT_DEVICES',
-                 "fused_product_n64": 'add "cuda" to ops.FUSED_PRODUCT_DEVICES, with the variant\'s tiles as '
-                                      "triton_ops._PRODUCT_TILES (docs/bench/ab/fastformer_gpu.py)"}
+FUSED_PRODUCT = {"fused_product": 'add "cuda" to the policy\'s fused_product',
+                 "fused_product_n64": 'add "cuda" to the policy\'s fused_product, with the variant\'s tiles as '
+                                      "its product_tiles (docs/bench/ab/fastformer_gpu.py)"}
 WRITTEN_BY = "scripts/gpu_check.sh"  # the mark of a bundle: one that may be written over
 
 
@@ -111,7 +112,8 @@ def verdict(ratios: list[float], remedy: str, keep: str, where: str = "wherever 
 
 
 def folded_verdict(comparisons: list[dict]) -> str:
-    return verdict([c["faster"] for c in comparisons], 'add "cuda" to FOLDED_AUTOCAST_DEVICES', "keep the plain form")
+    return verdict([c["faster"] for c in comparisons], 'add "cuda" to the policy\'s folded_autocast',
+                   "keep the plain form")
 
 
 def variants(folder: Path) -> tuple[list[dict], dict]:

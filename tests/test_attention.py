@@ -13,7 +13,8 @@ from hf_zformer.modeling.attention import (
     XformerAttention,
     ZformerAttention,
 )
-from hf_zformer.modeling import ops
+from hf_zformer.modeling import ops, ops_linear_attention
+from hf_zformer.modeling.policy import use_policy
 from hf_zformer.modeling.cache_zformer import ZformerCache
 
 B, N, D, H = 2, 11, 32, 4
@@ -121,8 +122,8 @@ def test_zformer_causal_blocks_cover_long_sequences(monkeypatch):
     x = torch.randn(1, 40, D)
     attention = _randomize(ZformerAttention(tiny_config(), is_causal=True))
     one_block, _ = attention(x)
-    monkeypatch.setattr(ops, "ZFORMER_CAUSAL_BLOCK", 7)
-    many_blocks, _ = attention(x)
+    with use_policy(zformer_causal_block=7):
+        many_blocks, _ = attention(x)
     torch.testing.assert_close(many_blocks, one_block, atol=1e-4, rtol=1e-4)
 
 
@@ -387,7 +388,7 @@ def test_folded_form_is_taken_for_long_fp32_sequences_outside_autocast():
     # under autocast the plain form keeps its fp32 sequence sums (and on CUDA its fused kernels)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert not attention_module.use_folded_form(long, pays_off=True)
-        # unless the type takes it under autocast on this device (FOLDED_AUTOCAST_DEVICES)
+        # unless the type takes it under autocast on this device (its `folded_autocast`)
         assert attention_module.use_folded_form(long, pays_off=True, autocast_devices=("cpu",))
         assert not attention_module.use_folded_form(long, pays_off=True, autocast_devices=("cuda",))
         assert not attention_module.use_folded_form(long, pays_off=False, autocast_devices=("cpu",))
@@ -475,12 +476,12 @@ def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, sour
     kwargs = dict(memory=source, memory_mask=mask) if is_cross else dict(attention_mask=mask)
     results = []
     for quadratic in (True, False):
-        monkeypatch.setattr(ops, "quadratic_order_pays_off", lambda nq, nk, d, q=quadratic: q)
+        monkeypatch.setattr(ops_linear_attention, "quadratic_order_pays_off", lambda nq, nk, d, q=quadratic: q)
         results.append(_output_and_gradients(attention, [x, source] if is_cross else [x], **kwargs))
     _assert_same_function(*results)
     quad_out = results[0][0]
     if with_mask:  # padding invariance of the quadratic order
-        monkeypatch.setattr(ops, "quadratic_order_pays_off", lambda nq, nk, d: True)
+        monkeypatch.setattr(ops_linear_attention, "quadratic_order_pays_off", lambda nq, nk, d: True)
         extra = torch.randn(4, 3, D, generator=generator, dtype=torch.float64)
         padded_mask = torch.cat([mask, torch.zeros(4, 3, dtype=torch.long)], 1)
         if is_cross:
@@ -495,11 +496,11 @@ def test_zformer_quadratic_order_equals_linear_order(monkeypatch, is_cross, sour
 @pytest.mark.parametrize(
     "kind, limit_name, limits",
     [
-        ("zformer", "ZFORMER_CAUSAL_BLOCK", (9, 4)),  # one short pass under 9; three blocks of prefix sums under 4
-        ("fastformer", "FASTFORMER_CAUSAL_QUADRATIC", (9, 8)),  # the quadratic pooling under 9; prefix sums under 8
+        ("zformer", "zformer_causal_block", (9, 4)),  # one short pass under 9; three blocks of prefix sums under 4
+        ("fastformer", "fastformer_causal_quadratic", (9, 8)),  # the quadratic pooling under 9; prefix sums under 8
     ],
 )
-def test_causal_short_form_equals_prefix_sums(monkeypatch, with_mask, kind, limit_name, limits):
+def test_causal_short_form_equals_prefix_sums(with_mask, kind, limit_name, limits):
     """Without a cache, short causal inputs take a quadratic form: Zformer one masked `(Q K^T) V` on
     head batches (`ops.quadratic_linear_attention`) instead of the blocked prefix sums of `causal_linear_attention`,
     Fastformer a softmax over the causal pattern instead of prefix poolings. In fp64 both forms
@@ -520,14 +521,13 @@ def test_causal_short_form_equals_prefix_sums(monkeypatch, with_mask, kind, limi
     mask = mask if with_mask else None
     results = []
     for limit in limits:  # the 9 tokens take the quadratic form under the first limit, not under the second
-        monkeypatch.setattr(ops, limit_name, limit)
-        results.append(_output_and_gradients(attention, [x], mask))
+        with use_policy(**{limit_name: limit}):
+            results.append(_output_and_gradients(attention, [x], mask))
     _assert_same_function(*results)
     quad_out = results[0][0]
     if with_mask and kind == "fastformer":  # pooled state zero before the first real token: W_r's bias and q_i remain
         mixed = attention.output(attention.transform.bias + attention.query(x[2, :3]))
         torch.testing.assert_close(quad_out[2, :3], mixed, atol=1e-10, rtol=1e-10)
-    monkeypatch.setattr(ops, limit_name, 64)
     for grad in (True, False):  # decoding under autograd and without it (generate's path)
         cache, steps = ZformerCache([kind]), []
         with torch.set_grad_enabled(grad):
@@ -546,10 +546,9 @@ def test_zformer_takes_the_cheaper_order():
 
 
 @pytest.fixture
-def stacking_on_cpu(monkeypatch):
-    import hf_zformer.modeling.blocks as blocks
-
-    monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
+def stacking_on_cpu():
+    with use_policy(stacked_projection=("cuda", "cpu")):
+        yield
 
 
 def test_project_stacks_plain_layers_into_one_product(stacking_on_cpu):
@@ -584,7 +583,6 @@ def test_project_stacks_plain_layers_into_one_product(stacking_on_cpu):
 def test_stacked_projections_compute_what_one_product_per_layer_does(monkeypatch, attention_type, role):
     """fp64, random weights and biases, padding: outputs and every gradient agree with the stacking
     off; length 40 >= D also takes fastformer's pooled context."""
-    import hf_zformer.modeling.blocks as blocks
     from hf_zformer.modeling.attention import ATTENTION_CLASSES
 
     config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=64, attention_type=attention_type)
@@ -603,8 +601,8 @@ def test_stacked_projections_compute_what_one_product_per_layer_does(monkeypatch
         kwargs = dict(memory=memory, memory_mask=mask[:, :36])
     results = []
     for devices in (("cuda", "cpu"), ("cuda",)):
-        monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", devices)
-        results.append(_output_and_gradients(attention, inputs, None if role == "cross" else mask, **kwargs))
+        with use_policy(stacked_projection=devices):
+            results.append(_output_and_gradients(attention, inputs, None if role == "cross" else mask, **kwargs))
     _assert_same_function(*results)
 
 
@@ -668,7 +666,7 @@ def test_lora_adapters_on_the_projections_count_in_every_form(attention_type):
 
 @pytest.mark.parametrize("attention_type", ["zformer", "fastformer"])
 def test_folded_form_under_autocast_reads_its_input_cast_once(attention_type):
-    """A folded form under bf16 autocast (`FOLDED_AUTOCAST_DEVICES`, set on the module): the fp32 input
+    """A folded form under bf16 autocast (`folded_autocast_devices`, set on the module): the fp32 input
     is cast to bf16 once (one (B, N, D) bf16 copy in all: every product over the tokens reads it;
     fastformer's poolings sum in fp32), the output stays near fp32's, and so do the gradients."""
     config = tiny_config(hidden_size=D, num_attention_heads=H, max_position_embeddings=128, attention_type=attention_type)
@@ -677,7 +675,7 @@ def test_folded_form_under_autocast_reads_its_input_cast_once(attention_type):
     x = torch.randn(2, 80, D, generator=torch.Generator().manual_seed(0), requires_grad=True)
     reference, _ = attention(x)
     (reference_grad,) = torch.autograd.grad(reference.sum(), x)
-    attention.FOLDED_AUTOCAST_DEVICES = ("cpu",)
+    attention.folded_autocast_devices = ("cpu",)
     copies = CountedOps(lambda func, out: func is torch.ops.aten._to_copy.default and tuple(out.shape) == (2, 80, D)
                         and out.dtype == torch.bfloat16)  # bf16 copies of the input
     with torch.autocast("cpu", dtype=torch.bfloat16), copies:
@@ -703,7 +701,7 @@ def test_folded_forms_under_cpu_autocast_by_default(monkeypatch, attention_type)
     with torch.autocast("cpu", dtype=torch.bfloat16):
         attention(x)
     assert len(calls) == 2
-    assert "cuda" not in cls.FOLDED_AUTOCAST_DEVICES
+    assert "cuda" not in attention.folded_autocast()
     with torch.autocast("cpu", dtype=torch.float16):  # fp16: a Gram sum over the tokens could overflow
         attention(x)
     assert len(calls) == 2

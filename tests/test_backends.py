@@ -7,7 +7,7 @@ import torch
 from conftest import TINY, random_batch
 from transformers import AutoConfig, AutoModelForMaskedLM
 
-from hf_zformer.modeling import blocks, modeling_zformer, ops
+from hf_zformer.modeling import blocks, dispatch, modeling_zformer, ops, policy
 
 
 def test_torch_backend_takes_the_plain_product_for_few_rows(monkeypatch):
@@ -48,7 +48,7 @@ def test_torch_backend_trains_tied_embeddings_through_plain_autograd(monkeypatch
 def test_use_kernel_backend_restores_the_choice_and_refuses_unknown_names():
     before = ops.kernel_backend()
     with ops.use_kernel_backend("torch"):
-        assert ops.kernel_backend() == "torch" and blocks.kernel_backend() == "torch"
+        assert ops.kernel_backend() == "torch" and policy.active().backend == "torch"
     assert ops.kernel_backend() == before
     with pytest.raises(ValueError, match="'fast'.*auto, torch, triton"):
         ops.set_kernel_backend("fast")
@@ -60,14 +60,14 @@ def test_an_interpreter_too_old_for_the_kernels_is_named(monkeypatch):
     loop bounds): `triton` refuses, naming the version and the remedy; `auto` takes the torch form."""
     from types import SimpleNamespace
 
-    monkeypatch.setattr(ops, "TRITON_AVAILABLE", True)
-    monkeypatch.setattr(ops, "TRITON_INTERPRETED", True)
-    monkeypatch.setattr(ops, "TRITON_RUNNABLE", False)
-    monkeypatch.setattr(ops, "TRITON_VERSION", (3, 6))
+    monkeypatch.setattr(dispatch, "TRITON_AVAILABLE", True)
+    monkeypatch.setattr(dispatch, "TRITON_INTERPRETED", True)
+    monkeypatch.setattr(dispatch, "TRITON_RUNNABLE", False)
+    monkeypatch.setattr(dispatch, "TRITON_VERSION", (3, 6))
     tensor = torch.zeros(2, 4, 8)
     with ops.use_kernel_backend("triton"):
         with pytest.raises(RuntimeError, match=r"triton 3\.6's interpreter .*cannot run the kernels.*triton>=3\.7"):
-            ops._kernel_applies("linear_attention", tensor)
+            dispatch.kernel_applies("linear_attention", tensor)
     on_cuda = SimpleNamespace(device=SimpleNamespace(type="cuda"), dtype=torch.float32, shape=(2, 4, 8))
     with ops.use_kernel_backend("auto"):
-        assert ops._kernel_applies("linear_attention", on_cuda) is False
+        assert dispatch.kernel_applies("linear_attention", on_cuda) is False

@@ -107,8 +107,9 @@ def test_stacked_projections_and_pooled_output_compile(monkeypatch, attention):
     from conftest import tiny_config
     from hf_zformer.modeling.attention import ATTENTION_CLASSES
 
-    monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(attention_module, "use_folded_form", lambda hidden_states, pays_off, *layers, **_: False)
+    from hf_zformer.modeling import policy
+
+    monkeypatch.setattr(policy, "_active", policy.active().replaced(stacked_projection=("cuda", "cpu"), folded=False))
     stacked = []
     monkeypatch.setattr(attention_module, "project", lambda x, *layers, **kw: stacked.append(1) or blocks.project(
         x, *layers, **kw))

@@ -20,7 +20,7 @@ pytest.importorskip("triton")
 
 SCRIPT = REPO_ROOT / "scripts" / "compile_kernels.py"
 EVERY_KERNEL = {"_fused_forward", "_fused_backward", "_outer_sum", "_sum_parts", "_state_product", "_pool",
-                "_merge_pools", "_pool_backward", "_shared_pool", "_shared_pool_backward", "_shared_pool_backward_paired",
+                "merge_pools", "_pool_backward", "_shared_pool", "_shared_pool_backward", "_shared_pool_backward_paired",
                 "_prefix_pool", "_prefix_pool_backward", "_gate_grads", "_column_scale", "_column_scale_backward",
                 "_scaled_product"}
 
@@ -59,8 +59,8 @@ def test_a_bound_below_what_the_kernel_asks_fails_the_check(tmp_path):
     """The bounds the dispatch trusts are checked, not assumed: a prefix-pool bound of 1 KiB is
     exceeded by the compiled kernel, and the script says so and exits 1. Two head widths compile in
     two processes, each seeing the bound as the caller set it, their reports merged."""
-    prelude = ("from hf_zformer.modeling import triton_ops\n"
-               "triton_ops.PREFIX_POOL_SHARED = ((64, 1024), (128, 1024), (256, 1024))")
+    prelude = ("from hf_zformer.modeling import triton_prefix_pool\n"
+               "triton_prefix_pool.PREFIX_POOL_SHARED = ((64, 1024), (128, 1024), (256, 1024))")
     result, report = _compile(tmp_path, "--arch", "90", "--widths", "16", "32", "--dtypes", "bf16", "--jobs", "2",
                               prelude=prelude)
     assert result.returncode == 1

@@ -126,13 +126,13 @@ def test_output_and_weights_in_one_pass_equal_forward_and_attention_weights(with
 
 def test_causal_blocks_equal_one_pass(monkeypatch):
     """Sequences longer than a block (prefix sums across blocks) give the reference too."""
-    import hf_zformer.modeling.ops as ops
+    from hf_zformer.modeling.policy import use_policy
 
-    monkeypatch.setattr(ops, "ZFORMER_CAUSAL_BLOCK", 4)
     attention = hedgehog_attention(is_causal=True)
     x = torch.randn(B, N, D, dtype=torch.float64, requires_grad=True)
-    _assert_same(_output_and_gradients(attention(x, _mask())[0], [x], attention),
-                 _output_and_gradients(reference_output(attention, x, _mask()), [x], attention))
+    with use_policy(zformer_causal_block=4):
+        _assert_same(_output_and_gradients(attention(x, _mask())[0], [x], attention),
+                     _output_and_gradients(reference_output(attention, x, _mask()), [x], attention))
 
 
 def test_cache_equals_no_cache_in_blocks_and_steps():

@@ -137,7 +137,7 @@ def test_the_fused_product_ships_where_the_ab_finds_it_faster_everywhere(tmp_pat
     assert _run(tmp_path).returncode == 0
     summary = json.loads((tmp_path / "acceptance.json").read_text())
     verdicts = summary["variants"]["verdicts"]
-    assert verdicts["fused_product"] == 'faster wherever it was timed: add "cuda" to ops.FUSED_PRODUCT_DEVICES'
+    assert verdicts["fused_product"] == 'faster wherever it was timed: add "cuda" to the policy\'s fused_product'
     assert verdicts["fused_product_n64"].startswith("mixed: keep")
     first = summary["variants"]["rows"][0]
     assert first["faster"]["folded"] == 0.5 and abs(first["faster"]["fused_product"] - 1 / 0.9) < 1e-12

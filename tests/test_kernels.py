@@ -11,7 +11,21 @@ a GPU machine the same tests run the compiled kernels on CUDA:
 import pytest
 import torch
 
-from hf_zformer.modeling import ops, triton_ops
+from hf_zformer.modeling import (
+    dispatch,
+    ops,
+    ops_linear_attention,
+    ops_pooling,
+    ops_product,
+    policy,
+    triton_launch,
+    triton_linear_attention,
+    triton_ops,
+    triton_pooling,
+    triton_prefix_pool,
+    triton_product,
+    triton_shared_pool,
+)
 from hf_zformer.modeling.attention import FastformerAttention, ZformerAttention
 from conftest import tiny_config
 
@@ -21,12 +35,17 @@ pytestmark = pytest.mark.skipif(not triton_ops.RUNNABLE, reason="triton is not i
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
+def _set_policy(monkeypatch, **changes):
+    """The policy in force with `changes`, for the rest of the test."""
+    monkeypatch.setattr(policy, "_active", policy.active().replaced(**changes))
+
+
 @pytest.fixture(params=["fused", "split"])
 def kernels(request, monkeypatch):
     """The kernel backend for the test (the previous choice restored after it), in both launch
     plans of linear attention: one program per (sequence, head), and sums split over slices of the
-    sequence (the pooling's plan is `POOL_CHUNK`'s: slices of 128 rows)."""
-    monkeypatch.setattr(triton_ops, "FUSED_MIN_PAIRS", 0 if request.param == "fused" else 10**9)
+    sequence (the pooling's plan is the policy's `pool_chunk`: slices of 128 rows)."""
+    _set_policy(monkeypatch, fused_min_pairs=0 if request.param == "fused" else 10**9)
     previous = ops.set_kernel_backend("triton")
     yield
     ops.set_kernel_backend(previous)
@@ -35,7 +54,7 @@ def kernels(request, monkeypatch):
 @pytest.fixture
 def triton_backend():
     """The kernel backend for a test of a kernel with one launch plan (the shared pooling's slices
-    are `POOL_CHUNK`'s whatever `FUSED_MIN_PAIRS` says)."""
+    are the policy's `pool_chunk` whatever its `fused_min_pairs` says)."""
     previous = ops.set_kernel_backend("triton")
     yield
     ops.set_kernel_backend(previous)
@@ -142,10 +161,10 @@ def test_linear_attention_kernel_extra_padding_changes_nothing(kernels):
 
 
 def test_linear_attention_kernel_in_16_row_tiles(kernels, monkeypatch):
-    """The tiles fp32 inputs take on CUDA (`triton_ops._linear_rows`; the interpreter keeps 64 rows
+    """The tiles fp32 inputs take on CUDA (`triton_linear_attention._linear_rows`; the interpreter keeps 64 rows
     otherwise): the same results against fp64, gradients included, and padding changes nothing."""
     rows = []
-    monkeypatch.setattr(triton_ops, "_linear_rows", lambda exact: rows.append(exact) or 16)
+    monkeypatch.setattr(triton_linear_attention, "_linear_rows", lambda exact: rows.append(exact) or 16)
     test_linear_attention_kernel_matches_fp64(kernels, True, True, 150, 150, 16, 32)
     ops.set_kernel_backend("triton")
     test_linear_attention_kernel_extra_padding_changes_nothing(kernels)
@@ -211,7 +230,7 @@ def test_direction_pool_kernel_applies_the_score_scale(kernels, direction_rows):
 
 
 @pytest.mark.parametrize("direction_rows", [None, 1, 3])
-@pytest.mark.parametrize("length", [100, 700])  # one slice of `POOL_CHUNK`; several, merged
+@pytest.mark.parametrize("length", [100, 700])  # one slice of the policy's `pool_chunk`; several, merged
 def test_direction_pool_kernel_pools_gated_rows(kernels, direction_rows, length):
     """A gate g (B, H, d): the pooling of the rows g * x_j, the gate applied inside the kernel, against
     the naive reference over the gated rows formed in fp64, and its gradients (the gate's and the
@@ -241,9 +260,9 @@ def test_direction_pool_kernel_pools_gated_rows(kernels, direction_rows, length)
 def test_direction_pool_gate_gradients_walk_the_batch_in_tiles(kernels, monkeypatch, direction_rows):
     """The gate's and direction's gradients (`_gate_grads`) with the batch of 5 walked 2 sequences per
     tile (the last one partial), over several slices: the fp64 torch forms' gradients."""
-    monkeypatch.setattr(triton_ops, "_GATE_TILE", 64)
+    monkeypatch.setattr(triton_pooling, "GATE_TILE", 64)
     batch, heads, length, dim = 5, 2, 300, 24
-    assert triton_ops._gate_batch_rows(batch, dim) == 2
+    assert triton_pooling._gate_batch_rows(batch, dim) == 2
     generator = torch.Generator().manual_seed(16)
     values, direction = _pool_inputs(batch, heads, length, dim, direction_rows, generator)
     gate = torch.randn(batch, heads, dim, generator=generator).to(DEVICE).requires_grad_()
@@ -290,7 +309,7 @@ def test_direction_pool_kernel_matches_the_naive_reference(kernels):
 
 
 def test_direction_pool_kernel_one_slice_and_many_agree_bit_for_bit(kernels):
-    """100 real rows (one slice of `POOL_CHUNK`) padded to 600 (five slices, merged): the same
+    """100 real rows (one slice of `pool_chunk`) padded to 600 (five slices, merged): the same
     pooling and the same gradients at the real rows, exactly."""
     generator = torch.Generator().manual_seed(8)
     values = _heads(2, 100, 2, 16, generator)
@@ -306,15 +325,15 @@ def test_direction_pool_kernel_one_slice_and_many_agree_bit_for_bit(kernels):
 
 
 def test_pool_chunk_must_be_whole_tiles(kernels, monkeypatch):
-    monkeypatch.setattr(triton_ops, "POOL_CHUNK", 100)
+    _set_policy(monkeypatch, pool_chunk=100)
     values = _heads(1, 300, 1, 16, torch.Generator().manual_seed(9))
-    with pytest.raises(ValueError, match="POOL_CHUNK=100"):
+    with pytest.raises(ValueError, match="pool_chunk=100"):
         ops.direction_pool(values)
 
 
-@pytest.mark.parametrize("chunk", [None, 128])  # rows per program (`POOL_CHUNK`); None: the pairs' rule
+@pytest.mark.parametrize("chunk", [None, 128])  # rows per program (`pool_chunk`); None: the pairs' rule
 def test_direction_pool_kernel_extra_padding_changes_nothing(kernels, monkeypatch, chunk):
-    monkeypatch.setattr(triton_ops, "POOL_CHUNK", chunk)
+    _set_policy(monkeypatch, pool_chunk=chunk)
     generator = torch.Generator().manual_seed(7)
     values = _heads(2, 600, 2, 16, generator)
     direction = torch.randn(1, 2, 16, generator=generator).to(DEVICE)
@@ -350,8 +369,8 @@ def test_shared_pool_kernel_matches_fp64(triton_backend, monkeypatch, direction_
     """Fastformer's folded poolings: one sequence's rows pooled along every head's direction
     (`shared_pool_kernel`), 300 rows in three slices, against the torch form in fp64. Up to 8
     heads the backward pairs each direction with its gradient in one tile, beyond that not."""
-    paired = _Launches(triton_ops._shared_pool_backward_paired)
-    monkeypatch.setattr(triton_ops, "_shared_pool_backward_paired", paired)
+    paired = _Launches(triton_shared_pool._shared_pool_backward_paired)
+    monkeypatch.setattr(triton_shared_pool, "_shared_pool_backward_paired", paired)
     generator = torch.Generator().manual_seed(10)
     batch, length = 3, 300
     values = _shared_rows(batch, length, dim, generator)
@@ -427,7 +446,7 @@ def test_folded_fastformer_under_autocast_gives_the_torch_forms_results(triton_b
     module = FastformerAttention(config).to(DEVICE)
     torch.nn.init.normal_(module.query_score)
     torch.nn.init.normal_(module.key_score)
-    module.FOLDED_AUTOCAST_DEVICES = (DEVICE.type,)
+    module.folded_autocast_devices = (DEVICE.type,)
     x = torch.randn(3, 50, 64, generator=torch.Generator().manual_seed(1)).to(DEVICE)  # B N >= 2 D: W_o folded in
     mask = _mask(3, 50, [50, 17, 1])
     outputs = []
@@ -443,8 +462,8 @@ def test_shared_pool_kernel_takes_tiles_up_to_8192_elements(triton_backend, monk
     """(heads, width) tiles padded to powers of two: 16 heads at width 512, 32 at 256; wider ones
     (whose backward outgrows an H200's shared memory) take the torch form."""
     calls = []
-    original = ops.shared_pool_kernel
-    monkeypatch.setattr(ops, "shared_pool_kernel",
+    original = ops_pooling.shared_pool_kernel
+    monkeypatch.setattr(ops_pooling, "shared_pool_kernel",
                         lambda *a, **k: calls.append((a[1].shape[1], a[0].shape[-1])) or original(*a, **k))
     generator = torch.Generator().manual_seed(14)
     for heads, dim in ((16, 512), (17, 512), (2, 513), (16, 1024), (32, 256)):
@@ -461,18 +480,20 @@ def test_shared_pool_kernel_takes_tiles_up_to_8192_elements(triton_backend, monk
     (166_912, {"linear 64x64", "linear 128x65", "shared 16x512", "shared 8x256", "prefix 128", "prefix 256",
                "product"}),
     (101_376, {"linear 64x64", "shared 8x256", "prefix 128", "prefix 256"}),
-    (40_000, {"prefix 128", "prefix 256"}),  # 16-row tiles at 256 (`triton_ops._prefix_rows`)
+    (40_000, {"prefix 128", "prefix 256"}),  # 16-row tiles at 256 (`triton_prefix_pool._prefix_rows`)
     (30_000, set()),
 ])
 def test_kernels_run_only_where_their_shared_memory_fits_the_gpu(triton_backend, monkeypatch, limit, admitted):
     """Each kernel family's shared memory, bounded by its tile (`triton_ops.*_SHARED`), against the
     GPU's limit: H100/H200 (232,448 bytes), A100 (166,912), RTX 40xx / L4 (101,376); beyond it, or
     past the largest tile a family has a bound for, the torch form runs."""
-    monkeypatch.setattr(ops, "shared_memory_limit", lambda device: limit)
+    monkeypatch.setattr(dispatch, "shared_memory_limit", lambda device: limit)
     ran = []
-    for name in ("linear_attention_kernel", "shared_pool_kernel", "prefix_pool_kernel", "scaled_product_kernel"):
-        original = getattr(ops, name)
-        monkeypatch.setattr(ops, name, lambda *a, _name=name, _original=original, **k: ran.append(_name) or _original(*a, **k))
+    for module, name in ((ops_linear_attention, "linear_attention_kernel"), (ops_pooling, "shared_pool_kernel"),
+                         (ops_pooling, "prefix_pool_kernel"), (ops_product, "scaled_product_kernel")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name,
+                            lambda *a, _name=name, _original=original, **k: ran.append(_name) or _original(*a, **k))
 
     def admits(label, call):
         ran.clear()
@@ -501,7 +522,7 @@ def test_shared_memory_limit_asks_triton_then_the_compute_capability(monkeypatch
     cannot say, from the compute capability's table (the smallest known for an unknown one)."""
     from types import SimpleNamespace
 
-    driver = triton_ops.triton.runtime.driver
+    driver = triton_launch.triton.runtime.driver
     previous = getattr(driver, "_active", None)
     asked = []
 
@@ -511,8 +532,9 @@ def test_shared_memory_limit_asks_triton_then_the_compute_capability(monkeypatch
             raise RuntimeError("no such query")
         return {"max_shared_mem": 232_448}
 
-    monkeypatch.setattr(triton_ops, "INTERPRETED", False)
-    monkeypatch.setattr(triton_ops, "_shared_memory", {})
+    monkeypatch.setattr(triton_launch, "INTERPRETED", False)
+    monkeypatch.setattr(triton_launch, "_shared_memory", {})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index: {1: (8, 0), 2: (7, 5)}[index])
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     driver.set_active(SimpleNamespace(utils=SimpleNamespace(get_device_properties=properties)))
@@ -532,10 +554,10 @@ def test_auto_backend_leaves_fp32_shared_rows_to_the_torch_form(monkeypatch):
     cores. Checked through the dispatch rule on the device's tensors."""
     previous = ops.set_kernel_backend("auto")
     try:
-        monkeypatch.setattr(ops, "_kernel_applies", lambda *args, **kwargs: True)
+        monkeypatch.setattr(ops_pooling, "kernel_applies", lambda *args, **kwargs: True)
         rows = torch.randn(2, 30, 64)
-        assert not ops._shared_kernel_applies(rows, 8)
-        assert ops._shared_kernel_applies(rows.bfloat16(), 8)
+        assert not ops_pooling._shared_kernel_applies(rows, 8)
+        assert ops_pooling._shared_kernel_applies(rows.bfloat16(), 8)
     finally:
         ops.set_kernel_backend(previous)
 
@@ -556,7 +578,7 @@ def _causal_pool_inputs(batch, heads, length, dim, seed, spread=3.0):
 @pytest.mark.parametrize("dim", [16, 24, 200])
 def test_prefix_pool_kernel_matches_fp64(kernels, with_mask, dim):
     """Several tiles and a partial one; with the mask: left padding, a gap inside, an all-padding row.
-    Heads 200 wide (256-wide tiles) take the shorter tiles of `triton_ops._prefix_rows`."""
+    Heads 200 wide (256-wide tiles) take the shorter tiles of `triton_prefix_pool._prefix_rows`."""
     batch, heads, length = 3, 2, 150
     scores, values = _causal_pool_inputs(batch, heads, length, dim, seed=11)
     mask = None
@@ -711,8 +733,9 @@ def test_causal_fastformer_module_gives_the_torch_forms_results():
 
 def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypatch):
     calls = []
-    original = ops.linear_attention_kernel
-    monkeypatch.setattr(ops, "linear_attention_kernel", lambda *a, **k: calls.append(1) or original(*a, **k))
+    original = ops_linear_attention.linear_attention_kernel
+    monkeypatch.setattr(ops_linear_attention, "linear_attention_kernel",
+                        lambda *a, **k: calls.append(1) or original(*a, **k))
     generator = torch.Generator().manual_seed(8)
     query, key, value = (_heads(1, 20, 2, 16, generator) for _ in range(3))
     ops.linear_attention(query, key, value)
@@ -721,8 +744,8 @@ def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypat
     ops.linear_attention(*_fp64(query, key, value))  # fp64: the torch form
     ops.linear_attention(query, key, value, return_state=True)  # a state for a cache: the torch form
     pools = []
-    original_pool = ops.prefix_pool_kernel
-    monkeypatch.setattr(ops, "prefix_pool_kernel", lambda *a, **k: pools.append(1) or original_pool(*a, **k))
+    original_pool = ops_pooling.prefix_pool_kernel
+    monkeypatch.setattr(ops_pooling, "prefix_pool_kernel", lambda *a, **k: pools.append(1) or original_pool(*a, **k))
     scores = torch.randn(1, 2, 20, 1, device=DEVICE)
     ops.softmax_pool(scores, query, causal=True)  # causal pooling without a state: the kernel
     with torch.no_grad():  # a prefill's state outside autograd: the kernel too
@@ -733,8 +756,8 @@ def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypat
     wide = [t.repeat(1, 1, 1, 17) for t in (query, key, value)]  # 272: wider than a tile
     ops.linear_attention(*wide)
     # fp16: attention outputs written in fp16 could overflow; the pooling's result is fp32
-    assert not ops._kernel_applies("linear_attention", query.half())
-    assert ops._kernel_applies("direction_pool", query.half())
+    assert not dispatch.kernel_applies("linear_attention", query.half())
+    assert dispatch.kernel_applies("direction_pool", query.half())
     ops.set_kernel_backend("torch")
     ops.linear_attention(query, key, value)
     assert len(calls) == 1
@@ -743,7 +766,7 @@ def test_kernels_are_called_where_they_apply_and_nowhere_else(kernels, monkeypat
 def test_auto_backend_leaves_the_cpu_to_the_torch_forms(monkeypatch):
     previous = ops.set_kernel_backend("auto")
     try:
-        monkeypatch.setattr(ops, "linear_attention_kernel", None)  # calling it would fail
+        monkeypatch.setattr(ops_linear_attention, "linear_attention_kernel", None)  # calling it would fail
         query = torch.randn(1, 2, 20, 16)
         out, _ = ops.linear_attention(query, query, query)
         assert out.shape == (1, 2, 20, 16)
@@ -878,22 +901,22 @@ def test_scaled_product_kernel_extra_padding_changes_nothing(triton_backend):
 
 
 def test_scaled_product_kernel_runs_only_where_chosen(monkeypatch):
-    """Under `auto` the fused product runs only on the device types of `FUSED_PRODUCT_DEVICES` (none
-    by default) and only for bf16 rows; the backend `triton` runs it for fp32 rows too; a base of
+    """Under `auto` the fused product runs only on the device types of the policy's experimental
+    `fused_product` (none by default) and only for bf16 rows; the backend `triton` runs it for fp32 rows too; a base of
     another dtype than the rows takes the torch form."""
-    monkeypatch.setattr(ops, "_kernel_applies", lambda *args, **kwargs: True)  # as on a GPU
+    monkeypatch.setattr(ops_product, "kernel_applies", lambda *args, **kwargs: True)  # as on a GPU
     bf16 = _product_operands(1, 4, 8, 8, torch.bfloat16)[1]
     fp32 = _product_operands(1, 4, 8, 8, torch.float32)[1]
     device = bf16[1].device.type
     previous = ops.set_kernel_backend("auto")
     try:
-        assert ops.FUSED_PRODUCT_DEVICES == ()
-        assert not ops._product_kernel_applies(*bf16)
-        monkeypatch.setattr(ops, "FUSED_PRODUCT_DEVICES", (device,))
-        assert ops._product_kernel_applies(*bf16) and not ops._product_kernel_applies(*fp32)
+        assert policy.DEFAULT.experimental.fused_product == ()
+        assert not ops_product._product_kernel_applies(*bf16)
+        _set_policy(monkeypatch, fused_product=(device,))
+        assert ops_product._product_kernel_applies(*bf16) and not ops_product._product_kernel_applies(*fp32)
         ops.set_kernel_backend("triton")
-        assert ops._product_kernel_applies(*fp32)
-        assert not ops._product_kernel_applies(fp32[0], *bf16[1:])
+        assert ops_product._product_kernel_applies(*fp32)
+        assert not ops_product._product_kernel_applies(fp32[0], *bf16[1:])
     finally:
         ops.set_kernel_backend(previous)
 
@@ -905,10 +928,7 @@ def test_fastformer_pooled_output_through_the_fused_product(triton_backend, kern
     forms'; under bf16 autocast, with W_o set aside (b_r in the stacked bias) and a large b_r, its
     output is (on a GPU) as close to fp64 as the torch forms' (centred, as the pooled output's
     precision test)."""
-    from hf_zformer.modeling import attention as attention_module, blocks
-
-    monkeypatch.setattr(blocks, "STACKED_PROJECTION_DEVICES", ("cuda", "cpu"))
-    monkeypatch.setattr(attention_module, "use_folded_form", lambda *args, **kwargs: False)
+    _set_policy(monkeypatch, stacked_projection=("cuda", "cpu"), folded=False)
     config = tiny_config(attention_type="fastformer", hidden_size=64, num_attention_heads=4,
                          max_position_embeddings=128)
     torch.manual_seed(0)
@@ -943,7 +963,7 @@ def test_scaled_product_operator_passes_opcheck(triton_backend):
     stacked, operands = _product_operands(2, 40, 24, 16, torch.float32)
     torch.library.opcheck(triton_ops.OPERATORS.scaled_product, operands)
     leaves = [stacked, *operands[2:]]
-    eager = _grads(triton_ops._ScaledProduct.apply(*operands), leaves)
+    eager = _grads(triton_product._ScaledProduct.apply(*operands), leaves)
     for got, want in zip(_grads(triton_ops.OPERATORS.scaled_product(*operands), leaves), eager, strict=True):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
@@ -970,11 +990,14 @@ def kernel_calls(monkeypatch):
     """The names of the launching functions behind the kernels' operators and autograd functions,
     in the order they are called (forward launches and gradients of each family)."""
     calls = []
-    for name in ("_linear_attention_forward", "_linear_attention_grads", "_pool_forward", "_direction_pool_grads",
-                 "_shared_pool_forward", "_shared_pool_grads", "_prefix_pool_forward", "_prefix_pool_grads",
-                 "_scaled_product_forward"):
-        original = getattr(triton_ops, name)
-        monkeypatch.setattr(triton_ops, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
+    for module, names in ((triton_linear_attention, ("_linear_attention_forward", "_linear_attention_grads")),
+                          (triton_pooling, ("_pool_forward", "_direction_pool_grads")),
+                          (triton_shared_pool, ("_shared_pool_forward", "_shared_pool_grads")),
+                          (triton_prefix_pool, ("_prefix_pool_forward", "_prefix_pool_grads")),
+                          (triton_product, ("_scaled_product_forward",))):
+        for name in names:
+            original = getattr(module, name)
+            monkeypatch.setattr(module, name, lambda *a, _f=original, _n=name, **k: calls.append(_n) or _f(*a, **k))
     return calls
 
 
@@ -1030,24 +1053,32 @@ def test_compiled_modules_run_the_kernels(attention, options, folded, backend, m
         assert want is None or _relative(got_grad, want) < 1e-5
 
 
-def test_a_copy_of_the_kernels_module_registers_operators_of_its_own():
-    """A checkpoint's copy of triton_ops.py (`trust_remote_code` imports it under another name)
-    registers its operators in a namespace of its own, and a torch that refuses to redefine an
-    operator gets a numbered namespace instead of an error."""
-    import importlib.util
+def test_a_copy_of_the_kernels_registers_operators_of_its_own(monkeypatch):
+    """A checkpoint's copy of the kernel modules (`trust_remote_code` imports them under another
+    package) registers its operators in a namespace of its own, and a torch that refuses to
+    redefine an operator gets a numbered namespace instead of an error."""
+    import importlib
+    import sys
+    import types
+    from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("checkpoint_folder.triton_ops", triton_ops.__file__)
-    copy = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(copy)
-    assert copy.operator_namespace() == "checkpoint_folder_triton_ops" != triton_ops.operator_namespace()
+    folder = types.ModuleType("checkpoint_folder")  # the copied folder, siblings and all
+    folder.__path__ = [str(Path(triton_launch.__file__).parent)]
+    monkeypatch.setitem(sys.modules, "checkpoint_folder", folder)
+    for name in [name for name in sys.modules if name.startswith("checkpoint_folder.")]:
+        monkeypatch.delitem(sys.modules, name)
+    copy = importlib.import_module("checkpoint_folder.triton_prefix_pool")
+    namespace = importlib.import_module("checkpoint_folder.triton_launch").operator_namespace()
+    assert namespace == "checkpoint_folder_kernels" != triton_launch.operator_namespace()
+    pooling = importlib.import_module("checkpoint_folder.triton_pooling")
     values = torch.randn(2, 1, 20, 16, device=DEVICE)
-    pooled = copy.OPERATORS.direction_pool(values, None, None)[0]
+    pooled = pooling.OPERATORS.direction_pool(values, None, None)[0]
     torch.testing.assert_close(pooled, values.float().mean(2))
 
     define = torch.library.custom_op
 
     def refuse_redefinition(name, *args, **kwargs):  # as some torch versions answer a second definition
-        if name.startswith(copy.operator_namespace() + "::"):
+        if name.startswith(namespace + "::"):
             raise RuntimeError(f"Tried to register an operator ({name}) with the same name multiple times")
         return define(name, *args, **kwargs)
 
@@ -1057,7 +1088,7 @@ def test_a_copy_of_the_kernels_module_registers_operators_of_its_own():
     finally:
         torch.library.custom_op = define
     assert operators.prefix_pool is not copy.OPERATORS.prefix_pool
-    assert hasattr(torch.ops.checkpoint_folder_triton_ops_1, "prefix_pool")
+    assert hasattr(torch.ops.checkpoint_folder_kernels_1, "prefix_pool")
 
 
 @pytest.mark.parametrize("kind, attention", [("classification", "zformer"), ("seq2seq", "fastformer")])
@@ -1097,7 +1128,7 @@ def test_kernels_under_selective_activation_checkpointing_give_the_plain_gradien
     config = tiny_config(attention_type=attention, hidden_size=64, num_attention_heads=4)
     torch.manual_seed(0)
     module = {"zformer": ZformerAttention, "fastformer": FastformerAttention}[attention](config).to(DEVICE)
-    module.FOLDED_AUTOCAST_DEVICES = ()  # the plain form, whose sequence operations are the kernels
+    module.folded_autocast_devices = ()  # the plain form, whose sequence operations are the kernels
     x = torch.randn(2, 40, 64, generator=torch.Generator().manual_seed(3)).to(DEVICE).requires_grad_()
     mask = _mask(2, 40, [40, 23])
     namespace = triton_ops.operator_namespace()

@@ -192,9 +192,9 @@ def test_windowed_attention_against_its_weights_written_out(sinks, fading, monke
     real tokens of each row, here left-padded in row 1), the feature map on the other older keys
     (fading by r per token of age beyond the window with `decay`; blocks of 3 tokens, so the faded
     sums cross blocks)."""
-    from hf_zformer.modeling import ops
+    from hf_zformer.modeling import policy
 
-    monkeypatch.setattr(ops, "ZFORMER_CAUSAL_BLOCK", 3)
+    monkeypatch.setattr(policy, "_active", policy.active().replaced(zformer_causal_block=3))
     torch.manual_seed(0)
     batch, heads, length, dim, window = 2, 3, 11, 4, 4
     query, key, value = (torch.randn(batch, heads, length, dim, dtype=torch.float64) for _ in range(3))

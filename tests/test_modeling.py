@@ -214,7 +214,9 @@ def test_remote_code_round_trip_in_clean_process(tmp_path):
     }
     assert sorted(p.name for p in (tmp_path / "full-AutoModel").glob("*.py")) == [
         "attention.py", "attention_memory.py", "attention_registry.py", "blocks.py", "cache_zformer.py",
-        "configuration_zformer.py", "modeling_zformer.py", "ops.py", "triton_ops.py",
+        "configuration_zformer.py", "dispatch.py", "modeling_zformer.py", "ops.py", "ops_linear_attention.py",
+        "ops_pooling.py", "ops_product.py", "policy.py", "triton_launch.py", "triton_linear_attention.py",
+        "triton_pooling.py", "triton_prefix_pool.py", "triton_product.py", "triton_shared_pool.py",
     ]
     torch.save({"ids": ids, "mask": mask}, tmp_path / "batch.pt")
     run_isolated(
@@ -231,7 +233,7 @@ def test_remote_code_round_trip_in_clean_process(tmp_path):
             model = auto_class.from_pretrained(folder, trust_remote_code=True).eval()
             assert model.__module__.startswith("transformers_modules"), model.__module__
             package = model.__module__.rsplit(".", 1)[0]
-            assert not importlib.import_module(package + ".triton_ops").AVAILABLE
+            assert not importlib.import_module(package + ".triton_launch").AVAILABLE
             out = model(input_ids=batch["ids"], attention_mask=batch["mask"])
             results[name] = out.logits if hasattr(out, "logits") else out.last_hidden_state
         torch.save(results, "remote.pt")

@@ -4,7 +4,7 @@ its family, in fp64, forward and backward (queries, keys, values, scores, the st
 import pytest
 import torch
 
-from hf_zformer.modeling import ops
+from hf_zformer.modeling import ops, policy
 
 B, H, D = 3, 2, 4
 
@@ -106,7 +106,7 @@ def test_stored_state_alone_is_attended_without_keys():
 )
 def test_causal_linear_attention_equals_reference(monkeypatch, length, block, with_state, return_state, form,
                                                   mask_kind, value_width):
-    monkeypatch.setattr(ops, "ZFORMER_CAUSAL_BLOCK", block)
+    monkeypatch.setattr(policy, "_active", policy.active().replaced(zformer_causal_block=block))
     q, k, v, state, scale = _linear_case(length, length, with_state, True, value_width=value_width)
     mask = _mask(length, mask_kind) if length > 2 else None
     fast_inputs, reference_inputs = _leaves(q, k, v, state, scale), _leaves(q, k, v, state, scale)
@@ -183,7 +183,7 @@ def test_bidirectional_softmax_pool_equals_reference(mask_kind):
 )
 def test_causal_softmax_pool_equals_reference(monkeypatch, length, quadratic_limit, with_state, return_state, form,
                                               mask_kind):
-    monkeypatch.setattr(ops, "FASTFORMER_CAUSAL_QUADRATIC", quadratic_limit)
+    monkeypatch.setattr(policy, "_active", policy.active().replaced(fastformer_causal_quadratic=quadratic_limit))
     scores, values = _pool_case(length)
     state = _pool_state() if with_state else None
     mask = _mask(length, mask_kind) if length > 2 else None

@@ -33,3 +33,4 @@ from .modeling_zformer_llama import (
     ZformerLlamaModel,
     register_llama_auto_classes,
 )
+from .policy import Policy, use_policy

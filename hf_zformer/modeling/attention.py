@@ -63,24 +63,33 @@ from .ops import (
     windowed_linear_attention,
     with_ones,
 )
+from .policy import active
 
 logger = logging.get_logger(__name__)
 
 
+_LIVE = object()  # `use_folded_form`'s autocast: the state in force
+
+
 def use_folded_form(hidden_states: torch.Tensor, pays_off: bool, *layers: nn.Module,
-                    autocast_devices: tuple[str, ...] = ()) -> bool:
+                    autocast_devices: tuple[str, ...] = (), autocast_dtype=_LIVE) -> bool:
     """Whether bidirectional Zformer/Fastformer self-attention takes its folded form (see
-    `ZformerAttention._folded`): only where it does fewer FLOPs (`pays_off`, long sequences), with
-    the projections `layers` plain `nn.Linear`s (the form reads their weights: an adapter, or a
-    forward of its own, on one keeps the layers' own forward: `blocks.plain_linears`), and in fp32/fp64 outside autocast, or under bf16 autocast on
-    the device types `autocast_devices` (the attention class's `FOLDED_AUTOCAST_DEVICES`). Elsewhere
-    under autocast the plain form keeps its low-precision projections and fp32 sequence sums, which
-    on CUDA run as the fused kernels (docs/benchmarks.md, "On a GPU")."""
-    if not pays_off or not plain_linears(*layers):
+    `ZformerAttention._folded`): where the policy's `folded` allows it, only where it does fewer
+    FLOPs (`pays_off`, long sequences), with the projections `layers` plain `nn.Linear`s (the form
+    reads their weights: an adapter, or a forward of its own, on one keeps the layers' own forward:
+    `blocks.plain_linears`), and in fp32/fp64 outside autocast, or under bf16 autocast on the device
+    types `autocast_devices` (the module's `folded_autocast`, from the policy's `folded_autocast`).
+    Elsewhere under autocast the plain form keeps its low-precision projections and fp32 sequence
+    sums, which on CUDA run as the fused kernels (docs/benchmarks.md, "On a GPU"). `autocast_dtype`
+    (None: autocast off) stands in for the autocast state in force where given (`explain.py` asks
+    about other devices)."""
+    if not pays_off or not active().folded or not plain_linears(*layers):
         return False
     device_type = hidden_states.device.type
-    if torch.is_autocast_enabled(device_type):  # bf16 only: fp16's range would overflow zformer's Gram sum
-        return device_type in autocast_devices and torch.get_autocast_dtype(device_type) == torch.bfloat16
+    if autocast_dtype is _LIVE:
+        autocast_dtype = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    if autocast_dtype is not None:  # bf16 only: fp16's range would overflow zformer's Gram sum
+        return device_type in autocast_devices and autocast_dtype == torch.bfloat16
     return hidden_states.dtype in (torch.float32, torch.float64)
 
 
@@ -135,10 +144,12 @@ class Attention(nn.Module):
     CAN_BE_CAUSAL = True
     CAN_BE_CROSS = True
     HAS_ATTENTION_DROPOUT = True
-    # Device types on which a type with a folded form (`_folded_output`) takes it under autocast
-    # too (`use_folded_form`); elsewhere autocast keeps the plain form. A module's own attribute
-    # overrides its class's (the benchmark's `<type>_folded` / `<type>_plain` set it).
-    FOLDED_AUTOCAST_DEVICES: tuple[str, ...] = ()
+    # The type's name in the execution policy's `folded_autocast` (policy.py).
+    POLICY_NAME = ""
+    # Device types on which this module takes its folded form (`_folded_output`) under autocast too
+    # (`use_folded_form`), where set on the module (the benchmark's `<type>_folded` / `<type>_plain`
+    # set it); None: the policy's `folded_autocast` for the type (`folded_autocast`).
+    folded_autocast_devices: tuple[str, ...] | None = None
 
     def __init__(self, config, *, is_causal: bool = False, is_cross: bool = False, layer_idx: int | None = None):
         super().__init__()
@@ -188,6 +199,11 @@ class Attention(nn.Module):
                 return folded, None
         context = self.context(hidden_states, attention_mask, memory, memory_mask, cache, position_ids)
         return self.output(context), None
+
+    def folded_autocast(self) -> tuple[str, ...]:
+        """The device types on which this module takes its folded form under bf16 autocast."""
+        own = self.folded_autocast_devices
+        return own if own is not None else active().folded_autocast_devices(self.POLICY_NAME)
 
     def context(self, hidden_states, attention_mask=None, memory=None, memory_mask=None, cache=None,
                 position_ids=None) -> torch.Tensor:
@@ -588,11 +604,7 @@ class ZformerAttention(_QKVAttention):
     """
 
     HAS_ATTENTION_DROPOUT = False
-    # The folded form under autocast on CPUs too: under bf16 autocast on an AMD EPYC (Zen 4, 2
-    # threads, batch 8, width 512) it ran 1.8-2.3x faster forward and 1.06-1.8x in training than the
-    # plain form at 1,024-2,048 tokens (docs/benchmarks.md). CUDA keeps the plain form and its
-    # kernels (faster there than an earlier form of this fold; the GPU check's `zformer_folded` re-times it).
-    FOLDED_AUTOCAST_DEVICES: tuple[str, ...] = ("cpu",)
+    POLICY_NAME = "zformer"
 
     def build_parameters(self, config) -> None:
         self.scale_init = float(config.zformer_scale_init)
@@ -721,7 +733,7 @@ class ZformerAttention(_QKVAttention):
     def _folded_output(self, hidden_states, attention_mask):
         pays_off = self.folded_form_pays_off(*hidden_states.shape[1:])
         if self.key_map is None and use_folded_form(hidden_states, pays_off, self.query, self.key, self.value,
-                                                    autocast_devices=self.FOLDED_AUTOCAST_DEVICES):
+                                                    autocast_devices=self.folded_autocast()):
             return self._folded(hidden_states, attention_mask)
         return None
 
@@ -815,7 +827,7 @@ class ZformerAttention(_QKVAttention):
         [A; c] per head = [W_q | b_q]_h^T K^T V / (sqrt(d_h) s). Cost 4 N D^2 (G and x_i A) + 2 D^3
         instead of the 6 N D^2 of three projections: K and V are never formed, and the output
         projection joins the per-sequence map (`_apply_folded`). The sums over the sequence run in
-        the input's precision (fp32 or fp64); under autocast (`FOLDED_AUTOCAST_DEVICES`) X is cast
+        the input's precision (fp32 or fp64); under autocast (`folded_autocast`) X is cast
         once, G is one product in autocast's dtype (fp32 accumulation), and the (D + 1)-wide algebra
         runs in fp32.
         """
@@ -939,24 +951,19 @@ class FastformerAttention(_QKVAttention):
     Causal form: the poolings become prefix poolings (a log-sum-exp and the pooling so far per head),
     an O(1) state per generated token; with a cache, each pooling starts from its state in the
     cache layer (`query_pool`, `key_pool`) and both new states are stored there. Without a cache, up to
-    `ops.FASTFORMER_CAUSAL_QUADRATIC` tokens pool through a softmax over the causal pattern instead
+    the policy's `fastformer_causal_quadratic` tokens pool through a softmax over the causal pattern instead
     (`ops.causal_softmax_pool`, fewer operations on short inputs).
 
     Bidirectional attention on all but short sequences takes a folded form with the same result
     (`_folded`): 2 N D^2 + 2 D^3 FLOPs per sequence instead of the 8 N D^2 of four projections, in
-    fp32, and under bf16 autocast on the devices of `FOLDED_AUTOCAST_DEVICES` (CPUs). Where that
+    fp32, and under bf16 autocast on the devices of `folded_autocast` (CPUs). Where that
     form is not taken (autocast on CUDA), inputs at least as long as the width take the pooled
     output (`_pooled_output`): W_r and the residual as one batched product per sequence.
     """
 
     HAS_ATTENTION_DROPOUT = False
     CAN_BE_CROSS = False
-    # The folded form under autocast on CPUs too: under bf16 autocast on an AMD EPYC (Zen 4, 2
-    # threads, batch 8, width 512) it ran 1.1-4.35x faster forward and 1.04-2.0x in training than
-    # the plain form from 256 to 2,048 tokens, with a smaller error against fp32 (docs/benchmarks.md).
-    # On CUDA the plain form with its kernels stays until the GPU check's `fastformer_folded` type
-    # has timed the folded form there.
-    FOLDED_AUTOCAST_DEVICES: tuple[str, ...] = ("cpu",)
+    POLICY_NAME = "fastformer"
 
     def build_parameters(self, config) -> None:
         if config.fastformer_share_qv:
@@ -991,7 +998,7 @@ class FastformerAttention(_QKVAttention):
         length, width = hidden_states.shape[1:]
         layers = [layer for layer in (self.query, self.key, self.value, self.transform) if layer is not None]
         pays_off = self.folded_form_pays_off(length, width, projections=len(layers))
-        if use_folded_form(hidden_states, pays_off, *layers, autocast_devices=self.FOLDED_AUTOCAST_DEVICES):
+        if use_folded_form(hidden_states, pays_off, *layers, autocast_devices=self.folded_autocast()):
             return self._folded(hidden_states, attention_mask)
         if self._takes_pooled_output(length, width):
             return self._pooled_output(hidden_states, attention_mask)
@@ -1033,12 +1040,12 @@ class FastformerAttention(_QKVAttention):
 
     def _takes_pooled_output(self, length: int, width: int) -> bool:
         """Whether bidirectional attention over `length` tokens of `width` takes `_pooled_output`:
-        where its (B, D, D) map is no larger than v (N >= D; on shorter inputs building the map costs
-        more than the passes it saves: 0.70-0.77x on a CPU at 128 tokens, width 512), with a value
+        where the policy's `pooled_output` allows it and its (B, D, D) map is no larger than v
+        (N >= D; on shorter inputs building the map costs more than the passes it saves), with a value
         projection, a bias on W_r, and plain `Linear` layers as W_q, W_k, W_v and W_r (adapters and
         forwards of their own keep the layers' forward; W_o may be anything: `_pooled_output` calls it)."""
         layers = (self.query, self.key, self.value, self.transform)
-        return length >= width and self.value is not None and self.transform.bias is not None and (
+        return length >= width and active().pooled_output and self.value is not None and self.transform.bias is not None and (
             plain_linears(*layers)
         )
 
@@ -1131,7 +1138,7 @@ class FastformerAttention(_QKVAttention):
         W_o W_q and W_o W_r, formed once per call (`_folded_output_maps`): per sequence 2 D^3 FLOPs
         for the map and 2 N D^2 to apply it, plus 8 N D H for the scores and poolings, instead of
         10 N D^2 for five projections; Q, K, V and the other (B, N, D) intermediates are never formed.
-        Under autocast (`FOLDED_AUTOCAST_DEVICES`) X is cast once, the per-sequence vectors stay
+        Under autocast (`folded_autocast`) X is cast once, the per-sequence vectors stay
         fp32 and the two matrix products run in autocast's dtype.
         """
         x = autocast_input(hidden_states)  # (B, N, D); read by every step, so cast once under autocast

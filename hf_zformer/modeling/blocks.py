@@ -7,51 +7,11 @@ opt-in `hf_zformer.cpu_speedups`).
 """
 
 import contextlib
-import os
 
 import torch
 from torch import nn
 
-# ----------------------------------------------------------------------------------------------
-# the backend of the fast forms (ops.py, "Backends"; kept here, where every module can read it)
-# ----------------------------------------------------------------------------------------------
-
-KERNEL_BACKENDS = ("auto", "torch", "triton")
-
-
-def _checked_backend(name: str, source: str) -> str:
-    if name not in KERNEL_BACKENDS:
-        raise ValueError(f"{source}={name!r}: choose one of {', '.join(KERNEL_BACKENDS)}")
-    return name
-
-
-_backend = _checked_backend(os.environ.get("HF_ZFORMER_KERNELS", "auto").strip().lower() or "auto",
-                            "HF_ZFORMER_KERNELS")
-
-
-def set_kernel_backend(name: str) -> str:
-    """Choose the backend of the fast forms for this process: 'auto', 'torch' or 'triton' (ops.py,
-    "Backends"). Returns the previous choice, to restore it."""
-    global _backend
-    previous, _backend = _backend, _checked_backend(name, "kernel backend")
-    return previous
-
-
-@contextlib.contextmanager
-def use_kernel_backend(name: str):
-    """`set_kernel_backend(name)` for the duration of a `with` block, e.g. to time or check the plain
-    torch forms against the fast ones: `with ops.use_kernel_backend("torch"): model(**batch)`."""
-    previous = set_kernel_backend(name)
-    try:
-        yield
-    finally:
-        set_kernel_backend(previous)
-
-
-def kernel_backend() -> str:
-    """The backend chosen ('auto', 'torch' or 'triton')."""
-    return _backend
-
+from .policy import active
 
 def at_least_fp32(*tensors):
     """The tensors in at least fp32 (fp64 stays fp64), for sums over the sequence. fp32/fp64
@@ -199,8 +159,6 @@ def add_into_fresh(fresh: torch.Tensor, other: torch.Tensor) -> torch.Tensor:
     return fresh + other
 
 
-# Devices on which `project` stacks projections into one product (see there).
-STACKED_PROJECTION_DEVICES = ("cuda",)
 
 
 def plain_linears(*layers: nn.Module) -> bool:
@@ -226,8 +184,7 @@ def stacks_projections(x: torch.Tensor, *layers: nn.Module) -> bool:
     """Whether `project` runs `layers` on x as one product against their stacked weights (see there)."""
     return (
         len(layers) >= 2
-        and x.device.type in STACKED_PROJECTION_DEVICES
-        and _backend != "torch"
+        and active().stacks(x.device.type)
         and x.numel() // max(1, x.shape[-1]) >= x.shape[-1]
         and plain_linears(*layers)
         and len({layer.bias is None for layer in layers}) == 1
@@ -237,7 +194,7 @@ def stacks_projections(x: torch.Tensor, *layers: nn.Module) -> bool:
 def project(x: torch.Tensor, *layers: nn.Module, bias: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """x (..., D) through each of `layers` (D -> D_i), one output per layer.
 
-    On CUDA (`STACKED_PROJECTION_DEVICES`), where every layer is a plain `nn.Linear` (`plain_linears`)
+    On CUDA (the policy's `stacked_projection`, policy.py), where every layer is a plain `nn.Linear` (`plain_linears`)
     and the input has at least as many rows as a layer has inputs, one product against the stacked
     weights (sum D_i, D) gives all the outputs, as column slices of one (..., sum D_i) tensor. Under
     autocast the fp32 input is then cast to the low precision once instead of once per projection

@@ -32,13 +32,13 @@ from .blocks import (
     at_least_fp32,
     check_inputs,
     drop_full_mask,
-    kernel_backend,
     masked_softmax,
     plain_linears,
     zero_padding,
 )
 from .cache_zformer import ZformerCache, record_forward
 from .configuration_zformer import CAUSAL_ATTENTION_TYPES, FastformerConfig, ZformerConfig
+from .policy import kernel_backend
 
 
 def sinusoidal_table(length: int, width: int) -> torch.Tensor:
@@ -205,7 +205,7 @@ def tied_lookups(head: nn.Module, *lookups):
     the weight that `head_logits` applies in place of the head's) from one `_TiedLookups` call. The gradient is plain autograd's, less one zero-filled (vocab, D)
     buffer and its addition per lookup. Otherwise (no gradient, untied weights, ids missing,
     sharded weights such as DeepSpeed ZeRO-3's, which are gathered per module; the backend `torch`,
-    `blocks.set_kernel_backend`) returns None: the modules look up their tokens as usual."""
+    `policy.set_kernel_backend`) returns None: the modules look up their tokens as usual."""
     weight = getattr(head, "weight", None)
     if not (
         kernel_backend() != "torch"

@@ -3,7 +3,9 @@ time goes"): the benchmark's grid shape (bf16 autocast, batch 40, width 512, 8 h
 captured once as a CUDA graph (the GPU's own time) and replayed in alternating rounds, forward and
 training step, SDPA's module beside them (with and without stacked projections); every variant's
 output is first checked, in fp32, against the unpooled form's (the form before these remedies), and
-the script stops unless each variant ran the form it names. Every module is whole (the benchmark's
+the script stops unless each variant runs the form it names (`explain`). Each variant is a set of
+changes to the execution policy put in force by `use_policy` (`VARIANT_POLICIES`): nothing of the
+library is patched. Every module is whole (the benchmark's
 level `module`, output projection included): the pooled output moves W_r's bias into that
 projection's and the folded form merges the projection into its own products, which a module
 without one (level `attention`) cannot show.
@@ -12,27 +14,27 @@ Variants of the module (all but `folded` in the plain form, as CUDA runs it by d
 - `shipped`: the projections of one input stacked into one product (`blocks.project`), from N >= D
   the pooled output (`FastformerAttention._pooled_output`): q + v (W_r diag(k_g))^T in one batched
   product whose accumulator starts from q, b_r moved into the output projection's bias, and
-  poolings split into slices of 128 rows, one program each (`triton_ops.POOL_CHUNK`);
+  poolings split into slices of 128 rows, one program each (the policy's `pool_chunk`);
 - `unstacked`: one product per projection (autocast casts the fp32 input once per projection);
 - `unpooled`: u_i = k_g * v_i, then r_i = W_r u_i + b_r + q_i (two element-wise passes over (B, N, D)
   tensors besides the products);
 - `per_pair`: the pooling kernels with one program per (sequence, head) pair over the whole
-  sequence where the pairs fill the GPU (`triton_ops.POOL_CHUNK = None`, the rule before slices);
+  sequence where the pairs fill the GPU (`pool_chunk=None`, the rule before slices);
 - `chunk512`, `chunk256`: slices of 512 or 256 rows per program instead of the shipped 128;
 - `ungated`: the key pooling along w_k * q_g, then q_g times the pooling, as two operations of
   their own (before `ops.direction_pool` took q_g as its gate);
 - `unfused_map`: W_r diag(k_g) as two casts and a multiply (before `ops.column_scaled`, whose
   backward reads the map's gradient once);
 - `fused_product`: r = q + (v diag(k_g)) W_r^T as one Triton product that scales v as it loads it
-  (`ops.column_scaled_product` with CUDA in `ops.FUSED_PRODUCT_DEVICES`): no (B, D, D) map and no
-  column-scaling launch forward (the script stops if its kernel did not run on a GPU);
-- `fused_product_n64`: the same with (128, 64) tiles of 4 warps (`triton_ops._PRODUCT_TILES`; two
+  (`ops.column_scaled_product` with CUDA in the policy's experimental `fused_product`): no (B, D, D)
+  map and no column-scaling launch forward (the script stops unless `explain` names its kernel on a GPU);
+- `fused_product_n64`: the same with (128, 64) tiles of 4 warps (the policy's `product_tiles`; two
   programs per multiprocessor where (128, 128) tiles of 8 warps fit one);
 - `folded`: the folded form (`FastformerAttention._folded`, one (D, D) map per sequence, no Q, K, V)
   under bf16 autocast too: its input cast to bf16 once, both poolings of it in one fused kernel
   each, the output projection folded in (the default on CPUs; on CUDA in fp32 only);
 - `folded_unpaired`: `folded` with the poolings' backward holding each head's direction and its
-  gradient in separate tiles (`triton_ops._paired_backward` false: the kernel before pairing).
+  gradient in separate tiles (`paired_shared_backward=False`: the kernel before pairing).
 
 Forward rows also print each variant's bf16 output error against the fp32 output (relative norm).
 
@@ -45,7 +47,6 @@ takes its folded form instead), with the projections stacked and the plain form 
 check of the script and of the outputs.
 """
 import argparse
-import contextlib
 import json
 import statistics
 import sys
@@ -59,92 +60,64 @@ from torch.nn import functional as F  # noqa: E402
 from benchmarks.cases import BenchCase, build_module, make_config  # noqa: E402
 from benchmarks import machine_info  # noqa: E402
 from benchmarks.harness import _make_inputs, _make_step, capture_graph, timed_call  # noqa: E402
-from hf_zformer.modeling import blocks, ops, triton_ops  # noqa: E402
-from hf_zformer.modeling import attention as attention_module  # noqa: E402
-from hf_zformer.modeling.attention import FastformerAttention  # noqa: E402
+from hf_zformer.modeling.explain import explain  # noqa: E402
+from hf_zformer.modeling.policy import use_policy  # noqa: E402
 
 FULL = ("full", "full_unstacked")
 VARIANTS = ("shipped", "unstacked", "unpooled", "per_pair", "chunk512", "chunk256", "ungated", "unfused_map",
             "fused_product", "fused_product_n64", "folded", "folded_unpaired")
 
 
-def _ungated_pool(values, direction=None, mask=None, scale=1.0, gate=None):
-    """`ops.direction_pool` with the gate's two products outside the kernel (variant `ungated`)."""
-    if gate is None:
-        return ops.direction_pool(values, direction, mask, scale)
-    direction = None if direction is None else direction * gate
-    return gate[:, :, None] * ops.direction_pool(values, direction, mask, scale)
+# Each variant as changes of the execution policy (`hf_zformer/modeling/policy.py`) from the shipped
+# one; `variant` puts them in force (with the projections stacked on the device at hand).
+VARIANT_POLICIES = {
+    "shipped": {},
+    "unstacked": {"stacked_projection": ()},
+    "unpooled": {"pooled_output": False},
+    "per_pair": {"pool_chunk": None},
+    "chunk512": {"pool_chunk": 512},
+    "chunk256": {"pool_chunk": 256},
+    "ungated": {"gate_in_kernel": False},
+    "unfused_map": {"plain_operations": ("column_scale",)},
+    "fused_product": {"fused_product": "DEVICE"},
+    "fused_product_n64": {"fused_product": "DEVICE", "product_tiles": (128, 64, 64, 4, 3)},
+    "folded": {"folded_autocast": {"fastformer": "DEVICE"}},
+    "folded_unpaired": {"folded_autocast": {"fastformer": "DEVICE"}, "paired_shared_backward": False},
+}
+# every form as CUDA runs it by default, on whatever device the script runs: the projections stacked,
+# fastformer's plain form under autocast
+BASE = {"stacked_projection": "DEVICE", "folded_autocast": {"fastformer": ()}}
 
 
-def _unfused_map(weight, scales, dtype):
-    """W diag(k) per sequence by `ops.column_scaled`'s torch form (variant `unfused_map`)."""
-    with ops.use_kernel_backend("torch"):
-        return ops.column_scaled(weight, scales, dtype)
+def _on(value, device):
+    """A variant's value with "DEVICE" standing for the device type at hand."""
+    if value == "DEVICE":
+        return (device.type,)
+    if isinstance(value, dict):
+        return {key: _on(item, device) for key, item in value.items()}
+    return value
 
 
-@contextlib.contextmanager
-def variant(name, device):
-    """Within: the projections, FastformerAttention and the pooling kernels as variant `name` has them."""
-    saved = (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
-             FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward,
-             attention_module.direction_pool, attention_module.column_scaled, ops.FUSED_PRODUCT_DEVICES,
-             triton_ops._PRODUCT_TILES)
-    if name.startswith("fused_product"):
-        ops.FUSED_PRODUCT_DEVICES = (device.type,)
-    if name == "fused_product_n64":
-        triton_ops._PRODUCT_TILES = (128, 64, 64, 4, 3)
-    if name == "ungated":
-        attention_module.direction_pool = _ungated_pool
-    if name == "unfused_map":
-        attention_module.column_scaled = _unfused_map
-    blocks.STACKED_PROJECTION_DEVICES = () if name.endswith("unstacked") else (device.type,)
-    # the folded form under autocast for the `folded` variants only (the CPU takes it by default:
-    # the other variants are the plain form's, as on CUDA)
-    FastformerAttention.FOLDED_AUTOCAST_DEVICES = (device.type,) if name.startswith("folded") else ()
-    if name == "folded_unpaired":
-        triton_ops._paired_backward = lambda heads: False
-    if name == "unpooled":
-        FastformerAttention._takes_pooled_output = lambda self, length, width: False
-    if name == "per_pair":
-        triton_ops.POOL_CHUNK = None
-    if name.startswith("chunk"):
-        triton_ops.POOL_CHUNK = int(name[len("chunk"):])
-    try:
-        yield
-    finally:
-        (blocks.STACKED_PROJECTION_DEVICES, FastformerAttention._takes_pooled_output, triton_ops.POOL_CHUNK,
-         FastformerAttention.FOLDED_AUTOCAST_DEVICES, triton_ops._paired_backward,
-         attention_module.direction_pool, attention_module.column_scaled, ops.FUSED_PRODUCT_DEVICES,
-         triton_ops._PRODUCT_TILES) = saved
+def variant(name, device, **extra):
+    """`use_policy` with variant `name`'s changes (`VARIANT_POLICIES`) over `BASE`, and `extra`."""
+    changes = {**BASE, **VARIANT_POLICIES.get(name, {}), **extra}
+    if name in FULL:  # SDPA's module: stacked or not, nothing else of fastformer's
+        changes = {**BASE, **({"stacked_projection": ()} if name.endswith("unstacked") else {})}
+    return use_policy(**{key: _on(value, device) for key, value in changes.items()})
 
 
 def expected_form(name, length, width):
-    """The FastformerAttention method that computes variant `name`'s output at this shape under bf16
-    autocast (what `forms_taken` must see)."""
+    """The form (`explain`'s name) variant `name` computes its output with at this shape under bf16
+    autocast."""
     if name.startswith("folded"):
-        return "_folded"
-    return "_pooled_output" if name != "unpooled" and length >= width else "context"
+        return "folded"
+    return "pooled" if name != "unpooled" and length >= width else "plain"
 
 
-@contextlib.contextmanager
-def forms_taken():
-    """Within: a list that names each of FastformerAttention's forms (`_folded`, `_pooled_output`,
-    `context`) as a forward call enters it."""
-    taken, saved = [], {name: getattr(FastformerAttention, name) for name in ("_folded", "_pooled_output", "context")}
-
-    def recording(name, method):
-        def recorded(self, *args, **kwargs):
-            taken.append(name)
-            return method(self, *args, **kwargs)
-        return recorded
-
-    for name, method in saved.items():
-        setattr(FastformerAttention, name, recording(name, method))
-    try:
-        yield taken
-    finally:
-        for name, method in saved.items():
-            setattr(FastformerAttention, name, method)
+def _paths(name, module, inputs, device):
+    """What `explain` says variant `name`'s module runs under bf16 autocast (without running it)."""
+    with variant(name, device):
+        return explain(module, inputs, autocast=torch.bfloat16)[0]["paths"]
 
 
 def variant_step(name, case, device):
@@ -166,26 +139,17 @@ def variant_step(name, case, device):
 
     output = low = None
     if case.mode == "forward":  # in fp32 through the plain form (fp32 would otherwise take the folded one)
-        plain = attention_module.use_folded_form
-        attention_module.use_folded_form = lambda hidden_states, pays_off, *layers, **_: False
-        try:
-            with torch.no_grad(), variant(name, device):
-                output = module(**inputs)[0]
-        finally:
-            attention_module.use_folded_form = plain
-        fused, launch = [], ops.scaled_product_kernel
-        ops.scaled_product_kernel = lambda *args: fused.append(1) or launch(*args)
-        try:
-            with torch.no_grad(), variant(name, device), torch.autocast(device.type, dtype=torch.bfloat16), \
-                    forms_taken() as taken:
-                low = module(**inputs)[0].float()
-        finally:
-            ops.scaled_product_kernel = launch
-        if name.startswith("fused_product") and device.type == "cuda" and not fused:
-            raise SystemExit(f"{name} at n={case.length}: its kernel did not run")
-        if name in VARIANTS and taken != [expected_form(name, case.length, case.width)]:
-            raise SystemExit(f"{name} at n={case.length}: the module ran {taken}, not "
-                             f"{expected_form(name, case.length, case.width)!r}")
+        with torch.no_grad(), variant(name, device, folded=False):
+            output = module(**inputs)[0]
+        with torch.no_grad(), variant(name, device), torch.autocast(device.type, dtype=torch.bfloat16):
+            low = module(**inputs)[0].float()
+        if name in VARIANTS:
+            paths = _paths(name, module, inputs, device)
+            if paths["form"] != expected_form(name, case.length, case.width):
+                raise SystemExit(f"{name} at n={case.length}: the module runs {paths}, not the form "
+                                 f"{expected_form(name, case.length, case.width)!r}")
+            if name.startswith("fused_product") and device.type == "cuda" and paths.get("fused_product") != "triton":
+                raise SystemExit(f"{name} at n={case.length}: its kernel does not run ({paths})")
     return (capture_graph(patched, device) if case.graphs else patched), output, low
 
 
