@@ -133,22 +133,25 @@ def test_memory_holding_every_older_token_is_softmax_attention():
     torch.testing.assert_close(torch.cat(parts, 1), expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("groups", [1, 2], ids=["heads", "grouped"])
 @pytest.mark.parametrize("fading", [False, True], ids=["flat", "fading"])
-def test_memory_keeps_the_tokens_the_state_recalls_worst(fading):
-    """A placement keeps, per head, the candidates (the memory and the chunk leaving) that a state
-    holding all of them recalls worst, and every other placed token but the sinks joins the state:
-    the state is the sum written out over the tokens the memory does not hold."""
+def test_memory_keeps_the_tokens_the_state_recalls_worst(fading, groups):
+    """A placement keeps, per key/value head, the candidates (the memory and the chunk leaving) that a
+    state holding all of them recalls worst, summed over the query heads that share the pair, and
+    every other placed token but the sinks joins each query head's state: the state is the sum
+    written out over the tokens the memory does not hold."""
     from hf_zformer.modeling.attention_memory import memory_self_attention
 
     torch.manual_seed(3)
     heads, d, window, chunk, slots, sinks = 4, 8, 3, 4, 2, 1
     attention = converted("zformer-window-memory").model.layers[0].self_attn
-    q, k, v = (torch.randn(1, heads, window + 3 * chunk, d) for _ in range(3))
+    q = torch.randn(1, heads, window + 3 * chunk, d)
+    k, v = (torch.randn(1, heads // groups, window + 3 * chunk, d) for _ in range(2))
     layer = ZformerLlamaCache(["zformer"], [window], memory=slots).layers[0]
     settings = dict(window=window, sinks=sinks, slots=slots, chunk=chunk, query_map=attention.query_map,
-                    key_map=attention.key_map, window_gate=torch.zeros(heads), scaling=0.5, groups=1,
+                    key_map=attention.key_map, window_gate=torch.zeros(heads), scaling=0.5, groups=groups,
                     decay=torch.full((heads,), 0.7) if fading else None)
-    features = attention.key_map(k)[0]  # (H, N, F)
+    features = attention.key_map(k.repeat_interleave(groups, 1))[0]  # (H, N, F)
     with torch.no_grad():
         split = window + 2 * chunk  # two placements, then the third
         memory_self_attention(q[:, :, :split], k[:, :, :split], v[:, :, :split], None, layer, **settings)
@@ -156,20 +159,23 @@ def test_memory_keeps_the_tokens_the_state_recalls_worst(fading):
         memory_self_attention(q[:, :, split:], k[:, :, split:], v[:, :, split:], None, layer, **settings)
         row = layer.rows[0]
         assert row["placed"] == 3 * chunk and row["sink_keys"].shape[1] == sinks
-        for head in range(heads):
-            candidates = before["memory_index"][head].tolist() + list(range(2 * chunk, 3 * chunk))
-            pairs = torch.cat([v[0, head, candidates], torch.ones(len(candidates), 1)], 1)
-            # the state with every candidate at full weight, however long a held one has waited
-            holding = before["state"][head] + features[head, candidates].T @ pairs
-            recalled = features[head, candidates] @ holding
-            error = (v[0, head, candidates] - recalled[:, :-1] / recalled[:, -1:]).pow(2).sum(-1)
+        for pair_head in range(heads // groups):
+            candidates = before["memory_index"][pair_head].tolist() + list(range(2 * chunk, 3 * chunk))
+            pairs = torch.cat([v[0, pair_head, candidates], torch.ones(len(candidates), 1)], 1)
+            error = 0
+            for head in range(pair_head * groups, (pair_head + 1) * groups):
+                # the state with every candidate at full weight, however long a held one has waited
+                holding = before["state"][head] + features[head, candidates].T @ pairs
+                recalled = features[head, candidates] @ holding
+                error = error + (pairs[:, :-1] - recalled[:, :-1] / recalled[:, -1:]).pow(2).sum(-1)
             worst = {candidates[i] for i in error.topk(slots).indices.tolist()}
-            assert set(row["memory_index"][head].tolist()) == worst, head
+            assert set(row["memory_index"][pair_head].tolist()) == worst, pair_head
             if fading:  # the state's faded sum is held by the tests of the whole layer (cache equals no cache)
                 continue
             rest = [j for j in range(sinks, 3 * chunk) if j not in worst]
-            values = torch.cat([v[0, head, rest], torch.ones(len(rest), 1)], 1)
-            torch.testing.assert_close(row["state"][head], features[head, rest].T @ values, atol=1e-5, rtol=1e-5)
+            values = torch.cat([v[0, pair_head, rest], torch.ones(len(rest), 1)], 1)
+            for head in range(pair_head * groups, (pair_head + 1) * groups):
+                torch.testing.assert_close(row["state"][head], features[head, rest].T @ values, atol=1e-5, rtol=1e-5)
 
 
 def test_window_covering_every_token_is_softmax_attention():

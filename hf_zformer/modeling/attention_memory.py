@@ -1,24 +1,27 @@
-"""A windowed zformer layer with a recall memory: a fixed number of older tokens, per head, that
-stay softmax keys because the layer's linear state would recall them worst (LoLA-style sparse
+"""A windowed zformer layer with a recall memory: a fixed number of older tokens, per key/value head,
+that stay softmax keys because the layer's linear state would recall them worst (LoLA-style sparse
 memory, no training needed). `attention_llama.RotaryLinearAttention` runs it when
 `attention_memory` > 0.
 
 Each query i of a sequence attends with one normalisation to
 
 - softmax keys, weight g exp(q_i . k_j / sqrt(d_h) - m_i): the first S real tokens (sinks), the M
-  memory slots of its head, and the recent tokens p <= j <= i, where p is the first token not yet
+  memory slots of its key/value head, and the recent tokens p <= j <= i, where p is the first token not yet
   placed; i - p + 1 is between W and W + C - 1 (W `attention_window`, C `attention_memory_chunk`);
 - the linear state, weight (1 - g) phi(q_i) . phi(k_j) r^(i - W - j), over every placed token that
   is in no memory slot (r the fading factor with `feature_map_horizon`, else 1).
 
 Placement happens once C tokens have left the W-token window: those C tokens (sinks aside) and the
-M memory tokens of each head are scored by how badly a state holding all of them would recall
-their value (self-recall), || v_j - S_v^T phi(k_j) / s_z^T phi(k_j) ||^2 with (S_v, s_z) the state
+M memory tokens of each key/value head are scored by how badly a state holding all of them would
+recall their value (self-recall), summed over the query heads that share the pair, || v_j - S_v^T phi(k_j) / s_z^T phi(k_j) ||^2 with (S_v, s_z) the state
 plus every candidate's phi(k) [v, 1]^T at full weight (a faded weight would make the oldest held
 tokens the worst recalled, and the memory would keep them for good); the M worst stay in memory,
-the others join the state with their faded weights. The schedule depends only on a sequence's real tokens, so a prompt read at once or in parts,
-with or without left padding, gives the same outputs, and the cache holds at most S + M + W + C - 1
-keys and values per head besides the state: constant in the generated length.
+the others join the state with their faded weights. A memory slot costs what a key/value pair of
+the source's cache costs (and the key the maps read): the query heads of a group share it, as they
+share the pair. The schedule depends only on a sequence's real tokens, so a prompt read at once or
+in parts, with or without left padding, gives the same outputs, and the cache holds at most
+S + M + W + C - 1 keys and values per key/value head besides the state: constant in the generated
+length.
 
 This file ships to the Hugging Face Hub with every checkpoint: torch, transformers and siblings only.
 """
@@ -34,7 +37,7 @@ class MemoryStateLayer(RecurrentLayer):
     differ in how many real tokens they have seen), fields `seen` and `placed` (counts of real
     tokens), `recent_keys`, `recent_values`, `recent_feature_keys` (H_kv, R, d), `sink_keys`,
     `sink_values` (H_kv, <= S, d), `memory_keys`, `memory_values`, `memory_feature_keys`
-    (H, <= M, d), `memory_index` (H, <= M) and `state` (H, F, d + 1) in fp32 or None."""
+    (H_kv, <= M, d), `memory_index` (H_kv, <= M) and `state` (H, F, d + 1) in fp32 or None."""
 
     def __init__(self):
         super().__init__()
@@ -141,8 +144,8 @@ def _segment(row: dict, query, key, value, feature_query, feature_key, s: dict) 
     keys = [_repeat(row["sink_keys"], groups), _repeat(recent_keys, groups)]
     values = [_repeat(row["sink_values"], groups), _repeat(recent_values, groups)]
     if row["memory_keys"] is not None:
-        keys.insert(1, row["memory_keys"])
-        values.insert(1, row["memory_values"])
+        keys.insert(1, _repeat(row["memory_keys"], groups))
+        values.insert(1, _repeat(row["memory_values"], groups))
     keys, values = torch.cat(keys, 1), torch.cat(values, 1)
     scores = torch.einsum("hqd,hkd->hqk", query, keys) * s["scaling"]  # (H, L, K)
     total, older = keys.shape[1], recent_keys.shape[1] - count  # recent tokens before this segment
@@ -173,7 +176,7 @@ def _segment(row: dict, query, key, value, feature_query, feature_key, s: dict) 
 def _place(row: dict, s: dict) -> None:
     """The oldest `chunk` recent tokens leave: sinks to the sinks, the rest with the memory scored by
     their self-recall error (read back from the state plus every candidate); the `slots` worst
-    recalled per head stay in memory, the others join the state with their faded weights."""
+    recalled per key/value head (summed over its query heads) stay in memory, the others join the state with their faded weights."""
     chunk, groups, placed = s["chunk"], s["groups"], row["placed"]
     leaving = slice(0, chunk)
     keys, values = row["recent_keys"][:, leaving], row["recent_values"][:, leaving]
@@ -186,33 +189,32 @@ def _place(row: dict, s: dict) -> None:
         row["sink_keys"] = torch.cat([row["sink_keys"], keys[:, :to_sinks]], 1)
         row["sink_values"] = torch.cat([row["sink_values"], values[:, :to_sinks]], 1)
         keys, values, feature_keys = keys[:, to_sinks:], values[:, to_sinks:], feature_keys[:, to_sinks:]
-    heads = s["share"].shape[0]
-    index = torch.arange(placed + to_sinks, placed + chunk, device=keys.device).expand(heads, -1)
-    keys, values, feature_keys = (_repeat(t, groups) for t in (keys, values, feature_keys))
+    index = torch.arange(placed + to_sinks, placed + chunk, device=keys.device).expand(keys.shape[0], -1)
     if row["memory_keys"] is not None:
         keys = torch.cat([row["memory_keys"], keys], 1)
         values = torch.cat([row["memory_values"], values], 1)
         feature_keys = torch.cat([row["memory_feature_keys"], feature_keys], 1)
         index = torch.cat([row["memory_index"], index], 1)
-    features = s["key_map"](feature_keys[None])[0]  # (H, M + c, F)
-    weight = torch.ones_like(index, dtype=features.dtype)
+    features = s["key_map"](_repeat(feature_keys, groups)[None])[0]  # (H, M + c, F)
+    weight = torch.ones_like(features[..., 0])
     if s["decay"] is not None:  # token j as the next query (real index `seen`) sees it: r^(seen - W - j)
-        age = (row["seen"] - s["window"] - index).to(features.dtype)
+        age = (row["seen"] - s["window"] - _repeat(index, groups)).to(features.dtype)
         weight = s["decay"].to(features.dtype)[:, None] ** age
-    pairs = torch.cat([values, torch.ones_like(values[..., :1])], -1)  # [v, 1]
+    pairs = _repeat(torch.cat([values, torch.ones_like(values[..., :1])], -1), groups)  # [v, 1] per query head
     # self-recall: each candidate read back from the state that holds every candidate (itself too), each
     # at full weight whatever its age, so that a token held long is ranked as a new one would be
     candidates = torch.einsum("hkf,hke->hfe", features, pairs)
     state = row["state"]
     recalled = torch.einsum("hkf,hfe->hke", features, candidates if state is None else state + candidates)
-    error = (values - recalled[..., :-1] / recalled[..., -1:].clamp_min(1e-30)).pow(2).sum(-1)
+    error = (pairs[..., :-1] - recalled[..., :-1] / recalled[..., -1:].clamp_min(1e-30)).pow(2).sum(-1)
+    error = error.view(keys.shape[0], groups, -1).sum(1)  # (H_kv, M + c): the heads that share the pair
     keep = min(s["slots"], keys.shape[1])
-    kept = error.topk(keep, dim=1).indices.sort(1).values  # (H, keep), in order of age
+    kept = error.topk(keep, dim=1).indices.sort(1).values  # (H_kv, keep), in order of age
     stays = torch.zeros_like(error, dtype=torch.bool).scatter(1, kept, True)
     pick = lambda t: t.gather(1, kept[..., None].expand(-1, -1, t.shape[-1]))  # noqa: E731
     row["memory_keys"], row["memory_values"] = pick(keys), pick(values)
     row["memory_feature_keys"], row["memory_index"] = pick(feature_keys), index.gather(1, kept)
-    added = torch.einsum("hkf,hk,hke->hfe", features, weight * (~stays).to(weight.dtype), pairs)
+    added = torch.einsum("hkf,hk,hke->hfe", features, weight * _repeat(~stays, groups).to(weight.dtype), pairs)
     row["state"] = added if state is None else state + added
 
 

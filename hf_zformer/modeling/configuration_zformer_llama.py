@@ -76,11 +76,11 @@ class ZformerLlamaConfig(LlamaConfig):
             then keeps the window's unrotated keys too. Needs a window.
         zformer_scale_init (`float`): initial `s` of identity-map zformer layers (the converter
             calibrates each layer's own).
-        attention_memory (`int`): 0 (default) or a number M of older tokens per head that every
+        attention_memory (`int`): 0 (default) or a number M of older tokens per key/value head that every
             windowed layer keeps as softmax keys, chosen as the ones its linear state would recall
             worst (a recall memory, `attention_memory.py`): what the window drops is then not only
             in the state's blurred sum. Needs a window; the decoding state stays constant in the
-            generated length (S + M + W + C - 1 keys and values per head besides the state).
+            generated length (S + M + W + C - 1 keys and values per key/value head besides the state).
         attention_memory_chunk (`int`, default 64): C, how many tokens leave the window before they
             are placed in the memory or the state; until then they stay softmax keys.
     """
