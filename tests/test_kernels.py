@@ -53,8 +53,9 @@ def kernels(request, monkeypatch):
 
 @pytest.fixture
 def triton_backend():
-    """The kernel backend for a test of a kernel with one launch plan (the shared pooling's slices
-    are the policy's `pool_chunk` whatever its `fused_min_pairs` says)."""
+    """The kernel backend for a test of a kernel with one launch plan: the poolings' slices are the
+    policy's `pool_chunk` whatever its `fused_min_pairs` says (`kernels` would run each such test
+    twice alike)."""
     previous = ops.set_kernel_backend("triton")
     yield
     ops.set_kernel_backend(previous)
@@ -202,7 +203,7 @@ def _pool_inputs(batch, heads, length, dim, direction_rows, generator):
 @pytest.mark.parametrize("direction_rows", [None, 1, 3])  # the mean, one direction per head, per sequence
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("dim", [32, 24])
-def test_direction_pool_kernel_matches_fp64(kernels, direction_rows, with_mask, dim):
+def test_direction_pool_kernel_matches_fp64(triton_backend, direction_rows, with_mask, dim):
     batch, heads, length = 3, 2, 700
     values, direction = _pool_inputs(batch, heads, length, dim, direction_rows, torch.Generator().manual_seed(4))
     mask = _mask(batch, length, [length, 100, 0]) if with_mask else None  # an all-padding row
@@ -213,7 +214,7 @@ def test_direction_pool_kernel_matches_fp64(kernels, direction_rows, with_mask, 
 
 
 @pytest.mark.parametrize("direction_rows", [1, 3])
-def test_direction_pool_kernel_applies_the_score_scale(kernels, direction_rows):
+def test_direction_pool_kernel_applies_the_score_scale(triton_backend, direction_rows):
     """A scale multiplies the scores inside the kernel: the pooling and the gradients (the
     direction's included) of the scaled direction's, against the fp64 torch forms."""
     generator = torch.Generator().manual_seed(8)
@@ -231,7 +232,7 @@ def test_direction_pool_kernel_applies_the_score_scale(kernels, direction_rows):
 
 @pytest.mark.parametrize("direction_rows", [None, 1, 3])
 @pytest.mark.parametrize("length", [100, 700])  # one slice of the policy's `pool_chunk`; several, merged
-def test_direction_pool_kernel_pools_gated_rows(kernels, direction_rows, length):
+def test_direction_pool_kernel_pools_gated_rows(triton_backend, direction_rows, length):
     """A gate g (B, H, d): the pooling of the rows g * x_j, the gate applied inside the kernel, against
     the naive reference over the gated rows formed in fp64, and its gradients (the gate's and the
     direction's included) against the fp64 torch forms; a row of padding pools to zero."""
@@ -257,7 +258,7 @@ def test_direction_pool_kernel_pools_gated_rows(kernels, direction_rows, length)
 
 
 @pytest.mark.parametrize("direction_rows", [None, 1, 5])
-def test_direction_pool_gate_gradients_walk_the_batch_in_tiles(kernels, monkeypatch, direction_rows):
+def test_direction_pool_gate_gradients_walk_the_batch_in_tiles(triton_backend, monkeypatch, direction_rows):
     """The gate's and direction's gradients (`_gate_grads`) with the batch of 5 walked 2 sequences per
     tile (the last one partial), over several slices: the fp64 torch forms' gradients."""
     monkeypatch.setattr(triton_pooling, "GATE_TILE", 64)
@@ -278,7 +279,7 @@ def test_direction_pool_gate_gradients_walk_the_batch_in_tiles(kernels, monkeypa
 
 
 @pytest.mark.parametrize("with_direction", [False, True])
-def test_direction_pool_gates_rows_shared_by_the_heads(kernels, with_direction):
+def test_direction_pool_gates_rows_shared_by_the_heads(triton_backend, with_direction):
     """Shared rows (B, 1, N, D) with a gate per head (B, H, D): each head pools gate_h * x_j, as the
     naive reference over the formed gated rows does (its own gradients included)."""
     generator = torch.Generator().manual_seed(15)
@@ -298,7 +299,7 @@ def test_direction_pool_gates_rows_shared_by_the_heads(kernels, with_direction):
         assert _relative(got, want) < 1e-5
 
 
-def test_direction_pool_kernel_matches_the_naive_reference(kernels):
+def test_direction_pool_kernel_matches_the_naive_reference(triton_backend):
     generator = torch.Generator().manual_seed(6)
     values = _heads(2, 11, 2, 16, generator)
     direction = torch.randn(2, 2, 16, generator=generator).to(DEVICE)
@@ -308,7 +309,7 @@ def test_direction_pool_kernel_matches_the_naive_reference(kernels):
     assert _relative(pooled.cpu(), expected) < 1e-6
 
 
-def test_direction_pool_kernel_one_slice_and_many_agree_bit_for_bit(kernels):
+def test_direction_pool_kernel_one_slice_and_many_agree_bit_for_bit(triton_backend):
     """100 real rows (one slice of `pool_chunk`) padded to 600 (five slices, merged): the same
     pooling and the same gradients at the real rows, exactly."""
     generator = torch.Generator().manual_seed(8)
@@ -324,7 +325,7 @@ def test_direction_pool_kernel_one_slice_and_many_agree_bit_for_bit(kernels):
     assert torch.equal(wide_values[:, :, :100], short_values) and torch.equal(wide_direction, short_direction)
 
 
-def test_pool_chunk_must_be_whole_tiles(kernels, monkeypatch):
+def test_pool_chunk_must_be_whole_tiles(triton_backend, monkeypatch):
     _set_policy(monkeypatch, pool_chunk=100)
     values = _heads(1, 300, 1, 16, torch.Generator().manual_seed(9))
     with pytest.raises(ValueError, match="pool_chunk=100"):
@@ -576,7 +577,7 @@ def _causal_pool_inputs(batch, heads, length, dim, seed, spread=3.0):
 
 @pytest.mark.parametrize("with_mask", [False, True])
 @pytest.mark.parametrize("dim", [16, 24, 200])
-def test_prefix_pool_kernel_matches_fp64(kernels, with_mask, dim):
+def test_prefix_pool_kernel_matches_fp64(triton_backend, with_mask, dim):
     """Several tiles and a partial one; with the mask: left padding, a gap inside, an all-padding row.
     Heads 200 wide (256-wide tiles) take the shorter tiles of `triton_prefix_pool._prefix_rows`."""
     batch, heads, length = 3, 2, 150
@@ -600,7 +601,7 @@ def test_prefix_pool_kernel_matches_fp64(kernels, with_mask, dim):
         assert _relative(got, want) < 1e-5
 
 
-def test_prefix_pool_kernel_matches_the_naive_reference(kernels):
+def test_prefix_pool_kernel_matches_the_naive_reference(triton_backend):
     scores, values = _causal_pool_inputs(2, 2, 70, 16, seed=12)
     mask = _mask(2, 70, [70, 33])
     pooled, _ = ops.softmax_pool(scores, values, mask, causal=True)
@@ -609,7 +610,7 @@ def test_prefix_pool_kernel_matches_the_naive_reference(kernels):
     assert _relative(pooled.cpu(), expected) < 1e-6
 
 
-def test_prefix_pool_kernel_keeps_large_score_ranges_finite(kernels):
+def test_prefix_pool_kernel_keeps_large_score_ranges_finite(triton_backend):
     """Scores spread over hundreds of units (exp would overflow fp32 without the running maximum)."""
     scores, values = _causal_pool_inputs(1, 2, 200, 16, seed=13, spread=300.0)
     pooled, _ = ops.softmax_pool(scores, values, None, causal=True)
@@ -621,7 +622,7 @@ def test_prefix_pool_kernel_keeps_large_score_ranges_finite(kernels):
         assert torch.isfinite(grad).all()
 
 
-def test_prefix_pool_kernel_extra_padding_changes_nothing(kernels):
+def test_prefix_pool_kernel_extra_padding_changes_nothing(triton_backend):
     scores, values = _causal_pool_inputs(2, 2, 130, 16, seed=14)
     mask = _mask(2, 130, [130, 90])
     pooled, _ = ops.softmax_pool(scores, values, mask, causal=True)
@@ -631,7 +632,7 @@ def test_prefix_pool_kernel_extra_padding_changes_nothing(kernels):
     assert torch.equal(wide[:, :, :130], pooled.detach())
 
 
-def test_prefix_pool_kernel_state_continues_as_the_torch_forms(kernels):
+def test_prefix_pool_kernel_state_continues_as_the_torch_forms(triton_backend):
     """A prefill's state (log-sum-exp, pooling) from the kernel, then decoding steps in the torch
     form: the same outputs as the torch form throughout, a row of padding only included."""
     scores, values = _causal_pool_inputs(2, 2, 90, 16, seed=15)
@@ -968,7 +969,11 @@ def test_scaled_product_operator_passes_opcheck(triton_backend):
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("case", range(9))
+# linear attention's cases in both launch plans; the poolings' plans do not depend on `kernels`' choice
+OPCHECK_CASES = [(case, plan) for case in range(9) for plan in (("fused", "split") if case < 2 else ("fused",))]
+
+
+@pytest.mark.parametrize("case, kernels", OPCHECK_CASES, indirect=["kernels"])
 def test_kernel_operators_pass_opcheck(case, kernels):
     """Each forward operator: its schema, fake implementation (shapes, dtypes, strides of the real
     outputs), autograd registration and a compiled trace with dynamic shapes (`torch.library.opcheck`);

@@ -382,7 +382,9 @@ def test_append_records_keeps_every_record(tmp_path):
     assert append_records(path, [{"a": 1}]) == [{"a": 1}]
     append_records(path, [{"a": 2}, {"a": 3}])
     assert read_records(path) == [{"a": 1}, {"a": 2}, {"a": 3}]
-    context = multiprocessing.get_context("spawn")
+    # forked where the system can (the workers only append records: no torch operation, and each opens its
+    # own lock); a spawned worker started an interpreter and imported torch and the library for it
+    context = multiprocessing.get_context("fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn")
     workers = [context.Process(target=_append_many, args=(path, w, 10)) for w in range(3)]
     for worker in workers:
         worker.start()
