@@ -5,6 +5,8 @@ from this machine: `explain` reads shapes and device types, never a kernel), and
 left outside the policy."""
 
 import ast
+import functools
+import importlib.util
 import os
 import subprocess
 import sys
@@ -212,16 +214,22 @@ def test_the_gpu_ab_script_patches_nothing():
     assert not assigned and not calls, (assigned, calls)
 
 
-def test_the_documented_example_runs(capsys):
-    """docs/benchmarks.md, "Which path runs where": its example runs and prints what it says."""
+def test_the_documented_examples_run(capsys):
+    """docs/benchmarks.md, "Which path runs where": its examples (an encoder, a decoder) run and
+    print what they say."""
     text = (REPO_ROOT / "docs" / "benchmarks.md").read_text()
     section = text.split("### Which path runs where", 1)[1].split("\n### ", 1)[0]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
-    exec(compile(code, "docs/benchmarks.md", "exec"), {})
+    encoder, decoder = (block.split("```", 1)[0] for block in section.split("```python\n")[1:])
+    exec(compile(encoder, "docs/benchmarks.md", "exec"), {})
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3 and "form=folded" in lines[0] and "form=pooled" in lines[1]
     if triton_ops.RUNNABLE:
         assert "direction_pool=triton" in lines[1] and "fused_product=triton" in lines[2]
+    exec(compile(decoder, "docs/benchmarks.md", "exec"), {})
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 4 and "form=windowed" in lines[0] and "causal_form=blocks" in lines[0]
+    assert "softmax_attention=sdpa" in lines[1] and lines[3].endswith("softmax_attention=sdpa")
+    assert "N=1, past=100" in lines[2] and lines[2].endswith("windowed_attention=decode_step")
 
 
 def test_kernel_modules_are_one_family_each_and_short():
@@ -233,3 +241,135 @@ def test_kernel_modules_are_one_family_each_and_short():
     lengths = {path.name: len(path.read_text().splitlines()) for path in kernels}
     assert max(lengths.values()) <= 600, lengths
     assert "@triton.jit" not in (MODELING / "triton_ops.py").read_text()
+
+
+# ----------------------------------------------------------------------------------------------
+# Llama-family decoders (`attention_llama`): one converted decoder of each kind
+# ----------------------------------------------------------------------------------------------
+
+DECODER_KINDS = {
+    "zformer": dict(attention_type="zformer", zformer_feature_map="hedgehog"),
+    "windowed": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=4),
+    "memory": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=4, attention_memory=2,
+                   attention_memory_chunk=2),
+    "fastformer": dict(attention_type="fastformer"),
+    "full": dict(attention_type="full"),
+}
+PROMPT = 16  # tokens of a prompt: past the window (4), within one causal block (64)
+FLA = triton_ops.RUNNABLE and importlib.util.find_spec("fla") is not None
+
+
+@functools.cache
+def _decoder(kind):
+    from test_llama_decoder import tiny_llama
+
+    from hf_zformer.conversion.convert_decoder import convert_causal_lm
+
+    return convert_causal_lm("tiny", source=tiny_llama(), **DECODER_KINDS[kind]).eval()
+
+
+def _decoder_paths(kind, length=PROMPT, **options):
+    """The one path dict every layer of the `kind` decoder reports for `length` new tokens."""
+    rows = explain(_decoder(kind), {"input_ids": torch.ones(1, length, dtype=torch.long),
+                                    **options.pop("inputs", {})}, **options)
+    assert len(rows) == 3 and {row["role"] for row in rows} == {"causal"}
+    assert all(row["paths"] == rows[0]["paths"] for row in rows), rows
+    return rows[0]["paths"]
+
+
+LLAMA = {"form": "plain", "projection": "torch"}  # q_proj, k_proj, v_proj: one product each
+CPU_DECODER = {  # kind: (a prompt with a cache, the same without one, a decoding step after 16 tokens)
+    "zformer": ({**LLAMA, "linear_attention": "torch", "causal_form": "blocks"},
+                {**LLAMA, "linear_attention": "torch", "causal_form": "quadratic"},
+                {**LLAMA, "linear_attention": "torch", "causal_form": "step"}),
+    "windowed": ({**LLAMA, "form": "windowed", "windowed_attention": "general", "linear_attention": "torch",
+                  "causal_form": "quadratic"},) * 2 + ({**LLAMA, "form": "windowed", "windowed_attention": "decode_step"},),
+    "memory": ({**LLAMA, "form": "memory", "memory_attention": "torch"},) * 3,
+    "fastformer": ({**LLAMA, "causal_softmax_pool": "torch", "causal_form": "prefix"},
+                   {**LLAMA, "causal_softmax_pool": "torch", "causal_form": "quadratic"},
+                   {**LLAMA, "causal_softmax_pool": "torch", "causal_form": "prefix"}),
+    "full": ({**LLAMA, "softmax_attention": "sdpa"},) * 3,
+}
+
+
+@pytest.mark.parametrize("kind", list(DECODER_KINDS))
+def test_explain_a_converted_decoder_on_a_cpu(kind):
+    """A CPU in fp32 and under bf16 autocast: the torch forms, each in the order the call's shape
+    and cache pick (`ops.causal_form`, `ops.causal_pool_form`, `attention.steady_decoding`)."""
+    prompt, uncached, step = CPU_DECODER[kind]
+    assert _decoder_paths(kind) == prompt
+    assert _decoder_paths(kind, inputs={"use_cache": False}) == uncached
+    assert _decoder_paths(kind, 1, past=PROMPT) == step
+    assert _decoder_paths(kind, autocast=torch.bfloat16) == prompt
+    assert _decoder_paths(kind, 1, past=PROMPT, autocast=torch.bfloat16) == step
+
+
+def test_explain_a_windowed_decoders_steps_while_the_window_fills():
+    """A decoding step takes `windowed_decode_step` once the cache holds the W - 1 tokens before it,
+    all real; before, the general form with the older tokens in the state alone (none at first)."""
+    general = {**LLAMA, "form": "windowed", "windowed_attention": "general"}
+    assert _decoder_paths("windowed", 1, past=1) == {**general, "linear_attention": "torch", "causal_form": "state"}
+    assert _decoder_paths("windowed", 1, past=3) == {**LLAMA, "form": "windowed", "windowed_attention": "decode_step"}
+    padded = torch.ones(1, PROMPT + 1, dtype=torch.long)
+    padded[0, -2] = 0  # padding inside the window: the general form, the cached keys all in the window
+    assert _decoder_paths("windowed", 1, past=PROMPT, inputs={"attention_mask": padded}) == {
+        **general, "linear_attention": "torch", "causal_form": "state"}
+
+
+@pytest.mark.parametrize("kind", list(DECODER_KINDS))
+def test_explain_a_converted_decoder_on_a_gpu_under_bf16_autocast(kind):
+    """CUDA under bf16 autocast, asked from this machine (no grad, as generation runs): fla's chunked
+    kernel for a prompt's causal linear attention where fla runs, the prefix pooling's kernel for a
+    prompt (no state in), the torch forms for a decoding step; sdpa for softmax attention."""
+    gpu = dict(device="cuda", autocast=torch.bfloat16, grad=False)
+    prompt, step = _decoder_paths(kind, **gpu), _decoder_paths(kind, 1, past=PROMPT, **gpu)
+    linear = {"linear_attention": "fla"} if FLA else {"linear_attention": "torch", "causal_form": "blocks"}
+    pool = {"causal_softmax_pool": "triton"} if triton_ops.RUNNABLE else {"causal_softmax_pool": "torch",
+                                                                          "causal_form": "prefix"}
+    windowed = {"linear_attention": "fla"} if FLA else {"linear_attention": "torch", "causal_form": "quadratic"}
+    expected = {
+        "zformer": {**LLAMA, **linear},
+        "windowed": {**LLAMA, "form": "windowed", "windowed_attention": "general", **windowed},
+        "fastformer": {**LLAMA, **pool},
+        "memory": CPU_DECODER["memory"][0],
+        "full": CPU_DECODER["full"][0],
+    }
+    assert prompt == expected[kind]
+    assert step == CPU_DECODER[kind][2]
+    with ops.use_kernel_backend("torch"):  # the reference: every operation in its torch form
+        assert _decoder_paths(kind, **gpu) == CPU_DECODER[kind][0]
+        assert _decoder_paths(kind, 1, past=PROMPT, **gpu) == step
+    with use_policy(fla_devices=()):
+        assert "fla" not in _decoder_paths(kind, **gpu).values()
+
+
+def test_explain_reports_what_a_converted_decoder_runs(monkeypatch):
+    """On this CPU, the forms a prompt, a decoding step and a call without a cache actually run (the
+    torch forms' functions, recorded) are the ones `explain` reports for them."""
+    from hf_zformer.modeling import attention, ops_linear_attention, ops_pooling
+
+    ran = []
+    for module, name, form in [(ops_linear_attention, "quadratic_linear_attention", "quadratic"),
+                               (ops_linear_attention, "causal_linear_attention", "blocks"),
+                               (ops_linear_attention, "per_head_product", "step"),
+                               (ops_pooling, "causal_softmax_pool", "quadratic"),
+                               (ops_pooling, "prefix_pool", "prefix"),
+                               (attention, "windowed_decode_step", "decode_step"),
+                               (attention, "memory_self_attention", "memory")]:
+        function = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, _f=function, _form=form, **k: ran.append(_form) or _f(*a, **k))
+    names = {"causal_form", "windowed_attention", "form"}
+    for kind in ("zformer", "windowed", "memory", "fastformer"):
+        model, ids = _decoder(kind), torch.randint(3, 50, (1, PROMPT))
+        with torch.no_grad():
+            cache = model.model.new_cache()
+            for inputs in ({"cache": cache}, {"use_cache": False}, None):
+                ran.clear()
+                if inputs is None:  # a decoding step after the prompt
+                    model(ids[:, :1], cache=cache)
+                    reported = _decoder_paths(kind, 1, past=PROMPT)
+                else:
+                    model(ids, **inputs)
+                    reported = _decoder_paths(kind, inputs={"use_cache": "cache" in inputs})
+                assert ran and ran[0] in {reported[name] for name in names if name in reported}, (  # the first layer's
+                    kind, inputs, ran, reported)

@@ -457,7 +457,7 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     length = query.shape[2]
     seen = 0 if layer is None else layer.num_tokens  # tokens before these, padding included
     repeat = (lambda t: t.repeat_interleave(groups, 1)) if groups > 1 else (lambda t: t)  # transformers' repeat_kv
-    if _steady_decoding(layer, length, attention_mask, window, sinks, seen):
+    if steady_decoding(layer, length, attention_mask, window, sinks, seen):
         return _decode_step(query, key, value, layer, window, query_map, key_map, window_gate, scaling, sinks, repeat,
                             decay, feature_inputs)
     new_key, new_value = key, value
@@ -500,7 +500,7 @@ def windowed_self_attention(query, key, value, attention_mask, layer, window: in
     return context
 
 
-def _steady_decoding(layer, length: int, attention_mask, window: int, sinks: int, seen: int) -> bool:
+def steady_decoding(layer, length: int, attention_mask, window: int, sinks: int, seen: int) -> bool:
     """Whether this call is one decoding step in the steady state (`ops.windowed_decode_step`): one
     new token, the cache holding the W - 1 tokens before it, all real, and every sink before the
     window (sink index <= seen - W), so that no key of the step is masked."""

@@ -41,6 +41,7 @@ This file ships to the Hugging Face Hub with every checkpoint: torch and sibling
 from .dispatch import interpreter_too_old  # noqa: F401
 from .ops_linear_attention import (  # noqa: F401
     add_key_value_products,
+    causal_form,
     causal_linear_attention,
     hedgehog_features,
     linear_attention,
@@ -55,6 +56,7 @@ from .ops_linear_attention import (  # noqa: F401
     with_ones,
 )
 from .ops_pooling import (  # noqa: F401
+    causal_pool_form,
     causal_softmax_pool,
     direction_pool,
     direction_pool_path,

@@ -90,6 +90,16 @@ def linear_attention_path(query, key, value, has_state: bool = False, *, causal:
     return "torch"
 
 
+def causal_form(queries: int, has_state: bool, return_state: bool = False) -> str:
+    """The torch form causal `linear_attention` takes over `queries` new tokens: 'quadratic' (no
+    state in or out, up to the policy's `zformer_causal_block` tokens: `(Q K^T) V` with the scores
+    above the diagonal zeroed), 'step' (one token whose state is kept: q (state + k^T v)) or
+    'blocks' (`causal_linear_attention`)."""
+    if not has_state and not return_state and queries <= active().zformer_causal_block:
+        return "quadratic"
+    return "step" if queries == 1 and return_state else "blocks"
+
+
 def linear_attention(query, key, value, mask=None, state=None, *, causal=False, scale=None, return_state=False):
     """Zformer's sequence operation (see the module docstring). query (B, H, Nq, d), key (B, H, Nk, d)
     and value (B, H, Nk, e) (Nk = Nq when causal) or both None (no new keys), mask (B, Nk), 1 at real
@@ -117,7 +127,7 @@ def linear_attention(query, key, value, mask=None, state=None, *, causal=False, 
         return _fla_causal_linear_attention(query, key, value, state, scale, return_state)
     queries, keys, dim = query.shape[2], key.shape[2], query.shape[3]
     if state is None and not return_state:
-        short = queries <= active().zformer_causal_block if causal else quadratic_order_pays_off(queries, keys, dim)
+        short = causal_form(queries, False) == "quadratic" if causal else quadratic_order_pays_off(queries, keys, dim)
         if short:
             return quadratic_linear_attention(query, key, value, causal=causal, scale=scale), None
     with no_autocast(query.device.type):

@@ -53,7 +53,7 @@ def softmax_pool(scores, values, mask=None, state=None, *, causal=False, return_
             return pooled, None
         last = lse[:, :, -1:, None]  # "nothing seen yet" in the torch form's spelling: the lowest float
         return pooled, (torch.where(last > KERNEL_FLOOR, last, torch.finfo(last.dtype).min), pooled[:, :, -1:])
-    if state is None and not return_state and scores.shape[2] <= active().fastformer_causal_quadratic:
+    if causal_pool_form(scores.shape[2], state is not None, return_state) == "quadratic":
         return causal_softmax_pool(scores, values, mask), None
     if mask is not None:
         scores = scores.masked_fill(~mask.bool()[:, None, :, None], float("-inf"))
@@ -68,6 +68,15 @@ def softmax_pool_path(scores, values, has_state: bool = False, *, causal: bool =
     if causal and not has_state and _prefix_kernel_applies(scores, values, return_state):
         return "triton"
     return "torch"
+
+
+def causal_pool_form(length: int, has_state: bool, return_state: bool = False) -> str:
+    """The torch form causal `softmax_pool` takes over `length` new tokens: 'quadratic' (no state in
+    or out, up to the policy's `fastformer_causal_quadratic` tokens: `causal_softmax_pool`) or
+    'prefix' (prefix sums from the state, `prefix_pool`)."""
+    if not has_state and not return_state and length <= active().fastformer_causal_quadratic:
+        return "quadratic"
+    return "prefix"
 
 
 def _prefix_kernel_applies(scores, values, return_state: bool) -> bool:
