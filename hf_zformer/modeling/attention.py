@@ -1056,8 +1056,8 @@ class FastformerAttention(_QKVAttention):
             W_o r_i + b_o = W_o (q_i + (W_r diag(k_g)) v_i) + (W_o b_r + b_o).
 
         The product's accumulator starts from q. Against u_i = k_g * v_i, W_r u_i and the residual
-        add, no element-wise pass over a (B, N, D) tensor is left, forward or backward (on an H200 at
-        2,048 tokens, width 512, those passes took 174 of the module's 814 us); W_r diag(k_g) is
+        add, no element-wise pass over a (B, N, D) tensor is left, forward or backward (on a GPU those
+        passes are a large share of the module's time: docs/benchmarks.md); W_r diag(k_g) is
         (B, D, D), no larger than v where this form is taken (`_takes_pooled_output`), and the
         product is `ops.column_scaled_product` (where its fused kernel runs, no map is formed). b_r joins
         the output's bias rather than q's, so that q rounded to bf16 keeps its own precision. Where

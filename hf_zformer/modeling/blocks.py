@@ -202,8 +202,8 @@ def project(x: torch.Tensor, *layers: nn.Module, bias: torch.Tensor | None = Non
     docs/benchmarks.md, "On a GPU"), one wide product runs nearer the matmul rate than several
     narrow ones, and the input's gradient comes from one product accumulated in fp32. Fewer rows
     (decoding steps) keep a product per layer: stacking copies the weights, more than such a product
-    reads. So do CPUs (the casts it saves are a GPU cost; a CPU's BLAS gained nothing from the wider
-    product in a paired check on an AMD EPYC), and the backend `torch` (`set_kernel_backend`), to
+    reads. So do CPUs (the casts it saves are a GPU cost, and a CPU's BLAS gains nothing from the
+    wider product: docs/benchmarks.md), and the backend `torch` (`set_kernel_backend`), to
     compare. `bias` (sum D_i,): the stacked product's bias in place of the layers' own, for a caller
     that adds a term of its own to one output for free (`stacks_projections` must hold)."""
     if not stacks_projections(x, *layers):
