@@ -7,7 +7,7 @@ state-dict keys stay as they are, so the model saves and loads as before, and
 ``disable_cpu_speedups(model)`` changes them back. Any model may take them (our models, BART, a
 Llama): each layer computes what the plain one does.
 
-- **Few-row projections** (``FewRowsLinear``): for 1 to ``FEW_ROWS`` rows of fp32 on the CPU, with
+- **Few-row projections** (``FewRowsLinear``): for 1 to ``few_rows()`` rows of fp32 on the CPU, with
   ``in_features <= out_features`` (``takes_transposed_form``), y = x W^T + b is computed as
   (W x^T + b)^T: the weight becomes the BLAS call's left operand and the few rows its narrow right
   one. On AMD EPYC CPUs torch's BLAS computes ``x @ W^T`` for 2-4 rows through a general matrix
@@ -17,8 +17,9 @@ Llama): each layer computes what the plain one does.
   fp32 rounding). A decoding step of batch B sends B rows through every projection, so greedy
   generation at batch 1-4 gains most. It stays off for narrowing projections (the FFN's down
   projection), where it was slower at one thread, and on other CPUs, where the plain product is the
-  fast one (``default_few_rows``: 4 on AMD CPUs, 0 elsewhere; set ``FEW_ROWS`` on this module to
-  choose; ``scripts/benchmark_linear.py --form transposed`` checks a machine). The kernel backend
+  fast one (``default_few_rows``: 4 on AMD CPUs, 0 elsewhere; the execution policy's ``few_rows``
+  chooses otherwise, e.g. ``with use_policy(few_rows=0):``; ``scripts/benchmark_linear.py --form
+  transposed`` checks a machine). The kernel backend
   ``torch`` (``ops.set_kernel_backend``) turns it off with the other fast forms, to compare.
 - **Inactive dropouts skipped** (``SkippingDropout``): in eval mode or at p = 0 a dropout returns its
   input without a module call; a decoding step of a 6-layer decoder otherwise dispatches about 25
@@ -34,7 +35,7 @@ import platform
 import torch
 from torch import nn
 
-from .modeling.policy import kernel_backend
+from .modeling.policy import active
 
 
 def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
@@ -52,15 +53,21 @@ def cpu_vendor(cpuinfo: str = "/proc/cpuinfo") -> str:
 
 
 def default_few_rows(vendor: str) -> int:
-    """`FEW_ROWS` for a CPU vendor: 4 on AMD, where torch's BLAS multiplies 2-4 rows by a weight
+    """The few-row rule's rows for a CPU vendor: 4 on AMD, where torch's BLAS multiplies 2-4 rows by a weight
     faster as `W x^T` than as `x W^T`; 0 (the rule off) elsewhere: on an Intel Xeon with AMX the
     plain product is the fast one (docs/benchmarks.md, "Generation and memory")."""
     return 4 if vendor == "AuthenticAMD" else 0
 
 
-# Inputs of at most this many rows (tokens x batch) take `FewRowsLinear`'s transposed product on the
-# CPU; 0 turns the rule off. Chosen for this machine's CPU when the module loads (`default_few_rows`).
-FEW_ROWS = default_few_rows(cpu_vendor())
+# this machine's few-row rule (`default_few_rows`), read once when the module loads
+MACHINE_FEW_ROWS = default_few_rows(cpu_vendor())
+
+
+def few_rows() -> int:
+    """Inputs of at most this many rows (tokens x batch) take `FewRowsLinear`'s transposed product on
+    the CPU (0: the rule off): the policy's `few_rows` where set, else this machine's default."""
+    chosen = active().few_rows
+    return MACHINE_FEW_ROWS if chosen is None else chosen
 
 
 def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -76,8 +83,8 @@ def transposed_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 
 def takes_transposed_form(in_features: int, out_features: int, rows: int) -> bool:
-    """`FewRowsLinear`'s rule for fp32 inputs on the CPU: 1 to `FEW_ROWS` rows, and no narrowing projection."""
-    return 0 < rows <= FEW_ROWS and in_features <= out_features
+    """`FewRowsLinear`'s rule for fp32 inputs on the CPU: 1 to `few_rows()` rows, and no narrowing projection."""
+    return 0 < rows <= few_rows() and in_features <= out_features
 
 
 class FewRowsLinear(nn.Linear):
@@ -95,7 +102,7 @@ class FewRowsLinear(nn.Linear):
             and x.shape[-1] == self.in_features
             and takes_transposed_form(self.in_features, self.out_features, x.numel() // self.in_features)
             and not torch.is_autocast_enabled("cpu")
-            and kernel_backend() != "torch"  # the plain product, to compare
+            and active().backend != "torch"  # the plain product, to compare
         ):
             return transposed_linear(x, weight, bias)
         return nn.functional.linear(x, weight, bias)

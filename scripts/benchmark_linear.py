@@ -3,7 +3,7 @@
 
 A decoding step sends batch-many rows (one token per sequence) through every projection, and its
 time goes into streaming the weights from memory. `hf_zformer.cpu_speedups.FewRowsLinear` (the
-opt-in CPU layer forms, `hf_zformer.enable_cpu_speedups`) computes 1 to `FEW_ROWS` rows as
+opt-in CPU layer forms, `hf_zformer.enable_cpu_speedups`) computes 1 to `few_rows()` rows as
 (W x^T + b)^T on the CPU where torch computes x W^T + b; this script measures both forms side by
 side (their calls alternate), over many copies of each weight so that every call reads its weight
 from memory as a decoding step does, and prints a markdown table of microseconds per call.
@@ -12,7 +12,7 @@ from memory as a decoding step does, and prints a markdown table of microseconds
     python scripts/benchmark_linear.py --shapes 512x512 512x2048 --rows 1 2 4 8 --threads 1
 
 A cell reads `nn.Linear us / FewRowsLinear us (speed-up)`; `=` marks the cells where
-`FewRowsLinear` takes the plain form itself (more than FEW_ROWS rows, or in_features >
+`FewRowsLinear` takes the plain form itself (more than `few_rows()` rows, or in_features >
 out_features), so both columns time the same computation. `--form transposed` times the
 transposed product in every cell instead, the rule's limits ignored. See docs/benchmarks.md
 ("Generation and memory").
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch  # noqa: E402
 
 from hf_zformer import flags, folders  # noqa: E402
-from hf_zformer.cpu_speedups import FEW_ROWS, FewRowsLinear, takes_transposed_form, transposed_linear  # noqa: E402
+from hf_zformer.cpu_speedups import FewRowsLinear, few_rows, takes_transposed_form, transposed_linear  # noqa: E402
 
 
 def parse_shape(text: str) -> tuple[int, int]:
@@ -104,7 +104,7 @@ def main(argv=None):
     ours = "FewRowsLinear" if args.form == "linear" else "the transposed product in every cell"
     lines = [
         f"**nn.Linear vs {ours}, fp32 CPU, {threads} thread{'s' if threads > 1 else ''}, torch {torch.__version__}, "
-        f"FEW_ROWS = {FEW_ROWS}** (microseconds per call, median of {args.repeats} rounds"
+        f"few rows = {few_rows()}** (microseconds per call, median of {args.repeats} rounds"
         + ("; `=`: FewRowsLinear takes the plain form there)" if args.form == "linear" else ")"),
         "",
         "| weight (in x out) | " + " | ".join(f"{r} row{'s' if r > 1 else ''}" for r in args.rows) + " |",

@@ -155,12 +155,12 @@ def _seed():
 
 
 @pytest.fixture
-def few_row_form(monkeypatch):
-    """The opt-in CPU layer forms with the few-row rule on (`hf_zformer.cpu_speedups.FEW_ROWS` = 4)
-    whatever this machine's default (on for AMD CPUs only): returns `enable_cpu_speedups`, which a
-    test applies to its model so that decoding steps of 1-4 rows run the transposed product on every
-    machine."""
+def few_row_form():
+    """The opt-in CPU layer forms with the few-row rule on (the policy's `few_rows` = 4) whatever
+    this machine's default (on for AMD CPUs only): yields `enable_cpu_speedups`, which a test applies
+    to its model so that decoding steps of 1-4 rows run the transposed product on every machine."""
     from hf_zformer import cpu_speedups
+    from hf_zformer.modeling.policy import use_policy
 
-    monkeypatch.setattr(cpu_speedups, "FEW_ROWS", 4)
-    return cpu_speedups.enable_cpu_speedups
+    with use_policy(few_rows=4):
+        yield cpu_speedups.enable_cpu_speedups

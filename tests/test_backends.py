@@ -13,16 +13,16 @@ from hf_zformer.modeling import blocks, dispatch, modeling_zformer, ops, policy
 def test_torch_backend_takes_the_plain_product_for_few_rows(monkeypatch):
     from hf_zformer import cpu_speedups
 
-    monkeypatch.setattr(cpu_speedups, "FEW_ROWS", 4)  # the AMD rule, on any machine
     calls = []
     original = cpu_speedups.transposed_linear
     monkeypatch.setattr(cpu_speedups, "transposed_linear", lambda *a: calls.append(1) or original(*a))
     layer = cpu_speedups.FewRowsLinear(8, 16)
     x = torch.randn(2, 8)
-    fast = layer(x)
-    assert calls == [1]
-    with ops.use_kernel_backend("torch"):
-        plain = layer(x)
+    with policy.use_policy(few_rows=4):  # the AMD rule, on any machine
+        fast = layer(x)
+        assert calls == [1]
+        with ops.use_kernel_backend("torch"):
+            plain = layer(x)
     assert calls == [1]
     torch.testing.assert_close(plain, torch.nn.functional.linear(x, layer.weight, layer.bias), atol=0, rtol=0)
     torch.testing.assert_close(fast, plain)

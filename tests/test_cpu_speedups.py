@@ -13,6 +13,7 @@ from conftest import REPO_ROOT, tiny_config
 from transformers import AutoModelForSeq2SeqLM
 
 from hf_zformer import cpu_speedups, disable_cpu_speedups, enable_cpu_speedups, use_cpu_speedups
+from hf_zformer.modeling.policy import use_policy
 
 SHIPPED = sorted((REPO_ROOT / "hf_zformer" / "modeling").glob("*.py"))
 
@@ -62,13 +63,20 @@ def test_a_model_builds_plain_layers():
 
 
 def test_few_row_rule_is_on_for_amd_cpus_only(monkeypatch, tmp_path):
-    """The default FEW_ROWS follows the CPU vendor: the transposed product is the faster one on an AMD
+    """The default few-row rule follows the CPU vendor (the policy's `few_rows` overrides it): the transposed product is the faster one on an AMD
     EPYC and 2-3x slower on an Intel Xeon (docs/benchmarks.md)."""
     import platform
 
     assert cpu_speedups.default_few_rows("AuthenticAMD") == 4
     assert cpu_speedups.default_few_rows("GenuineIntel") == 0 and cpu_speedups.default_few_rows("") == 0
-    assert cpu_speedups.FEW_ROWS == cpu_speedups.default_few_rows(cpu_speedups.cpu_vendor())  # chosen at import
+    assert cpu_speedups.MACHINE_FEW_ROWS == cpu_speedups.default_few_rows(cpu_speedups.cpu_vendor())  # at import
+    assert cpu_speedups.few_rows() == cpu_speedups.MACHINE_FEW_ROWS  # the policy leaves it to the machine
+    for rows in (0, 7):
+        with use_policy(few_rows=rows):
+            assert cpu_speedups.few_rows() == rows
+    with pytest.raises(ValueError, match="few_rows=-1"):
+        with use_policy(few_rows=-1):
+            pass
     real = Path("/proc/cpuinfo").read_text().splitlines() if Path("/proc/cpuinfo").exists() else []
     named = [line for line in real if line.startswith("vendor_id")]  # x86 Linux; absent on ARM
     if named:
@@ -88,7 +96,7 @@ def test_few_row_rule_is_on_for_amd_cpus_only(monkeypatch, tmp_path):
 def test_few_row_linear_equals_nn_linear(in_features, out_features, bias, monkeypatch, few_row_form):
     """`FewRowsLinear` takes its transposed product for 1-4 rows (not for in > out, fp64 or more rows)
     and gives nn.Linear's outputs and gradients, in every input shape, with nn.Linear's parameter names."""
-    assert cpu_speedups.FEW_ROWS == 4  # the fixture's, whatever this machine's default
+    assert cpu_speedups.few_rows() == 4  # the fixture's, whatever this machine's default
 
     torch.manual_seed(0)
     layer = cpu_speedups.FewRowsLinear(in_features, out_features, bias=bias)
@@ -107,7 +115,7 @@ def test_few_row_linear_equals_nn_linear(in_features, out_features, bias, monkey
             plain_calls.clear()
             y = layer(x)
             rows = x.numel() // in_features
-            transposed = dtype == torch.float32 and in_features <= out_features and 1 <= rows <= cpu_speedups.FEW_ROWS
+            transposed = dtype == torch.float32 and in_features <= out_features and 1 <= rows <= cpu_speedups.few_rows()
             assert len(plain_calls) == (0 if transposed else 1), (shape, dtype)
             expected = reference(x)
             assert y.shape == expected.shape and y.is_contiguous()
@@ -119,9 +127,9 @@ def test_few_row_linear_equals_nn_linear(in_features, out_features, bias, monkey
                 for got, want in zip(grads, expected_grads):
                     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
     layer.float()
-    monkeypatch.setattr(cpu_speedups, "FEW_ROWS", 0)  # the rule turned off: nn.Linear's product for every input
     plain_calls.clear()
-    torch.testing.assert_close(layer(torch.ones(2, in_features)), reference.float()(torch.ones(2, in_features)))
+    with use_policy(few_rows=0):  # the rule turned off: nn.Linear's product for every input
+        torch.testing.assert_close(layer(torch.ones(2, in_features)), reference.float()(torch.ones(2, in_features)))
     assert len(plain_calls) == 2
     with pytest.raises(RuntimeError, match="cannot be multiplied"):  # a wrong width is refused, not reshaped
         layer(torch.randn(2, in_features // 2))  # as many numbers as one row

@@ -27,6 +27,7 @@ The operations and the entries that decide them:
 | stacked q/k/v projection | `stacked_projection` |
 | folded form (fp32, and under autocast) | `folded`, `folded_autocast` |
 | fastformer's pooled output | `pooled_output` |
+| few-row projections of the opt-in CPU layers | `few_rows` |
 
 `backend` is the coarse switch: `auto` (every fast form where the table allows it), `torch` (plain
 torch everywhere: the reference to compare with) or `triton` (as `auto`, but the kernels wherever
@@ -119,6 +120,9 @@ class Policy:
       where the pairs fill the GPU. Short slices put many programs' loads in flight at once.
     - `paired_shared_backward`: whether the shared pooling's backward holds each direction and its
       gradient in one tile where they fit (up to 8 heads).
+    - `few_rows`: inputs of 1 to this many fp32 rows take the transposed product in the opt-in CPU
+      layers (`hf_zformer.cpu_speedups.FewRowsLinear`, outside this folder); 0 turns that rule off,
+      and None leaves the choice to that module (from the CPU vendor). Nothing in this folder reads it.
     - `experimental`: `Experimental`.
     """
 
@@ -139,11 +143,14 @@ class Policy:
     fused_min_pairs: int | None = None
     pool_chunk: int | None = 128
     paired_shared_backward: bool = True
+    few_rows: int | None = None
     experimental: Experimental = Experimental()
 
     def __post_init__(self):
         if self.backend not in KERNEL_BACKENDS:
             raise ValueError(f"kernel backend {self.backend!r}: choose one of {', '.join(KERNEL_BACKENDS)}")
+        if self.few_rows is not None and (not isinstance(self.few_rows, int) or self.few_rows < 0):
+            raise ValueError(f"few_rows={self.few_rows!r}: a number of rows (0 turns the rule off) or None")
 
     def kernels_wanted(self, device_type: str, operation: str = "") -> bool:
         """Whether the backend sends calls of `operation` on `device_type` to their kernel at all."""

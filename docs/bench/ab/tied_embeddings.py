@@ -3,7 +3,7 @@
 - `<model>_plain`: `<model>` with `tied_lookups` switched off (the tied embedding's gradient by plain
   autograd: a zero-filled vocab x width buffer per lookup, added to the LM head's);
 - `zformer_T` (tried, not kept): every projection with in <= out features in `FewRowsLinear`'s transposed form
-  (`hf_zformer.cpu_speedups.FEW_ROWS` unlimited), which single products at 128 rows favour.
+  (the policy's `few_rows` unlimited), which single products at 128 rows favour.
 
 Runs: `python docs/bench/ab/tied_embeddings.py zformer_plain,zformer 150`,
 `... bart,zformer,full,fastformer,zformer_plain 150`, `... bart,zformer,zformer_T 40`;
@@ -18,7 +18,7 @@ sys.path.insert(0, HERE)
 import common  # noqa: E402
 from common import SHAPE, build_seq2seq, compare  # noqa: E402
 
-from hf_zformer import cpu_speedups  # noqa: E402
+from hf_zformer.modeling.policy import use_policy  # noqa: E402
 from hf_zformer.modeling import modeling_zformer  # noqa: E402
 
 
@@ -44,12 +44,8 @@ class ManyRowsTransposed(Plain):
     """A model whose forward runs with `FewRowsLinear`'s transposed form at any number of rows."""
 
     def __call__(self, **inputs):
-        current = cpu_speedups.FEW_ROWS
-        cpu_speedups.FEW_ROWS = 10**9
-        try:
+        with use_policy(few_rows=10**9):
             return self.model(**inputs)
-        finally:
-            cpu_speedups.FEW_ROWS = current
 
 
 common.VARIANTS.update({f"{name}_plain": (lambda name=name: Plain(build_seq2seq(name, SHAPE)[0]))
