@@ -1,6 +1,5 @@
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -103,20 +102,22 @@ def repad(ids, mask, width):
 
 
 def run_isolated(code: str, cwd, timeout=600):
-    """Run `code` in a fresh interpreter where `hf_zformer` cannot be imported (as on a machine
-    that only has transformers), with the Hub switched off. Returns the completed process."""
-    prelude = "import sys\nsys.modules['hf_zformer'] = None  # importing hf_zformer now fails\n"
+    """Run `code` in a process where `hf_zformer` cannot be imported (as on a machine that only has
+    transformers), with the Hub switched off and its own HF_MODULES_CACHE (under `cwd`). The process
+    is forked from a warm interpreter that imported torch and transformers and never this library
+    (tests/script_server.py, `WARM_SERVER_WITHOUT`). Returns the completed process (text streams)."""
+    import tempfile
+
+    import warm_scripts
+
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1")
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", WARM_SERVER_WITHOUT="hf_zformer")
     env["HF_MODULES_CACHE"] = str(Path(cwd) / "hf_modules")
-    result = subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(code)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "isolated.py"
+        script.write_text("import sys\n" + textwrap.dedent(code))
+        result = warm_scripts.run(script, [], cwd, env, env, timeout)
+    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
     assert result.returncode == 0, f"isolated run failed:\n{result.stdout}\n{result.stderr}"
     return result
 

@@ -98,3 +98,25 @@ def test_parallel_workers_and_their_scripts_keep_to_their_share_of_the_cores(tmp
     script = tmp_path / "threads.py"
     script.write_text("import torch\nprint(torch.get_num_threads())\n")
     assert run(script).stdout.decode().strip() == str(share)
+
+
+def test_an_isolated_run_is_warm_without_the_library_and_takes_its_modules_cache(tmp_path):
+    """`conftest.run_isolated` forks from a warm interpreter that never imported hf_zformer: the child
+    cannot import it, has transformers already, and copies a checkpoint's code under its own
+    HF_MODULES_CACHE, as a fresh interpreter with that environment would."""
+    from conftest import run_isolated
+
+    result = run_isolated("""
+        import sys
+        print("warm", "transformers" in sys.modules)
+        try:
+            import hf_zformer
+        except ImportError:
+            print("no library")
+        import transformers.dynamic_module_utils as dynamic
+        print("modules", dynamic.HF_MODULES_CACHE)
+    """, cwd=tmp_path)
+    assert "warm True" in result.stdout and "no library" in result.stdout
+    assert f"modules {tmp_path / 'hf_modules'}" in result.stdout
+    with pytest.raises(AssertionError, match="isolated run failed"):
+        run_isolated("import hf_zformer", cwd=tmp_path)

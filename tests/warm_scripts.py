@@ -24,10 +24,11 @@ import time
 from pathlib import Path
 
 SERVER = Path(__file__).resolve().with_name("script_server.py")
-# variables no library reads when imported (pytest's name of the running test among them): a run
-# may differ in them from the warm interpreter's environment and still be forked from it
-RUNTIME_ENV = frozenset({"ACCELERATE_MIXED_PRECISION", "PYTEST_CURRENT_TEST"})
-MAX_SERVERS = 2  # warm interpreters kept at once (each holds its imports: some hundred MB)
+# variables no library reads when imported (pytest's name of the running test among them), or
+# that the server applies to each child (HF_MODULES_CACHE): a run may differ in them from the warm
+# interpreter's environment and still be forked from it
+RUNTIME_ENV = frozenset({"ACCELERATE_MIXED_PRECISION", "PYTEST_CURRENT_TEST", "HF_MODULES_CACHE"})
+MAX_SERVERS = 3  # warm interpreters kept at once (each holds its imports: some hundred MB)
 
 
 class ScriptServer:
