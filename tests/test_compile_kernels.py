@@ -10,10 +10,9 @@ shared memory or its family's bound.
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
+import warm_scripts
 from conftest import REPO_ROOT
 
 pytest.importorskip("triton")
@@ -25,15 +24,22 @@ EVERY_KERNEL = {"_fused_forward", "_fused_backward", "_outer_sum", "_sum_parts",
                 "_scaled_product"}
 
 
-def _compile(tmp_path, *args, prelude=""):
-    """Runs the script in a fresh process (compiling needs triton's real `jit`, not the
-    interpreter the kernel tests switch on), with `prelude` run first."""
+# compiling needs triton's real `jit`, not the interpreter the kernel tests switch on: the runs fork
+# from a warm interpreter of this environment without TRITON_INTERPRET (tests/warm_scripts.py)
+COMPILING_ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+
+
+def _run(script, argv, timeout=1800, prelude=None):
+    """`script` with `argv` in a process of COMPILING_ENV, `prelude` run first; text streams."""
+    result = warm_scripts.run(script, argv, REPO_ROOT, COMPILING_ENV, COMPILING_ENV, timeout, prelude)
+    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
+    return result
+
+
+def _compile(tmp_path, *args, prelude=None):
+    """Runs the script in a process of its own, with `prelude` run first."""
     out = tmp_path / "kernels.json"
-    code = f"{prelude}\nimport runpy, sys\nsys.argv = ['compile_kernels.py', *{[*args, '--json', str(out)]!r}]\n" \
-           f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                            timeout=1800)
+    result = _run(SCRIPT, [*args, "--json", out], prelude=prelude)
     return result, (json.loads(out.read_text()) if result.returncode in (0, 1) else None)
 
 
@@ -80,16 +86,15 @@ def test_compile_processes_that_die_leave_the_work_to_the_script(tmp_path):
     """Workers that end without a word (as a fork that cannot run would): the script says so and
     compiles every part itself, with the full report."""
     out = tmp_path / "kernels.json"
-    code = (f"import importlib.util, os, sys\n"
-            f"spec = importlib.util.spec_from_file_location('compile_kernels', {str(SCRIPT)!r})\n"
-            f"module = importlib.util.module_from_spec(spec)\n"
-            f"spec.loader.exec_module(module)\n"
-            f"module._compile_share = lambda *args: os._exit(3)\n"
-            f"sys.exit(module.main(['--arch', '90', '--widths', '16', '32', '--dtypes', 'bf16', '--jobs', '2', "
-            f"'--json', {str(out)!r}]))\n")
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-                            timeout=900)
+    dying = tmp_path / "dying_workers.py"
+    dying.write_text(f"import importlib.util, os, sys\n"
+                     f"spec = importlib.util.spec_from_file_location('compile_kernels', {str(SCRIPT)!r})\n"
+                     f"module = importlib.util.module_from_spec(spec)\n"
+                     f"spec.loader.exec_module(module)\n"
+                     f"module._compile_share = lambda *args: os._exit(3)\n"
+                     f"sys.exit(module.main(['--arch', '90', '--widths', '16', '32', '--dtypes', 'bf16', '--jobs', '2', "
+                     f"'--json', {str(out)!r}]))\n")
+    result = _run(dying, [], timeout=900)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "exit codes [3]" in result.stderr and "compiling in this process instead" in result.stderr
     kernels = json.loads(out.read_text())["kernels"]
