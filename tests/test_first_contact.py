@@ -16,6 +16,7 @@ import time
 
 import datasets
 import pytest
+import warm_scripts
 from conftest import REPO_ROOT
 
 from hf_zformer import data
@@ -105,7 +106,8 @@ def test_library_warnings_are_printed_once():
         "logging.getLogger('huggingface_hub.utils._http').warning('hub-warning-marker')\n"
         "logging.getLogger('datasets.load').warning('datasets-warning-marker')\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], cwd=REPO_ROOT, capture_output=True, text=True, check=True)
+    result = warm_scripts.run_code(code, cwd=REPO_ROOT)
+    assert result.returncode == 0, result.stderr
     assert result.stderr.count("hub-warning-marker") == 1, result.stderr
     assert result.stderr.count("datasets-warning-marker") == 1, result.stderr
 

@@ -3,11 +3,11 @@ conversion from a tiny random `LlamaForCausalLM` (grouped key/value heads): the 
 the source's function; every converted attention decodes with a cache that gives what the whole
 sequence gives, constant in size, causal, with padding; save/load and remote code."""
 
-import subprocess
 import sys
 
 import pytest
 import torch
+import warm_scripts
 from conftest import REPO_ROOT, assert_same_generations_in_clean_process
 from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
@@ -528,11 +528,11 @@ def test_convert_pretrained_and_script_from_a_folder(tmp_path):
         convert_pretrained(tmp_path / "llama", "zformer", task="fill-mask")
     with pytest.raises(ValueError, match="num_hidden_layers=2 cannot be set"):
         convert_pretrained(tmp_path / "llama", "zformer", num_hidden_layers=2)
-    result = subprocess.run(
+    result = warm_scripts.run_python(
         [sys.executable, str(REPO_ROOT / "scripts" / "convert_checkpoint.py"), "--model_name_or_path",
          str(tmp_path / "llama"), "--attention_type", "zformer", "--task", "text-generation", "--config_overrides",
          "zformer_feature_map=hedgehog,attention_window=64|64|32", "--output_dir", str(tmp_path / "script")],
-        capture_output=True, text=True, timeout=300,
+        timeout=300,
     )
     assert result.returncode == 0, result.stderr
     script_model = AutoModelForCausalLM.from_pretrained(tmp_path / "script").eval()

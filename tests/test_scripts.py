@@ -421,9 +421,8 @@ def test_saved_tokenizer_loads_without_remote_code_prompt(clf_run, tmp_path):
             "print('prompted:', bool(asked))",
         ])
 
-    imported = subprocess.run(
-        [sys.executable, "-c", code(f"import hf_zformer; tokenizer = AutoTokenizer.from_pretrained({str(clf_out)!r})")],
-        cwd=REPO_ROOT, env=_env(), capture_output=True, text=True,
+    imported = warm_scripts.run_code(
+        code(f"import hf_zformer; tokenizer = AutoTokenizer.from_pretrained({str(clf_out)!r})"), cwd=REPO_ROOT, env=_env()
     )
     assert "prompted: False" in imported.stdout, imported.stdout + imported.stderr
     isolated = run_isolated(

@@ -120,6 +120,19 @@ def run_python(command, cwd=None, env=None, timeout: float = 600):
     return result
 
 
+def run_code(code: str, cwd=None, env=None, timeout: float = 600):
+    """As `subprocess.run([sys.executable, "-c", code], ...)` with text streams: `code` as a script
+    (sys.path[0] its temporary folder, not the working directory), forked from the warm interpreter
+    of `env` (default: this process's environment)."""
+    env = dict(os.environ if env is None else env)
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder) / "code.py"
+        script.write_text(code)
+        result = run(script, [], cwd or os.getcwd(), env, env, timeout)
+    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
+    return result
+
+
 @atexit.register
 def close_all():
     for server in _servers.values():
