@@ -122,12 +122,16 @@ def tree(root):
     return found
 
 
+def offline_env() -> dict:
+    """This process's environment with the Hub and datasets offline: the scripts' runs here."""
+    return {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
 def run_in(cwd, name, *args, env=None):
     """scripts/<name> run from ``cwd`` (the scripts' own helper runs from the repository root), in a
     process of its own (tests/warm_scripts.py); stdout and stderr as text."""
     script = Path(__file__).resolve().parents[1] / "scripts" / name
-    return warm_scripts.run_python([sys.executable, script, *args], cwd=cwd,
-                                   env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})})
+    return warm_scripts.run_python([sys.executable, script, *args], cwd=cwd, env={**offline_env(), **(env or {})})
 
 
 USER_FOLDERS = {".tmp-cache/a.bin": "cache", ".old-notes/n.txt": "old notes", "notes/n.txt": "notes",
@@ -928,9 +932,7 @@ def test_a_failed_final_write_leaves_no_partial_model_and_one_error_line(tmp_pat
     out = tmp_path / "run"
     result = warm_scripts.run(Path(__file__).resolve().parents[1] / "scripts" / "run_classification.py",
                               ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1, "--output_dir", out],
-                              Path(__file__).resolve().parents[1], {**os.environ, "HF_HUB_OFFLINE": "1",
-                                                                    "HF_DATASETS_OFFLINE": "1"},
-                              dict(os.environ), 600, FILE_SIZE_LIMIT)
+                              Path(__file__).resolve().parents[1], offline_env(), offline_env(), 600, FILE_SIZE_LIMIT)
     stderr = result.stderr.decode()
     assert result.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
     error, = [line for line in stderr.splitlines() if "error:" in line]
@@ -956,9 +958,7 @@ def test_a_run_killed_after_config_json_leaves_no_folder_that_looks_like_a_model
     out = tmp_path / "run"
     result = warm_scripts.run(Path(__file__).resolve().parents[1] / "scripts" / "run_classification.py",
                               ["--data_dir", tiny_data / "clf", *CLF, "--max_train_steps", 1, "--output_dir", out],
-                              Path(__file__).resolve().parents[1], {**os.environ, "HF_HUB_OFFLINE": "1",
-                                                                    "HF_DATASETS_OFFLINE": "1"},
-                              dict(os.environ), 600, KILLED_AFTER_CONFIG)
+                              Path(__file__).resolve().parents[1], offline_env(), offline_env(), 600, KILLED_AFTER_CONFIG)
     assert result.returncode == 9
     assert not (out / "config.json").exists() and len(list(out.glob(".hf_zformer-staging-final-*"))) == 1
     refused("evaluate_model.py", "--model_name_or_path", out, "--data_dir", tiny_data / "clf", "--output_dir",
@@ -969,7 +969,7 @@ READ_ONLY = """
 import errno, os
 real_open = os.open
 def read_only(path, flags, *args, **kwargs):
-    if flags & os.O_CREAT and os.fspath(path).startswith(os.environ["READ_ONLY"]):
+    if flags & os.O_CREAT and os.fspath(path).startswith({folder!r}):
         raise OSError(errno.EROFS, os.strerror(errno.EROFS), os.fspath(path))
     return real_open(path, flags, *args, **kwargs)
 os.open = read_only
@@ -984,8 +984,7 @@ def test_evaluation_into_a_folder_that_takes_no_write_fails_before_the_evaluatio
     result = warm_scripts.run(Path(__file__).resolve().parents[1] / "scripts" / "evaluate_model.py",
                               ["--model_name_or_path", trained_classifier, "--data_dir", tiny_data / "clf",
                                "--output_dir", folder], Path(__file__).resolve().parents[1],
-                              {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                               "READ_ONLY": str(folder)}, dict(os.environ), 600, READ_ONLY)
+                              offline_env(), offline_env(), 600, READ_ONLY.format(folder=str(folder)))
     stderr = result.stderr.decode()
     assert result.returncode == 2 and "Traceback" not in stderr, stderr[-3000:]
     assert f"cannot write {folder}" in stderr and "EROFS, errno 30" in stderr and "evaluate: done" not in stderr
