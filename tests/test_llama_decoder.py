@@ -34,6 +34,10 @@ KINDS = {
     "zformer-window-memory": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=3,
                                   attention_sinks=2, feature_map_horizon=4, rotary_feature_maps=False, attention_memory=2,
                                   attention_memory_chunk=2),
+    "zformer-window-memory-cache-positions": dict(attention_type="zformer", zformer_feature_map="hedgehog",
+                                                  attention_window=3, attention_sinks=2, feature_map_horizon=4,
+                                                  rotary_feature_maps=False, attention_memory=2, attention_memory_chunk=2,
+                                                  attention_memory_positions="cache"),
     "fastformer": dict(attention_type="fastformer"),
     "hybrid": dict(attention_type=["zformer", "full", "fastformer"], attention_window=[4, 0, 0]),
 }
@@ -118,12 +122,15 @@ def test_full_conversion_of_qwen2_and_mistral_layouts():
             torch.testing.assert_close(model(input_ids=ids).logits, source(input_ids=ids).logits, atol=1e-5, rtol=1e-5)
 
 
-def test_memory_holding_every_older_token_is_softmax_attention():
+@pytest.mark.parametrize("positions", ["text", "cache"])
+def test_memory_holding_every_older_token_is_softmax_attention(positions):
     """A recall memory with room for every token that leaves the window leaves the state empty: the
     softmax over the sinks, the memory and the recent tokens is the source's attention, read at
-    once or in parts through the cache."""
+    once or in parts through the cache. Every token held in order, its place in the cache is its
+    place in the text: both positions give the source's logits."""
     source = tiny_llama()
-    model = convert_causal_lm("tiny", source=source, **{**KINDS["zformer-window-memory"], "attention_memory": 64})
+    model = convert_causal_lm("tiny", source=source, **{**KINDS["zformer-window-memory"], "attention_memory": 64,
+                                                         "attention_memory_positions": positions})
     ids = torch.randint(5, 97, (2, 30))
     with torch.no_grad():
         expected = source(input_ids=ids).logits
@@ -131,6 +138,42 @@ def test_memory_holding_every_older_token_is_softmax_attention():
         cache = model.model.new_cache()
         parts = [model(input_ids=ids[:, a:b], cache=cache).logits for a, b in [(0, 11), (11, 12), (12, 30)]]
     torch.testing.assert_close(torch.cat(parts, 1), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_cache_positions_read_the_held_keys_at_their_places_in_the_cache():
+    """With `attention_memory_positions="cache"` and the state switched off (every window share at
+    1), the last token attends over the sinks, the memory slots and the recent tokens with the keys
+    rotated at 0, 1, 2, ... in that order and the query at the last place: the attention of a short
+    text made of the tokens the cache holds."""
+    model = converted("zformer-window-memory-cache-positions")
+    attention = model.model.layers[0].self_attn
+    with torch.no_grad():
+        for module in model.modules():
+            if getattr(module, "window_gate", None) is not None:
+                module.window_gate.fill_(60.0)
+    torch.manual_seed(4)
+    heads, d = attention.num_heads, attention.head_dim
+    length = 3 + 5 * 2 + 1  # the window, five placements, one more token
+    q = torch.randn(1, heads, length, d)
+    k, v = (torch.randn(1, attention.num_key_value_heads, length, d) for _ in range(2))
+    layer = ZformerLlamaCache(["zformer"], [3], memory=2).layers[0]
+    with torch.no_grad():
+        out = attention._windowed(q, k, v, None, layer, (q, k), attention.rotate_at)[0, :, -1]  # (H, d)
+    row = layer.rows[0]
+    assert row["placed"] == 10 and row["memory_index"].shape[1] == 2 and int(row["memory_index"].max()) < 10
+    held = [torch.cat([row["sink_keys"][h], row["memory_keys"][h], row["recent_keys"][h]]) for h in range(k.shape[1])]
+    held_values = [torch.cat([row["sink_values"][h], row["memory_values"][h], row["recent_values"][h]])
+                   for h in range(k.shape[1])]
+    total = held[0].shape[0]
+    assert total == 2 + 2 + (length - 10)  # sinks, memory, the tokens not yet placed
+    for head in range(heads):
+        pair = head // attention.groups
+        keys = attention.rotate_at(held[pair], torch.arange(total))
+        query = attention.rotate_at(q[0, head, -1:], torch.tensor([total - 1]))
+        weights = torch.softmax(query @ keys.T * d**-0.5, -1)
+        torch.testing.assert_close(out[head], (weights @ held_values[pair])[0], atol=1e-5, rtol=1e-5)
+        # the sinks are the first tokens, kept unrotated: the text's first two keys
+        torch.testing.assert_close(row["sink_keys"][pair], k[0, pair, :2])
 
 
 @pytest.mark.parametrize("groups", [1, 2], ids=["heads", "grouped"])
@@ -413,7 +456,7 @@ def test_save_load_and_auto_class(tmp_path):
 def test_remote_code_generations_in_clean_process(tmp_path):
     ids, mask, _ = left_padded()
     models = {kind: converted(kind) for kind in ("full", "zformer-window", "fastformer", "zformer-identity",
-                                                 "zformer-window-memory")}
+                                                 "zformer-window-memory", "zformer-window-memory-cache-positions")}
     assert_same_generations_in_clean_process(
         tmp_path, "AutoModelForCausalLM", models, dict(input_ids=ids, attention_mask=mask), num_beams=2,
         max_new_tokens=8, min_new_tokens=8, suppress_tokens=[0, 1, 2],

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from transformers import initialization as init
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-from transformers.models.llama.modeling_llama import repeat_kv
+from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding, repeat_kv, rotate_half
 from transformers.utils import logging
 
 from .attention_memory import memory_self_attention
@@ -644,6 +644,11 @@ class ZformerAttention(_QKVAttention):
         self.rotary_maps = getattr(config, "rotary_feature_maps", True) or not window
         self.memory = getattr(config, "attention_memory", 0) if window else 0
         self.memory_chunk = getattr(config, "attention_memory_chunk", 0)
+        if self.memory and getattr(config, "attention_memory_positions", "text") == "cache":
+            # rotary positions by place in the cache (`rotate_at`): the model's rotation, at any position
+            self.memory_rotary = LlamaRotaryEmbedding(config)
+        else:
+            self.memory_rotary = None
         self.horizon_init = getattr(config, "feature_map_horizon", 0) if window else 0
         if self.horizon_init:  # log of each head's time constant (tokens) for the feature-map part's fading
             self.log_horizon = nn.Parameter(torch.full((self.num_heads,), math.log(self.horizon_init)))
@@ -657,6 +662,11 @@ class ZformerAttention(_QKVAttention):
             init.zeros_(self.window_gate)
         if self.log_horizon is not None:
             init.constant_(self.log_horizon, math.log(self.horizon_init))
+
+    def rotate_at(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """x (..., K, d) rotated as the model rotates a token at each of `positions` (K,)."""
+        cos, sin = self.memory_rotary(x, positions[None])  # (1, K, d)
+        return x * cos[0].to(x.dtype) + rotate_half(x) * sin[0].to(x.dtype)
 
     def decay(self) -> torch.Tensor | None:
         """Per head, the factor exp(-1 / tau) by which a feature-map weight fades per token of age
@@ -780,13 +790,17 @@ class ZformerAttention(_QKVAttention):
         apply to the queries and keys the maps read, unless the windowed maps read unrotated ones
         (`rotary_maps=False`)."""
         layer = None if cache is None else cache.layers[self.layer_idx]
-        feature_inputs = None
-        if rotate is not None:
+        feature_inputs, rotate_at = None, None
+        if rotate is not None and self.memory_rotary is not None:
+            # positions by place in the cache: the memory rotates the softmax keys and queries when it
+            # reads them; the maps read what they read otherwise
+            feature_inputs, rotate_at = (rotate(query, key) if self.rotary_maps else (query, key)), self.rotate_at
+        elif rotate is not None:
             if not self.rotary_maps:  # the maps read the unrotated projections, the softmax the rotated ones
                 feature_inputs = (query, key)
             query, key = rotate(query, key)
         if self.window:
-            return merge_heads(self._windowed(query, key, value, attention_mask, layer, feature_inputs))
+            return merge_heads(self._windowed(query, key, value, attention_mask, layer, feature_inputs, rotate_at))
         key, value = repeat_kv(key, self.groups), repeat_kv(value, self.groups)
         length = query.shape[2]
         if self.query_map is None:  # 1 / (sqrt(d_h) s)
@@ -803,7 +817,7 @@ class ZformerAttention(_QKVAttention):
                 context = normalize(context)
         return merge_heads(context)
 
-    def _windowed(self, query, key, value, attention_mask, layer, feature_inputs):
+    def _windowed(self, query, key, value, attention_mask, layer, feature_inputs, rotate_at=None):
         """Causal self-attention with the softmax window (`windowed_self_attention`), or with the
         recall memory besides it (`attention_memory.memory_self_attention`): context (B, H, N, d)."""
         if self.memory:
@@ -811,7 +825,7 @@ class ZformerAttention(_QKVAttention):
                                          slots=self.memory, chunk=self.memory_chunk, query_map=self.query_map,
                                          key_map=self.key_map, window_gate=self.window_gate,
                                          scaling=self.head_dim**-0.5, groups=self.groups, decay=self.decay(),
-                                         feature_inputs=feature_inputs)
+                                         feature_inputs=feature_inputs, rotate_at=rotate_at)
         return windowed_self_attention(query, key, value, attention_mask, layer, self.window, self.query_map,
                                        self.key_map, self.window_gate, self.head_dim**-0.5, groups=self.groups,
                                        sinks=self.sinks, decay=self.decay(), feature_inputs=feature_inputs)

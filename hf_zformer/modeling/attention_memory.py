@@ -7,7 +7,11 @@ Each query i of a sequence attends with one normalisation to
 
 - softmax keys, weight g exp(q_i . k_j / sqrt(d_h) - m_i): the first S real tokens (sinks), the M
   memory slots of its key/value head, and the recent tokens p <= j <= i, where p is the first token not yet
-  placed; i - p + 1 is between W and W + C - 1 (W `attention_window`, C `attention_memory_chunk`);
+  placed; i - p + 1 is between W and W + C - 1 (W `attention_window`, C `attention_memory_chunk`).
+  Queries and keys carry the rotary positions of their places in the text, or, with
+  `attention_memory_positions="cache"`, of their places in the cache, as StreamingLLM positions its
+  cache: the sinks at 0..S-1, the memory slots next in the order of their tokens, then the recent
+  tokens, the query at its own place among them (the cache then keeps unrotated keys);
 - the linear state, weight (1 - g) phi(q_i) . phi(k_j) r^(i - W - j), over every placed token that
   is in no memory slot (r the fading factor with `feature_map_horizon`, else 1).
 
@@ -84,9 +88,12 @@ def new_row(heads_kv: int, head_dim: int, device, dtype) -> dict:
 
 def memory_self_attention(query, key, value, attention_mask, layer, *, window: int, sinks: int, slots: int,
                           chunk: int, query_map, key_map, window_gate, scaling: float, groups: int,
-                          decay: torch.Tensor | None = None, feature_inputs: tuple | None = None) -> torch.Tensor:
+                          decay: torch.Tensor | None = None, feature_inputs: tuple | None = None,
+                          rotate_at=None) -> torch.Tensor:
     """The module docstring's attention for N new tokens. query (B, H, N, d), key and value (B, H_kv,
-    N, d) rotated; `feature_inputs` (queries, keys) what the maps read instead (unrotated) or None;
+    N, d) rotated at their places in the text, or unrotated with `rotate_at(x, positions)` (positions
+    by place in the cache, see the module); `feature_inputs` (queries, keys) what the maps read instead
+    (unrotated) or None;
     attention_mask (B, >= N) 1 at real tokens or None; `layer` a `MemoryStateLayer` or None (a
     whole sequence without cache). Returns the context (B, H, N, d) in fp32, zero at padding."""
     batch, heads, length, head_dim = query.shape
@@ -104,7 +111,7 @@ def memory_self_attention(query, key, value, attention_mask, layer, *, window: i
         share = torch.sigmoid(window_gate.float())[:, None, None]  # (H, 1, 1)
         context = query.new_zeros(batch, heads, length, head_dim)
         settings = dict(window=window, sinks=sinks, slots=slots, chunk=chunk, query_map=query_map, key_map=key_map,
-                        share=share, scaling=scaling, groups=groups, decay=decay)
+                        share=share, scaling=scaling, groups=groups, decay=decay, rotate_at=rotate_at)
         for b, row in enumerate(rows):
             where = slice(None) if real is None else real[b].nonzero().squeeze(1)
             context[b, :, where] = _row(row, query[b][:, where], key[b][:, where], value[b][:, where],
@@ -141,14 +148,16 @@ def _segment(row: dict, query, key, value, feature_query, feature_key, s: dict) 
     recent_values = torch.cat([row["recent_values"], value], 1)
     row["recent_feature_keys"] = torch.cat([row["recent_feature_keys"], feature_key], 1)
     row["recent_keys"], row["recent_values"] = recent_keys, recent_values
-    keys = [_repeat(row["sink_keys"], groups), _repeat(recent_keys, groups)]
-    values = [_repeat(row["sink_values"], groups), _repeat(recent_values, groups)]
+    keys, values = [row["sink_keys"], recent_keys], [row["sink_values"], recent_values]
     if row["memory_keys"] is not None:
-        keys.insert(1, _repeat(row["memory_keys"], groups))
-        values.insert(1, _repeat(row["memory_values"], groups))
-    keys, values = torch.cat(keys, 1), torch.cat(values, 1)
-    scores = torch.einsum("hqd,hkd->hqk", query, keys) * s["scaling"]  # (H, L, K)
+        keys.insert(1, row["memory_keys"])
+        values.insert(1, row["memory_values"])
+    keys, values = torch.cat(keys, 1), _repeat(torch.cat(values, 1), groups)
     total, older = keys.shape[1], recent_keys.shape[1] - count  # recent tokens before this segment
+    if s["rotate_at"] is not None:  # positions by place in the cache: key j at j, the queries last
+        keys = s["rotate_at"](keys, torch.arange(total, device=query.device))
+        query = s["rotate_at"](query, torch.arange(total - count, total, device=query.device))
+    scores = torch.einsum("hqd,hkd->hqk", query, _repeat(keys, groups)) * s["scaling"]  # (H, L, K)
     # recent key r (the last recent_keys.shape[1] columns) is visible to query t when r <= older + t
     recent_index = torch.arange(recent_keys.shape[1], device=query.device)
     hidden = recent_index[None, :] > older + torch.arange(count, device=query.device)[:, None]

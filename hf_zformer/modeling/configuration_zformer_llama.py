@@ -13,6 +13,7 @@ from .configuration_zformer import check_attention_sinks
 # table (`attention_registry`).
 LLAMA_ATTENTION_TYPES = attention_types(causal=True)
 LLAMA_FEATURE_MAPS = ("identity", "hedgehog")
+MEMORY_POSITIONS = ("text", "cache")  # where a recall memory's keys are read (`attention_memory_positions`)
 
 
 def _per_layer_list(field, value, num_layers, check):
@@ -83,6 +84,12 @@ class ZformerLlamaConfig(LlamaConfig):
             generated length (S + M + W + C - 1 keys and values per key/value head besides the state).
         attention_memory_chunk (`int`, default 64): C, how many tokens leave the window before they
             are placed in the memory or the state; until then they stay softmax keys.
+        attention_memory_positions (`str`, default `"text"`): the rotary positions at which a layer with
+            a recall memory reads its softmax keys: `"text"`, where each token stands in the text, or
+            `"cache"`, its place in the cache (the sinks first, then the memory slots in the order of
+            their tokens, then the recent tokens, each query at its own place among them), as
+            StreamingLLM positions its cache: a long text then reads like one of S + M + W + C tokens.
+            The cache keeps the keys unrotated and rotates them when they are read.
     """
 
     model_type = "zformer_llama"
@@ -96,6 +103,7 @@ class ZformerLlamaConfig(LlamaConfig):
     zformer_scale_init: float = 1.0
     attention_memory: int = 0
     attention_memory_chunk: int = 64
+    attention_memory_positions: str = "text"
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)
@@ -132,6 +140,9 @@ class ZformerLlamaConfig(LlamaConfig):
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= (name != "attention_memory")):
                 raise ValueError(f"{name}={value!r} must be an integer, at least {int(name != 'attention_memory')}")
+        if self.attention_memory_positions not in MEMORY_POSITIONS:
+            raise ValueError(f"attention_memory_positions={self.attention_memory_positions!r}: choose one of "
+                             f"{list(MEMORY_POSITIONS)}")
         if self.attention_memory and not any(windows):
             raise ValueError(f"attention_memory={self.attention_memory} needs a softmax window (attention_window); no "
                              "layer has one, and the memory keeps what leaves the window")
