@@ -252,6 +252,8 @@ DECODER_KINDS = {
     "windowed": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=4),
     "memory": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=4, attention_memory=2,
                    attention_memory_chunk=2),
+    "memory-cache-positions": dict(attention_type="zformer", zformer_feature_map="hedgehog", attention_window=4,
+                                   attention_memory=2, attention_memory_chunk=2, attention_memory_positions="cache"),
     "fastformer": dict(attention_type="fastformer"),
     "full": dict(attention_type="full"),
 }
@@ -284,7 +286,8 @@ CPU_DECODER = {  # kind: (a prompt with a cache, the same without one, a decodin
                 {**LLAMA, "linear_attention": "torch", "causal_form": "step"}),
     "windowed": ({**LLAMA, "form": "windowed", "windowed_attention": "general", "linear_attention": "torch",
                   "causal_form": "quadratic"},) * 2 + ({**LLAMA, "form": "windowed", "windowed_attention": "decode_step"},),
-    "memory": ({**LLAMA, "form": "memory", "memory_attention": "torch"},) * 3,
+    "memory": ({**LLAMA, "form": "memory", "memory_attention": "torch", "memory_positions": "text"},) * 3,
+    "memory-cache-positions": ({**LLAMA, "form": "memory", "memory_attention": "torch", "memory_positions": "cache"},) * 3,
     "fastformer": ({**LLAMA, "causal_softmax_pool": "torch", "causal_form": "prefix"},
                    {**LLAMA, "causal_softmax_pool": "torch", "causal_form": "quadratic"},
                    {**LLAMA, "causal_softmax_pool": "torch", "causal_form": "prefix"}),
@@ -332,6 +335,7 @@ def test_explain_a_converted_decoder_on_a_gpu_under_bf16_autocast(kind):
         "windowed": {**LLAMA, "form": "windowed", "windowed_attention": "general", **windowed},
         "fastformer": {**LLAMA, **pool},
         "memory": CPU_DECODER["memory"][0],
+        "memory-cache-positions": CPU_DECODER["memory-cache-positions"][0],
         "full": CPU_DECODER["full"][0],
     }
     assert prompt == expected[kind]

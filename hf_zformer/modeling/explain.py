@@ -292,7 +292,8 @@ def _causal_zformer_paths(module: ZformerAttention, call: _Call, query, key, val
     """Causal zformer (`causal_context`) on its heads as `linear_attention` sees them (query, key and
     value: the H query heads, the key/value heads repeated), or its windowed or memory form."""
     if module.window and module.memory:  # `attention_memory.memory_self_attention`: torch alone
-        return {"form": "memory", "memory_attention": "torch"}
+        return {"form": "memory", "memory_attention": "torch",
+                "memory_positions": "text" if module.memory_rotary is None else "cache"}
     if module.window:
         return {"form": "windowed", **_windowed_paths(module, call)}
     paths = {"linear_attention": linear_attention_path(query, key, value, call.has_state, causal=True,
