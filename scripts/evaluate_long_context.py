@@ -311,7 +311,7 @@ def records(args, model, summary: dict, device) -> list[dict]:
     kept = {k: config.get(k) for k in (
         "model_type", "attention_type", "zformer_feature_map", "attention_window", "attention_sinks",
         "feature_map_horizon", "rotary_feature_maps", "attention_memory", "attention_memory_chunk",
-        "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads") if k in config}
+        "attention_memory_positions", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads") if k in config}
     common = {
         "model": args.name or args.model_name_or_path + (f" ({args.gguf_file})" if args.gguf_file else ""),
         "baseline": {"none": None, "state_off": "feature-map part switched off (window and sinks alone)",

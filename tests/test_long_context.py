@@ -143,7 +143,8 @@ def folders(tmp_path_factory):
 def test_script_end_to_end_with_resume_and_records(folders, tmp_path):
     out, results = tmp_path / "out", tmp_path / "results.json"
     common = ["--model_name_or_path", folders / "model", "--lengths", 400, 480, "--trials", 2, "--eval_file",
-              folders / "text.txt", "--ppl_lengths", 64, 128, "--ppl_blocks", 2, "--output_dir", out]
+              folders / "text.txt", "--ppl_lengths", 64, 128, "--ppl_blocks", 2,
+              "--config_overrides", "attention_memory_positions=cache", "--output_dir", out]
     first = run(*common, "--results_file", results)
     lines = [json.loads(line) for line in (out / "trials.jsonl").read_text().splitlines()]
     assert sorted(e["id"] for e in lines) == sorted(
@@ -156,6 +157,7 @@ def test_script_end_to_end_with_resume_and_records(folders, tmp_path):
     assert {(r["task"], r["max_length"]) for r in records} == {("passkey", 400), ("passkey", 480), ("wikitext-2", 64),
                                                                 ("wikitext-2", 128)}
     assert all(r["config"]["attention_memory"] == 2 and r["commit"] and r["machine"] for r in records)
+    assert all(r["config"]["attention_memory_positions"] == "cache" for r in records)  # the whole recipe
     assert all(r["attention"] == "zformer" and r["split"] for r in records)  # the fields every record carries
     again = run(*common)  # resumed: nothing scored twice
     assert "resuming: 8 trials and blocks done" in again.stdout and "passkey 1/4" not in again.stdout
