@@ -302,16 +302,28 @@ def summarize(args, done: dict) -> dict:
     return {"passkey": passkey, "perplexity": perplexity}
 
 
+def recipe_fields() -> list[str]:
+    """The fields `ZformerLlamaConfig` adds to Llama's (attention types, window, sinks, memory, ...):
+    what a record keeps of a converted model's recipe, every such field, new ones included."""
+    import dataclasses
+
+    from transformers import LlamaConfig
+
+    from hf_zformer import ZformerLlamaConfig
+
+    llama = {field.name for field in dataclasses.fields(LlamaConfig)}
+    return [field.name for field in dataclasses.fields(ZformerLlamaConfig) if field.name not in llama]
+
+
 def records(args, model, summary: dict, device) -> list[dict]:
     import torch
 
     from hf_zformer.training.results import git_commit, machine
 
     config = model.config.to_dict()
-    kept = {k: config.get(k) for k in (
-        "model_type", "attention_type", "zformer_feature_map", "attention_window", "attention_sinks",
-        "feature_map_horizon", "rotary_feature_maps", "attention_memory", "attention_memory_chunk",
-        "attention_memory_positions", "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads") if k in config}
+    kept = {k: config.get(k) for k in ("model_type", *recipe_fields(),
+                                       "num_hidden_layers", "hidden_size", "num_attention_heads", "num_key_value_heads")
+            if k in config}
     common = {
         "model": args.name or args.model_name_or_path + (f" ({args.gguf_file})" if args.gguf_file else ""),
         "baseline": {"none": None, "state_off": "feature-map part switched off (window and sinks alone)",

@@ -551,6 +551,10 @@ def test_identity_and_fastformer_layers_are_calibrated_to_the_softmax_size():
     (dict(attention_type="zformer", attention_window=8, attention_memory=-1), "attention_memory=-1 must be an integer"),
     (dict(attention_type="zformer", attention_window=8, attention_memory=4, attention_memory_chunk=0),
      "attention_memory_chunk=0 must be an integer, at least 1"),
+    (dict(attention_type="zformer", attention_window=8, attention_memory=4, attention_memory_positions="rope"),
+     "attention_memory_positions='rope': choose one of"),
+    (dict(attention_type="zformer", attention_window=8, attention_memory_positions="cache"),
+     "attention_memory_positions='cache' reads a recall memory's keys; attention_memory=0"),
 ])
 def test_bad_configs_are_refused_by_name(fields, message):
     with pytest.raises(ValueError, match=message):

@@ -143,6 +143,9 @@ class ZformerLlamaConfig(LlamaConfig):
         if self.attention_memory_positions not in MEMORY_POSITIONS:
             raise ValueError(f"attention_memory_positions={self.attention_memory_positions!r}: choose one of "
                              f"{list(MEMORY_POSITIONS)}")
+        if self.attention_memory_positions == "cache" and not self.attention_memory:
+            raise ValueError("attention_memory_positions='cache' reads a recall memory's keys; attention_memory=0 "
+                             "keeps none (set attention_memory, or leave the positions at 'text')")
         if self.attention_memory and not any(windows):
             raise ValueError(f"attention_memory={self.attention_memory} needs a softmax window (attention_window); no "
                              "layer has one, and the memory keeps what leaves the window")
