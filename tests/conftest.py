@@ -106,18 +106,12 @@ def run_isolated(code: str, cwd, timeout=600):
     transformers), with the Hub switched off and its own HF_MODULES_CACHE (under `cwd`). The process
     is forked from a warm interpreter that imported torch and transformers and never this library
     (tests/script_server.py, `WARM_SERVER_WITHOUT`). Returns the completed process (text streams)."""
-    import tempfile
-
     import warm_scripts
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", WARM_SERVER_WITHOUT="hf_zformer")
     env["HF_MODULES_CACHE"] = str(Path(cwd) / "hf_modules")
-    with tempfile.TemporaryDirectory() as folder:
-        script = Path(folder) / "isolated.py"
-        script.write_text("import sys\n" + textwrap.dedent(code))
-        result = warm_scripts.run(script, [], cwd, env, env, timeout)
-    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
+    result = warm_scripts.run_code("import sys\n" + textwrap.dedent(code), cwd=cwd, env=env, timeout=timeout)
     assert result.returncode == 0, f"isolated run failed:\n{result.stdout}\n{result.stderr}"
     return result
 

@@ -31,9 +31,7 @@ COMPILING_ENV = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
 
 def _run(script, argv, timeout=1800, prelude=None):
     """`script` with `argv` in a process of COMPILING_ENV, `prelude` run first; text streams."""
-    result = warm_scripts.run(script, argv, REPO_ROOT, COMPILING_ENV, COMPILING_ENV, timeout, prelude)
-    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
-    return result
+    return warm_scripts.as_text(warm_scripts.run(script, argv, REPO_ROOT, COMPILING_ENV, COMPILING_ENV, timeout, prelude))
 
 
 def _compile(tmp_path, *args, prelude=None):

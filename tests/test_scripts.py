@@ -40,9 +40,7 @@ def _run_script(name, args, launcher=(), timeout=600, prelude=None, env=None):
                                 capture_output=True, timeout=timeout)
     else:
         result = warm_scripts.run(script, args, REPO_ROOT, {**_env(), **(env or {})}, _env(), timeout, prelude)
-    # decoded by hand: text=True would turn carriage returns (progress-bar redraws) into newlines
-    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
-    return result
+    return warm_scripts.as_text(result)  # not text=True, which would turn progress-bar redraws into newlines
 
 
 def run_script(name, *args, launcher=(), timeout=600, prelude=None, env=None):

@@ -108,6 +108,13 @@ def run(script, argv, cwd, env: dict, base_env: dict, timeout: float, prelude: s
     return server.run(script, argv, cwd, env, timeout, prelude)
 
 
+def as_text(result: subprocess.CompletedProcess) -> subprocess.CompletedProcess:
+    """`result` with its streams decoded (UTF-8, bad bytes replaced; carriage returns kept, which
+    `text=True` would turn into newlines), in place; returns it."""
+    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
+    return result
+
+
 def run_python(command, cwd=None, env=None, timeout: float = 600):
     """`subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)`
     for a command ``[sys.executable, script, *argv]``, the script forked from the warm interpreter
@@ -116,8 +123,7 @@ def run_python(command, cwd=None, env=None, timeout: float = 600):
     assert python == sys.executable and script.endswith(".py"), command
     env = dict(os.environ if env is None else env)
     result = run(script, argv, cwd or os.getcwd(), env, env, timeout)
-    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
-    return result
+    return as_text(result)
 
 
 def run_code(code: str, cwd=None, env=None, timeout: float = 600):
@@ -129,8 +135,7 @@ def run_code(code: str, cwd=None, env=None, timeout: float = 600):
         script = Path(folder) / "code.py"
         script.write_text(code)
         result = run(script, [], cwd or os.getcwd(), env, env, timeout)
-    result.stdout, result.stderr = (stream.decode("utf-8", errors="replace") for stream in (result.stdout, result.stderr))
-    return result
+    return as_text(result)
 
 
 @atexit.register
